@@ -1,0 +1,71 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from profiler.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_prints_table_and_totals(capsys):
+    code, out, _ = run(capsys, "plan", "--model", "sd15", "--size", "512x512")
+    assert code == 0
+    assert "down_blocks.0.attentions.0.transformer_blocks.0.attn1" in out
+    assert "calls per forward:         32 (16 self, 16 cross)" in out
+    assert "params_total:              859.52M" in out
+
+
+def test_plan_json_one_object_per_size(capsys):
+    code, out, _ = run(capsys, "plan", "--model", "sdxl-base", "--size", "1024x1024", "--size", "832x1216",
+                       "--batch", "2", "--dtype", "bfloat16", "--json")
+    assert code == 0
+    plans = json.loads(out)
+    assert [(p["width"], p["height"]) for p in plans] == [(1024, 1024), (832, 1216)]
+    p = plans[1]
+    assert (p["model"], p["batch"], p["dtype"]) == ("sdxl-base", 2, "bfloat16")
+    assert len(p["blocks"]) == p["totals"]["calls"] == 140
+    row = p["blocks"][0]
+    for key in ("block", "stage", "level", "kind", "batch", "heads", "head_dim", "tokens_q", "tokens_k",
+                "score_elements", "score_bytes", "flops"):
+        assert key in row
+    assert row["score_elements"] == 2 * row["heads"] * row["tokens_q"] * row["tokens_k"]
+    assert round(p["totals"]["share_transformer_blocks"], 3) == 0.860
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plan", "--model", "sd14"], "unknown model 'sd14': known models are sd15, sd21-base, sdxl-base"),
+    (["plan", "--model", "sd15", "--size", "500x512"], "width 500 is not a positive multiple of 8"),
+    (["plan", "--model", "sd15", "--size", "0x512"], "width 0 is not a positive multiple of 8"),
+    (["plan", "--model", "sd15", "--size", "512by512"], "malformed size '512by512'"),
+    (["plan", "--model", "sd15", "--batch", "0"], "batch '0' is below 1"),
+    (["plan", "--model", "sd15", "--batch", "two"], "batch 'two' is not a whole number"),
+    (["plan", "--model", "sd15", "--dtype", "float64"], "unknown dtype 'float64'"),
+    (["plan", "--model", "/no/such/folder"], "no such folder '/no/such/folder'"),
+    (["plan", "--model", "./missing.yaml"], "does not exist"),
+    (["plan"], "required: --model"),
+])
+def test_bad_input_one_line_exit_2(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_config_that_is_not_a_unet(capsys, tmp_path):
+    (tmp_path / "config.json").write_text('{"_class_name": "AutoencoderKL", "block_out_channels": [1]}')
+    code, _, err = run(capsys, "plan", "--model", str(tmp_path))
+    assert code == 2 and "does not describe a UNet2DConditionModel" in err
+
+
+def test_console_entry_point_exits_2_without_traceback():
+    p = subprocess.run([sys.executable, "-m", "profiler", "plan", "--model", "sd15", "--size", "12x12"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == ["attnprof: error: size '12x12': width 12 is not a positive multiple "
+                                             "of 8 (the latent is 1/8 of the image)"]

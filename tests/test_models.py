@@ -1,0 +1,109 @@
+"""The public facts of ../shared/DESIGN.md, on full-size models built on the meta device."""
+import pytest
+import torch
+
+from profiler import models
+from profiler.plan import plan
+from profiler.spec import InputError
+
+
+@pytest.mark.parametrize("name, total_m, share", [("sd15", 859.52, 31.1), ("sdxl-base", 2567.46, 86.0)])
+def test_parameter_counts_and_transformer_share(name, total_m, share):
+    counts = plan(name, 512, 512)["totals"]
+    assert round(counts["params_total"] / 1e6, 2) == total_m
+    assert round(100 * counts["share_transformer_blocks"], 1) == share
+    assert 0 < counts["params_attention"] < counts["params_transformer_blocks"]
+
+
+@pytest.mark.parametrize("name, calls", [("sd15", 32), ("sd21-base", 32), ("sdxl-base", 140)])
+def test_attention_calls_per_forward(name, calls):
+    t = plan(name, 512, 512)["totals"]
+    assert (t["calls"], t["calls_self"], t["calls_cross"]) == (calls, calls // 2, calls // 2)
+
+
+def test_sd15_tokens_per_level_and_score_table():
+    rows = plan("sd15", 512, 512, dtype="float32")["blocks"]
+    tokens = {(r["stage"], r["level"]): r["tokens_q"] for r in rows}
+    assert tokens[("down", 0)] == tokens[("up", 0)] == 64 * 64 == 4096
+    assert tokens[("down", 1)] == 1024 and tokens[("down", 2)] == 256 and tokens[("mid", 3)] == 64
+    first = rows[0]
+    assert first["block"] == "down_blocks.0.attentions.0.transformer_blocks.0.attn1"
+    assert (first["kind"], first["heads"], first["head_dim"], first["tokens_k"]) == ("self", 8, 40, 4096)
+    assert first["score_elements"] // first["heads"] == 16_777_216
+    assert first["score_bytes"] == 16_777_216 * 8 * 4
+    assert first["flops"] == 4 * 8 * 4096 * 4096 * 40
+    cross = rows[1]
+    assert (cross["kind"], cross["tokens_k"]) == ("cross", 77)
+
+
+def test_doubling_the_side_gives_4x_tokens_16x_scores():
+    small, big = plan("sd15", 512, 512)["blocks"], plan("sd15", 1024, 1024)["blocks"]
+    for a, b in zip(small, big):
+        assert b["tokens_q"] == 4 * a["tokens_q"]
+        if a["kind"] == "self":
+            assert b["score_elements"] == 16 * a["score_elements"]
+
+
+def test_non_square_sdxl_bucket():
+    rows = plan("sdxl-base", 832, 1216)["blocks"]
+    assert max(r["tokens_q"] for r in rows) == 52 * 76  # level 1 of 104x152 latent
+    assert min(r["tokens_q"] for r in rows) == 26 * 38
+
+
+@pytest.mark.parametrize("full, tiny", [("sd15", "tiny-sd15"), ("sdxl-base", "tiny-sdxl")])
+def test_tiny_models_keep_the_real_topology(full, tiny):
+    keys = ("block", "stage", "level", "kind", "heads", "tokens_q", "score_elements", "score_bytes")
+    a, b = plan(full, 768, 512)["blocks"], plan(tiny, 768, 512)["blocks"]
+    assert [tuple(r[k] for k in keys) for r in a] == [tuple(r[k] for k in keys) for r in b]
+    assert plan(tiny, 512, 512)["totals"]["params_total"] < 50e6
+
+
+def test_meta_build_allocates_no_weights():
+    unet = models.build("sdxl-base", weights="meta")
+    assert all(p.device.type == "meta" for p in unet.parameters())
+
+
+def test_random_build_is_seeded_and_finite(tiny_sd15):
+    again = models.build("tiny-sd15", weights="random", dtype="float32")
+    for (n, p), (_, q) in zip(tiny_sd15.named_parameters(), again.named_parameters()):
+        assert torch.equal(p, q), n
+    with torch.no_grad():
+        out = tiny_sd15(**models.example_inputs(tiny_sd15, 1, 64, 64)).sample
+    assert out.shape == (1, 4, 8, 8) and torch.isfinite(out).all() and out.std() > 0
+
+
+@pytest.mark.parametrize("sub", [None, "unet"])
+def test_real_checkpoint_loads_from_a_saved_folder(tmp_path, tiny_sd15, sub):
+    target = tmp_path / sub if sub else tmp_path
+    tiny_sd15.save_pretrained(target, safe_serialization=True)
+    assert (target / "diffusion_pytorch_model.safetensors").is_file()
+    loaded = models.build(str(tmp_path), weights="pretrained", dtype="float32")
+    inputs = models.example_inputs(tiny_sd15, 1, 64, 64)
+    for (name, p), (_, q) in zip(loaded.named_parameters(), tiny_sd15.named_parameters()):
+        assert torch.equal(p, q), name
+    with torch.no_grad():  # same weights; summation order may differ in the last bits
+        torch.testing.assert_close(loaded(**inputs).sample, tiny_sd15(**inputs).sample, rtol=1e-5, atol=1e-5)
+    assert plan(str(tmp_path), 512, 512)["totals"]["calls"] == 32
+
+
+def test_config_only_model_has_no_real_weights():
+    with pytest.raises(InputError, match="config only"):
+        models.build("sd15", weights="pretrained")
+
+
+@pytest.mark.parametrize("content, message", [
+    ("unet: {foo: 1}", "does not describe a UNet2DConditionModel"),
+    ("just text", "does not describe a UNet2DConditionModel"),
+    ("unet: [1, 2", "not valid YAML"),
+])
+def test_bad_model_files(tmp_path, content, message):
+    path = tmp_path / "m.yaml"
+    path.write_text(content)
+    with pytest.raises(InputError, match=message):
+        models.resolve(str(path))
+
+
+def test_folder_with_another_models_config(tmp_path):
+    (tmp_path / "config.json").write_text('{"_class_name": "AutoencoderKL", "block_out_channels": [1]}')
+    with pytest.raises(InputError, match="its class is AutoencoderKL"):
+        models.resolve(str(tmp_path))
