@@ -1,7 +1,7 @@
 PY := .venv/bin/python
 STAMP := .venv/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: setup profile plan test test-slow lint
+.PHONY: setup profile plan test test-slow lint bench gpu-check dashboard
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -10,12 +10,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	rm -f .venv/.installed-*; touch $@
 
-## make profile: until measured sweeps land, the planner over the default models and sizes
+## make profile: the built-in default sweep (configs/sweeps/default.yaml on a GPU, cpu-default.yaml without one)
 profile: setup
-	@echo "Planner (no weights, no GPU) over sd15, sd21-base and sdxl-base; measured runs: attnprof run"
-	$(PY) -m profiler plan --model sd15 --size 512x512 --size 768x768
-	$(PY) -m profiler plan --model sd21-base --size 512x512
-	$(PY) -m profiler plan --model sdxl-base --size 1024x1024 --size 832x1216
+	$(PY) -m profiler profile
+
+## make dashboard: serve the dashboard over ./results on http://127.0.0.1:8501
+dashboard: setup
+	$(PY) -m profiler dashboard
 
 plan: setup
 	$(PY) -m profiler plan --model $(or $(MODEL),sd15) --size $(or $(SIZE),512x512)
@@ -28,3 +29,6 @@ test-slow: setup
 
 lint: setup
 	$(PY) -m compileall -q profiler dashboards tests
+
+bench: setup
+	$(PY) -m profiler.bench

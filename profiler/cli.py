@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from .spec import InputError, parse_batch, parse_dtype, parse_size
 
@@ -69,6 +70,147 @@ def _backend_options(pairs) -> dict:
     return out
 
 
+def cmd_backends(args) -> int:
+    from . import backends
+    from .sweep import resolve_device
+
+    device = resolve_device(args.device)
+    for name, b in backends.BACKENDS.items():
+        ok, reason = backends.availability(name, device, parse_dtype(args.dtype))
+        state = "available" if ok else f"unavailable: {reason}"
+        print(f"{name:15s} {b.family:9s} {state}")
+    return 0
+
+
+def _sweep_from_args(args):
+    from . import backends, models
+    from .sweep import Sweep, parse_bytes, parse_device
+
+    entries = []
+    for name in args.backend or ["sdpa"]:
+        backends.check_backend_name(name)
+        entries.append((name, tuple(sorted(backends.check_options(name, _backend_options(args.option)).items()))))
+    sizes, batch, dtype = _shape(args)
+    models.resolve(args.model)
+    for key in ("repeats", "warmup"):
+        value = getattr(args, key)
+        if value < (1 if key == "repeats" else 0):
+            raise InputError(f"--{key} {value} is too small: use {'1' if key == 'repeats' else '0'} or more")
+    return Sweep(models=(args.model,), sizes=tuple(sizes), batch=(batch,), dtypes=(dtype,), backends=tuple(entries),
+                 repeats=args.repeats, warmup=args.warmup, device=parse_device(args.device, "--device"),
+                 out=args.out, timeout_s=args.timeout_s,
+                 memory_budget=parse_bytes(args.memory_budget, "--memory-budget") if args.memory_budget else None)
+
+
+def cmd_run(args) -> int:
+    return _execute(_sweep_from_args(args), args)
+
+
+def cmd_sweep(args) -> int:
+    from .sweep import load, with_overrides
+
+    sweep = with_overrides(load(args.config), out=args.out)
+    return _execute(sweep, args)
+
+
+def cmd_profile(args) -> int:
+    import torch
+
+    from .sweep import load, with_overrides
+
+    name = "default.yaml" if torch.cuda.is_available() else "cpu-default.yaml"
+    config = Path(__file__).resolve().parent.parent / "configs" / "sweeps" / name
+    print(f"attnprof profile: the built-in default sweep for this machine, {config.relative_to(Path.cwd())}"
+          if config.is_relative_to(Path.cwd()) else f"attnprof profile: {config}", flush=True)
+    return _execute(with_overrides(load(config), out=args.out), args)
+
+
+def _execute(sweep, args) -> int:
+    from .store import python_command
+    from .sweep import execute
+
+    outcome = execute(sweep, resume=getattr(args, "resume", False), retry_failed=getattr(args, "retry_failed", False),
+                      force=args.force, workers=not args.in_process, progress=not args.quiet,
+                      command=python_command())
+    print(status_table(outcome.run_path))
+    print(f"\nresults: {outcome.run_path}")
+    print(f"  summary:   attnprof show {outcome.run_path.name} --results {outcome.run_path.parent}")
+    print(f"  dashboard: make dashboard  (or attnprof dashboard --results {outcome.run_path.parent})")
+    if outcome.interrupted:
+        print("interrupted: the cells recorded so far are kept; run again with --resume to finish", file=sys.stderr)
+        return 130
+    return 0
+
+
+def status_table(run_path) -> str:
+    from .fmt import table
+    from .store import Run
+
+    cells = Run.open(run_path).cells()
+    if not len(cells):
+        return "no cells recorded"
+    sizes = list(dict.fromkeys(cells["width"].astype(str) + "x" + cells["height"].astype(str)))
+    rows = []
+    for backend, group in cells.groupby("backend", sort=False):
+        row = {"backend": backend}
+        for size in sizes:
+            g = group[group["width"].astype(str) + "x" + group["height"].astype(str) == size]
+            counts = g["status"].value_counts()
+            row[size] = ", ".join(s if n == 1 else f"{s} x{n}" for s, n in counts.items()) or "-"
+        rows.append(row)
+    return table(rows, [("backend", "backend")] + [(s, s) for s in sizes])
+
+
+def cmd_runs(args) -> int:
+    from .store import Run, list_runs
+
+    runs = list_runs(args.results)
+    if not runs:
+        print(f"no runs under {args.results}: make one with make profile, attnprof run or attnprof sweep")
+        return 0
+    for path in runs:
+        try:
+            m, cells = Run.open(path).manifest(), Run.open(path).cells()
+            counts = cells["status"].value_counts().to_dict() if len(cells) else {}
+            state = ", ".join(f"{n} {s}" for s, n in counts.items()) or "no cells yet"
+            models = ",".join(m.get("sweep", {}).get("models", []))
+            print(f"{path.name}  {m.get('created_at', '?')}  {models}  {m.get('environment', {}).get('device')}  "
+                  f"{len(m.get('cells', []))} cells: {state}")
+        except Exception as e:  # a corrupt run is listed with the reason, the others still show
+            print(f"{path.name}  unreadable: {type(e).__name__}: {e}")
+    return 0
+
+
+def cmd_show(args) -> int:
+    from .report import format_run
+    from .store import find_run
+
+    print(format_run(find_run(args.results, args.run)))
+    return 0
+
+
+def cmd_dashboard(args) -> int:
+    import os
+    from pathlib import Path
+
+    if not 0 < args.port < 65536:
+        raise InputError(f"--port {args.port} is not a TCP port: use 1 to 65535")
+    app = Path(__file__).resolve().parent.parent / "dashboards" / "app.py"
+    results = Path(args.results).resolve()
+    print(f"attnprof dashboard: http://{args.host}:{args.port}  (results: {results}; Ctrl-C stops it)", flush=True)
+    os.execv(sys.executable, [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", args.host,
+                              "--server.port", str(args.port), "--server.headless", "true",
+                              "--browser.gatherUsageStats", "false", "--", "--results", str(results)])
+
+
+def _add_exec_args(p, out_default="results"):
+    p.add_argument("--out", default=out_default, help="results folder" + (f" (default {out_default})"
+                                                                           if out_default else " (overrides out:)"))
+    p.add_argument("--force", action="store_true", help="run cells predicted over the memory budget")
+    p.add_argument("--in-process", action="store_true", help="run cells in this process instead of workers")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="attnprof", description="Profile the attention blocks of Stable Diffusion U-Nets.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -83,6 +225,53 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("models", help="list the models in configs/models")
     p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("backends", help="list the attention backends and whether each is available here")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    p.add_argument("--dtype", default="float16", help="dtype to check support for (default float16)")
+    p.set_defaults(func=cmd_backends)
+
+    p = sub.add_parser("run", help="measure per-block time and memory for each backend; writes a run",
+                       description="Measure attention per block: the cartesian product of sizes and backends.")
+    _add_shape_args(p)
+    p.add_argument("--backend", action="append", help="backend, repeatable (default sdpa; see attnprof backends)")
+    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="backend option, e.g. slice_size=4")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    p.add_argument("--repeats", type=int, default=3, help="timed forwards per cell (default 3)")
+    p.add_argument("--warmup", type=int, default=1, help="warm-up forwards per cell (default 1)")
+    p.add_argument("--memory-budget", help="skip cells predicted above this (bytes or e.g. 20GiB; default: free device memory)")
+    p.add_argument("--timeout-s", type=float, help="stop a cell after this many seconds")
+    _add_exec_args(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("sweep", help="run a YAML sweep from configs/sweeps (resumable)",
+                       description="Run a sweep config; see README for the keys.")
+    p.add_argument("config", help="a YAML file, e.g. configs/sweeps/default.yaml")
+    p.add_argument("--resume", action="store_true", help="continue the latest run of this config")
+    p.add_argument("--retry-failed", action="store_true", help="with --resume: run again cells that did not end ok")
+    _add_exec_args(p, out_default=None)
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("profile", help="run the built-in default sweep (GPU: default.yaml, CPU: cpu-default.yaml)")
+    p.add_argument("--resume", action="store_true", help="continue the latest default run")
+    p.add_argument("--retry-failed", action="store_true", help="with --resume: run again cells that did not end ok")
+    _add_exec_args(p, out_default=None)
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("runs", help="list the runs under the results folder")
+    p.add_argument("--results", default="results", help="results folder (default results)")
+    p.set_defaults(func=cmd_runs)
+
+    p = sub.add_parser("show", help="print a run's summary")
+    p.add_argument("run", nargs="?", default="latest", help="run id, a unique prefix, 'latest' or a folder")
+    p.add_argument("--results", default="results", help="results folder (default results)")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("dashboard", help="serve the Streamlit dashboard over the runs under the results folder")
+    p.add_argument("--results", default="results", help="results folder (default results)")
+    p.add_argument("--port", type=int, default=8501, help="port (default 8501)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.set_defaults(func=cmd_dashboard)
     return parser
 
 

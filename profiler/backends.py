@@ -1,0 +1,328 @@
+"""Attention backends: a registry of processors that diffusers' Attention.set_processor accepts, each with an honest
+availability check (the reason when it cannot run) and a model of its transient peak memory.
+
+Shapes: B batch, h heads, d head_dim, C = h*d, Tq / Tk query / key tokens, n = B*h. The chunked cores `split` and
+`subquad` are ours; everything around the core (norms, projections, mask, output projection) is one base class that
+does what diffusers' AttnProcessor does.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from .spec import InputError, parse_dtype, torch_dtype
+
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    family: str  # reference / chunked / fused
+    description: str
+    options: dict = field(default_factory=dict)  # option name -> default
+
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (
+    Backend("naive", "reference", "diffusers AttnProcessor: baddbmm + softmax, the whole score table materialised"),
+    Backend("sliced", "chunked", "diffusers SlicedAttnProcessor: slice_size (batch*heads) rows of tables at a time",
+            {"slice_size": 1}),
+    Backend("split", "chunked", "query chunks sized so one chunk's score table fits budget_bytes (ComfyUI's split)",
+            {"budget_bytes": 64 * MiB}),
+    Backend("subquad", "chunked", "sub-quadratic attention (Rabe & Staats 2021): query and key chunks, running "
+            "max and sum; at most query_chunk x key_chunk scores per batch*head",
+            {"query_chunk": 1024, "key_chunk": 4096}),
+    Backend("sdpa", "fused", "diffusers AttnProcessor2_0: PyTorch SDPA, PyTorch picks the kernel"),
+    Backend("sdpa-flash", "fused", "PyTorch SDPA forced to its flash-attention kernel"),
+    Backend("sdpa-efficient", "fused", "PyTorch SDPA forced to its memory-efficient kernel (CUDA)"),
+    Backend("sdpa-math", "fused", "PyTorch SDPA forced to its math kernel: materialises the score table, in fp32"),
+    Backend("sdpa-cudnn", "fused", "PyTorch SDPA forced to its cuDNN kernel (CUDA)"),
+    Backend("xformers", "fused", "xformers memory_efficient_attention via diffusers XFormersAttnProcessor"),
+    Backend("flash-attn", "fused", "flash_attn_func of the flash-attn package (CUDA, fp16/bf16, head_dim <= 256)"),
+)}
+_SDPA_KERNELS = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
+                 "sdpa-math": SDPBackend.MATH, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION}
+
+
+def names() -> list[str]:
+    return list(BACKENDS)
+
+
+def check_backend_name(name: str) -> None:
+    if name not in BACKENDS:
+        raise InputError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
+
+
+def _whole_number(value) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return int(value) if isinstance(value, str) and value.strip().isdigit() else None
+
+
+def check_options(name: str, options: dict) -> dict:
+    """The backend's options, validated (whole numbers >= 1; digit strings are read as numbers), over its defaults."""
+    check_backend_name(name)
+    defaults = BACKENDS[name].options
+    out = dict(defaults)
+    for key, value in options.items():
+        if key not in defaults:
+            takes = f"use {', '.join(defaults)}" if defaults else "it takes no options"
+            raise InputError(f"backend {name!r} has no option {key!r}: {takes}")
+        number = _whole_number(value)
+        if number is None or number < 1:
+            raise InputError(f"option {key}={value!r} of backend {name!r}: use a whole number >= 1")
+        out[key] = number
+    return out
+
+
+# ---- the chunked cores: (n, Tq, d) x (n, Tk, d) x (n, Tk, d) -> (n, Tq, d); mask: additive, (n, 1 or Tq, Tk)
+
+def _mask_block(mask: torch.Tensor | None, rows: slice, cols: slice):
+    if mask is None:
+        return None
+    return mask[:, rows if mask.shape[1] > 1 else slice(None), cols]
+
+
+def split_rows(batch_heads: int, tokens_k: int, score_size: int, budget_bytes: int) -> int:
+    """Query rows per chunk so that one chunk's score table (n x rows x Tk x score_size bytes) fits the budget."""
+    return max(1, budget_bytes // (batch_heads * tokens_k * score_size))
+
+
+def split_attention(q, k, v, mask=None, scale=None, budget_bytes=64 * MiB, score_dtype=None) -> torch.Tensor:
+    """softmax(q k^T * scale + mask) v, a chunk of query rows at a time (softmax is per query row: exact).
+    Scores and softmax in score_dtype (float32 where diffusers upcasts); one chunk table alive at a time."""
+    n, tq, tk = q.shape[0], q.shape[1], k.shape[1]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    sdt = score_dtype or q.dtype
+    rows = split_rows(n, tk, sdt.itemsize, budget_bytes)
+    k_t = k.to(sdt).transpose(1, 2)  # (n, d, Tk)
+    out = q.new_empty((n, tq, v.shape[-1]), dtype=v.dtype)  # (n, Tq, d)
+    for i in range(0, tq, rows):
+        s = torch.bmm(q[:, i:i + rows].to(sdt), k_t).mul_(scale)  # (n, r, Tk)
+        if mask is not None:
+            s.add_(_mask_block(mask, slice(i, i + rows), slice(None)))
+        s.sub_(s.amax(-1, keepdim=True)).exp_()  # softmax in place: no second table
+        s.div_(s.sum(-1, keepdim=True, dtype=torch.promote_types(sdt, torch.float32)).to(sdt))
+        out[:, i:i + rows] = torch.bmm(s.to(v.dtype), v)  # (n, r, d)
+        del s  # else the next chunk's table is allocated while this one is still held
+    return out
+
+
+def subquad_attention(q, k, v, mask=None, scale=None, query_chunk=1024, key_chunk=4096, score_dtype=None):
+    """softmax(q k^T * scale + mask) v by query chunks and key chunks with a running max and sum (log-sum-exp
+    rescaling); at most a query_chunk x key_chunk score block per batch*head. Accumulators in float32 (or wider)."""
+    n, tq, tk = q.shape[0], q.shape[1], k.shape[1]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    sdt = score_dtype or q.dtype
+    lowest = torch.finfo(sdt).min  # a floor for the running max: fully masked chunks give exp(-inf) = 0, not nan
+    acc_dtype = torch.promote_types(sdt, torch.float32)
+    out = q.new_empty((n, tq, v.shape[-1]), dtype=v.dtype)  # (n, Tq, d)
+    for i in range(0, tq, query_chunk):
+        qc = q[:, i:i + query_chunk].to(sdt)  # (n, r, d)
+        r = qc.shape[1]
+        m = torch.full((n, r, 1), float("-inf"), dtype=acc_dtype, device=q.device)  # running max
+        l = torch.zeros((n, r, 1), dtype=acc_dtype, device=q.device)  # running sum of exp(s - m)
+        acc = torch.zeros((n, r, v.shape[-1]), dtype=acc_dtype, device=q.device)  # running sum of exp(s - m) v
+        for j in range(0, tk, key_chunk):
+            s = torch.bmm(qc, k[:, j:j + key_chunk].to(sdt).transpose(1, 2)).mul_(scale)  # (n, r, c)
+            if mask is not None:
+                s.add_(_mask_block(mask, slice(i, i + query_chunk), slice(j, j + key_chunk)))
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True).to(acc_dtype)).clamp_min_(lowest)  # (n, r, 1)
+            s.sub_(m_new.to(sdt)).exp_()
+            corr = (m - m_new).exp_()  # rescales what was summed under the old max
+            l.mul_(corr).add_(s.sum(-1, keepdim=True, dtype=acc_dtype))
+            acc.mul_(corr).add_(torch.bmm(s.to(v.dtype), v[:, j:j + key_chunk]))  # (n, r, d)
+            m = m_new
+            del s  # else the next block is allocated while this one is still held
+        out[:, i:i + r] = acc.div_(l)
+    return out
+
+
+# ---- processors
+
+class Processor:
+    """Everything diffusers' AttnProcessor does around attention: spatial norm, 4-D inputs, mask preparation, group
+    norm, norm_cross, output projection and dropout, residual, rescale. Subclasses implement attend()."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, *args,
+                 **kwargs):
+        residual = hidden_states
+        if attn.spatial_norm is not None:
+            hidden_states = attn.spatial_norm(hidden_states, temb)
+        input_ndim = hidden_states.ndim
+        if input_ndim == 4:
+            batch, channel, height, width = hidden_states.shape
+            hidden_states = hidden_states.view(batch, channel, height * width).transpose(1, 2)  # (B, Tq, C)
+        batch, tokens_k, _ = (hidden_states if encoder_hidden_states is None else encoder_hidden_states).shape
+        attention_mask = attn.prepare_attention_mask(attention_mask, tokens_k, batch)  # (n, 1 or Tq, Tk) or None
+        if attn.group_norm is not None:
+            hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
+        if encoder_hidden_states is None:
+            encoder_hidden_states = hidden_states
+        elif attn.norm_cross:
+            encoder_hidden_states = attn.norm_encoder_hidden_states(encoder_hidden_states)
+        hidden_states = self.attend(attn, hidden_states, encoder_hidden_states, attention_mask)  # (B, Tq, C)
+        hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))  # linear projection, dropout
+        if input_ndim == 4:
+            hidden_states = hidden_states.transpose(-1, -2).reshape(batch, channel, height, width)
+        if attn.residual_connection:
+            hidden_states = hidden_states + residual
+        return hidden_states / attn.rescale_output_factor
+
+
+class HeadsProcessor(Processor):
+    """Projects to (n, T, d) as AttnProcessor does and runs core(); scores in float32 where diffusers upcasts."""
+
+    def attend(self, attn, hidden_states, context, mask):
+        q = attn.head_to_batch_dim(attn.to_q(hidden_states))  # (n, Tq, d)
+        k = attn.head_to_batch_dim(attn.to_k(context))  # (n, Tk, d)
+        v = attn.head_to_batch_dim(attn.to_v(context))  # (n, Tk, d)
+        upcast = attn.upcast_attention or attn.upcast_softmax
+        out = self.core(q, k, v, mask, attn.scale, torch.float32 if upcast else q.dtype)  # (n, Tq, d)
+        return attn.batch_to_head_dim(out)  # (B, Tq, C)
+
+
+class SplitProcessor(HeadsProcessor):
+    def __init__(self, budget_bytes: int):
+        self.budget_bytes = budget_bytes
+
+    def core(self, q, k, v, mask, scale, score_dtype):
+        return split_attention(q, k, v, mask, scale, self.budget_bytes, score_dtype)
+
+
+class SubQuadProcessor(HeadsProcessor):
+    def __init__(self, query_chunk: int, key_chunk: int):
+        self.query_chunk, self.key_chunk = query_chunk, key_chunk
+
+    def core(self, q, k, v, mask, scale, score_dtype):
+        return subquad_attention(q, k, v, mask, scale, self.query_chunk, self.key_chunk, score_dtype)
+
+
+class FlashAttnProcessor(Processor):
+    """flash_attn_func on (B, T, h, d) views of the projections: no copies, no score table."""
+
+    def attend(self, attn, hidden_states, context, mask):
+        from flash_attn import flash_attn_func
+
+        if mask is not None:
+            raise ValueError("flash-attn takes no attention mask: use sdpa or xformers for masked attention")
+        q = attn.to_q(hidden_states).unflatten(-1, (attn.heads, -1))  # (B, Tq, h, d)
+        if q.shape[-1] > 256:
+            raise ValueError(f"flash-attn supports head_dim <= 256, this block has {q.shape[-1]}")
+        k = attn.to_k(context).unflatten(-1, (attn.heads, -1))  # (B, Tk, h, d)
+        v = attn.to_v(context).unflatten(-1, (attn.heads, -1))  # (B, Tk, h, d)
+        return flash_attn_func(q, k, v, softmax_scale=attn.scale).flatten(2)  # (B, Tq, C)
+
+
+class SDPAKernelProcessor:
+    """diffusers' AttnProcessor2_0 with PyTorch's SDPA kernel forced: no silent fallback to another kernel."""
+
+    def __init__(self, kernel: SDPBackend):
+        from diffusers.models.attention_processor import AttnProcessor2_0
+
+        self.kernel, self.inner = kernel, AttnProcessor2_0()
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, *args,
+                 **kwargs):
+        with sdpa_kernel(self.kernel):
+            return self.inner(attn, hidden_states, encoder_hidden_states, attention_mask, temb, *args, **kwargs)
+
+
+def make_processor(name: str, **options):
+    """A new processor instance of the backend (availability is availability()'s job)."""
+    opts = check_options(name, options)
+    from diffusers.models import attention_processor as ap
+
+    if name in _SDPA_KERNELS:
+        return SDPAKernelProcessor(_SDPA_KERNELS[name])
+    factories = {"naive": ap.AttnProcessor, "sliced": ap.SlicedAttnProcessor, "split": SplitProcessor,
+                 "subquad": SubQuadProcessor, "sdpa": ap.AttnProcessor2_0, "xformers": ap.XFormersAttnProcessor,
+                 "flash-attn": FlashAttnProcessor}
+    return factories[name](**opts)
+
+
+# ---- availability
+
+def _static_reason(name: str, device: torch.device, dtype: str) -> str:
+    package = {"xformers": "xformers", "flash-attn": "flash_attn"}.get(name)
+    if package and importlib.util.find_spec(package) is None:
+        return f"{name} is not installed: pip install {name}"
+    if name in ("xformers", "flash-attn", "sdpa-efficient", "sdpa-cudnn") and device.type != "cuda":
+        return f"{name} runs on CUDA only, not on {device.type}"
+    if name == "flash-attn" and dtype == "float32":
+        return "flash-attn runs in float16 or bfloat16 only, not float32"
+    return ""
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(name: str, device: str, dtype: str) -> tuple[bool, str]:
+    """Run the backend once on a tiny diffusers Attention; the error (and PyTorch's warnings saying why) if it fails."""
+    from diffusers.models.attention_processor import Attention
+
+    gen = torch.Generator().manual_seed(0)
+    attn = Attention(query_dim=64, heads=2, dim_head=32).to(device=device, dtype=torch_dtype(dtype)).eval()
+    x = torch.randn(1, 16, 64, generator=gen).to(device=device, dtype=torch_dtype(dtype))
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        try:
+            make_processor(name)(attn, x)
+        except (RuntimeError, ValueError, ImportError, OSError) as e:  # NotImplementedError is a RuntimeError
+            why = "; ".join(dict.fromkeys(str(w.message).strip().splitlines()[0] for w in caught))
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            return False, f"{name} does not run on {device} in {dtype}: {first}" + (f" ({why})" if why else "")
+    return True, ""
+
+
+def availability(name: str, device: str = "cpu", dtype: str = "float16") -> tuple[bool, str]:
+    """(True, "") where the backend runs on this device in this dtype, else (False, the reason)."""
+    check_backend_name(name)
+    dtype = parse_dtype(dtype)
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise InputError(f"unknown device {device!r}: use cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        return False, f"device {device} is not profiled: use cpu or cuda"
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return False, "CUDA is not available here (no GPU, or a CPU-only torch build)"
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        return False, f"no device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+    reason = _static_reason(name, dev, dtype)
+    return (False, reason) if reason else _probe(name, str(dev), dtype)
+
+
+# ---- memory models
+
+def predicted_peak_bytes(name: str, row: dict, dtype: str, **options) -> int:
+    """Transient peak of one processor call over what was allocated when it began (the output counts).
+
+    Every processor holds q, k, v (n x T x d each) through its core and ends with two (B, Tq, C) tensors alive
+    (head-merged output and to_out's output), so peak = q + k + v + max(core, 2 * out). Score elements take
+    row["score_bytes"] / row["score_elements"] bytes (4 where diffusers upcasts); an upcast also makes float32
+    copies of q and k (naive, sliced), of k (split) or of the query chunk (subquad). Left out: the CPU flash
+    kernel's per-thread tiles (~0.5 MiB per thread) and the mask diffusers repeats per head."""
+    opts = check_options(name, options)
+    e = torch_dtype(dtype).itemsize
+    n, d, tq, tk = row["batch"] * row["heads"], row["head_dim"], row["tokens_q"], row["tokens_k"]
+    sb = row["score_bytes"] // row["score_elements"]
+    a_q, a_k = n * tq * d * e, n * tk * d * e  # one projection on the query / key side
+    up = sb != e
+    if name in ("naive", "sliced"):  # get_attention_scores: scores with the baddbmm input, then with the softmax
+        ns = n if name == "naive" else min(opts["slice_size"], n)
+        core = 2 * ns * tq * tk * sb + up * ns * (tq + tk) * d * 4 + (name == "sliced") * a_q
+    elif name == "split":  # output, one chunk table in place, the chunk's probs @ v
+        r = min(tq, split_rows(n, tk, sb, opts["budget_bytes"]))
+        core = a_q + n * r * tk * sb + n * r * d * e + up * (n * r * tk * e + n * tk * d * 4)
+    elif name == "subquad":  # output, one score block, float32 accumulator, block @ v, running max / sum / rescale
+        r, c = min(tq, opts["query_chunk"]), min(tk, opts["key_chunk"])
+        core = a_q + n * r * c * sb + n * r * d * (4 + e) + 3 * n * r * 4 + up * (n * r * c * e + n * r * d * 4)
+    elif name == "sdpa-math":  # float32 scores and softmax, _safe_softmax's bool mask, a scaled q; fp32 q, k, v copies
+        core = 2 * n * tq * tk * 4 + n * tq * tk + n * tq * d * 4 + (e < 4) * n * (tq + 2 * tk) * d * 4
+    else:  # fused kernels (sdpa picks flash on CPU, flash / efficient on CUDA): output plus a float32 logsumexp
+        core = a_q + n * tq * 4
+    return int(a_q + 2 * a_k + max(core, 2 * a_q))

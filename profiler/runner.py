@@ -1,0 +1,167 @@
+"""Measure one cell: warm-up forwards, timed forwards, one probe pass (memory and kernel), error against an fp32
+reference. Models are built once per (model, dtype, device) and kept for the cells that follow."""
+from __future__ import annotations
+
+import time
+import traceback
+
+import torch
+
+from . import backends, models
+from .measure import CallProbe, CallTimer, NvmlSampler, summarize, trace_windows, traced
+from .recorder import Recorder
+from .spec import CellSpec
+
+REFERENCE_BACKEND, REFERENCE_DTYPE = "sdpa", "float32"
+# max |out - ref| / max |ref| of the whole U-Net output that a backend may show in each dtype
+TOLERANCE = {"float32": 1e-3, "bfloat16": 6e-2, "float16": 1e-2}
+
+
+class ModelCache:
+    """Built U-Nets by (model, dtype, device), and the reference outputs by (model, size, batch, device)."""
+
+    def __init__(self, weights: str = "random"):
+        self.weights = weights
+        self._models: dict[tuple, tuple] = {}
+        self._refs: dict[tuple, torch.Tensor] = {}
+        self.reference_forward_s = 0.0  # time spent in reference forwards, charged to the cell that needed them
+
+    def get(self, model: str, dtype: str, device: str):
+        key = (model, dtype, device)
+        if key not in self._models:
+            source = models.resolve(model)
+            weights = "pretrained" if source.weights and self.weights != "random" else "random"
+            self._models[key] = (source, models.build(source, weights=weights, device=device, dtype=dtype))
+        return self._models[key]
+
+    def reference(self, spec: CellSpec) -> torch.Tensor:
+        key = (spec.model, spec.width, spec.height, spec.batch, spec.device)
+        if key not in self._refs:
+            source, unet = self.get(spec.model, REFERENCE_DTYPE, spec.device)
+            inputs = models.example_inputs(unet, spec.batch, spec.width, spec.height, source.text_tokens)
+            t0 = time.perf_counter()
+            with torch.no_grad(), Recorder(unet, processor=lambda: backends.make_processor(REFERENCE_BACKEND)):
+                self._refs[key] = unet(**inputs).sample.float().cpu()
+            self.reference_forward_s += time.perf_counter() - t0
+        return self._refs[key]
+
+    def drop(self, model: str) -> None:
+        for key in [k for k in self._models if k[0] == model]:
+            del self._models[key]
+        for key in [k for k in self._refs if k[0] == model]:
+            del self._refs[key]
+
+
+def _forward_clock(device: torch.device):
+    """(start, stop) -> elapsed ms for one forward: CUDA events, or the host clock on the CPU."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        return lambda: (end.record(), torch.cuda.synchronize(), start.elapsed_time(end))[2]
+    t0 = time.perf_counter()
+    return lambda: (time.perf_counter() - t0) * 1e3
+
+
+def measure_cell(spec: CellSpec, cache: ModelCache, repeats: int = 3, warmup: int = 1) -> tuple[dict, list[dict]]:
+    """Run one cell; return (cell row, block rows). Raises on failure: the caller turns that into a status."""
+    device = torch.device(spec.device)
+    source, unet = cache.get(spec.model, spec.dtype, spec.device)
+    spent = cache.reference_forward_s
+    reference = cache.reference(spec)
+    forwards_s = cache.reference_forward_s - spent  # every forward this cell runs, for the harness-overhead bench
+    inputs = models.example_inputs(unet, spec.batch, spec.width, spec.height, source.text_tokens)
+    factory = lambda: backends.make_processor(spec.backend, **spec.options)  # noqa: E731
+    timer = CallTimer(device)
+    forward_ms, forward_peak, output = [], 0, None
+    with torch.no_grad(), NvmlSampler(device) as nvml:
+        with Recorder(unet, processor=factory, around=timer) as rec:
+            for i in range(warmup + repeats):
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                    held = torch.cuda.memory_allocated()
+                stop = _forward_clock(device)
+                out = unet(**inputs).sample
+                elapsed = stop()
+                forwards_s += elapsed / 1e3
+                timer.collect()
+                if device.type == "cuda":
+                    forward_peak = max(forward_peak, torch.cuda.max_memory_allocated() - held)
+                if i < warmup:
+                    timer.samples.clear()
+                    continue
+                forward_ms.append(elapsed)
+                if output is None:
+                    output = out.float().cpu()
+                del out
+        probe = CallProbe(device)
+        t0 = time.perf_counter()
+        with Recorder(unet, processor=factory, around=probe) as probe_rec, traced(device) as prof:
+            unet(**inputs)
+        forwards_s += time.perf_counter() - t0
+    per_call, cpu_forward_peak = trace_windows(prof)
+    if device.type == "cpu":
+        forward_peak = cpu_forward_peak
+
+    blocks = []
+    for row in probe_rec.rows:
+        key = row["call_index"]
+        stats = summarize(timer.samples.get(key, []))
+        peak = probe.peak.get(key, per_call.get(key, {}).get("peak_mem_bytes"))
+        blocks.append({
+            **spec.as_row(), **{k: v for k, v in row.items() if k != "pass_index"},
+            **stats, "time_samples_ms": timer.samples.get(key, []),
+            "peak_mem_bytes": peak,
+            "predicted_peak_bytes": backends.predicted_peak_bytes(spec.backend, row, spec.dtype, **spec.options),
+            "kernel": per_call.get(key, {}).get("kernel", ""),
+            "status": "ok",
+        })
+    abs_err = float((output - reference).abs().max())
+    rel_err = abs_err / max(float(reference.abs().max()), 1e-12)
+    fwd = summarize(forward_ms)
+    cell = {
+        **spec.as_row(), "status": "ok", "error": "",
+        "forward_time_ms": fwd["time_ms"], "forward_iqr_ms": fwd["iqr_ms"], "noisy": fwd["noisy"],
+        "forward_time_samples_ms": forward_ms, "forward_peak_mem_bytes": int(forward_peak),
+        "attention_time_ms": sum(b["time_ms"] for b in blocks),
+        "attention_peak_mem_bytes": max(b["peak_mem_bytes"] for b in blocks),
+        "predicted_peak_bytes": max(b["predicted_peak_bytes"] for b in blocks),
+        "calls": len(blocks), "kernel": _common_kernel(blocks),
+        "max_abs_err": abs_err, "max_rel_err": rel_err, "error_ok": rel_err <= TOLERANCE[spec.dtype],
+        "reference": f"{REFERENCE_BACKEND}/{REFERENCE_DTYPE}", "forwards_total_s": forwards_s,
+        **nvml.result(),
+    }
+    return cell, blocks
+
+
+def _common_kernel(blocks: list[dict]) -> str:
+    kernels = []
+    for b in blocks:
+        if b["kernel"] not in kernels:
+            kernels.append(b["kernel"])
+    return " | ".join(kernels)
+
+
+def failed_cell(spec: CellSpec, status: str, message: str, **extra) -> dict:
+    return {**spec.as_row(), "status": status, "error": message, **extra}
+
+
+def run_cell(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int) -> tuple[dict, list[dict]]:
+    """measure_cell with failures turned into rows: unavailable, oom (with the size asked for) or error."""
+    ok, reason = backends.availability(spec.backend, spec.device, spec.dtype)
+    if not ok:
+        return failed_cell(spec, "unavailable", reason), []
+    started = time.time()
+    try:
+        cell, blocks = measure_cell(spec, cache, repeats, warmup)
+    except torch.OutOfMemoryError as e:
+        cell, blocks = failed_cell(spec, "oom", str(e).strip().splitlines()[0]), []
+    except Exception as e:  # any failure of one cell becomes its row; the run goes on
+        last = traceback.extract_tb(e.__traceback__)[-1]
+        cell = failed_cell(spec, "error", f"{type(e).__name__}: {e} (at {last.filename}:{last.lineno})")
+        blocks = []
+    finally:
+        if spec.device.startswith("cuda") and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    cell["wall_s"] = time.time() - started
+    return cell, blocks

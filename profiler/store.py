@@ -1,0 +1,188 @@
+"""The results layout: results/<run-id>/manifest.json + blocks.parquet + cells.parquet.
+
+Every write goes to a temporary file in the same folder and is moved into place (os.replace), so a reader sees the
+old or the new file, never half of one. A cell's block rows are written before its cell row; rewriting a cell first
+drops its old rows, so a cell re-run after a crash between the two writes is never duplicated."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from .spec import InputError
+
+MANIFEST, BLOCKS, CELLS = "manifest.json", "blocks.parquet", "cells.parquet"
+DONE_STATUSES = ("ok", "oom", "skipped", "unavailable", "error", "timeout")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def new_run_id() -> str:
+    return dt.datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json(path: Path, data: dict) -> None:
+    _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(data, indent=1, default=str) + "\n"))
+
+
+def _write_parquet(path: Path, df: pd.DataFrame) -> None:
+    _atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
+
+
+def environment(device: str) -> dict:
+    """Library versions, hardware and the profiler's git revision: a number without these is not comparable."""
+    import diffusers
+    import torch
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "diffusers": diffusers.__version__,
+           "cuda": torch.version.cuda, "platform": platform.platform(), "cpu": _cpu_name(),
+           "cpu_count": os.cpu_count(), "device": device, "device_name": None, "driver": None}
+    if device.startswith("cuda") and torch.cuda.is_available():
+        env["device_name"] = torch.cuda.get_device_name(torch.device(device))
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            env["driver"] = pynvml.nvmlSystemGetDriverVersion()
+        except Exception as e:  # no driver / no NVML: record why instead of failing the run
+            env["driver"] = f"unavailable: {e}"
+    else:
+        env["device_name"] = env["cpu"]
+    env["git_revision"] = _git_revision()
+    return env
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git_revision() -> str | None:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if rev.returncode:
+        return None
+    return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+class Run:
+    """One run folder. `Run.create` starts one, `Run.open` continues one; `record` adds a finished cell."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.id = self.path.name
+
+    @classmethod
+    def create(cls, root: Path, manifest: dict, run_id: str | None = None) -> "Run":
+        run = cls(Path(root) / (run_id or new_run_id()))
+        run.path.mkdir(parents=True, exist_ok=False)
+        write_json(run.path / MANIFEST, {"run_id": run.id, "created_at": now(), "ended_at": None, **manifest})
+        return run
+
+    @classmethod
+    def open(cls, path: Path) -> "Run":
+        run = cls(path)
+        if not (run.path / MANIFEST).is_file():
+            raise InputError(f"{path} is not a run folder (no {MANIFEST}): give a folder under the results folder")
+        return run
+
+    def manifest(self) -> dict:
+        return json.loads((self.path / MANIFEST).read_text())
+
+    def update_manifest(self, **fields) -> None:
+        write_json(self.path / MANIFEST, {**self.manifest(), **fields})
+
+    def cells(self) -> pd.DataFrame:
+        """The recorded cells, in the order of the run's grid."""
+        cells = _read(self.path / CELLS)
+        if len(cells):
+            order = {c["cell_id"]: i for i, c in enumerate(self.manifest().get("cells", []))}
+            cells = cells.sort_values("cell_id", key=lambda s: s.map(order).fillna(len(order)), kind="stable")
+        return cells.reset_index(drop=True)
+
+    def blocks(self) -> pd.DataFrame:
+        return _read(self.path / BLOCKS)
+
+    def done_cells(self) -> dict[str, str]:
+        """cell_id -> status of the cells already recorded."""
+        cells = self.cells()
+        return dict(zip(cells["cell_id"], cells["status"])) if len(cells) else {}
+
+    def record(self, cell: dict, blocks: list[dict]) -> None:
+        cid = cell["cell_id"]
+        cell = {"run_id": self.id, **cell}
+        blocks = [{"run_id": self.id, **b} for b in blocks]
+        old_blocks = self.blocks()
+        if len(old_blocks):
+            old_blocks = old_blocks[old_blocks["cell_id"] != cid]
+        _write_parquet(self.path / BLOCKS, _concat(old_blocks, pd.DataFrame(blocks)))
+        old_cells = self.cells()
+        if len(old_cells):
+            old_cells = old_cells[old_cells["cell_id"] != cid]
+        _write_parquet(self.path / CELLS, _concat(old_cells, pd.DataFrame([cell])))
+
+
+def _concat(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
+    parts = [df for df in (old, new) if len(df)]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def _read(path: Path) -> pd.DataFrame:
+    return pd.read_parquet(path) if path.is_file() else pd.DataFrame()
+
+
+def list_runs(root: Path) -> list[Path]:
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if (p / MANIFEST).is_file()), key=lambda p: p.name)
+
+
+def find_run(root: Path, name: str) -> Run:
+    """A run id under root, a unique prefix of one, 'latest', or a path to a run folder."""
+    path = Path(name)
+    if (path / MANIFEST).is_file():
+        return Run.open(path)
+    runs = list_runs(root)
+    if name == "latest" and runs:
+        return Run.open(runs[-1])
+    matches = [p for p in runs if p.name.startswith(name)]
+    if len(matches) == 1:
+        return Run.open(matches[0])
+    if not runs:
+        raise InputError(f"no runs under {root}: make one with attnprof run or attnprof sweep")
+    what = "several runs start with" if matches else "no run named"
+    raise InputError(f"{what} {name!r} under {root}: see attnprof runs --results {root}")
+
+
+def python_command() -> str:
+    """The command line as the user would type it again."""
+    return " ".join(["attnprof"] + sys.argv[1:])

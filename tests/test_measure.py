@@ -1,0 +1,69 @@
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from profiler.measure import CallTimer, NvmlSampler, cpu_peak_bytes, summarize
+
+MiB = 2**20
+
+# One naive attention call (diffusers AttnProcessor) with 8 heads and 4096 tokens in fp32: two 512 MiB score
+# tables are alive at once (scores and their softmax).
+CALL = """
+import torch
+from diffusers.models.attention_processor import Attention, AttnProcessor
+torch.manual_seed(0)
+attn = Attention(query_dim=64, heads=8, dim_head=8, processor=AttnProcessor())
+x = torch.randn(1, 4096, 64)
+def call():
+    with torch.no_grad():
+        return attn(x)
+"""
+
+
+def test_summarize_median_iqr_and_noisy_flag():
+    steady = summarize([10.0, 10.2, 9.9, 10.1, 10.0])
+    assert steady["time_ms"] == 10.0 and not steady["noisy"]
+    jumpy = summarize([10.0, 14.0, 9.0, 13.0, 10.0])
+    assert jumpy["time_ms"] == 10.0 and jumpy["noisy"] and jumpy["iqr_ms"] == pytest.approx(3.0)
+
+
+def test_cpu_timer_uses_the_injected_clock():
+    ticks = iter([0.0, 0.004, 1.0, 1.0025])
+    timer = CallTimer(torch.device("cpu"), clock=lambda: next(ticks))
+    timer({"call_index": 3}, lambda: None)
+    timer({"call_index": 3}, lambda: None)
+    assert timer.samples[3] == pytest.approx([4.0, 2.5])
+
+
+def test_cpu_memory_method_agrees_with_a_fresh_process_max_rss():
+    scope = {}
+    exec(CALL, scope)
+    scope["call"]()  # warm up lazy initialisation outside the measurement
+    _, traced = cpu_peak_bytes(scope["call"])
+    # Independent check: a fresh process, its peak-RSS mark (VmHWM) reset just before the call, so the peak of
+    # importing torch and diffusers does not hide the call's; the call's peak is VmHWM after minus VmRSS before.
+    rss_script = CALL + """
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+open("/proc/self/clear_refs", "w").write("5")
+before = status("VmRSS")
+call()
+print(status("VmHWM") - before)
+"""
+    p = subprocess.run([sys.executable, "-c", rss_script], capture_output=True, text=True, check=True)
+    rss = int(p.stdout.split()[-1])
+    assert 1000 * MiB < traced < 1100 * MiB, traced / MiB  # two 512 MiB tables, not one
+    assert abs(traced - rss) / rss < 0.05, (traced / MiB, rss / MiB)
+
+
+def test_nvml_is_recorded_unavailable_without_a_driver():
+    for device in (torch.device("cpu"), torch.device("cuda")):
+        with NvmlSampler(device) as s:
+            pass
+        result = s.result()
+        assert result["nvml_status"].startswith("unavailable: ")
+        assert result["nvml_device_used_max_bytes"] is None

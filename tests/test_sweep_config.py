@@ -1,0 +1,95 @@
+"""The sweep loader: every shipped YAML validates; each bad config is one line naming the file, the key and the fix."""
+from pathlib import Path
+
+import pytest
+
+from profiler import models
+from profiler.cli import main
+from profiler.sweep import load
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("sweeps/*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_sweep_validates(path):
+    sweep = load(path)
+    assert sweep.models and sweep.sizes and sweep.backends
+    n = len(sweep.models) * len(sweep.sizes) * len(sweep.batch) * len(sweep.dtypes) * len(sweep.backends)
+    if sweep.device in ("cpu", "auto"):
+        assert len({c.cell_id for c in sweep.cells()}) == n
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("models/*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_model_config_builds_on_meta(path):
+    source = models.resolve(path.stem)
+    unet = models.build(source, weights="meta")
+    assert len(unet.attn_processors) in (32, 140)
+
+
+GOOD = """models: [tiny-sd15]
+sizes: [64x64]
+backends: [naive, {sliced: {slice_size: 2}}]
+dtypes: [float32]
+device: cpu
+"""
+
+
+def test_a_good_config_gives_the_grid(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(GOOD + "batch: [1, 2]\nmemory_budget: 2GiB\ntimeout_s: 30\nrepeats: 2\nwarmup: 0\n")
+    sweep = load(path)
+    cells = sweep.cells()
+    assert len(cells) == 4 and sweep.memory_budget == 2 * 2**30 and sweep.timeout_s == 30.0
+    sliced = [c for c in cells if c.backend == "sliced"][0]
+    assert sliced.options == {"slice_size": 2}
+    assert len({c.cell_id for c in cells}) == 4
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("colour: blue\n", "unknown key 'colour': the keys are models, sizes"),
+    ("sizes: [640x48x]\n", "key 'sizes': malformed size '640x48x'"),
+    ("sizes: [500x500]\n", "key 'sizes': size '500x500': width 500 is not a positive multiple of 8"),
+    ("sizes: 512x512\n", "key 'sizes' must be a non-empty list of WxH strings, not '512x512'"),
+    ("sizes: [512]\n", "key 'sizes' must be a list of WxH strings"),
+    ("batch: [0]\n", "key 'batch': batch 0 is below 1"),
+    ("batch: ['2']\n", "key 'batch' must be a list of whole numbers"),
+    ("dtypes: [float8]\n", "key 'dtypes': unknown dtype 'float8'"),
+    ("backends: [nope]\n", "key 'backends': unknown backend 'nope'"),
+    ("backends: [{sliced: {slice_sz: 2}}]\n", "key 'backends'"),
+    ("backends: [{sliced: 2}]\n", "options of 'sliced' must be a mapping"),
+    ("repeats: three\n", "key 'repeats' must be a whole number >= 1"),
+    ("warmup: -1\n", "key 'warmup' must be a whole number >= 0"),
+    ("device: gpu\n", "device 'gpu' is not auto, cpu, cuda or cuda:N"),
+    ("memory_budget: lots\n", "key 'memory_budget': 'lots' is not a size"),
+    ("timeout_s: 0\n", "key 'timeout_s' must be a positive number"),
+    ("out: [a]\n", "key 'out' must be a folder path"),
+])
+def test_bad_configs_are_rejected_before_any_model_is_built(tmp_path, capsys, extra, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(GOOD.replace(extra.split(":")[0] + ":", "#") + extra if extra.split(":")[0] in GOOD
+                    else GOOD + extra)
+    results = tmp_path / "results"
+    code = main(["sweep", str(path), "--out", str(results), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert str(path) in err and message in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert not results.exists()  # nothing was built or stored
+
+
+@pytest.mark.parametrize("content, message", [
+    ("models: [tiny-sd15\n", "not valid YAML"),
+    ("- tiny-sd15\n", "expected a mapping of keys"),
+    ("sizes: [64x64]\n", "key 'models' is missing"),
+    ("models: [sd14]\n", "key 'models': unknown model 'sd14'"),
+])
+def test_bad_config_files(tmp_path, capsys, content, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(content)
+    assert main(["sweep", str(path), "--quiet"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_config_file(capsys):
+    assert main(["sweep", "configs/sweeps/nope.yaml"]) == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -1,0 +1,103 @@
+"""Sweeps end to end through worker subprocesses: failures kept as rows, resumable after SIGKILL."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from profiler.store import Run, list_runs
+from profiler.sweep import execute, load
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _write(tmp_path, text: str) -> Path:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(text + f"out: {tmp_path / 'results'}\n")
+    return path
+
+
+def _wait_for(predicate, timeout=120.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting")
+
+
+def test_failures_are_rows_of_the_right_status(tmp_path):
+    path = _write(tmp_path, """models: [tiny-sd15]
+sizes: [64x64, 256x256, 512x512]
+dtypes: [float32]
+backends: [naive, sdpa, xformers]
+repeats: 1
+warmup: 0
+device: cpu
+memory_budget: 300MiB
+""")
+    sweep = load(path)
+    victim = next(c for c in sweep.cells() if c.backend == "naive" and c.width == 256)
+    proc = subprocess.Popen([sys.executable, "-m", "profiler", "sweep", str(path), "--quiet"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_dir = _wait_for(lambda: list_runs(tmp_path / "results"))[0]
+
+    def victim_in_flight():
+        try:
+            progress = json.loads((run_dir / "progress.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return progress if progress["cell_id"] == victim.cell_id else None
+
+    progress = _wait_for(victim_in_flight)
+    os.kill(progress["worker_pid"], signal.SIGKILL)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    cells = Run.open(run_dir).cells().set_index("cell_id")
+    status = cells["status"].to_dict()
+    assert status.pop(victim.cell_id) == "error"
+    assert "worker died: signal SIGKILL" in cells.loc[victim.cell_id, "error"]
+    by_spec = {(c.backend, c.width): status[c.cell_id] for c in sweep.cells() if c.cell_id in status}
+    assert by_spec == {("naive", 64): "ok", ("naive", 512): "skipped", ("sdpa", 64): "ok", ("sdpa", 256): "ok",
+                       ("sdpa", 512): "ok", ("xformers", 64): "unavailable", ("xformers", 256): "unavailable",
+                       ("xformers", 512): "unavailable"}
+    skipped = cells[cells["status"] == "skipped"].iloc[0]
+    assert "exceeds the memory budget 300.0 MiB" in skipped["error"] and skipped["predicted_peak_bytes"] > 300 * 2**20
+    assert "pip install xformers" in cells[cells["status"] == "unavailable"].iloc[0]["error"]
+    blocks = Run.open(run_dir).blocks()
+    assert blocks.groupby("cell_id").size().to_dict() == {cid: 32 for cid, s in cells["status"].items() if s == "ok"}
+    assert "naive" in out and "unavailable" in out  # the closing status table
+
+
+def test_sigkill_of_the_whole_sweep_then_resume_gives_each_cell_once(tmp_path):
+    path = _write(tmp_path, """models: [tiny-sd15]
+sizes: [64x64, 128x128, 192x192]
+dtypes: [float32]
+backends: [sdpa, naive]
+repeats: 1
+warmup: 0
+device: cpu
+""")
+    proc = subprocess.Popen([sys.executable, "-m", "profiler", "sweep", str(path), "--quiet"], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    run_dir = _wait_for(lambda: list_runs(tmp_path / "results"))[0]
+    _wait_for(lambda: (run_dir / "cells.parquet").is_file() and len(pd.read_parquet(run_dir / "cells.parquet")) >= 2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = len(Run.open(run_dir).cells())
+    assert 2 <= before < 6
+    Run.open(run_dir).blocks()  # still readable after the kill
+
+    outcome = execute(load(path), resume=True, progress=False)
+    assert outcome.run_path == run_dir
+    cells = Run.open(run_dir).cells()
+    assert len(cells) == 6 and cells["cell_id"].is_unique and set(cells["status"]) == {"ok"}
+    blocks = Run.open(run_dir).blocks()
+    assert not blocks.duplicated(["cell_id", "call_index"]).any()
+    assert len(blocks) == 6 * 32
+    assert Run.open(run_dir).manifest()["ended_at"] is not None
