@@ -17,7 +17,9 @@ from contextlib import contextmanager
 import torch
 
 NOISY_IQR_OVER_MEDIAN = 0.1
-_KERNEL_OPS = re.compile(r"scaled_dot_product|baddbmm|^aten::bmm$|^aten::einsum$|xformers|flash_attn|fmha|cudnn")
+# the attention ops worth naming: SDPA's concrete kernels (not the dispatcher), matmuls of chunked code, extensions
+_KERNEL_OPS = re.compile(r"scaled_dot_product_(?!attention$)|baddbmm|^aten::bmm$|^aten::einsum$|xformers|flash_attn"
+                         r"|fmha|cudnn")
 
 
 def summarize(samples_ms: list[float]) -> dict:

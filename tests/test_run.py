@@ -1,0 +1,130 @@
+"""A measured run of tiny-sd15 at 512x512 on the CPU: every field filled, memory against its model and against an
+independent check, errors within tolerance, unavailable backends as rows; the store's round trip; CLI errors."""
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from profiler.cli import main
+from profiler.store import Run, find_run, list_runs
+from profiler.sweep import Sweep, execute
+
+MiB = 2**20
+BLOCK_FIELDS = ["run_id", "cell_id", "model", "width", "height", "batch", "dtype", "backend", "device", "block",
+                "stage", "level", "kind", "heads", "head_dim", "tokens_q", "tokens_k", "score_elements",
+                "score_bytes", "flops", "time_ms", "time_samples_ms", "noisy", "peak_mem_bytes",
+                "predicted_peak_bytes", "kernel", "status"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    sweep = Sweep(models=("tiny-sd15",), sizes=((512, 512),), dtypes=("float32",), device="cpu", repeats=2,
+                  warmup=0, backends=(("naive", ()), ("sdpa-flash", ()), ("xformers", ())),
+                  out=str(tmp_path_factory.mktemp("results")))
+    outcome = execute(sweep, workers=False, progress=False, command="test")
+    return Run.open(outcome.run_path)
+
+
+def test_one_row_per_call_per_cell_with_every_field(run):
+    blocks = run.blocks()
+    assert blocks.groupby("backend").size().to_dict() == {"naive": 32, "sdpa-flash": 32}
+    assert blocks[BLOCK_FIELDS].notna().all().all()
+    assert (blocks["time_ms"] > 0).all() and blocks["time_samples_ms"].map(len).eq(2).all()
+    assert set(blocks["status"]) == {"ok"}
+    kernels = blocks.groupby("backend")["kernel"].first().to_dict()
+    assert kernels["naive"] == "aten::baddbmm,aten::bmm"
+    assert kernels["sdpa-flash"] == "aten::_scaled_dot_product_flash_attention_for_cpu"
+
+
+def test_naive_peak_matches_its_model_and_flash_stays_far_below(run):
+    b = run.blocks()
+    finest = b[(b["tokens_q"] == 4096) & (b["kind"] == "self")]
+    naive, flash = finest[finest["backend"] == "naive"], finest[finest["backend"] == "sdpa-flash"]
+    assert len(naive) == 5  # 2 down + 3 up self-attentions at the finest level
+    ratio = naive["peak_mem_bytes"] / naive["predicted_peak_bytes"]
+    assert ratio.between(0.9, 1.1).all(), ratio.tolist()
+    assert (naive["peak_mem_bytes"] > 1000 * MiB).all()  # two 512 MiB score tables at once
+    assert flash["peak_mem_bytes"].max() < naive["peak_mem_bytes"].min() / 10
+
+
+def test_naive_peak_agrees_with_a_fresh_process_peak_rss(run):
+    """The same block's call, alone in a fresh process, its peak-RSS mark reset just before it."""
+    script = """
+import torch
+from diffusers.models.attention_processor import AttnProcessor
+from profiler import models
+unet = models.build("tiny-sd15", weights="random", dtype="float32")
+attn = unet.down_blocks[0].attentions[0].transformer_blocks[0].attn1
+attn.set_processor(AttnProcessor())
+x = torch.randn(1, 4096, attn.to_q.in_features)
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+open("/proc/self/clear_refs", "w").write("5")
+before = status("VmRSS")
+with torch.no_grad():
+    attn(x)
+print(status("VmHWM") - before)
+"""
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    rss = int(p.stdout.split()[-1])
+    b = run.blocks()
+    measured = b[(b["backend"] == "naive") & (b["block"] == "down_blocks.0.attentions.0.transformer_blocks.0.attn1")]
+    assert abs(measured["peak_mem_bytes"].iloc[0] - rss) / rss < 0.1, (measured["peak_mem_bytes"].iloc[0], rss)
+
+
+def test_cells_errors_within_tolerance_and_unavailable_rows(run):
+    cells = run.cells().set_index("backend")
+    assert cells.loc["xformers", "status"] == "unavailable"
+    assert cells.loc["xformers", "error"] == "xformers is not installed: pip install xformers"
+    for name in ("naive", "sdpa-flash"):
+        c = cells.loc[name]
+        assert c["status"] == "ok" and c["error_ok"] and c["max_rel_err"] < 1e-3, c["max_rel_err"]
+        assert c["calls"] == 32 and c["forward_time_ms"] > c["attention_time_ms"] > 0
+        assert c["nvml_status"].startswith("unavailable")
+    assert cells.loc["naive", "forward_peak_mem_bytes"] >= cells.loc["naive", "attention_peak_mem_bytes"]
+    env = run.manifest()["environment"]
+    assert env["torch"].startswith("2.13") and env["diffusers"] and env["git_revision"] is not None
+
+
+def test_store_round_trip_and_idempotent_cells(tmp_path):
+    run = Run.create(tmp_path, {"command": "test", "cells": []}, run_id="r1")
+    cell = {"cell_id": "c1", "status": "ok", "time_ms": 1.5}
+    blocks = [{"cell_id": "c1", "call_index": i, "time_samples_ms": [1.0, 2.0]} for i in range(3)]
+    run.record(cell, blocks)
+    run.record({**cell, "time_ms": 2.5}, blocks)  # a cell recorded again replaces its rows
+    again = Run.open(tmp_path / "r1")
+    assert again.cells().to_dict("records") == [{"run_id": "r1", "cell_id": "c1", "status": "ok", "time_ms": 2.5}]
+    b = again.blocks()
+    assert len(b) == 3 and list(b["time_samples_ms"].iloc[0]) == [1.0, 2.0]
+    assert again.done_cells() == {"c1": "ok"}
+    assert [p.name for p in list_runs(tmp_path)] == ["r1"] and find_run(tmp_path, "latest").id == "r1"
+    assert not list(tmp_path.glob("r1/.*tmp"))  # no temporary files left behind
+    assert isinstance(pd.read_parquet(tmp_path / "r1" / "cells.parquet"), pd.DataFrame)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--backend", "flashy"], "unknown backend 'flashy': use one of naive, sliced"),
+    (["--backend", "sliced", "--option", "slice_size=0"], "option slice_size=0 of backend 'sliced'"),
+    (["--backend", "sliced", "--option", "slicesize"], "backend option 'slicesize' is not KEY=VALUE"),
+    (["--device", "cuda"], "no CUDA device is visible here"),
+    (["--device", "tpu"], "device 'tpu' is not auto, cpu, cuda or cuda:N"),
+    (["--repeats", "0"], "--repeats 0 is too small"),
+    (["--memory-budget", "lots"], "'lots' is not a size"),
+])
+def test_run_rejects_bad_input_before_measuring(tmp_path, capsys, argv, message):
+    code = main(["run", "--model", "tiny-sd15", "--out", str(tmp_path / "results"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "results").exists()
+
+
+def test_show_and_runs_print_the_run(run, capsys):
+    assert main(["show", run.id, "--results", str(run.path.parent)]) == 0
+    out = capsys.readouterr().out
+    assert "sdpa-flash" in out and "xformers is not installed" in out and "1.0 GiB" in out
+    assert main(["runs", "--results", str(run.path.parent)]) == 0
+    assert "2 ok, 1 unavailable" in capsys.readouterr().out
+    assert main(["show", "nope", "--results", str(run.path.parent)]) == 2
