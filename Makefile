@@ -32,3 +32,6 @@ lint: setup
 
 bench: setup
 	$(PY) -m profiler.bench
+
+gpu-check: setup
+	$(PY) -m profiler.gpu_check

@@ -127,6 +127,7 @@ def measure_cell(spec: CellSpec, cache: ModelCache, repeats: int = 3, warmup: in
         "attention_peak_mem_bytes": max(b["peak_mem_bytes"] for b in blocks),
         "predicted_peak_bytes": max(b["predicted_peak_bytes"] for b in blocks),
         "calls": len(blocks), "kernel": _common_kernel(blocks),
+        "allocator_reserved_max_bytes": torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None,
         "max_abs_err": abs_err, "max_rel_err": rel_err, "error_ok": rel_err <= TOLERANCE[spec.dtype],
         "reference": f"{REFERENCE_BACKEND}/{REFERENCE_DTYPE}", "forwards_total_s": forwards_s,
         **nvml.result(),
