@@ -2,7 +2,8 @@
 
 1. The recorder: a recorded forward (wrappers + per-call timer) against a plain forward of the same model and
    backend; target at most 1.05x. torch.profiler's overhead on the same forward, for reference.
-2. The sweep harness: a sweep's wall time against the sum of the forwards it ran (all of them: warm-up, timed,
+2. The planner: SDXL base at 4096x4096 on the meta device, target under 2 seconds.
+3. The sweep harness: a sweep's wall time against the sum of the forwards it ran (all of them: warm-up, timed,
    probe and reference); target under 1.15x for the CPU default.
 """
 from __future__ import annotations
@@ -47,6 +48,19 @@ def recorder_overhead(model: str, size: int, backend: str, rounds: int) -> dict:
             "recorder_ratio": med(recorded) / med(plain), "profiler_ratio": med(profiled) / med(plain)}
 
 
+def planner_time(model: str = "sdxl-base", size: int = 4096, rounds: int = 3) -> dict:
+    """Seconds to plan one size on the meta device (after one warm-up plan: imports and caches excluded)."""
+    from .plan import plan
+
+    plan(model, 1024, 1024)
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        plan(model, size, size)
+        times.append(time.perf_counter() - t0)
+    return {"plan_s": statistics.median(times)}
+
+
 def harness_overhead(config: Path, out: Path) -> dict:
     from .store import Run
     from .sweep import execute, load, with_overrides
@@ -78,6 +92,8 @@ def main(argv=None) -> int:
     print(f"  plain forward      {r['plain_ms']:9.1f} ms")
     print(f"  recorded forward   {r['recorded_ms']:9.1f} ms   ratio {r['recorder_ratio']:.3f}x  (target <= 1.05x)")
     print(f"  torch.profiler     {r['profiled_ms']:9.1f} ms   ratio {r['profiler_ratio']:.3f}x  (for reference)")
+    t = planner_time()
+    print(f"planner, sdxl-base 4096x4096 on the meta device: {t['plan_s']:.2f} s (target < 2 s)")
     if not args.skip_sweep:
         h = harness_overhead(Path(args.sweep), Path(args.out))
         print(f"sweep harness overhead, {args.sweep}:")
