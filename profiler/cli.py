@@ -33,19 +33,36 @@ def cmd_plan(args) -> int:
     sizes, batch, dtype = _shape(args)
     options = _backend_options(args.option)
     if args.backend:
-        from .backends import check_backend_name
+        from .backends import check_backend_name, check_options
 
         check_backend_name(args.backend)
+        options = check_options(args.backend, options)
+    if args.memory_budget and not args.backend:
+        raise InputError("--memory-budget needs --backend NAME: the need depends on the backend")
+    from .sweep import parse_bytes
     from . import models
 
     unet = models.build(args.model, weights="meta", dtype=dtype)
     plans = [plan(args.model, w, h, batch, dtype, backend=args.backend, backend_options=options, unet=unet)
              for w, h in sizes]
+    if args.memory_budget:
+        from .fmt import human_bytes
+        from .plan import predicted_need_bytes
+
+        budget = parse_bytes(args.memory_budget, "--memory-budget")
+        for p in plans:
+            need, call = predicted_need_bytes(p, args.backend, options)
+            p["totals"].update(memory_budget_bytes=budget, predicted_need_bytes=need, fits=need <= budget)
     if args.json:
         json.dump(plans, sys.stdout, indent=1)
         print()
-    else:
-        print("\n\n".join(format_plan(p) for p in plans))
+        return 0
+    print("\n\n".join(format_plan(p) for p in plans))
+    for p in plans if args.memory_budget else []:
+        t = p["totals"]
+        print(f"{p['model']} {p['width']}x{p['height']} with {args.backend}: needs {human_bytes(t['predicted_need_bytes'])}"
+              f" (weights + its largest call) -> {'fits' if t['fits'] else 'does NOT fit'} in "
+              f"{human_bytes(t['memory_budget_bytes'])}")
     return 0
 
 
@@ -191,7 +208,6 @@ def cmd_show(args) -> int:
 
 def cmd_dashboard(args) -> int:
     import os
-    from pathlib import Path
 
     if not 0 < args.port < 65536:
         raise InputError(f"--port {args.port} is not a TCP port: use 1 to 65535")
@@ -200,7 +216,8 @@ def cmd_dashboard(args) -> int:
     print(f"attnprof dashboard: http://{args.host}:{args.port}  (results: {results}; Ctrl-C stops it)", flush=True)
     os.execv(sys.executable, [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", args.host,
                               "--server.port", str(args.port), "--server.headless", "true",
-                              "--browser.gatherUsageStats", "false", "--", "--results", str(results)])
+                              "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer",
+                              "--", "--results", str(results)])
 
 
 def _add_exec_args(p, out_default="results"):
@@ -220,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shape_args(p)
     p.add_argument("--backend", help="add each call's predicted peak memory for this backend (attnprof backends)")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="backend option, e.g. slice_size=4")
+    p.add_argument("--memory-budget", metavar="BYTES", help="with --backend: say whether the forward fits, e.g. 24GiB")
     p.add_argument("--json", action="store_true", help="print a JSON array, one object per size")
     p.set_defaults(func=cmd_plan)
 

@@ -34,6 +34,21 @@ def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "floa
             "backend": backend, "blocks": blocks, "totals": totals(blocks, models.param_counts(unet))}
 
 
+def predicted_need_bytes(p: dict, backend: str, options: dict | None = None,
+                         reference_copy: bool = False) -> tuple[int, dict]:
+    """What a forward needs at its worst attention call: the weights in the plan's dtype (plus an fp32 copy for the
+    reference, where a measured run makes one) and that call's predicted transient peak. Returns (bytes, call row).
+    Activations held between calls are not counted."""
+    from .backends import predicted_peak_bytes
+    from .spec import DTYPES
+
+    params = p["totals"]["params_total"]
+    weights = params * DTYPES[p["dtype"]].itemsize + (params * 4 if reference_copy and p["dtype"] != "float32" else 0)
+    peaks = [predicted_peak_bytes(backend, r, p["dtype"], **(options or {})) for r in p["blocks"]]
+    top = max(range(len(peaks)), key=peaks.__getitem__)
+    return int(weights + peaks[top]), p["blocks"][top]
+
+
 def totals(blocks: list[dict], params: dict) -> dict:
     largest = max(blocks, key=lambda r: r["score_elements"])
     out = {

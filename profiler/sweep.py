@@ -190,23 +190,16 @@ def free_memory_bytes(device: str) -> int:
 
 
 def predicted_cell_peaks(cells: list[CellSpec]) -> dict[str, int]:
-    """cell_id -> predicted bytes the cell needs: the weights (and the fp32 reference copy) plus the largest
-    attention call's predicted peak. Planned on the meta device, once per (model, size, batch, dtype)."""
-    from .plan import plan
-    from .runner import REFERENCE_DTYPE
-    from .spec import DTYPES
+    """cell_id -> predicted bytes the cell needs (plan.predicted_need_bytes, with the fp32 reference copy).
+    Planned on the meta device, once per (model, size, batch, dtype)."""
+    from .plan import plan, predicted_need_bytes
 
     plans, out = {}, {}
     for c in cells:
         key = (c.model, c.width, c.height, c.batch, c.dtype)
         if key not in plans:
             plans[key] = plan(c.model, c.width, c.height, c.batch, c.dtype)
-        p = plans[key]
-        weights = p["totals"]["params_total"] * DTYPES[c.dtype].itemsize
-        if c.dtype != REFERENCE_DTYPE:
-            weights += p["totals"]["params_total"] * 4
-        calls = max(backends.predicted_peak_bytes(c.backend, r, c.dtype, **c.options) for r in p["blocks"])
-        out[c.cell_id] = int(weights + calls)
+        out[c.cell_id] = predicted_need_bytes(plans[key], c.backend, c.options, reference_copy=True)[0]
     return out
 
 

@@ -17,3 +17,28 @@ def tiny_sdxl():
 @pytest.fixture(autouse=True)
 def _few_threads():
     torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def dashboard_results(tmp_path_factory):
+    """A results folder with one run written by the real profiler, for the dashboard's tests: tiny-sd15 at 64x64 and
+    128x128, float32 on the CPU, in process; naive, sdpa and subquad measured, xformers unavailable (CUDA only),
+    and naive at 128x128 skipped by a memory budget set between its predicted need and subquad's."""
+    from dataclasses import replace
+
+    from profiler.sweep import Sweep, execute, predicted_cell_peaks
+
+    root = tmp_path_factory.mktemp("dashboard") / "results"
+    sweep = Sweep(models=("tiny-sd15",), sizes=((64, 64), (128, 128)), dtypes=("float32",),
+                  backends=(("naive", ()), ("sdpa", ()), ("subquad", ()), ("xformers", ())), repeats=2, warmup=0,
+                  device="cpu", out=str(root))
+    cells = [c for c in sweep.cells() if c.width == 128]
+    need = {c.backend: peak for c, peak in zip(cells, predicted_cell_peaks(cells).values())}
+    assert need["naive"] > need["subquad"] > need["sdpa"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the timings do not matter here, and two threads on a busy machine spin for minutes
+    try:
+        execute(replace(sweep, memory_budget=(need["naive"] + need["subquad"]) // 2), workers=False, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    return root

@@ -69,3 +69,15 @@ def test_console_entry_point_exits_2_without_traceback():
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == ["attnprof: error: size '12x12': width 12 is not a positive multiple "
                                              "of 8 (the latent is 1/8 of the image)"]
+
+
+def test_plan_says_whether_a_backend_fits_a_budget(capsys):
+    code, out, _ = run(capsys, "plan", "--model", "sdxl-base", "--size", "4096x4096", "--backend", "naive",
+                       "--memory-budget", "24GiB", "--json")
+    t = json.loads(out)[0]["totals"]
+    assert code == 0 and not t["fits"] and t["predicted_need_bytes"] > 2 * t["largest_score_bytes"]
+    code, out, _ = run(capsys, "plan", "--model", "sdxl-base", "--size", "1536x1536", "--backend", "sdpa-flash",
+                       "--memory-budget", "24GiB")
+    assert code == 0 and "with sdpa-flash: needs" in out and "-> fits in 24.0 GiB" in out
+    code, _, err = run(capsys, "plan", "--model", "sd15", "--memory-budget", "2GiB")
+    assert code == 2 and "--memory-budget needs --backend NAME" in err

@@ -1,0 +1,351 @@
+"""attnprof dashboard: a thin Streamlit view over the runs under a results folder (profiler.store) and the pure
+transforms in dashboards/transforms.py.
+
+    attnprof dashboard [--results DIR]          (or: streamlit run dashboards/app.py -- --results DIR)
+
+The results folder comes from --results, else $ATTNPROF_RESULTS, else ./results. Filters live in the URL."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # streamlit puts only this file's folder on the path
+    sys.path.insert(0, str(REPO))
+
+import pandas as pd  # noqa: E402
+import streamlit as st  # noqa: E402
+
+from dashboards import transforms as T  # noqa: E402
+
+PAGES = ("Runs", "Run", "Compare", "Scaling", "Planner")
+COLOUR_BY = {"time": ("time_ms", "time (ms)"), "peak memory": ("peak_mem_bytes", "peak memory")}
+
+
+def results_dir() -> Path:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--results")
+    args, _ = parser.parse_known_args(sys.argv[1:])
+    return Path(args.results or os.environ.get("ATTNPROF_RESULTS") or "results")
+
+
+# ---- cached loaders, keyed on the files' modification times and sizes
+
+def _stamp(run: Path) -> tuple:
+    return tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in sorted(run.iterdir())
+                 if not f.name.startswith("."))
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def load_index(root: str, stamps: tuple) -> pd.DataFrame:
+    return T.load_index(Path(root))
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def load_run(path: str, stamp: tuple) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    try:
+        return (*T.load_run(Path(path)), "")
+    except T.UNREADABLE as e:
+        return pd.DataFrame(), pd.DataFrame(), f"{Path(path).name} is skipped, unreadable: {type(e).__name__}: {e}"
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def load_plan(model: str, width: int, height: int, batch: int, dtype: str) -> dict:
+    from profiler.plan import plan
+
+    return plan(model, width, height, batch, dtype)
+
+
+def load_selected(root: Path, run_ids: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    tables = [load_run(str(root / r), _stamp(root / r)) for r in run_ids]
+    cells = [c for c, _, _ in tables if len(c)]
+    blocks = [b for _, b, _ in tables if len(b)]
+    join = lambda parts: pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()  # noqa: E731
+    return join(cells), join(blocks), [w for _, _, w in tables if w]
+
+
+# ---- widgets: each returns plain values and starts from the URL's query parameter on a session's first run
+
+def _seed(key: str, valid, default, multi: bool = False) -> None:
+    if key not in st.session_state:
+        url = [v for v in st.query_params.get_all(key) if valid(v)]
+        st.session_state[key] = (url or list(default)) if multi else (url[0] if url else default)
+    elif multi:
+        st.session_state[key] = [v for v in st.session_state[key] if valid(v)]
+    elif not valid(st.session_state[key]):
+        st.session_state[key] = default
+
+
+def multi_ui(label: str, options: list, key: str, default=(), fmt=str) -> list:
+    _seed(key, options.__contains__, default, multi=True)
+    return st.sidebar.multiselect(label, options, key=key, format_func=fmt, placeholder="all")
+
+
+def choice_ui(label: str, options: list, key: str, default, where=None, horizontal=False):
+    _seed(key, options.__contains__, default)
+    if horizontal:
+        return (where or st).radio(label, options, key=key, horizontal=True)
+    return (where or st).selectbox(label, options, key=key)
+
+
+def text_ui(label: str, key: str, default: str, where=None) -> str:
+    _seed(key, lambda v: bool(str(v).strip()), default)
+    return (where or st).text_input(label, key=key)
+
+
+def runs_ui(index: pd.DataFrame) -> list[str]:
+    readable = index[index["readable"]]
+    recorded = readable[readable[list(T.DONE_STATUSES)].sum(axis=1) > 0]  # the default: the latest run with cells
+    latest = list((recorded if len(recorded) else readable)["run_id"].tail(1))
+    label = dict(zip(index["run_id"], index["run_id"] + "  " + index["models"].fillna("")))
+    return multi_ui("Runs", list(readable["run_id"]), "run", latest, fmt=label.get)
+
+
+def filters_ui(cells: pd.DataFrame) -> dict[str, list]:
+    return {c: multi_ui(c.capitalize(), T.options(cells, c), c) for c in T.FILTERS}
+
+
+# ---- pieces of layout
+
+def table(df: pd.DataFrame, name: str) -> None:
+    """A table shown in human units, downloadable as CSV with raw numbers and units in the column names."""
+    st.dataframe(T.display(df), hide_index=True, width="stretch")
+    st.download_button(f"Download {name}.csv", df.to_csv(index=False), file_name=f"{name}.csv", mime="text/csv",
+                       key=f"csv-{name}", on_click="ignore")
+
+
+def chart(data: pd.DataFrame, spec: dict, stretch: bool = True) -> None:
+    st.vega_lite_chart(data, spec, width="stretch" if stretch else "content")
+
+
+def log_axis(field: str, title: str, **extra) -> dict:
+    return {"field": field, "type": "quantitative", "scale": {"type": "log"}, "title": title, **extra}
+
+
+def empty_page(root: Path) -> None:
+    st.info(f"No runs under `{root}` yet. Make one, then reload this page:\n\n"
+            "```\nmake profile\n```\nor a small one on the CPU:\n\n"
+            f"```\nattnprof run --model tiny-sd15 --size 256x256 --backend naive --backend sdpa --device cpu "
+            f"--dtype float32 --out {root}\n```\nThe Planner page needs no run.")
+
+
+def runs_page(index: pd.DataFrame) -> None:
+    st.header("Runs")
+    for row in index[index["warning"] != ""].itertuples():
+        st.warning(f"{row.run_id}: {row.warning}")
+    st.caption("One row per run; cells by status. Pick runs in the sidebar.")
+    table(index, "runs")
+
+
+def run_page(cells: pd.DataFrame, blocks: pd.DataFrame, cell: str | None, colour: str) -> None:
+    st.header("Run")
+    if cell is not None:
+        run_id, cell_id = cell.split("/")
+        layout = T.unet_layout(blocks[(blocks["run_id"] == run_id) & (blocks["cell_id"] == cell_id)])
+        field, title = COLOUR_BY[colour]
+        layout, unit = T.with_mem_unit(layout, ["peak_mem_bytes", "predicted_peak_bytes"])
+        if field == "peak_mem_bytes":
+            field, title = f"peak_mem_{unit}", f"peak memory ({unit})"
+        tooltip = ["block", "kind", "tokens", "score_table", {"field": "time_ms", "title": "time (ms)",
+                   "format": ".3f"}, {"field": f"peak_mem_{unit}", "title": f"peak ({unit})", "format": ".2f"}]
+        st.subheader("The U-Net: down, mid and up by level; each tile one attention call (self | cross)")
+        chart(layout, {"mark": {"type": "rect", "stroke": "white", "tooltip": True}, "height": 260, "encoding": {
+            "x": {"field": "group_label", "type": "ordinal", "sort": {"field": "column"},
+                  "title": "transformer block, down -> mid -> up", "axis": {"labelAngle": -40}},
+            "xOffset": {"field": "kind", "sort": ["self", "cross"]},
+            "y": {"field": "level_label", "type": "ordinal", "sort": {"field": "level"}, "title": None},
+            "yOffset": {"field": "layer", "type": "ordinal"},
+            "color": {"field": field, "type": "quantitative", "title": title, "scale": {"scheme": "viridis"}},
+            "tooltip": tooltip}})
+        left, right = st.columns(2)
+        for where, x, xtitle in ((left, "time_ms", "time per call (ms)"),
+                                 (right, f"peak_mem_{unit}", f"peak memory per call ({unit})")):
+            with where:
+                chart(layout, {"mark": {"type": "bar", "tooltip": True}, "height": 18 * len(layout) + 40,
+                               "encoding": {"y": {"field": "block", "type": "nominal", "sort": {"field": "call_index"},
+                                                  "title": None, "axis": {"labelLimit": 320, "labelOverlap": False}},
+                                            "x": {"field": x, "type": "quantitative", "title": xtitle},
+                                            "color": {"field": "stage", "sort": ["down", "mid", "up"]},
+                                            "tooltip": tooltip}})
+        table(layout[["call_index", "block", "stage", "level", "kind", "heads", "head_dim", "tokens_q", "tokens_k",
+                      "score_elements", "score_bytes", "flops", "time_ms", "iqr_ms", "noisy", "peak_mem_bytes",
+                      "predicted_peak_bytes", "kernel"]], "blocks")
+    else:
+        st.info("No cell of the chosen runs and filters ended ok: nothing to draw. The cells and their errors:")
+    st.subheader("Cells")
+    table(cells[[c for c in ("run_id", "model", "size", "batch", "dtype", "backend_label", "family", "status",
+                             "error", "attention_time_ms", "attention_peak_mem_bytes", "predicted_peak_bytes",
+                             "forward_time_ms", "noisy", "max_rel_err", "kernel") if c in cells]], "cells")
+
+
+def compare_page(cells: pd.DataFrame, baseline: str) -> None:
+    st.header("Compare")
+    sizes = T.options(cells, "size")
+    cmp, unit = T.with_mem_unit(T.compare_table(cells, baseline), ["attention_peak_mem_bytes"])
+    ok = cmp[cmp["status"] == "ok"]
+    peak = f"attention_peak_mem_{unit}"
+    tooltip = ["backend_label", "family", "size", {"field": "attention_time_ms", "format": ".2f"},
+               {"field": peak, "format": ".2f"}, {"field": "time_ratio", "format": ".2f"}]
+    st.subheader("Time against peak memory, per size")
+    chart(ok, {"mark": {"type": "point", "filled": True, "size": 100, "tooltip": True}, "width": 260, "height": 220,
+               "encoding": {"facet": {"field": "size", "sort": sizes, "columns": 3, "title": None},
+                            "x": log_axis(peak, f"attention peak memory ({unit})"),
+                            "y": log_axis("attention_time_ms", "attention time (ms)"),
+                            "color": {"field": "backend_label", "title": "backend"},
+                            "shape": {"field": "family", "title": "family"}, "tooltip": tooltip}}, stretch=False)
+    st.subheader(f"Ratio to {baseline} (below 1: faster or smaller)")
+    left, right = st.columns(2)
+    for where, y, title in ((left, "time_ratio", "time ratio"), (right, "peak_ratio", "peak memory ratio")):
+        with where:
+            chart(ok, {"layer": [
+                {"mark": {"type": "point", "filled": True, "size": 120, "tooltip": True}, "encoding": {
+                    "x": {"field": "size", "type": "ordinal", "sort": sizes, "title": "size (pixels)"},
+                    "xOffset": {"field": "backend_label"}, "y": log_axis(y, f"{title} (x {baseline})"),
+                    "color": {"field": "backend_label", "title": "backend"}, "tooltip": tooltip}},
+                {"mark": {"type": "rule", "strokeDash": [4, 4]}, "encoding": {"y": {"datum": 1}}}]})
+    st.subheader("Largest size that ran, per backend")
+    table(T.largest_ok(cells), "largest")
+    st.subheader("All cells")
+    table(T.compare_table(cells, baseline), "compare")
+
+
+def scaling_page(blocks: pd.DataFrame) -> None:
+    st.header("Scaling")
+    scale = T.scaling_table(blocks)
+    scale_mem, unit = T.with_mem_unit(scale, ["score_table_max_bytes"])
+    long, peak_unit = T.with_mem_unit(T.scaling_long(scale), ["peak_bytes"])
+    x = log_axis("pixels", "image size (pixels = width x height)")
+    tip = ["size", "backend_label"]
+    line = {"type": "line", "point": True, "tooltip": True}
+    per_model = scale_mem.drop_duplicates(["model", "size"])  # tokens and score tables do not depend on the backend
+    left, right = st.columns(2)
+    with left:
+        chart(per_model, {"mark": line, "title": "tokens at the finest level", "encoding": {
+            "x": x, "y": log_axis("tokens_max", "tokens (count)"), "color": {"field": "model"},
+            "tooltip": ["size", "model", "tokens_max"]}})
+        chart(scale, {"mark": line, "title": "attention time (sum of the calls' medians)", "encoding": {
+            "x": x, "y": log_axis("attention_time_ms", "time (ms)"), "color": {"field": "backend_label",
+                                                                            "title": "backend"},
+            "tooltip": tip + [{"field": "attention_time_ms", "format": ".2f"}]}})
+    with right:
+        chart(per_model, {"mark": line, "title": "largest score table", "encoding": {
+            "x": x, "y": log_axis(f"score_table_max_{unit}", f"score table ({unit})"), "color": {"field": "model"},
+            "tooltip": ["size", "model", {"field": f"score_table_max_{unit}", "format": ".2f"}]}})
+        chart(long, {"mark": line, "title": "largest call's peak memory, measured (solid) and predicted (dashed)",
+                     "encoding": {"x": x, "y": log_axis(f"peak_{peak_unit}", f"peak memory ({peak_unit})"),
+                                  "color": {"field": "backend_label", "title": "backend"},
+                                  "strokeDash": {"field": "source", "sort": ["measured", "predicted"],
+                                                 "legend": {"orient": "top", "title": None}},
+                                  "tooltip": tip + ["source", {"field": f"peak_{peak_unit}", "format": ".2f"}]}})
+    table(scale, "scaling")
+
+
+def planner_ui() -> tuple:
+    from profiler.models import known_models
+
+    a, b, c, d, e = st.columns(5)
+    model = choice_ui("Model", list(known_models()), "plan_model", "sd15", where=a)
+    size = text_ui("Size (WxH pixels)", "plan_size", "512x512", where=b)
+    batch = text_ui("Batch", "plan_batch", "1", where=c)
+    dtype = choice_ui("Dtype", ["float16", "bfloat16", "float32"], "plan_dtype", "float16", where=d)
+    budget = text_ui("Memory budget", "budget", "24GiB", where=e)
+    return model, size, batch, dtype, budget
+
+
+def planner_page(model: str, size: str, batch: str, dtype: str, budget: str) -> None:
+    from profiler.spec import InputError, parse_batch, parse_size
+    from profiler.sweep import parse_bytes
+
+    try:
+        (width, height), n, limit = parse_size(size), parse_batch(batch), parse_bytes(budget, "memory budget")
+    except InputError as e:
+        st.error(str(e))
+        return
+    p = load_plan(model, width, height, n, dtype)
+    plan = T.planner_table(p, limit)
+    shown, unit = T.with_mem_unit(plan, ["need_bytes", "budget_bytes"])
+    fits = int(plan["fits"].sum())
+    st.caption(f"{model} at {width}x{height}, batch {n}, {dtype}: {fits} of {len(plan)} backends fit in "
+               f"{T.human_bytes(limit)}. Need = weights + the largest attention call's predicted transient peak "
+               "(activations held between calls are not counted). No GPU and no run needed.")
+    chart(shown, {"layer": [
+        {"mark": {"type": "bar", "tooltip": True}, "encoding": {
+            "y": {"field": "backend", "type": "nominal", "sort": None, "title": None},
+            "x": {"field": f"need_{unit}", "type": "quantitative", "title": f"predicted need ({unit})"},
+            "color": {"field": "fits", "type": "nominal", "scale": {"domain": [True, False],
+                                                                     "range": ["#2a9d8f", "#e76f51"]}},
+            "tooltip": ["backend", "family", "largest_call", {"field": f"need_{unit}", "format": ".2f"}]}},
+        {"mark": {"type": "rule", "color": "black", "strokeDash": [4, 4]},
+         "encoding": {"x": {"datum": limit / T.UNITS[unit]}}}]})
+    table(plan, "planner")
+    with st.expander("Per-call figures (tokens, score tables, FLOPs)"):
+        table(pd.DataFrame(p["blocks"]), "planner-blocks")
+
+
+# ---- the app: widgets first, URL mirrored, layout last
+
+def page_ui(page: str, cells: pd.DataFrame) -> dict:
+    """The page's own choices: the cell to draw and the colour (Run), the baseline (Compare)."""
+    out = {}
+    if page == "Run" and len(cells):
+        ok = cells[cells["status"] == "ok"]
+        keys = ok["run_id"] + "/" + ok["cell_id"]  # a cell id names a spec: two runs of one grid share it
+        labels = dict(zip(keys, ok["size"] + " " + ok["backend_label"] + " " + ok["dtype"] + " b" +
+                          ok["batch"].astype(str) + " (" + ok["model"] + ", " + ok["run_id"] + ")"))
+        if labels:
+            _seed("cell", labels.__contains__, next(iter(labels)))
+            out["cell"] = st.sidebar.selectbox("Cell to draw", list(labels), key="cell", format_func=labels.get)
+        out["color"] = choice_ui("Colour by", list(COLOUR_BY), "color", "time", where=st.sidebar, horizontal=True)
+    if page == "Compare" and len(cells):
+        labels = T.options(cells, "backend_label")
+        out["baseline"] = choice_ui("Baseline", labels, "baseline", "naive" if "naive" in labels else labels[0],
+                                    where=st.sidebar)
+    return out
+
+
+def mirror(url: dict) -> None:
+    st.query_params.from_dict({k: v for k, v in url.items() if v not in (None, [], "")})
+
+
+def main() -> None:
+    st.set_page_config(page_title="attnprof dashboard", layout="wide")
+    root = results_dir()
+    index = load_index(str(root), tuple(_stamp(r) for r in T.list_runs(root)))
+    page = choice_ui("Page", list(PAGES), "page", "Runs", where=st.sidebar)
+    if page == "Planner":
+        st.header("Planner")
+        values = planner_ui()
+        mirror(dict(zip(("page", "plan_model", "plan_size", "plan_batch", "plan_dtype", "budget"), (page, *values))))
+        return planner_page(*values)
+    chosen = runs_ui(index) if len(index) else []
+    cells, blocks, problems = load_selected(root, chosen)
+    filters = filters_ui(cells) if len(cells) else {}
+    if filters:
+        cells, blocks = T.apply_filters(cells, filters), T.apply_filters(blocks, filters)
+    choices = page_ui(page, cells)
+    mirror({"page": page, "run": chosen, **filters, **choices})
+
+    unreadable = index[~index["readable"]]["run_id"].tolist() if len(index) else []
+    if unreadable and page != "Runs":
+        st.warning(f"Unreadable runs left out: {', '.join(unreadable)} (see the Runs page)")
+    for problem in problems:
+        st.warning(problem)
+    if not len(index):
+        return empty_page(root)
+    if page == "Runs":
+        return runs_page(index)
+    if not len(cells):
+        return st.info("No cells match: pick a run and widen the filters in the sidebar.")
+    if page == "Run":
+        run_page(cells, blocks, choices.get("cell"), choices["color"])
+    elif page == "Compare":
+        compare_page(cells, choices["baseline"])
+    elif len(blocks):
+        scaling_page(blocks)
+    else:
+        st.info("No cell of the chosen runs and filters ended ok: nothing to scale.")
+
+
+main()

@@ -1,0 +1,242 @@
+"""Data transforms behind the dashboard: plain pandas over profiler.store, no Streamlit, tested by pytest.
+
+Tables keep raw numbers with units in the column names (for CSV); display() turns them into MiB / GiB and ms."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+
+from profiler import backends
+from profiler.fmt import human_bytes
+from profiler.plan import predicted_need_bytes
+from profiler.spec import DTYPES
+from profiler.store import BLOCKS, CELLS, DONE_STATUSES, Run, list_runs
+
+UNREADABLE = (OSError, ValueError, KeyError, TypeError)  # JSON, Arrow (ValueError) and missing-key errors
+FILTERS = ("model", "backend", "dtype", "size")
+GiB, MiB = 2**30, 2**20
+UNITS = {"MiB": MiB, "GiB": GiB}
+
+
+# ---- the runs index and one run's tables
+
+def load_index(root: Path) -> pd.DataFrame:
+    """One row per run folder under root, newest last; a run that cannot be read gets a row with `warning` set."""
+    rows = [_index_row(path) for path in list_runs(root)]
+    columns = ["run_id", "created", "models", "device", "backends", "cells", *DONE_STATUSES, "pending", "warning",
+               "versions", "git", "readable"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _index_row(path: Path) -> dict:
+    row = {"run_id": path.name, "readable": False, "warning": ""}
+    try:
+        run = Run.open(path)
+        m = run.manifest()
+        env, sweep = m.get("environment") or {}, m.get("sweep") or {}
+        row.update(created=str(m.get("created_at", ""))[:16].replace("T", " "),
+                   models=", ".join(sweep.get("models", [])),
+                   device=f"{env.get('device')} ({env.get('device_name')})",
+                   backends=", ".join(b[0] for b in sweep.get("backends", [])), cells=len(m.get("cells", [])),
+                   versions=f"torch {env.get('torch')}, diffusers {env.get('diffusers')}, python {env.get('python')}",
+                   git=str(env.get("git_revision") or "")[:12])
+        for name in (CELLS, BLOCKS):  # the footer is enough to tell a truncated file
+            if (path / name).is_file():
+                pq.read_metadata(path / name)
+        counts = run.cells()["status"].value_counts() if (path / CELLS).is_file() else pd.Series(dtype=int)
+    except UNREADABLE as e:
+        row["warning"] = f"unreadable: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return row
+    row.update({s: int(counts.get(s, 0)) for s in DONE_STATUSES}, readable=True)
+    row["pending"] = max(0, row["cells"] - int(counts.sum()))
+    if row["pending"] and not m.get("ended_at"):
+        row["warning"] = f"unfinished: {int(counts.sum())} of {row['cells']} cells recorded (running, or stopped)"
+    elif row["pending"]:
+        row["warning"] = f"incomplete: {row['pending']} of {row['cells']} cells never recorded"
+    return row
+
+
+def load_run(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(cells, blocks) of one run with size, pixels, backend_label and family added. Raises on a corrupt run.
+    The blocks' raw samples (time_samples_ms) are dropped: the dashboard shows medians, IQR and the noisy flag."""
+    run = Run.open(path)
+    cells, blocks = run.cells(), run.blocks().drop(columns=["time_samples_ms"], errors="ignore")
+    return _derive(cells), _derive(blocks)
+
+
+def _derive(df: pd.DataFrame) -> pd.DataFrame:
+    if not len(df):
+        return df
+    df = df.copy()
+    df["size"] = df["width"].astype(str) + "x" + df["height"].astype(str)
+    df["pixels"] = df["width"] * df["height"]
+    df["backend_label"] = [backend_label(b, o) for b, o in zip(df["backend"], df["backend_options"])]
+    df["family"] = df["backend"].map(family)
+    return df
+
+
+def family(name: str) -> str:
+    return backends.BACKENDS[name].family if name in backends.BACKENDS else "other"
+
+
+def backend_label(name: str, options_json: str | None) -> str:
+    """The backend's name, with its options where they differ from the defaults: 'sliced(slice_size=4)'."""
+    options = json.loads(options_json) if options_json else {}
+    defaults = backends.BACKENDS[name].options if name in backends.BACKENDS else {}
+    changed = {k: v for k, v in sorted(options.items()) if defaults.get(k) != v}
+    return name + (f"({','.join(f'{k}={v}' for k, v in changed.items())})" if changed else "")
+
+
+# ---- filters
+
+def options(df: pd.DataFrame, column: str) -> list:
+    """The values of a filter column: sizes by pixel count, backends in registry order, others sorted."""
+    if not len(df) or column not in df:
+        return []
+    values = df[column].dropna().unique().tolist()
+    if column == "size":
+        return sorted(values, key=lambda s: (int(s.split("x")[0]) * int(s.split("x")[1]), s))
+    if column == "backend":
+        order = {n: i for i, n in enumerate(backends.BACKENDS)}
+        return sorted(values, key=lambda n: (order.get(n, len(order)), n))
+    return sorted(values)
+
+
+def apply_filters(df: pd.DataFrame, filters: dict[str, list]) -> pd.DataFrame:
+    """Rows whose value is among the chosen ones, for each filter column; an empty choice keeps every row."""
+    keep = pd.Series(True, index=df.index)
+    for column, chosen in filters.items():
+        if chosen and column in df:
+            keep &= df[column].isin(chosen)
+    return df[keep]
+
+
+# ---- the Run page
+
+def unet_layout(blocks: pd.DataFrame) -> pd.DataFrame:
+    """One cell's attention calls placed on the U: `column` runs down -> mid -> up in call order (one column per
+    Transformer2DModel), `level` is the row, `kind` and `layer` (transformer block) split each tile."""
+    if blocks["cell_id"].nunique() > 1:
+        raise ValueError("unet_layout draws one cell: filter the blocks to one cell_id first")
+    b = blocks.sort_values("call_index").reset_index(drop=True)
+    parts = b["block"].str.extract(r"^(?P<group>.+?)\.transformer_blocks\.(?P<layer>\d+)\.[^.]+$")
+    b["group"] = parts["group"].fillna(b["block"].str.rsplit(".", n=1).str[0])
+    b["layer"] = parts["layer"].fillna(0).astype(int)
+    b["column"] = b["group"].map({g: i for i, g in enumerate(dict.fromkeys(b["group"]))})
+    b["group_label"] = b["group"].str.replace(r"^(\w+?)_?blocks?\.(\d+)\.attentions\.(\d+)$", r"\1 \2.\3",
+                                              regex=True).str.replace(r"^mid_block\.attentions\.0$", "mid", regex=True)
+    tokens = b[b["kind"] == "self"].groupby("level")["tokens_q"].first()
+    b["level_label"] = b["level"].map(lambda lv: f"level {lv}: {tokens.get(lv, '?')} tokens")
+    b["tokens"] = b["tokens_q"].astype(str) + " x " + b["tokens_k"].astype(str)
+    b["score_table"] = b["score_bytes"].map(human_bytes)
+    return b
+
+
+# ---- the Compare page
+
+def compare_table(cells: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """Every cell with its attention time and peak as a ratio to the baseline backend's cell of the same run, model,
+    dtype, batch and size (NaN where either did not end ok)."""
+    key = ["run_id", "model", "dtype", "batch", "width", "height"]
+    measured = ["attention_time_ms", "attention_peak_mem_bytes"]
+    base = cells[(cells["backend_label"] == baseline) & (cells["status"] == "ok")][key + measured]
+    base = base.drop_duplicates(key).rename(columns={m: f"baseline_{m}" for m in measured})
+    out = cells.merge(base, on=key, how="left")
+    ok = out["status"] == "ok"
+    out["time_ratio"] = (out["attention_time_ms"] / out["baseline_attention_time_ms"]).where(ok)
+    out["peak_ratio"] = (out["attention_peak_mem_bytes"] / out["baseline_attention_peak_mem_bytes"]).where(ok)
+    columns = ["run_id", "model", "dtype", "batch", "size", "pixels", "backend_label", "family", "status",
+               "attention_time_ms", "attention_peak_mem_bytes", "time_ratio", "peak_ratio", "forward_time_ms",
+               "forward_peak_mem_bytes", "max_rel_err", "noisy", "error"]
+    return out[[c for c in columns if c in out]].sort_values(["model", "dtype", "batch", "pixels"], kind="stable")
+
+
+def largest_ok(cells: pd.DataFrame) -> pd.DataFrame:
+    """Per backend (and run, model, dtype, batch): the largest size that ended ok, and the smallest size above it
+    that did not, with its status."""
+    rows = []
+    key = ["run_id", "model", "dtype", "batch", "backend_label", "family"]
+    for values, g in cells.groupby(key, sort=False):
+        ok = g[g["status"] == "ok"].sort_values("pixels", kind="stable")
+        top = ok.iloc[-1] if len(ok) else None
+        above = g[(g["status"] != "ok") & (g["pixels"] > (top["pixels"] if top is not None else -1))]
+        first = above.sort_values("pixels", kind="stable").iloc[0] if len(above) else None
+        rows.append({**dict(zip(key, values)), "sizes_tried": g["size"].nunique(),
+                     "largest_ok_size": top["size"] if top is not None else "none",
+                     "largest_ok_pixels": int(top["pixels"]) if top is not None else 0,
+                     "failed_above": f"{first['status']} at {first['size']}" if first is not None else ""})
+    return pd.DataFrame(rows, columns=key + ["sizes_tried", "largest_ok_size", "largest_ok_pixels", "failed_above"])
+
+
+# ---- the Scaling page
+
+def scaling_table(blocks: pd.DataFrame) -> pd.DataFrame:
+    """Per cell that ran: the finest level's tokens, the largest score table, the attention time (sum of the calls'
+    medians) and the largest call's peak memory, measured beside the memory model's prediction."""
+    key = ["run_id", "model", "dtype", "batch", "backend_label", "family", "size", "width", "height", "pixels"]
+    ok = blocks[blocks["status"] == "ok"]
+    out = ok.groupby(key, as_index=False).agg(
+        tokens_max=("tokens_q", "max"), score_elements_max=("score_elements", "max"),
+        score_table_max_bytes=("score_bytes", "max"), attention_time_ms=("time_ms", "sum"),
+        peak_mem_bytes=("peak_mem_bytes", "max"), predicted_peak_bytes=("predicted_peak_bytes", "max"))
+    return out.sort_values(["model", "backend_label", "pixels"], kind="stable").reset_index(drop=True)
+
+
+def scaling_long(table: pd.DataFrame) -> pd.DataFrame:
+    """The peak columns of scaling_table stacked, with `source` = measured / predicted, for one chart."""
+    keep = [c for c in table if c not in ("peak_mem_bytes", "predicted_peak_bytes")]
+    long = table.melt(id_vars=keep, value_vars=["peak_mem_bytes", "predicted_peak_bytes"], var_name="source",
+                      value_name="peak_bytes")
+    long["source"] = long["source"].map({"peak_mem_bytes": "measured", "predicted_peak_bytes": "predicted"})
+    return long
+
+
+# ---- the Planner page
+
+def planner_table(p: dict, budget_bytes: int) -> pd.DataFrame:
+    """Each backend's predicted need (weights + its largest call's predicted peak, default options) against a budget."""
+    weights = int(p["totals"]["params_total"] * DTYPES[p["dtype"]].itemsize)
+    rows = []
+    for name, b in backends.BACKENDS.items():
+        need, call = predicted_need_bytes(p, name)
+        rows.append({"backend": name, "family": b.family, "predicted_peak_bytes": need - weights,
+                     "largest_call": call["block"], "weights_bytes": weights, "need_bytes": need,
+                     "budget_bytes": budget_bytes, "fits": need <= budget_bytes, "headroom_bytes": budget_bytes - need})
+    return pd.DataFrame(rows)
+
+
+# ---- units for people
+
+def human_ms(ms) -> str:
+    if ms is None or ms != ms:
+        return "-"
+    return f"{ms:.3f} ms" if ms < 1 else f"{ms:.2f} ms" if ms < 100 else f"{ms:,.0f} ms"
+
+
+def mem_unit(max_bytes) -> tuple[str, int]:
+    """The axis unit for memory: GiB from 1 GiB up, else MiB."""
+    return ("GiB", GiB) if max_bytes == max_bytes and max_bytes >= GiB else ("MiB", MiB)
+
+
+def with_mem_unit(df: pd.DataFrame, columns: list[str]) -> tuple[pd.DataFrame, str]:
+    """For charts: each <name>_bytes column also as <name>_MiB or <name>_GiB, one unit for all by the largest value."""
+    unit = mem_unit(max(df[c].max() for c in columns) if len(df) else 0)[0]
+    return df.assign(**{c.removesuffix("_bytes") + "_" + unit: df[c] / UNITS[unit] for c in columns}), unit
+
+
+def display(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy for reading: *_bytes as MiB / GiB, *_ms as ms, *_ratio as 1.23x; suffixes dropped from the names."""
+    out = df.copy()
+    names = {}
+    for column in df.columns:
+        if column.endswith("_bytes"):
+            out[column], names[column] = df[column].map(human_bytes), column.removesuffix("_bytes")
+        elif column.endswith("_ms"):
+            out[column], names[column] = df[column].map(human_ms), column.removesuffix("_ms")
+        elif column.endswith("_ratio"):
+            out[column] = df[column].map(lambda r: "-" if r != r else f"{r:.2f}x")
+    names = {c: "score table" if c == "score_bytes" else n.replace("_", " ") for c, n in names.items()}
+    return out.rename(columns=names)

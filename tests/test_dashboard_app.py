@@ -1,0 +1,281 @@
+"""The dashboard's pages through Streamlit's AppTest, over a run written by the real profiler (conftest's
+dashboard_results), an empty folder, a corrupt one, and 100 synthetic runs of 10,000 block rows each."""
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from profiler.store import list_runs
+
+APP = str(Path(__file__).resolve().parent.parent / "dashboards" / "app.py")
+
+
+def _app(results: Path, monkeypatch, **params) -> AppTest:
+    monkeypatch.setenv("ATTNPROF_RESULTS", str(results))
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params.update(params)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _charts(at) -> list[tuple[dict, pd.DataFrame]]:
+    """(spec, data) of each Vega-Lite chart on the page."""
+    out = []
+    for el in at.get("vega_lite_chart"):
+        data = pa.ipc.open_stream(el.proto.data.data).read_pandas() if el.proto.data.data else pd.DataFrame()
+        out.append((json.loads(el.proto.spec), data))
+    return out
+
+
+def _qp(at, key: str) -> list[str]:
+    """A query parameter of the page's URL after the run, as a list (AppTest gives one value as a str)."""
+    value = at.query_params.get(key, [])
+    return value if isinstance(value, list) else [value]
+
+
+def _table(at, i: int) -> pd.DataFrame:
+    return at.dataframe[i].value
+
+
+def _run_id(results: Path) -> str:
+    return list_runs(results)[0].name
+
+
+def test_runs_page_lists_the_run_with_its_cells_by_status(dashboard_results, monkeypatch):
+    at = _app(dashboard_results, monkeypatch)
+    runs = _table(at, 0)
+    assert runs["run_id"].tolist() == [_run_id(dashboard_results)]
+    assert runs[["cells", "ok", "skipped", "unavailable", "oom"]].iloc[0].tolist() == [8, 5, 1, 2, 0]
+    assert runs["device"].iloc[0].startswith("cpu") and "torch" in runs["versions"].iloc[0]
+    assert _qp(at, "page") == ["Runs"] and _qp(at, "run") == [_run_id(dashboard_results)]
+    assert [b.label for b in at.download_button] == ["Download runs.csv"]
+    assert not at.warning
+
+
+def test_run_page_draws_the_unet_coloured_by_time_then_by_memory(dashboard_results, monkeypatch):
+    at = _app(dashboard_results, monkeypatch, page="Run")
+    charts = _charts(at)
+    assert len(charts) == 3  # the U-Net, time per call, peak per call
+    spec, unet = charts[0]
+    assert spec["mark"]["type"] == "rect" and spec["encoding"]["color"]["field"] == "time_ms"
+    assert len(unet) == 32 and unet["column"].nunique() == 16  # SD1.5: 16 Transformer2DModels, 32 calls
+    assert unet.groupby("stage")["column"].nunique().to_dict() == {"down": 6, "mid": 1, "up": 9}
+    finest = unet[(unet["level"] == 0) & (unet["kind"] == "self")]
+    assert set(finest["tokens"]) == {"64 x 64"} and set(finest["score_table"]) == {"128.0 KiB"}  # 8 heads, fp32
+    assert spec["encoding"]["x"]["title"] and "ms" in charts[1][0]["encoding"]["x"]["title"]
+    assert "MiB" in charts[2][0]["encoding"]["x"]["title"]
+    first = _qp(at, "cell")
+    at.sidebar.radio(key="color").set_value("peak memory").run()
+    assert _charts(at)[0][0]["encoding"]["color"]["field"] == "peak_mem_MiB"
+    assert _qp(at, "color") == ["peak memory"] and _qp(at, "cell") == first
+    cells = _table(at, 1)
+    assert len(cells) == 8 and cells["status"].value_counts().to_dict() == {"ok": 5, "unavailable": 2, "skipped": 1}
+    skipped = cells[cells["status"] == "skipped"].iloc[0]
+    assert skipped["backend_label"] == "naive" and "exceeds the memory budget" in skipped["error"]
+    assert cells[cells["status"] == "unavailable"]["error"].str.contains("xformers").all()
+    assert len(at.download_button) == len(at.dataframe) == 2
+
+
+def test_run_page_cell_comes_from_the_url(dashboard_results, monkeypatch):
+    at = _app(dashboard_results, monkeypatch, page="Run", backend="subquad", size="128x128")
+    cell = at.sidebar.selectbox(key="cell")
+    assert len(cell.options) == 1 and cell.options[0].startswith("128x128 subquad float32 b1")
+    unet = _charts(at)[0][1]
+    assert set(unet["level_label"]) == {"level 0: 256 tokens", "level 1: 64 tokens", "level 2: 16 tokens",
+                                        "level 3: 4 tokens"}
+    assert _qp(at, "backend") == ["subquad"] and _qp(at, "size") == ["128x128"] and _qp(at, "cell") == [cell.value]
+
+
+def _copy_run(src: Path, root: Path, run_id: str) -> None:
+    """Another run of the same grid: the same cell ids under a new run id."""
+    dst = root / run_id
+    shutil.copytree(src, dst)
+    (dst / "manifest.json").write_text(json.dumps({**json.loads((src / "manifest.json").read_text()),
+                                                   "run_id": run_id}))
+    for name in ("cells.parquet", "blocks.parquet"):
+        pd.read_parquet(dst / name).assign(run_id=run_id).to_parquet(dst / name, index=False)
+
+
+def test_two_runs_of_one_grid_are_told_apart(dashboard_results, tmp_path, monkeypatch):
+    good = list_runs(dashboard_results)[0]
+    _copy_run(good, tmp_path, "30000101-000000-aaaa")
+    _copy_run(good, tmp_path, "30000101-000000-bbbb")
+    at = _app(tmp_path, monkeypatch, page="Run", run=["30000101-000000-aaaa", "30000101-000000-bbbb"],
+              backend="sdpa", size="64x64")
+    assert len(at.sidebar.selectbox(key="cell").options) == 2
+    assert _qp(at, "cell")[0].startswith("30000101-000000-aaaa/")
+    assert len(_charts(at)[0][1]) == 32  # one cell drawn, not both runs' calls
+    assert sorted(_table(at, 1)["run_id"]) == ["30000101-000000-aaaa", "30000101-000000-bbbb"]
+    at = _app(tmp_path, monkeypatch, page="Compare", run=["30000101-000000-aaaa", "30000101-000000-bbbb"])
+    ratios = _table(at, 1)
+    assert sorted(ratios[ratios["backend_label"] == "naive"]["time_ratio"]) == ["-", "-", "1.00x", "1.00x"]
+    assert len(_table(at, 0)) == 2 * 4  # the largest size per backend, per run
+
+
+def test_compare_page_ratios_and_largest_size(dashboard_results, monkeypatch):
+    at = _app(dashboard_results, monkeypatch, page="Compare")
+    assert at.sidebar.selectbox(key="baseline").value == "naive"
+    (scatter, points), (ratio, ratios), _ = _charts(at)
+    assert scatter["encoding"]["x"]["scale"]["type"] == "log" == scatter["encoding"]["y"]["scale"]["type"]
+    assert "MiB" in scatter["encoding"]["x"]["title"] and "ms" in scatter["encoding"]["y"]["title"]
+    assert scatter["encoding"]["shape"]["field"] == "family"
+    assert sorted(points["backend_label"]) == ["naive", "sdpa", "sdpa", "subquad", "subquad"]
+    at64 = points[points["size"] == "64x64"].set_index("backend_label")
+    assert at64.loc["naive", "time_ratio"] == pytest.approx(1.0)
+    assert at64.loc["sdpa", "time_ratio"] == pytest.approx(at64.loc["sdpa", "attention_time_ms"] /
+                                                           at64.loc["naive", "attention_time_ms"])
+    assert at64.loc["sdpa", "peak_ratio"] < 1  # the fused kernel holds no score table
+    largest = _table(at, 0).set_index("backend_label")
+    assert largest.loc["naive", "largest_ok_size"] == "64x64" and largest.loc["naive", "failed_above"] == \
+           "skipped at 128x128"
+    assert largest.loc["sdpa", "largest_ok_size"] == "128x128" and largest.loc["sdpa", "family"] == "fused"
+    assert largest.loc["subquad", "family"] == "chunked"
+    at.sidebar.selectbox(key="baseline").set_value("sdpa").run()
+    assert _qp(at, "baseline") == ["sdpa"]
+    ratios = _charts(at)[1][1].set_index(["size", "backend_label"])
+    assert ratios.loc[("128x128", "sdpa"), "time_ratio"] == pytest.approx(1.0)
+    assert ratios.loc[("64x64", "naive"), "peak_ratio"] > 1  # naive materialises the score table
+
+
+def test_scaling_page_measured_beside_predicted_on_log_axes(dashboard_results, monkeypatch):
+    at = _app(dashboard_results, monkeypatch, page="Scaling")
+    charts = _charts(at)
+    assert len(charts) == 4
+    for spec, _ in charts:
+        assert spec["encoding"]["x"]["scale"]["type"] == "log" == spec["encoding"]["y"]["scale"]["type"]
+    tokens = charts[0][1].set_index("size")["tokens_max"]
+    assert tokens.to_dict() == {"64x64": 64, "128x128": 256}
+    peak_spec, peaks = charts[3]
+    assert peak_spec["encoding"]["strokeDash"]["field"] == "source"
+    assert sorted(peaks["source"].unique()) == ["measured", "predicted"]
+    assert len(peaks) == 2 * 5  # five cells ran, each measured and predicted
+    assert "MiB" in peak_spec["encoding"]["y"]["title"] and "ms" in charts[1][0]["encoding"]["y"]["title"]
+    assert "MiB" in charts[2][0]["encoding"]["y"]["title"]  # the score table
+
+
+def test_filters_from_the_url_narrow_every_table(dashboard_results, monkeypatch):
+    at = _app(dashboard_results, monkeypatch, page="Run", backend=["sdpa", "nonsense"], dtype="float32")
+    cells = _table(at, 1)
+    assert set(cells["backend_label"]) == {"sdpa"} and len(cells) == 2
+    assert _qp(at, "backend") == ["sdpa"]  # the unknown value is dropped from the URL
+    at.sidebar.multiselect(key="size").set_value(["64x64"]).run()
+    assert _qp(at, "size") == ["64x64"] and len(_table(at, 1)) == 1
+
+
+def test_planner_page_needs_no_run(tmp_path, monkeypatch):
+    params = dict(page="Planner", plan_model="tiny-sd15", plan_size="512x512", plan_dtype="float16", budget="1GiB")
+    at = _app(tmp_path, monkeypatch, **params)
+    plan = _table(at, 0).set_index("backend")
+    assert len(plan) == 11
+    assert plan.index[~plan["fits"]].tolist() == ["sdpa-math"]  # two float32 tables of 8 x 4096 x 4096: 1 GiB
+    assert plan.loc["naive", "largest_call"] == "down_blocks.0.attentions.0.transformer_blocks.0.attn1"
+    assert plan.loc["naive", "predicted peak"].endswith("MiB")
+    at.text_input(key="budget").set_value("300MiB").run()
+    plan = _table(at, 0).set_index("backend")
+    assert not plan.loc["naive", "fits"] and plan.loc["sdpa", "fits"]  # naive holds two 256 MiB score tables
+    assert _qp(at, "budget") == ["300MiB"]
+    spec, data = _charts(at)[0]
+    assert spec["layer"][0]["encoding"]["x"]["title"] == "predicted need (GiB)"  # sdpa-math needs over 1 GiB
+    assert spec["layer"][1]["encoding"]["x"]["datum"] == pytest.approx(300 / 1024)  # the budget line, in GiB
+    at.text_input(key="plan_size").set_value("500x500").run()
+    assert "multiple of 8" in at.error[0].value
+
+
+def test_empty_results_folder_says_how_to_make_a_run(tmp_path, monkeypatch):
+    at = _app(tmp_path / "results", monkeypatch, page="Compare")
+    assert "make profile" in at.info[0].value and "attnprof run" in at.info[0].value
+    assert not at.dataframe and not _charts(at)
+
+
+def test_a_corrupt_run_is_listed_with_a_warning_and_the_others_still_show(dashboard_results, tmp_path, monkeypatch):
+    good = list_runs(dashboard_results)[0]
+    shutil.copytree(good, tmp_path / good.name)
+    for name, broken in (("zz-bad-cells", "cells.parquet"), ("zz-bad-manifest", "manifest.json")):
+        shutil.copytree(good, tmp_path / name)
+        path = tmp_path / name / broken
+        path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    at = _app(tmp_path, monkeypatch)
+    assert _table(at, 0)["run_id"].tolist() == [good.name, "zz-bad-cells", "zz-bad-manifest"]
+    warnings = [w.value for w in at.warning]
+    assert len(warnings) == 2 and "zz-bad-cells: unreadable" in warnings[0] and "zz-bad-manifest" in warnings[1]
+    assert _qp(at, "run") == [good.name]  # the latest readable run is the default
+    at = _app(tmp_path, monkeypatch, page="Run", run=["zz-bad-cells", good.name])
+    assert _qp(at, "run") == [good.name] and len(_table(at, 1)) == 8
+
+
+def test_a_run_whose_blocks_break_after_listing_is_skipped_with_a_warning(dashboard_results, tmp_path, monkeypatch):
+    good = list_runs(dashboard_results)[0]
+    shutil.copytree(good, tmp_path / good.name)
+    at = _app(tmp_path, monkeypatch, page="Run")
+    assert len(_charts(at)) == 3
+    blocks = tmp_path / good.name / "blocks.parquet"
+    blocks.write_bytes(blocks.read_bytes()[:200])  # a new mtime: the cached load is not reused
+    at.run()
+    assert not at.exception and "unreadable" in at.warning[0].value.lower()
+
+
+# ---- 100 runs of 10,000 block rows each
+
+def _synthetic_results(root: Path, runs: int = 100, cells_per_run: int = 313) -> None:
+    """Runs in the store's layout with the real schema, written with pandas: 313 cells x 32 calls = 10,016 rows."""
+    rng = np.random.default_rng(0)
+    sizes = [(64 * (1 + i % 16), 64 * (1 + i // 16)) for i in range(cells_per_run)]
+    cells = pd.DataFrame({"model": "sd15", "width": [w for w, _ in sizes], "height": [h for _, h in sizes],
+                          "batch": 1, "dtype": "float16", "backend": ["naive", "sdpa", "subquad", "sliced"] * 78 +
+                          ["split"], "device": "cuda", "backend_options": "{}",
+                          "cell_id": [f"c{i:04d}" for i in range(cells_per_run)], "status": "ok", "error": "",
+                          "forward_time_ms": rng.uniform(10, 100, cells_per_run), "forward_iqr_ms": 0.1,
+                          "noisy": False, "forward_peak_mem_bytes": 2.0**30, "attention_time_ms": 5.0,
+                          "attention_peak_mem_bytes": 2.0**28, "predicted_peak_bytes": 2.0**28, "calls": 32.0,
+                          "kernel": "k", "max_abs_err": 1e-3, "max_rel_err": 1e-3, "error_ok": True})
+    calls = 32
+    blocks = cells.loc[cells.index.repeat(calls), ["model", "width", "height", "batch", "dtype", "backend", "device",
+                                                    "backend_options", "cell_id"]].reset_index(drop=True)
+    n = len(blocks)
+    index = np.tile(np.arange(calls), cells_per_run)
+    level = np.minimum(index // 8, 3)
+    blocks = blocks.assign(call_index=index, block=[f"down_blocks.{lv}.attentions.{i % 8 // 2}.transformer_blocks.0"
+                                                     f".attn{1 + i % 2}" for lv, i in zip(level, index)],
+                           stage="down", level=level, kind=np.where(index % 2, "cross", "self"), heads=8,
+                           head_dim=40, tokens_q=4096 >> (2 * level), tokens_k=77, score_elements=1000,
+                           score_bytes=2000, flops=10**9, time_ms=rng.uniform(0.1, 2, n), iqr_ms=0.01, noisy=False,
+                           time_samples_ms=[[1.0, 1.1, 0.9]] * n, peak_mem_bytes=2**24, predicted_peak_bytes=2**24,
+                           kernel="k", status="ok")
+    spec = cells[["model", "width", "height", "batch", "dtype", "backend", "device", "backend_options", "cell_id"]]
+    for r in range(runs):
+        run_id = f"20260101-{r:06d}-beef"
+        path = root / run_id
+        path.mkdir(parents=True)
+        manifest = {"run_id": run_id, "created_at": "2026-01-01T00:00:00+00:00", "ended_at": "2026-01-01T01:00:00",
+                    "command": "synthetic", "sweep": {"models": ["sd15"], "backends": [["naive", {}]]},
+                    "memory_budget_bytes": 2**34, "cells": spec.to_dict("records"),
+                    "environment": {"torch": "2.13.0", "diffusers": "0.42.1", "python": "3.11", "device": "cuda",
+                                    "device_name": "synthetic"}}
+        (path / "manifest.json").write_text(json.dumps(manifest))
+        cells.assign(run_id=run_id).to_parquet(path / "cells.parquet", index=False)
+        blocks.assign(run_id=run_id).to_parquet(path / "blocks.parquet", index=False)
+
+
+def test_100_runs_of_10000_rows_open_in_a_few_seconds(tmp_path, monkeypatch):
+    root = tmp_path / "results"
+    _synthetic_results(root)
+    assert len(list_runs(root)) == 100
+    start = time.perf_counter()
+    at = _app(root, monkeypatch, page="Run")
+    first = time.perf_counter() - start
+    print(f"100 runs x 10,016 block rows: index + Run page {first:.2f} s")
+    assert len(_table(at, 0)) == 32 and len(_table(at, 1)) == 313  # the latest run's blocks of one cell, its cells
+    start = time.perf_counter()
+    at.sidebar.selectbox(key="page").set_value("Compare").run()
+    again = time.perf_counter() - start
+    print(f"then the Compare page, cached: {again:.2f} s")
+    assert not at.exception and len(_table(at, 1)) == 313
+    assert first < 8.0, f"index + Run page took {first:.1f} s"
+    assert again < 3.0, f"a cached rerun took {again:.1f} s"

@@ -1,0 +1,220 @@
+"""The dashboard's data transforms, without Streamlit: hand-made frames with known answers, and one real run."""
+import json
+import math
+import shutil
+
+import pandas as pd
+import pytest
+
+from dashboards import transforms as T
+from profiler import backends
+from profiler.store import list_runs
+
+GiB, MiB = 2**30, 2**20
+
+
+def _cells(rows):
+    """Cell rows from (backend, width, height, status, time_ms, peak_bytes[, run_id])."""
+    out = []
+    for r in rows:
+        backend, w, h, status, t, peak = r[:6]
+        ok = status == "ok"
+        out.append({"run_id": r[6] if len(r) > 6 else "run-a", "model": "sd15", "dtype": "float16", "batch": 1,
+                    "width": w, "height": h, "backend": backend, "backend_options": "{}", "cell_id": f"{backend}{w}",
+                    "status": status, "error": "" if ok else f"{status} here",
+                    "attention_time_ms": t if ok else math.nan, "attention_peak_mem_bytes": peak if ok else math.nan,
+                    "forward_time_ms": 3 * t if ok else math.nan, "forward_peak_mem_bytes": peak if ok else math.nan,
+                    "max_rel_err": 1e-3 if ok else math.nan, "noisy": False if ok else None})
+    return T._derive(pd.DataFrame(out))
+
+
+def _block(block, call_index, level, kind, tokens_q, tokens_k, time_ms=1.0, peak=MiB, cell="c1", status="ok"):
+    stage = block.split("_")[0]
+    return {"run_id": "run-a", "model": "sdxl", "dtype": "float16", "batch": 1, "width": 1024, "height": 1024,
+            "backend": "sdpa", "backend_options": "{}", "cell_id": cell, "call_index": call_index, "block": block,
+            "stage": stage, "level": level, "kind": kind, "heads": 10, "head_dim": 64, "tokens_q": tokens_q,
+            "tokens_k": tokens_k, "score_elements": 10 * tokens_q * tokens_k, "score_bytes": 20 * tokens_q * tokens_k,
+            "flops": 1, "time_ms": time_ms, "peak_mem_bytes": peak, "predicted_peak_bytes": peak // 2,
+            "status": status}
+
+
+def test_backend_label_shows_only_options_that_differ_from_the_defaults():
+    assert T.backend_label("naive", "{}") == "naive"
+    assert T.backend_label("sliced", json.dumps({"slice_size": 1})) == "sliced"  # the default
+    assert T.backend_label("sliced", json.dumps({"slice_size": 4})) == "sliced(slice_size=4)"
+    assert T.backend_label("subquad", json.dumps({"query_chunk": 1024, "key_chunk": 512})) == "subquad(key_chunk=512)"
+    assert T.backend_label("mine", json.dumps({"b": 2, "a": 1})) == "mine(a=1,b=2)"
+
+
+def test_family_comes_from_the_backend_registry():
+    assert [T.family(n) for n in ("naive", "subquad", "sliced", "sdpa-flash", "xformers", "unknown")] == \
+           ["reference", "chunked", "chunked", "fused", "fused", "other"]
+
+
+def test_options_sort_sizes_by_pixels_and_backends_in_registry_order():
+    df = pd.DataFrame({"size": ["1024x1024", "832x1216", "512x512", "64x64", "512x512"],
+                       "backend": ["sdpa", "naive", "subquad", "zzz", "naive"]})
+    assert T.options(df, "size") == ["64x64", "512x512", "832x1216", "1024x1024"]  # 1,011,712 < 1,048,576 pixels
+    assert T.options(df, "backend") == ["naive", "subquad", "sdpa", "zzz"]
+    assert T.options(pd.DataFrame(), "size") == []
+
+
+def test_filters_intersect_and_an_empty_choice_keeps_everything():
+    df = pd.DataFrame({"model": ["a", "a", "b", "b"], "backend": ["x", "y", "x", "y"]})
+    assert len(T.apply_filters(df, {"model": [], "backend": []})) == 4
+    assert T.apply_filters(df, {"model": ["b"], "backend": ["x", "z"]}).index.tolist() == [2]
+    assert T.apply_filters(df, {"model": ["a"], "dtype": ["float16"]}).index.tolist() == [0, 1]  # no such column
+
+
+def test_compare_ratios_are_against_the_baseline_of_the_same_run_and_size():
+    cells = _cells([("naive", 512, 512, "ok", 20.0, 4 * GiB), ("sdpa", 512, 512, "ok", 5.0, GiB),
+                    ("subquad", 512, 512, "ok", 30.0, 2 * GiB),
+                    ("naive", 1024, 1024, "oom", 0, 0), ("sdpa", 1024, 1024, "ok", 40.0, 3 * GiB),
+                    ("naive", 512, 512, "ok", 10.0, GiB, "run-b"), ("sdpa", 512, 512, "ok", 8.0, GiB, "run-b")])
+    out = T.compare_table(cells, "naive").set_index(["run_id", "size", "backend_label"])
+    assert out.loc[("run-a", "512x512", "sdpa"), "time_ratio"] == pytest.approx(0.25)
+    assert out.loc[("run-a", "512x512", "sdpa"), "peak_ratio"] == pytest.approx(0.25)
+    assert out.loc[("run-a", "512x512", "subquad"), "time_ratio"] == pytest.approx(1.5)
+    assert out.loc[("run-a", "512x512", "naive"), "time_ratio"] == pytest.approx(1.0)
+    assert out.loc[("run-b", "512x512", "sdpa"), "time_ratio"] == pytest.approx(0.8)  # run-b's own baseline
+    assert math.isnan(out.loc[("run-a", "1024x1024", "sdpa"), "time_ratio"])  # the baseline ran out of memory
+    assert out.loc[("run-a", "512x512", "sdpa"), "family"] == "fused"
+
+
+def test_largest_ok_size_and_the_first_failure_above_it():
+    cells = _cells([("naive", 64, 64, "ok", 1, 1), ("naive", 1024, 1024, "skipped", 0, 0),
+                    ("naive", 832, 1216, "oom", 0, 0), ("naive", 512, 512, "ok", 1, 1),
+                    ("sdpa", 512, 512, "ok", 1, 1), ("sdpa", 832, 1216, "ok", 1, 1),
+                    ("sdpa", 64, 64, "error", 0, 0),
+                    ("xformers", 64, 64, "unavailable", 0, 0), ("xformers", 512, 512, "unavailable", 0, 0)])
+    out = T.largest_ok(cells).set_index("backend_label")
+    assert out.loc["naive", ["largest_ok_size", "failed_above"]].tolist() == ["512x512", "oom at 832x1216"]
+    assert out.loc["sdpa", ["largest_ok_size", "failed_above"]].tolist() == ["832x1216", ""]  # a failure below
+    assert out.loc["xformers", ["largest_ok_size", "largest_ok_pixels", "failed_above"]].tolist() == \
+           ["none", 0, "unavailable at 64x64"]
+    assert out.loc["naive", "family"] == "reference" and out.loc["naive", "sizes_tried"] == 4
+
+
+def test_unet_layout_places_blocks_on_the_u():
+    rows = [_block("down_blocks.1.attentions.0.transformer_blocks.0.attn1", 0, 1, "self", 1024, 1024),
+            _block("down_blocks.1.attentions.0.transformer_blocks.0.attn2", 1, 1, "cross", 1024, 77),
+            _block("down_blocks.1.attentions.0.transformer_blocks.1.attn1", 2, 1, "self", 1024, 1024),
+            _block("down_blocks.1.attentions.1.transformer_blocks.0.attn1", 3, 1, "self", 1024, 1024),
+            _block("mid_block.attentions.0.transformer_blocks.0.attn1", 4, 2, "self", 256, 256),
+            _block("up_blocks.0.attentions.2.transformer_blocks.9.attn2", 5, 2, "cross", 256, 77),
+            _block("up_blocks.1.attentions.0.transformer_blocks.0.attn1", 6, 1, "self", 1024, 1024)]
+    out = T.unet_layout(pd.DataFrame(rows).sample(frac=1, random_state=0))  # call order restored
+    assert out["column"].tolist() == [0, 0, 0, 1, 2, 3, 4]
+    assert out["layer"].tolist() == [0, 0, 1, 0, 0, 9, 0]
+    assert out["group_label"].tolist() == ["down 1.0"] * 3 + ["down 1.1", "mid", "up 0.2", "up 1.0"]
+    assert out["level_label"].iloc[0] == "level 1: 1024 tokens"
+    assert out["level_label"].iloc[5] == "level 2: 256 tokens"
+    assert out["tokens"].iloc[1] == "1024 x 77"
+    assert out["score_table"].iloc[0] == "20.0 MiB"  # 20 bytes x 1024 x 1024
+    with pytest.raises(ValueError, match="one cell"):
+        T.unet_layout(pd.DataFrame(rows[:1] + [_block("x.attn1", 0, 0, "self", 1, 1, cell="c2")]))
+
+
+def test_scaling_table_sums_time_and_takes_the_largest_call():
+    rows = [_block("a.attn1", 0, 0, "self", 64, 64, time_ms=1.5, peak=3 * MiB),
+            _block("a.attn2", 1, 0, "cross", 64, 77, time_ms=0.5, peak=5 * MiB),
+            _block("b.attn1", 2, 1, "self", 16, 16, time_ms=0.25, peak=MiB)]
+    big = [dict(r, width=2048, height=2048, cell_id="c2", tokens_q=4 * r["tokens_q"]) for r in rows]
+    failed = [dict(rows[0], cell_id="c3", width=4096, height=4096, status="oom")]
+    out = T.scaling_table(T._derive(pd.DataFrame(rows + big + failed)))
+    assert out["size"].tolist() == ["1024x1024", "2048x2048"]  # the failed cell is left out
+    first = out.iloc[0]
+    assert first["attention_time_ms"] == pytest.approx(2.25)
+    assert (first["tokens_max"], first["peak_mem_bytes"], first["predicted_peak_bytes"]) == (64, 5 * MiB, 5 * MiB // 2)
+    assert first["score_table_max_bytes"] == 20 * 64 * 77
+    assert out.iloc[1]["tokens_max"] == 256
+    long = T.scaling_long(out)
+    assert len(long) == 4 and sorted(long["source"].unique()) == ["measured", "predicted"]
+    assert long[(long["size"] == "1024x1024") & (long["source"] == "predicted")]["peak_bytes"].item() == 5 * MiB // 2
+
+
+def test_planner_table_adds_the_weights_and_checks_the_budget():
+    blocks = [_block("down_blocks.0.attentions.0.transformer_blocks.0.attn1", 0, 0, "self", 4096, 4096),
+              _block("down_blocks.0.attentions.0.transformer_blocks.0.attn2", 1, 0, "cross", 4096, 77)]
+    for b in blocks:
+        b.update(heads=8, head_dim=40, score_elements=8 * b["tokens_q"] * b["tokens_k"],
+                 score_bytes=2 * 8 * b["tokens_q"] * b["tokens_k"])
+    naive = max(backends.predicted_peak_bytes("naive", b, "float16") for b in blocks)
+    weights = 1000 * 2  # 1000 parameters in float16
+    plan = lambda dtype: {"dtype": dtype, "blocks": blocks, "totals": {"params_total": 1000}}  # noqa: E731
+    out = T.planner_table(plan("float16"), budget_bytes=weights + naive).set_index("backend")
+    assert list(out.index) == backends.names()
+    assert out.loc["naive", "predicted_peak_bytes"] == naive >= 2 * blocks[0]["score_bytes"]  # two tables alive
+    assert out.loc["naive", "largest_call"] == blocks[0]["block"]
+    assert out.loc["naive", "need_bytes"] == weights + naive and out.loc["naive", "headroom_bytes"] == 0
+    assert out.loc["naive", "fits"] and out.loc["sdpa", "fits"]
+    assert out.loc["sdpa", "predicted_peak_bytes"] < naive / 10  # fused: no score table
+    tight = T.planner_table(plan("float16"), budget_bytes=weights + naive - 1).set_index("backend")
+    assert not tight.loc["naive", "fits"] and tight.loc["sdpa", "fits"]
+    assert T.planner_table(plan("float32"), 10**12).loc[0, "weights_bytes"] == 4000
+
+
+def test_units_for_people():
+    assert [T.human_ms(v) for v in (0.43612, 12.3456, 1234.6, math.nan, None)] == \
+           ["0.436 ms", "12.35 ms", "1,235 ms", "-", "-"]
+    assert T.mem_unit(GiB - 1) == ("MiB", MiB) and T.mem_unit(GiB) == ("GiB", GiB) and T.mem_unit(math.nan)[0] == "MiB"
+    mem, unit = T.with_mem_unit(pd.DataFrame({"peak_bytes": [GiB, 3 * GiB], "need_bytes": [MiB, 512 * MiB]}),
+                                ["peak_bytes", "need_bytes"])
+    assert unit == "GiB" and mem["peak_GiB"].tolist() == [1.0, 3.0] and mem["need_GiB"].tolist() == [2**-10, 0.5]
+    assert T.with_mem_unit(pd.DataFrame({"p_bytes": [MiB, 3 * MiB]}), ["p_bytes"])[0]["p_MiB"].tolist() == [1.0, 3.0]
+    raw = pd.DataFrame({"backend": ["a", "b"], "attention_peak_mem_bytes": [3 * GiB, 1536 * 1024],
+                        "attention_time_ms": [0.5, 250.0], "time_ratio": [0.25, math.nan]})
+    shown = T.display(raw)
+    assert list(shown.columns) == ["backend", "attention peak mem", "attention time", "time_ratio"]
+    assert shown["attention peak mem"].tolist() == ["3.0 GiB", "1.5 MiB"]
+    assert shown["attention time"].tolist() == ["0.500 ms", "250 ms"]
+    assert shown["time_ratio"].tolist() == ["0.25x", "-"]
+    assert raw["attention_peak_mem_bytes"].tolist() == [3 * GiB, 1536 * 1024]  # the raw table is untouched
+
+
+def test_index_of_an_empty_or_missing_folder(tmp_path):
+    assert T.load_index(tmp_path).empty and T.load_index(tmp_path / "nope").empty
+    assert "warning" in T.load_index(tmp_path).columns
+
+
+def test_index_and_run_from_a_real_run(dashboard_results):
+    index = T.load_index(dashboard_results)
+    assert len(index) == 1
+    row = index.iloc[0]
+    assert (row["cells"], row["ok"], row["skipped"], row["unavailable"], row["pending"]) == (8, 5, 1, 2, 0)
+    assert row["readable"] and row["warning"] == "" and row["models"] == "tiny-sd15"
+    assert row["backends"] == "naive, sdpa, subquad, xformers" and row["versions"].startswith("torch ")
+    cells, blocks = T.load_run(list_runs(dashboard_results)[0])
+    assert "time_samples_ms" not in blocks and len(blocks) == 5 * 32  # SD1.5 topology: 32 calls per forward
+    assert set(blocks["family"]) == {"reference", "fused", "chunked"}
+    scale = T.scaling_table(blocks).set_index(["backend_label", "size"])
+    assert scale.loc[("sdpa", "128x128"), "tokens_max"] == 4 * scale.loc[("sdpa", "64x64"), "tokens_max"] == 256
+    finest = blocks[(blocks["kind"] == "self") & (blocks["level"] == 0) & (blocks["backend"] == "sdpa")]
+    by_size = finest.groupby("size")["score_bytes"].max()
+    assert by_size["128x128"] == 16 * by_size["64x64"]  # doubling width and height: each score table x16
+    largest = T.largest_ok(cells).set_index("backend_label")
+    assert largest.loc["naive", ["largest_ok_size", "failed_above"]].tolist() == ["64x64", "skipped at 128x128"]
+    assert largest.loc["subquad", "largest_ok_size"] == "128x128"
+
+
+def test_index_warns_about_corrupt_and_unfinished_runs(dashboard_results, tmp_path):
+    good = list_runs(dashboard_results)[0]
+    for name in ("a-good", "b-bad-manifest", "c-bad-blocks", "d-unfinished"):
+        shutil.copytree(good, tmp_path / name)
+    (tmp_path / "b-bad-manifest" / "manifest.json").write_text('{"run_id": ')
+    blocks = tmp_path / "c-bad-blocks" / "blocks.parquet"
+    blocks.write_bytes(blocks.read_bytes()[:300])
+    manifest = json.loads((tmp_path / "d-unfinished" / "manifest.json").read_text())
+    (tmp_path / "d-unfinished" / "manifest.json").write_text(json.dumps({**manifest, "ended_at": None}))
+    for name in ("cells.parquet", "blocks.parquet"):
+        (tmp_path / "d-unfinished" / name).unlink()
+    index = T.load_index(tmp_path).set_index("run_id")
+    assert index["readable"].to_dict() == {"a-good": True, "b-bad-manifest": False, "c-bad-blocks": False,
+                                           "d-unfinished": True}
+    assert index.loc["a-good", "warning"] == ""
+    assert index.loc["b-bad-manifest", "warning"].startswith("unreadable: JSONDecodeError")
+    assert index.loc["c-bad-blocks", "warning"].startswith("unreadable: ArrowInvalid")
+    assert index.loc["d-unfinished", "warning"] == "unfinished: 0 of 8 cells recorded (running, or stopped)"
+    assert index.loc["d-unfinished", "pending"] == 8
+    with pytest.raises(ValueError):
+        T.load_run(tmp_path / "c-bad-blocks")
