@@ -57,13 +57,15 @@ def environment(device: str) -> dict:
            "cuda": torch.version.cuda, "platform": platform.platform(), "cpu": _cpu_name(),
            "cpu_count": os.cpu_count(), "device": device, "device_name": None, "driver": None}
     if device.startswith("cuda") and torch.cuda.is_available():
-        env["device_name"] = torch.cuda.get_device_name(torch.device(device))
-        try:
+        try:  # through NVML: no CUDA context in this process
             import pynvml
 
             pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(int(device.split(":")[1]) if ":" in device else 0)
+            env["device_name"] = pynvml.nvmlDeviceGetName(handle)
             env["driver"] = pynvml.nvmlSystemGetDriverVersion()
         except Exception as e:  # no driver / no NVML: record why instead of failing the run
+            env["device_name"] = torch.cuda.get_device_name(torch.device(device))
             env["driver"] = f"unavailable: {e}"
     else:
         env["device_name"] = env["cpu"]

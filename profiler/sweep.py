@@ -175,17 +175,22 @@ def load(path: str | Path) -> Sweep:
 
 
 def free_memory_bytes(device: str) -> int:
-    """What the device has free now: CUDA's free memory, or MemAvailable on the CPU."""
-    import torch
-
+    """What the device has free now: NVML's free memory on a GPU (no CUDA context is made in this process, so the
+    workers get all of it; torch's figure where NVML is missing), or MemAvailable on the CPU."""
     if device.startswith("cuda"):
-        return torch.cuda.mem_get_info(torch.device(device))[0]
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+        import torch
+
+        index = int(device.split(":")[1]) if ":" in device else 0
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).free
+        except Exception:  # no NVML: ask the CUDA runtime instead
+            return torch.cuda.mem_get_info(torch.device(device))[0]
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
@@ -325,8 +330,10 @@ def _run_group_in_workers(group: list[CellSpec], run, sweep: Sweep, bar) -> None
     while remaining:
         job = {"run": str(run.path), "repeats": sweep.repeats, "warmup": sweep.warmup,
                "cells": [c.as_row() for c in remaining]}
-        proc = subprocess.Popen([sys.executable, "-m", "profiler.worker"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE)
+        log = run.path / "worker.log"  # the workers' stderr: library warnings, profiler chatter, crashes
+        with open(log, "ab") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "profiler.worker"], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=err)
         proc.stdin.write(json.dumps(job).encode())
         proc.stdin.close()
         in_flight, started = None, None
@@ -356,12 +363,13 @@ def _run_group_in_workers(group: list[CellSpec], run, sweep: Sweep, bar) -> None
             if started is not None and sweep.timeout_s and time.time() - started >= sweep.timeout_s:
                 row = failed_cell(spec, "timeout", f"cell ran past timeout_s={sweep.timeout_s:g} and was stopped")
             else:
-                row = failed_cell(spec, "error", f"worker died: {_exit_reason(code)}")
+                words = _last_line(log) if code != -signal.SIGKILL else ""  # a SIGKILL leaves none
+                row = failed_cell(spec, "error", f"worker died: {_exit_reason(code)}{words}")
             run.record(row, [])
             bar.update(1)
             remaining.remove(spec)
         elif code != 0 and remaining:
-            raise RuntimeError(f"worker exited with {_exit_reason(code)} before starting a cell")
+            raise RuntimeError(f"worker exited with {_exit_reason(code)} before starting a cell{_last_line(log)}")
 
 
 def _lines(proc, started, timeout_s):
@@ -381,6 +389,11 @@ def _lines(proc, started, timeout_s):
         if not chunk:
             return
         buf += chunk
+
+
+def _last_line(log: Path) -> str:
+    lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip() and not ln.startswith("USDT:")]
+    return f"; last words in {log.name}: {lines[-1].strip()[:200]}" if lines else ""
 
 
 def _exit_reason(code: int) -> str:

@@ -1,4 +1,5 @@
 """A sweep worker: reads one job (JSON) on stdin, runs its cells, prints one JSON event per line on stdout."""
+import faulthandler
 import json
 import sys
 
@@ -8,6 +9,7 @@ from .sweep import run_group
 
 
 def main() -> None:
+    faulthandler.enable()  # a segfault leaves its traceback in the run's worker.log
     job = json.loads(sys.stdin.read())
     keys = CellSpec.__dataclass_fields__
     cells = []

@@ -101,3 +101,22 @@ device: cpu
     assert not blocks.duplicated(["cell_id", "call_index"]).any()
     assert len(blocks) == 6 * 32
     assert Run.open(run_dir).manifest()["ended_at"] is not None
+
+
+def test_a_cell_over_timeout_s_is_stopped_and_the_sweep_goes_on(tmp_path):
+    path = _write(tmp_path, """models: [tiny-sd15]
+sizes: [512x512, 64x64]
+dtypes: [float32]
+backends: [split]
+repeats: 5
+warmup: 1
+device: cpu
+timeout_s: 10
+""")
+    t0 = time.time()
+    outcome = execute(load(path), progress=False)
+    cells = Run.open(outcome.run_path).cells().set_index("width")
+    assert cells.loc[512, "status"] == "timeout" and "timeout_s=10" in cells.loc[512, "error"]
+    assert cells.loc[64, "status"] == "ok"
+    assert time.time() - t0 < 120  # the 512x512 cell alone would take minutes
+    assert (outcome.run_path / "worker.log").is_file()
