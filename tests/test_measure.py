@@ -1,10 +1,8 @@
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from profiler.measure import CallTimer, NvmlSampler, cpu_peak_bytes, summarize
+from tests.rss import fresh_process_peak_rss
 
 MiB = 2**20
 
@@ -42,20 +40,7 @@ def test_cpu_memory_method_agrees_with_a_fresh_process_max_rss():
     exec(CALL, scope)
     scope["call"]()  # warm up lazy initialisation outside the measurement
     _, traced = cpu_peak_bytes(scope["call"])
-    # Independent check: a fresh process, its peak-RSS mark (VmHWM) reset just before the call, so the peak of
-    # importing torch and diffusers does not hide the call's; the call's peak is VmHWM after minus VmRSS before.
-    rss_script = CALL + """
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
-open("/proc/self/clear_refs", "w").write("5")
-before = status("VmRSS")
-call()
-print(status("VmHWM") - before)
-"""
-    p = subprocess.run([sys.executable, "-c", rss_script], capture_output=True, text=True, check=True)
-    rss = int(p.stdout.split()[-1])
+    rss = fresh_process_peak_rss(CALL)
     assert 1000 * MiB < traced < 1100 * MiB, traced / MiB  # two 512 MiB tables, not one
     assert abs(traced - rss) / rss < 0.05, (traced / MiB, rss / MiB)
 

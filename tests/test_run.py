@@ -1,14 +1,12 @@
 """A measured run of tiny-sd15 at 512x512 on the CPU: every field filled, memory against its model and against an
 independent check, errors within tolerance, unavailable backends as rows; the store's round trip; CLI errors."""
-import subprocess
-import sys
-
 import pandas as pd
 import pytest
 
 from profiler.cli import main
 from profiler.store import Run, find_run, list_runs
 from profiler.sweep import Sweep, execute
+from tests.rss import fresh_process_peak_rss
 
 MiB = 2**20
 BLOCK_FIELDS = ["run_id", "cell_id", "model", "width", "height", "batch", "dtype", "backend", "device", "block",
@@ -49,8 +47,8 @@ def test_naive_peak_matches_its_model_and_flash_stays_far_below(run):
 
 
 def test_naive_peak_agrees_with_a_fresh_process_peak_rss(run):
-    """The same block's call, alone in a fresh process, its peak-RSS mark reset just before it."""
-    script = """
+    """The same block's call, alone in a fresh process."""
+    rss = fresh_process_peak_rss("""
 import torch
 from diffusers.models.attention_processor import AttnProcessor
 from profiler import models
@@ -58,18 +56,10 @@ unet = models.build("tiny-sd15", weights="random", dtype="float32")
 attn = unet.down_blocks[0].attentions[0].transformer_blocks[0].attn1
 attn.set_processor(AttnProcessor())
 x = torch.randn(1, 4096, attn.to_q.in_features)
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
-open("/proc/self/clear_refs", "w").write("5")
-before = status("VmRSS")
-with torch.no_grad():
-    attn(x)
-print(status("VmHWM") - before)
-"""
-    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    rss = int(p.stdout.split()[-1])
+def call():
+    with torch.no_grad():
+        attn(x)
+""")
     b = run.blocks()
     measured = b[(b["backend"] == "naive") & (b["block"] == "down_blocks.0.attentions.0.transformer_blocks.0.attn1")]
     assert abs(measured["peak_mem_bytes"].iloc[0] - rss) / rss < 0.1, (measured["peak_mem_bytes"].iloc[0], rss)
