@@ -131,7 +131,12 @@ class Run:
         return cells.reset_index(drop=True)
 
     def blocks(self) -> pd.DataFrame:
-        return _read(self.path / BLOCKS)
+        """Block rows of the recorded cells (rows of a cell whose cell row a kill kept from being written are left
+        out: the cell runs again on resume and replaces them)."""
+        blocks = _read(self.path / BLOCKS)
+        if len(blocks):
+            blocks = blocks[blocks["cell_id"].isin(set(_read(self.path / CELLS).get("cell_id", [])))]
+        return blocks.reset_index(drop=True)
 
     def done_cells(self) -> dict[str, str]:
         """cell_id -> status of the cells already recorded."""
@@ -142,11 +147,11 @@ class Run:
         cid = cell["cell_id"]
         cell = {"run_id": self.id, **cell}
         blocks = [{"run_id": self.id, **b} for b in blocks]
-        old_blocks = self.blocks()
+        old_blocks = _read(self.path / BLOCKS)
         if len(old_blocks):
             old_blocks = old_blocks[old_blocks["cell_id"] != cid]
         _write_parquet(self.path / BLOCKS, _concat(old_blocks, pd.DataFrame(blocks)))
-        old_cells = self.cells()
+        old_cells = _read(self.path / CELLS)
         if len(old_cells):
             old_cells = old_cells[old_cells["cell_id"] != cid]
         _write_parquet(self.path / CELLS, _concat(old_cells, pd.DataFrame([cell])))

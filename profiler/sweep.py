@@ -64,7 +64,8 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(f"device {device!r}: no CUDA device is visible here: use --device cpu (or device: cpu)")
+        raise InputError(f"device {device!r}: no CUDA device is visible here: use device cpu or auto "
+                         "(--device on the command line, device: in a sweep config)")
     return device
 
 

@@ -120,3 +120,29 @@ timeout_s: 10
     assert cells.loc[64, "status"] == "ok"
     assert time.time() - t0 < 120  # the 512x512 cell alone would take minutes
     assert (outcome.run_path / "worker.log").is_file()
+
+
+def test_ctrl_c_leaves_a_consistent_run_that_show_reads(tmp_path):
+    path = _write(tmp_path, """models: [tiny-sd15]
+sizes: [64x64, 128x128, 256x256]
+dtypes: [float32]
+backends: [sdpa, naive]
+repeats: 2
+warmup: 0
+device: cpu
+""")
+    proc = subprocess.Popen([sys.executable, "-m", "profiler", "sweep", str(path), "--quiet"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    run_dir = _wait_for(lambda: list_runs(tmp_path / "results"))[0]
+    _wait_for(lambda: (run_dir / "cells.parquet").is_file())
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "run again with --resume" in err, err
+    run = Run.open(run_dir)
+    assert run.manifest()["interrupted"] is True
+    cells = run.cells()
+    assert 1 <= len(cells) < 6 and cells["cell_id"].is_unique
+    assert set(run.blocks()["cell_id"]) <= set(cells["cell_id"])
+    show = subprocess.run([sys.executable, "-m", "profiler", "show", str(run_dir)], cwd=REPO, capture_output=True,
+                          text=True)
+    assert show.returncode == 0 and "tiny-sd15" in show.stdout
