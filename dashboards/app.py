@@ -19,6 +19,7 @@ import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
 from dashboards import transforms as T  # noqa: E402
+from profiler.store import list_runs  # noqa: E402
 
 PAGES = ("Runs", "Run", "Compare", "Scaling", "Planner")
 COLOUR_BY = {"time": ("time_ms", "time (ms)"), "peak memory": ("peak_mem_bytes", "peak memory")}
@@ -312,7 +313,7 @@ def mirror(url: dict) -> None:
 def main() -> None:
     st.set_page_config(page_title="attnprof dashboard", layout="wide")
     root = results_dir()
-    index = load_index(str(root), tuple(_stamp(r) for r in T.list_runs(root)))
+    index = load_index(str(root), tuple(_stamp(r) for r in list_runs(root)))
     page = choice_ui("Page", list(PAGES), "page", "Runs", where=st.sidebar)
     if page == "Planner":
         st.header("Planner")

@@ -7,57 +7,20 @@ import json
 from pathlib import Path
 
 import pandas as pd
-import pyarrow.parquet as pq
 
 from profiler import backends
 from profiler.fmt import human_bytes
 from profiler.plan import predicted_need_bytes
 from profiler.spec import DTYPES
-from profiler.store import BLOCKS, CELLS, DONE_STATUSES, Run, list_runs
+from profiler.report import UNREADABLE, runs_index as load_index  # noqa: F401 (the Runs page's table)
+from profiler.store import DONE_STATUSES, Run  # noqa: F401 (DONE_STATUSES: the app's status columns)
 
-UNREADABLE = (OSError, ValueError, KeyError, TypeError)  # JSON, Arrow (ValueError) and missing-key errors
 FILTERS = ("model", "backend", "dtype", "size")
 GiB, MiB = 2**30, 2**20
 UNITS = {"MiB": MiB, "GiB": GiB}
 
 
 # ---- the runs index and one run's tables
-
-def load_index(root: Path) -> pd.DataFrame:
-    """One row per run folder under root, newest last; a run that cannot be read gets a row with `warning` set."""
-    rows = [_index_row(path) for path in list_runs(root)]
-    columns = ["run_id", "created", "models", "device", "backends", "cells", *DONE_STATUSES, "pending", "warning",
-               "versions", "git", "readable"]
-    return pd.DataFrame(rows, columns=columns)
-
-
-def _index_row(path: Path) -> dict:
-    row = {"run_id": path.name, "readable": False, "warning": ""}
-    try:
-        run = Run.open(path)
-        m = run.manifest()
-        env, sweep = m.get("environment") or {}, m.get("sweep") or {}
-        row.update(created=str(m.get("created_at", ""))[:16].replace("T", " "),
-                   models=", ".join(sweep.get("models", [])),
-                   device=f"{env.get('device')} ({env.get('device_name')})",
-                   backends=", ".join(b[0] for b in sweep.get("backends", [])), cells=len(m.get("cells", [])),
-                   versions=f"torch {env.get('torch')}, diffusers {env.get('diffusers')}, python {env.get('python')}",
-                   git=str(env.get("git_revision") or "")[:12])
-        for name in (CELLS, BLOCKS):  # the footer is enough to tell a truncated file
-            if (path / name).is_file():
-                pq.read_metadata(path / name)
-        counts = run.cells()["status"].value_counts() if (path / CELLS).is_file() else pd.Series(dtype=int)
-    except UNREADABLE as e:
-        row["warning"] = f"unreadable: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        return row
-    row.update({s: int(counts.get(s, 0)) for s in DONE_STATUSES}, readable=True)
-    row["pending"] = max(0, row["cells"] - int(counts.sum()))
-    if row["pending"] and not m.get("ended_at"):
-        row["warning"] = f"unfinished: {int(counts.sum())} of {row['cells']} cells recorded (running, or stopped)"
-    elif row["pending"]:
-        row["warning"] = f"incomplete: {row['pending']} of {row['cells']} cells never recorded"
-    return row
-
 
 def load_run(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(cells, blocks) of one run with size, pixels, backend_label and family added. Raises on a corrupt run.

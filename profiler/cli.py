@@ -149,7 +149,10 @@ def _execute(sweep, args) -> int:
     outcome = execute(sweep, resume=getattr(args, "resume", False), retry_failed=getattr(args, "retry_failed", False),
                       force=args.force, workers=not args.in_process, progress=not args.quiet,
                       command=python_command())
-    print(status_table(outcome.run_path))
+    from .report import status_table
+    from .store import Run
+
+    print(status_table(Run.open(outcome.run_path)))
     print(f"\nresults: {outcome.run_path}")
     print(f"  summary:   attnprof show {outcome.run_path.name} --results {outcome.run_path.parent}")
     print(f"  dashboard: make dashboard  (or attnprof dashboard --results {outcome.run_path.parent})")
@@ -159,42 +162,10 @@ def _execute(sweep, args) -> int:
     return 0
 
 
-def status_table(run_path) -> str:
-    from .fmt import table
-    from .store import Run
-
-    cells = Run.open(run_path).cells()
-    if not len(cells):
-        return "no cells recorded"
-    sizes = list(dict.fromkeys(cells["width"].astype(str) + "x" + cells["height"].astype(str)))
-    rows = []
-    for backend, group in cells.groupby("backend", sort=False):
-        row = {"backend": backend}
-        for size in sizes:
-            g = group[group["width"].astype(str) + "x" + group["height"].astype(str) == size]
-            counts = g["status"].value_counts()
-            row[size] = ", ".join(s if n == 1 else f"{s} x{n}" for s, n in counts.items()) or "-"
-        rows.append(row)
-    return table(rows, [("backend", "backend")] + [(s, s) for s in sizes])
-
-
 def cmd_runs(args) -> int:
-    from .store import Run, list_runs
+    from .report import format_runs
 
-    runs = list_runs(args.results)
-    if not runs:
-        print(f"no runs under {args.results}: make one with make profile, attnprof run or attnprof sweep")
-        return 0
-    for path in runs:
-        try:
-            m, cells = Run.open(path).manifest(), Run.open(path).cells()
-            counts = cells["status"].value_counts().to_dict() if len(cells) else {}
-            state = ", ".join(f"{n} {s}" for s, n in counts.items()) or "no cells yet"
-            models = ",".join(m.get("sweep", {}).get("models", []))
-            print(f"{path.name}  {m.get('created_at', '?')}  {models}  {m.get('environment', {}).get('device')}  "
-                  f"{len(m.get('cells', []))} cells: {state}")
-        except Exception as e:  # a corrupt run is listed with the reason, the others still show
-            print(f"{path.name}  unreadable: {type(e).__name__}: {e}")
+    print(format_runs(Path(args.results)))
     return 0
 
 

@@ -1,8 +1,81 @@
 """Plain-text summaries of a stored run (attnprof show)."""
 from __future__ import annotations
 
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+
 from .fmt import human_bytes, table
-from .store import Run
+from .store import BLOCKS, CELLS, DONE_STATUSES, Run, list_runs
+
+UNREADABLE = (OSError, ValueError, KeyError, TypeError)  # JSON, Arrow (ValueError) and missing-key errors
+
+
+def runs_index(root: Path) -> pd.DataFrame:
+    """One row per run folder under root, newest last; a run that cannot be read gets a row with `warning` set."""
+    rows = [_index_row(path) for path in list_runs(root)]
+    columns = ["run_id", "created", "models", "device", "backends", "cells", *DONE_STATUSES, "pending", "warning",
+               "versions", "git", "readable"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _index_row(path: Path) -> dict:
+    row = {"run_id": path.name, "readable": False, "warning": ""}
+    try:
+        run = Run.open(path)
+        m = run.manifest()
+        env, sweep = m.get("environment") or {}, m.get("sweep") or {}
+        row.update(created=str(m.get("created_at", ""))[:16].replace("T", " "),
+                   models=", ".join(sweep.get("models", [])),
+                   device=f"{env.get('device')} ({env.get('device_name')})",
+                   backends=", ".join(b[0] for b in sweep.get("backends", [])), cells=len(m.get("cells", [])),
+                   versions=f"torch {env.get('torch')}, diffusers {env.get('diffusers')}, python {env.get('python')}",
+                   git=str(env.get("git_revision") or "")[:12])
+        for name in (CELLS, BLOCKS):  # the footer is enough to tell a truncated file
+            if (path / name).is_file():
+                pq.read_metadata(path / name)
+        counts = run.cells()["status"].value_counts() if (path / CELLS).is_file() else pd.Series(dtype=int)
+    except UNREADABLE as e:
+        row["warning"] = f"unreadable: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return row
+    row.update({s: int(counts.get(s, 0)) for s in DONE_STATUSES}, readable=True)
+    row["pending"] = max(0, row["cells"] - int(counts.sum()))
+    if row["pending"] and not m.get("ended_at"):
+        row["warning"] = f"unfinished: {int(counts.sum())} of {row['cells']} cells recorded (running, or stopped)"
+    elif row["pending"]:
+        row["warning"] = f"incomplete: {row['pending']} of {row['cells']} cells never recorded"
+    return row
+
+
+def format_runs(root: Path) -> str:
+    index = runs_index(root)
+    if not len(index):
+        return f"no runs under {root}: make one with make profile, attnprof run or attnprof sweep"
+    rows = []
+    for r in index.to_dict("records"):
+        counts = ", ".join(f"{r[s]} {s}" for s in DONE_STATUSES if r.get(s)) if r["readable"] else ""
+        rows.append({"run": r["run_id"], "created": r.get("created") or "", "models": r.get("models") or "",
+                     "device": r.get("device") or "", "cells": f"{r.get('cells') or 0}: {counts or '-'}",
+                     "note": r["warning"]})
+    return table(rows, [(c, c) for c in ("run", "created", "models", "device", "cells", "note")])
+
+
+def status_table(run: Run) -> str:
+    """Statuses per backend (rows) and size (columns): the closing table of a run or sweep."""
+    cells = run.cells()
+    if not len(cells):
+        return "no cells recorded"
+    cells = cells.assign(size=cells["width"].astype(str) + "x" + cells["height"].astype(str))
+    sizes = list(dict.fromkeys(cells["size"]))
+    rows = []
+    for backend, group in cells.groupby("backend", sort=False):
+        row = {"backend": backend}
+        for size in sizes:
+            counts = group[group["size"] == size]["status"].value_counts()
+            row[size] = ", ".join(s if n == 1 else f"{s} x{n}" for s, n in counts.items()) or "-"
+        rows.append(row)
+    return table(rows, [("backend", "backend")] + [(s, s) for s in sizes])
 
 
 def format_run(run: Run) -> str:
