@@ -18,10 +18,10 @@ TOLERANCE = {"float32": 1e-3, "bfloat16": 6e-2, "float16": 1e-2}
 
 
 class ModelCache:
-    """Built U-Nets by (model, dtype, device), and the reference outputs by (model, size, batch, device)."""
+    """Built U-Nets by (model, dtype, device), and the reference outputs by (model, size, batch, device).
+    A folder or hub id loads its real weights; a registry config gets seeded random weights."""
 
-    def __init__(self, weights: str = "random"):
-        self.weights = weights
+    def __init__(self):
         self._models: dict[tuple, tuple] = {}
         self._refs: dict[tuple, torch.Tensor] = {}
         self.reference_forward_s = 0.0  # time spent in reference forwards, charged to the cell that needed them
@@ -30,7 +30,7 @@ class ModelCache:
         key = (model, dtype, device)
         if key not in self._models:
             source = models.resolve(model)
-            weights = "pretrained" if source.weights and self.weights != "random" else "random"
+            weights = "pretrained" if source.weights else "random"
             self._models[key] = (source, models.build(source, weights=weights, device=device, dtype=dtype))
         return self._models[key]
 
@@ -44,12 +44,6 @@ class ModelCache:
                 self._refs[key] = unet(**inputs).sample.float().cpu()
             self.reference_forward_s += time.perf_counter() - t0
         return self._refs[key]
-
-    def drop(self, model: str) -> None:
-        for key in [k for k in self._models if k[0] == model]:
-            del self._models[key]
-        for key in [k for k in self._refs if k[0] == model]:
-            del self._refs[key]
 
 
 def _forward_clock(device: torch.device):
@@ -148,10 +142,8 @@ def failed_cell(spec: CellSpec, status: str, message: str, **extra) -> dict:
 
 
 def run_cell(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int) -> tuple[dict, list[dict]]:
-    """measure_cell with failures turned into rows: unavailable, oom (with the size asked for) or error."""
-    ok, reason = backends.availability(spec.backend, spec.device, spec.dtype)
-    if not ok:
-        return failed_cell(spec, "unavailable", reason), []
+    """measure_cell with failures turned into rows: oom (with the size asked for) or error. Unavailable backends
+    never get here: the sweep's preflight records them."""
     started = time.time()
     try:
         cell, blocks = measure_cell(spec, cache, repeats, warmup)

@@ -1,6 +1,7 @@
 """A measured run of tiny-sd15 at 512x512 on the CPU: every field filled, memory against its model and against an
 independent check, errors within tolerance, unavailable backends as rows; the store's round trip; CLI errors."""
 import pandas as pd
+import torch
 import pytest
 
 from profiler.cli import main
@@ -123,3 +124,14 @@ def test_show_and_runs_print_the_run(run, capsys):
     assert main(["runs", "--results", str(run.path.parent)]) == 0
     assert "2 ok, 1 unavailable" in capsys.readouterr().out
     assert main(["show", "nope", "--results", str(run.path.parent)]) == 2
+
+
+def test_a_checkpoint_folder_is_measured_with_its_real_weights(tmp_path):
+    from profiler import models
+    from profiler.runner import ModelCache
+
+    saved = models.build("tiny-sd15", weights="random", dtype="float32", seed=7)  # not the registry's seed 0
+    saved.save_pretrained(tmp_path / "ckpt" / "unet", safe_serialization=True)
+    _, unet = ModelCache().get(str(tmp_path / "ckpt"), "float32", "cpu")
+    for (name, p), (_, q) in zip(unet.named_parameters(), saved.named_parameters()):
+        assert torch.equal(p, q), name
