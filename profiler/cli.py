@@ -28,41 +28,27 @@ def _shape(args, sizes_default=("512x512",)):
 
 
 def cmd_plan(args) -> int:
+    from . import models
     from .plan import format_plan, plan
+    from .sweep import parse_bytes
 
     sizes, batch, dtype = _shape(args)
     options = _backend_options(args.option)
     if args.backend:
-        from .backends import check_backend_name, check_options
+        from .backends import check_options
 
-        check_backend_name(args.backend)
         options = check_options(args.backend, options)
     if args.memory_budget and not args.backend:
         raise InputError("--memory-budget needs --backend NAME: the need depends on the backend")
-    from .sweep import parse_bytes
-    from . import models
-
+    budget = parse_bytes(args.memory_budget, "--memory-budget") if args.memory_budget else None
     unet = models.build(args.model, weights="meta", dtype=dtype)
-    plans = [plan(args.model, w, h, batch, dtype, backend=args.backend, backend_options=options, unet=unet)
-             for w, h in sizes]
-    if args.memory_budget:
-        from .fmt import human_bytes
-        from .plan import predicted_need_bytes
-
-        budget = parse_bytes(args.memory_budget, "--memory-budget")
-        for p in plans:
-            need, call = predicted_need_bytes(p, args.backend, options)
-            p["totals"].update(memory_budget_bytes=budget, predicted_need_bytes=need, fits=need <= budget)
+    plans = [plan(args.model, w, h, batch, dtype, backend=args.backend, backend_options=options, unet=unet,
+                  memory_budget=budget) for w, h in sizes]
     if args.json:
         json.dump(plans, sys.stdout, indent=1)
         print()
-        return 0
-    print("\n\n".join(format_plan(p) for p in plans))
-    for p in plans if args.memory_budget else []:
-        t = p["totals"]
-        print(f"{p['model']} {p['width']}x{p['height']} with {args.backend}: needs {human_bytes(t['predicted_need_bytes'])}"
-              f" (weights + its largest call) -> {'fits' if t['fits'] else 'does NOT fit'} in "
-              f"{human_bytes(t['memory_budget_bytes'])}")
+    else:
+        print("\n\n".join(format_plan(p) for p in plans))
     return 0
 
 
@@ -70,7 +56,7 @@ def cmd_models(args) -> int:
     from . import models
 
     for name, path in models.known_models().items():
-        print(f"{name:12s} {models._read_yaml(path).config.get('block_out_channels')}  {path}")
+        print(f"{name:12s} {models.resolve(name).config.get('block_out_channels')}  {path}")
     return 0
 
 
@@ -105,7 +91,6 @@ def _sweep_from_args(args):
 
     entries = []
     for name in args.backend or ["sdpa"]:
-        backends.check_backend_name(name)
         entries.append((name, tuple(sorted(backends.check_options(name, _backend_options(args.option)).items()))))
     sizes, batch, dtype = _shape(args)
     models.resolve(args.model)
@@ -143,14 +128,13 @@ def cmd_profile(args) -> int:
 
 
 def _execute(sweep, args) -> int:
-    from .store import python_command
+    from .report import status_table
+    from .store import Run
     from .sweep import execute
 
     outcome = execute(sweep, resume=getattr(args, "resume", False), retry_failed=getattr(args, "retry_failed", False),
                       force=args.force, workers=not args.in_process, progress=not args.quiet,
-                      command=python_command())
-    from .report import status_table
-    from .store import Run
+                      command=" ".join(["attnprof"] + sys.argv[1:]))  # as the user would type it again
 
     print(status_table(Run.open(outcome.run_path)))
     print(f"\nresults: {outcome.run_path}")

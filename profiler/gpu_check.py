@@ -13,7 +13,8 @@ import argparse
 import sys
 
 from . import backends
-from .fmt import human_bytes, table
+from .fmt import human_bytes
+from .report import format_run
 from .store import Run
 from .sweep import Sweep, execute
 
@@ -88,13 +89,7 @@ def main(argv=None) -> int:
                   backends=tuple((n, ()) for n in names), repeats=5, warmup=2, device=args.device, out=args.out)
     context = cuda_context_bytes() if args.device.startswith("cuda") else None
     run = Run.open(execute(sweep, workers=False, command="gpu-check").run_path)
-    rows = [{"model": c["model"], "size": f"{c['width']}x{c['height']}", "backend": c["backend"],
-             "status": c["status"], "forward": f"{c.get('forward_time_ms', float('nan')):.1f} ms",
-             "attention": f"{c.get('attention_time_ms', float('nan')):.1f} ms",
-             "attn peak": human_bytes(c.get("attention_peak_mem_bytes")),
-             "predicted": human_bytes(c.get("predicted_peak_bytes")), "rel err": f"{c.get('max_rel_err', 0):.1e}",
-             "kernel": str(c.get("kernel") or c.get("error"))[:60]} for c in run.cells().to_dict("records")]
-    print(table(rows, [(k, k) for k in rows[0]]))
+    print(format_run(run))
     results = checks(run, context)
     for name, passed, detail in results:
         print(f"{'PASS' if passed else 'FAIL'}  {name}: {detail}")

@@ -11,8 +11,10 @@ from .spec import parse_dtype
 
 
 def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "float16", backend: str | None = None,
-         backend_options: dict | None = None, unet: torch.nn.Module | None = None) -> dict:
-    """One size: {model, width, height, batch, dtype, blocks: [row per attention call], totals}."""
+         backend_options: dict | None = None, unet: torch.nn.Module | None = None,
+         memory_budget: int | None = None) -> dict:
+    """One size: {model, width, height, batch, dtype, backend, blocks: [row per attention call], totals}.
+    With a backend, the totals add the forward's predicted need; with a memory budget too, whether it fits."""
     dtype = parse_dtype(dtype)
     source = models.resolve(model)
     if unet is None:
@@ -30,8 +32,14 @@ def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "floa
             row["predicted_peak_bytes"] = predicted_peak_bytes(backend, row, dtype, **(backend_options or {}))
     for row in blocks:
         del row["pass_index"]
-    return {"model": model, "width": width, "height": height, "batch": batch, "dtype": dtype,
-            "backend": backend, "blocks": blocks, "totals": totals(blocks, models.param_counts(unet))}
+    p = {"model": model, "width": width, "height": height, "batch": batch, "dtype": dtype,
+         "backend": backend, "blocks": blocks, "totals": totals(blocks, models.param_counts(unet))}
+    if backend is not None:
+        need = predicted_need_bytes(p, backend, backend_options)[0]
+        p["totals"]["predicted_need_bytes"] = need
+        if memory_budget is not None:
+            p["totals"].update(memory_budget_bytes=memory_budget, fits=need <= memory_budget)
+    return p
 
 
 def predicted_need_bytes(p: dict, backend: str, options: dict | None = None,
@@ -87,6 +95,9 @@ def format_plan(p: dict) -> str:
     if "predicted_peak_bytes_max" in t:
         facts.append((f"predicted peak, {p['backend']}",
                       f"{human_bytes(t['predicted_peak_bytes_max'])} over what is held when the call begins"))
+    if "fits" in t:
+        facts.append(("fits the budget", f"{'yes' if t['fits'] else 'NO'}: needs {human_bytes(t['predicted_need_bytes'])}"
+                                         f" (weights + the largest call) of {human_bytes(t['memory_budget_bytes'])}"))
     facts += [("params_total", f"{t['params_total'] / 1e6:.2f}M"),
               ("params_transformer_blocks", share("transformer_blocks")), ("params_attention", share("attention"))]
     lines = [head, table(rows, cols), ""] + [f"{k + ':':27s}{v}" for k, v in facts]

@@ -68,7 +68,7 @@ def measure_cell(spec: CellSpec, cache: ModelCache, repeats: int = 3, warmup: in
     timer = CallTimer(device)
     forward_ms, forward_peak, output = [], 0, None
     with torch.no_grad(), NvmlSampler(device) as nvml:
-        with Recorder(unet, processor=factory, around=timer) as rec:
+        with Recorder(unet, processor=factory, around=timer):
             for i in range(warmup + repeats):
                 if device.type == "cuda":
                     torch.cuda.synchronize()
@@ -130,11 +130,7 @@ def measure_cell(spec: CellSpec, cache: ModelCache, repeats: int = 3, warmup: in
 
 
 def _common_kernel(blocks: list[dict]) -> str:
-    kernels = []
-    for b in blocks:
-        if b["kernel"] not in kernels:
-            kernels.append(b["kernel"])
-    return " | ".join(kernels)
+    return " | ".join(dict.fromkeys(b["kernel"] for b in blocks))
 
 
 def failed_cell(spec: CellSpec, status: str, message: str, **extra) -> dict:

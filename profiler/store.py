@@ -11,7 +11,6 @@ import os
 import platform
 import secrets
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -188,8 +187,3 @@ def find_run(root: Path, name: str) -> Run:
         raise InputError(f"no runs under {root}: make one with attnprof run or attnprof sweep")
     what = "several runs start with" if matches else "no run named"
     raise InputError(f"{what} {name!r} under {root}: see attnprof runs --results {root}")
-
-
-def python_command() -> str:
-    """The command line as the user would type it again."""
-    return " ".join(["attnprof"] + sys.argv[1:])

@@ -110,7 +110,6 @@ def _backend_entry(entry, where: str) -> tuple[str, tuple]:
                              f"{{{name}: {{slice_size: 4}}}}")
     else:
         raise InputError(f"{where}: key 'backends': {entry!r} is not a name or {{name: {{option: value}}}}")
-    _checked(where, "backends", backends.check_backend_name, name)
     options = _checked(where, "backends", lambda o: backends.check_options(name, o), options)
     return name, tuple(sorted(options.items()))
 
@@ -231,7 +230,6 @@ def preflight(cells: list[CellSpec], budget: int, force: bool) -> dict[str, dict
 @dataclass
 class Outcome:
     run_path: Path
-    statuses: dict[str, str]  # cell_id -> status, this run's cells
     interrupted: bool = False
 
 
@@ -241,16 +239,16 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
 
     cells = sweep.cells()
     budget = sweep.memory_budget or free_memory_bytes(cells[0].device)
-    pre = preflight(cells, budget, force)
-    manifest = {"command": command, "sweep": sweep.settings(), "memory_budget_bytes": budget,
-                "cells": [c.as_row() for c in cells], "environment": environment(cells[0].device)}
     run = _find_resumable(sweep) if resume else None
     if run is None:
-        run = Run.create(Path(sweep.out), manifest)
+        run = Run.create(Path(sweep.out), {
+            "command": command, "sweep": sweep.settings(), "memory_budget_bytes": budget,
+            "cells": [c.as_row() for c in cells], "environment": environment(cells[0].device)})
     else:
-        run.update_manifest(resumed_at=now(), ended_at=None)
+        run.update_manifest(resumed_at=now(), ended_at=None, memory_budget_bytes=budget)
     done = run.done_cells()
     pending = [c for c in cells if c.cell_id not in done or (retry_failed and done[c.cell_id] != "ok")]
+    pre = preflight(pending, budget, force)
     bar = _progress(len(cells), len(cells) - len(pending), progress)
     interrupted = False
     try:
@@ -271,8 +269,7 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
     finally:
         bar.close()
         run.update_manifest(ended_at=now(), interrupted=interrupted)
-    statuses = {cid: s for cid, s in run.done_cells().items() if cid in {c.cell_id for c in cells}}
-    return Outcome(run.path, statuses, interrupted)
+    return Outcome(run.path, interrupted)
 
 
 def _find_resumable(sweep: Sweep):
@@ -280,8 +277,7 @@ def _find_resumable(sweep: Sweep):
 
     for path in reversed(list_runs(Path(sweep.out))):
         run = Run.open(path)
-        if run.manifest().get("sweep", {}).get("source") == sweep.source and \
-                _same_grid(run.manifest().get("sweep", {}), sweep.settings()):
+        if _same_grid(run.manifest().get("sweep", {}), sweep.settings()):
             return run
     return None
 

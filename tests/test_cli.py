@@ -78,6 +78,6 @@ def test_plan_says_whether_a_backend_fits_a_budget(capsys):
     assert code == 0 and not t["fits"] and t["predicted_need_bytes"] > 2 * t["largest_score_bytes"]
     code, out, _ = run(capsys, "plan", "--model", "sdxl-base", "--size", "1536x1536", "--backend", "sdpa-flash",
                        "--memory-budget", "24GiB")
-    assert code == 0 and "with sdpa-flash: needs" in out and "-> fits in 24.0 GiB" in out
+    assert code == 0 and "fits the budget:           yes: needs" in out and "of 24.0 GiB" in out
     code, _, err = run(capsys, "plan", "--model", "sd15", "--memory-budget", "2GiB")
     assert code == 2 and "--memory-budget needs --backend NAME" in err
