@@ -212,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     p.add_argument("--repeats", type=int, default=3, help="timed forwards per cell (default 3)")
     p.add_argument("--warmup", type=int, default=1, help="warm-up forwards per cell (default 1)")
-    p.add_argument("--memory-budget", help="skip cells predicted above this (bytes or e.g. 20GiB; default: free device memory)")
+    p.add_argument("--memory-budget",
+                   help="skip cells predicted above this (bytes or e.g. 20GiB; default: free device memory)")
     p.add_argument("--timeout-s", type=float, help="stop a cell after this many seconds")
     _add_exec_args(p)
     p.set_defaults(func=cmd_run)

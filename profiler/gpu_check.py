@@ -64,7 +64,8 @@ def checks(run: Run, context: int | None) -> list[tuple[str, bool, str]]:
     out.append(("times positive and stable", bool((ok["time_ms"] > 0).all() and noisy <= 0.2),
                 f"min {ok['time_ms'].min():.3f} ms; {100 * noisy:.0f}% of calls noisy (IQR/median > 0.1)"))
     good = cells[cells["status"] == "ok"]
-    if context is not None and "nvml_process_used_max_bytes" in good and good["nvml_process_used_max_bytes"].notna().any():
+    nvml = good.get("nvml_process_used_max_bytes")
+    if context is not None and nvml is not None and nvml.notna().any():
         diff = good["nvml_process_used_max_bytes"] - good["allocator_reserved_max_bytes"]
         out.append(("NVML agrees with the allocator within the context", bool(diff.between(0, 1.5 * context).all()),
                     f"NVML - reserved: {human_bytes(diff.min())}..{human_bytes(diff.max())}; "

@@ -105,7 +105,8 @@ def build(source: ModelSource | str, weights: str = "random", device: str = "cpu
         source = resolve(source)
     if weights == "pretrained":
         if source.weights is None:
-            raise InputError(f"model {source.name!r} is a config only: give a diffusers folder or hub id for real weights")
+            raise InputError(f"model {source.name!r} is a config only: "
+                             "give a diffusers folder or hub id for real weights")
         unet = UNet2DConditionModel.from_pretrained(source.weights, subfolder=source.subfolder, use_safetensors=True,
                                                     low_cpu_mem_usage=False, torch_dtype=torch_dtype(dtype))
         return unet.to(device).eval()

@@ -96,8 +96,9 @@ def format_plan(p: dict) -> str:
         facts.append((f"predicted peak, {p['backend']}",
                       f"{human_bytes(t['predicted_peak_bytes_max'])} over what is held when the call begins"))
     if "fits" in t:
-        facts.append(("fits the budget", f"{'yes' if t['fits'] else 'NO'}: needs {human_bytes(t['predicted_need_bytes'])}"
-                                         f" (weights + the largest call) of {human_bytes(t['memory_budget_bytes'])}"))
+        verdict = "yes" if t["fits"] else "NO"
+        facts.append(("fits the budget", f"{verdict}: needs {human_bytes(t['predicted_need_bytes'])} "
+                                         f"(weights + the largest call) of {human_bytes(t['memory_budget_bytes'])}"))
     facts += [("params_total", f"{t['params_total'] / 1e6:.2f}M"),
               ("params_transformer_blocks", share("transformer_blocks")), ("params_attention", share("attention"))]
     lines = [head, table(rows, cols), ""] + [f"{k + ':':27s}{v}" for k, v in facts]

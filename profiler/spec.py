@@ -40,7 +40,8 @@ def parse_size(text: str) -> tuple[int, int]:
     width, height = int(m.group(1)), int(m.group(2))
     for what, v in (("width", width), ("height", height)):
         if v <= 0 or v % 8:
-            raise InputError(f"size {text!r}: {what} {v} is not a positive multiple of 8 (the latent is 1/8 of the image)")
+            raise InputError(f"size {text!r}: {what} {v} is not a positive multiple of 8 "
+                             "(the latent is 1/8 of the image)")
     return width, height
 
 

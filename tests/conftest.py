@@ -33,7 +33,7 @@ def dashboard_results(tmp_path_factory):
                   backends=(("naive", ()), ("sdpa", ()), ("subquad", ()), ("xformers", ())), repeats=2, warmup=0,
                   device="cpu", out=str(root))
     cells = [c for c in sweep.cells() if c.width == 128]
-    need = {c.backend: peak for c, peak in zip(cells, predicted_cell_peaks(cells).values())}
+    need = {c.backend: peak for c, peak in zip(cells, predicted_cell_peaks(cells).values(), strict=True)}
     assert need["naive"] > need["subquad"] > need["sdpa"]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the timings do not matter here, and two threads on a busy machine spin for minutes

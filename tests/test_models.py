@@ -38,7 +38,7 @@ def test_sd15_tokens_per_level_and_score_table():
 
 def test_doubling_the_side_gives_4x_tokens_16x_scores():
     small, big = plan("sd15", 512, 512)["blocks"], plan("sd15", 1024, 1024)["blocks"]
-    for a, b in zip(small, big):
+    for a, b in zip(small, big, strict=True):
         assert b["tokens_q"] == 4 * a["tokens_q"]
         if a["kind"] == "self":
             assert b["score_elements"] == 16 * a["score_elements"]
@@ -65,7 +65,7 @@ def test_meta_build_allocates_no_weights():
 
 def test_random_build_is_seeded_and_finite(tiny_sd15):
     again = models.build("tiny-sd15", weights="random", dtype="float32")
-    for (n, p), (_, q) in zip(tiny_sd15.named_parameters(), again.named_parameters()):
+    for (n, p), (_, q) in zip(tiny_sd15.named_parameters(), again.named_parameters(), strict=True):
         assert torch.equal(p, q), n
     with torch.no_grad():
         out = tiny_sd15(**models.example_inputs(tiny_sd15, 1, 64, 64)).sample
@@ -79,7 +79,7 @@ def test_real_checkpoint_loads_from_a_saved_folder(tmp_path, tiny_sd15, sub):
     assert (target / "diffusion_pytorch_model.safetensors").is_file()
     loaded = models.build(str(tmp_path), weights="pretrained", dtype="float32")
     inputs = models.example_inputs(tiny_sd15, 1, 64, 64)
-    for (name, p), (_, q) in zip(loaded.named_parameters(), tiny_sd15.named_parameters()):
+    for (name, p), (_, q) in zip(loaded.named_parameters(), tiny_sd15.named_parameters(), strict=True):
         assert torch.equal(p, q), name
     with torch.no_grad():  # same weights; summation order may differ in the last bits
         torch.testing.assert_close(loaded(**inputs).sample, tiny_sd15(**inputs).sample, rtol=1e-5, atol=1e-5)

@@ -133,5 +133,5 @@ def test_a_checkpoint_folder_is_measured_with_its_real_weights(tmp_path):
     saved = models.build("tiny-sd15", weights="random", dtype="float32", seed=7)  # not the registry's seed 0
     saved.save_pretrained(tmp_path / "ckpt" / "unet", safe_serialization=True)
     _, unet = ModelCache().get(str(tmp_path / "ckpt"), "float32", "cpu")
-    for (name, p), (_, q) in zip(unet.named_parameters(), saved.named_parameters()):
+    for (name, p), (_, q) in zip(unet.named_parameters(), saved.named_parameters(), strict=True):
         assert torch.equal(p, q), name
