@@ -8,9 +8,12 @@ does what diffusers' AttnProcessor does.
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
+import os
 import warnings
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -26,6 +29,8 @@ class Backend:
     family: str  # reference / chunked / fused
     description: str
     options: dict = field(default_factory=dict)  # option name -> default
+    factory: Callable | None = None  # a registered backend's processor factory (built-ins: make_processor)
+    memory_like: str | None = None  # a registered backend's memory model: that of this built-in
 
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
@@ -47,6 +52,22 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
 )}
 _SDPA_KERNELS = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
                  "sdpa-math": SDPBackend.MATH, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION}
+
+
+def register(backend: Backend) -> None:
+    """Add a backend of your own (a processor factory that takes the backend's options as keywords). Modules named
+    in $ATTNPROF_PLUGINS (comma-separated) are imported when this module is, so that workers see them too."""
+    if backend.factory is None or backend.memory_like not in BACKENDS:
+        raise ValueError(f"backend {backend.name!r} needs a factory and memory_like naming a built-in backend")
+    BACKENDS[backend.name] = backend
+
+
+def _load_plugins() -> None:
+    for module in filter(None, (m.strip() for m in os.environ.get("ATTNPROF_PLUGINS", "").split(","))):
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise InputError(f"ATTNPROF_PLUGINS names {module!r}, which does not import ({e}): fix the variable")
 
 
 def names() -> list[str]:
@@ -238,6 +259,8 @@ def make_processor(name: str, **options):
     opts = check_options(name, options)
     from diffusers.models import attention_processor as ap
 
+    if BACKENDS[name].factory is not None:
+        return BACKENDS[name].factory(**opts)
     if name in _SDPA_KERNELS:
         return SDPAKernelProcessor(_SDPA_KERNELS[name])
     factories = {"naive": ap.AttnProcessor, "sliced": ap.SlicedAttnProcessor, "split": SplitProcessor,
@@ -248,7 +271,7 @@ def make_processor(name: str, **options):
 
 # ---- availability
 
-def _static_reason(name: str, device: torch.device, dtype: str) -> str:
+def _static_reason(name: str, device: torch.device, dtype: str, head_dims: tuple[int, ...]) -> str:
     package = {"xformers": "xformers", "flash-attn": "flash_attn"}.get(name)
     if package and importlib.util.find_spec(package) is None:
         return f"{name} is not installed: pip install {name}"
@@ -256,30 +279,44 @@ def _static_reason(name: str, device: torch.device, dtype: str) -> str:
         return f"{name} runs on CUDA only, not on {device.type}"
     if name == "flash-attn" and dtype == "float32":
         return "flash-attn runs in float16 or bfloat16 only, not float32"
+    bad = [d for d in head_dims if d > 256 or d % 8]
+    if name == "flash-attn" and bad:
+        return f"flash-attn needs head_dim <= 256 and a multiple of 8; this model has head_dim {bad[0]}"
     return ""
 
 
+PROBE_TOKENS = 64  # query tokens of the availability probe (cross-attention: 77 keys, as the text encoder gives)
+
+
 @functools.lru_cache(maxsize=None)
-def _probe(name: str, device: str, dtype: str) -> tuple[bool, str]:
-    """Run the backend once on a tiny diffusers Attention; the error (and PyTorch's warnings saying why) if it fails."""
+def _probe(name: str, device: str, dtype: str, head_dim: int = 64) -> tuple[bool, str]:
+    """Run the backend on a diffusers Attention with the model's head_dim, as self- and as cross-attention; the
+    error (and PyTorch's warnings saying why) if it fails."""
     from diffusers.models.attention_processor import Attention
 
     gen = torch.Generator().manual_seed(0)
-    attn = Attention(query_dim=64, heads=2, dim_head=32).to(device=device, dtype=torch_dtype(dtype)).eval()
-    x = torch.randn(1, 16, 64, generator=gen).to(device=device, dtype=torch_dtype(dtype))
+    tdt = torch_dtype(dtype)
+    self_attn, cross_attn = (Attention(query_dim=2 * head_dim, heads=2, dim_head=head_dim, cross_attention_dim=c)
+                             .to(device=device, dtype=tdt).eval() for c in (None, 64))
+    x = torch.randn(1, PROBE_TOKENS, 2 * head_dim, generator=gen).to(device=device, dtype=tdt)  # (B, Tq, C)
+    text = torch.randn(1, 77, 64, generator=gen).to(device=device, dtype=tdt)  # (B, Tk, C_text)
     with warnings.catch_warnings(record=True) as caught, torch.no_grad():
         warnings.simplefilter("always")
         try:
-            make_processor(name)(attn, x)
+            make_processor(name)(self_attn, x)
+            make_processor(name)(cross_attn, x, text)
         except (RuntimeError, ValueError, ImportError, OSError) as e:  # unsupported-kernel errors subclass these
             why = "; ".join(dict.fromkeys(str(w.message).strip().splitlines()[0] for w in caught))
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            return False, f"{name} does not run on {device} in {dtype}: {first}" + (f" ({why})" if why else "")
+            return False, (f"{name} does not run on {device} in {dtype} at head_dim {head_dim}: {first}"
+                           + (f" ({why})" if why else ""))
     return True, ""
 
 
-def availability(name: str, device: str = "cpu", dtype: str = "float16") -> tuple[bool, str]:
-    """(True, "") where the backend runs on this device in this dtype, else (False, the reason)."""
+def availability(name: str, device: str = "cpu", dtype: str = "float16",
+                 head_dims: tuple[int, ...] = (64,)) -> tuple[bool, str]:
+    """(True, "") where the backend runs on this device in this dtype at each of the model's head dims (SD 1.x:
+    40, 80, 160; SDXL: 64), else (False, the reason)."""
     check_backend_name(name)
     dtype = parse_dtype(dtype)
     try:
@@ -292,8 +329,15 @@ def availability(name: str, device: str = "cpu", dtype: str = "float16") -> tupl
         return False, "CUDA is not available here (no GPU, or a CPU-only torch build)"
     if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
         return False, f"no device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)"
-    reason = _static_reason(name, dev, dtype)
-    return (False, reason) if reason else _probe(name, str(dev), dtype)
+    head_dims = tuple(sorted(set(head_dims)))
+    reason = _static_reason(name, dev, dtype, head_dims)
+    if reason:
+        return False, reason
+    for d in head_dims:
+        ok, why = _probe(name, str(dev), dtype, d)
+        if not ok:
+            return ok, why
+    return True, ""
 
 
 # ---- memory models
@@ -307,6 +351,8 @@ def predicted_peak_bytes(name: str, row: dict, dtype: str, **options) -> int:
     copies of q and k (naive, sliced), of k (split) or of the query chunk (subquad). Left out: the CPU flash
     kernel's per-thread tiles (~0.5 MiB per thread) and the mask diffusers repeats per head."""
     opts = check_options(name, options)
+    if BACKENDS[name].memory_like:
+        name, opts = BACKENDS[name].memory_like, check_options(BACKENDS[name].memory_like, {})
     e = torch_dtype(dtype).itemsize
     n, d, tq, tk = row["batch"] * row["heads"], row["head_dim"], row["tokens_q"], row["tokens_k"]
     sb = row["score_bytes"] // row["score_elements"]
@@ -326,3 +372,6 @@ def predicted_peak_bytes(name: str, row: dict, dtype: str, **options) -> int:
     else:  # fused kernels (sdpa picks flash on CPU, flash / efficient on CUDA): output plus a float32 logsumexp
         core = a_q + n * tq * 4
     return int(a_q + 2 * a_k + max(core, 2 * a_q))
+
+
+_load_plugins()

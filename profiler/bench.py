@@ -1,7 +1,8 @@
 """make bench: overhead ratios measured in one process (interleaved), never asserted in timed tests.
 
 1. The recorder: a recorded forward (wrappers + per-call timer) against a plain forward of the same model and
-   backend; target at most 1.05x. torch.profiler's overhead on the same forward, for reference.
+   backend; target at most 1.05x. The probe pass's torch.profiler (allocation timeline) on the same forward, for
+   reference.
 2. The planner: SDXL base at 4096x4096 on the meta device, target under 2 seconds.
 3. The sweep harness: a sweep's wall time against the sum of the forwards it ran (all of them: warm-up, timed,
    probe and reference); target under 1.15x for the CPU default.
@@ -15,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from . import backends, models
-from .measure import CallTimer
+from . import backends, devices, models
+from .measure import CallTimer, traced
 from .recorder import Recorder
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,9 +40,9 @@ def recorder_overhead(model: str, size: int, backend: str, rounds: int) -> dict:
             _forward_ms(unet, inputs)
         for _ in range(rounds):  # interleaved: each round runs all three once
             plain.append(_forward_ms(unet, inputs))
-            with Recorder(unet, processor=factory, around=CallTimer(torch.device("cpu"))):
+            with Recorder(unet, processor=factory, around=CallTimer(devices.get("cpu"))):
                 recorded.append(_forward_ms(unet, inputs))
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+            with traced(devices.get("cpu")):  # the probe pass's profiler: allocation timeline and shapes
                 profiled.append(_forward_ms(unet, inputs))
     med = statistics.median
     return {"plain_ms": med(plain), "recorded_ms": med(recorded), "profiled_ms": med(profiled),

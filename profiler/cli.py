@@ -74,20 +74,26 @@ def _backend_options(pairs) -> dict:
 
 
 def cmd_backends(args) -> int:
-    from . import backends
-    from .sweep import resolve_device
+    from . import backends, devices
 
-    device = resolve_device(args.device)
+    device, dtype = devices.resolve(devices.parse(args.device, "--device")), parse_dtype(args.dtype)
+    if args.model:
+        from .plan import plan
+
+        head_dims = tuple(sorted({r["head_dim"] for r in plan(args.model, 512, 512, dtype=dtype)["blocks"]}))
+    else:
+        head_dims = (40, 64, 80, 160)  # every head dim of SD 1.x, 2.x and SDXL
+    print(f"on {device} in {dtype} at head_dim {', '.join(map(str, head_dims))}:")
     for name, b in backends.BACKENDS.items():
-        ok, reason = backends.availability(name, device, parse_dtype(args.dtype))
+        ok, reason = backends.availability(name, device, dtype, head_dims)
         state = "available" if ok else f"unavailable: {reason}"
         print(f"{name:15s} {b.family:9s} {state}")
     return 0
 
 
 def _sweep_from_args(args):
-    from . import backends, models
-    from .sweep import Sweep, parse_bytes, parse_device
+    from . import backends, devices, models
+    from .sweep import Sweep, parse_bytes
 
     entries = []
     for name in args.backend or ["sdpa"]:
@@ -99,7 +105,7 @@ def _sweep_from_args(args):
         if value < (1 if key == "repeats" else 0):
             raise InputError(f"--{key} {value} is too small: use {'1' if key == 'repeats' else '0'} or more")
     return Sweep(models=(args.model,), sizes=tuple(sizes), batch=(batch,), dtypes=(dtype,), backends=tuple(entries),
-                 repeats=args.repeats, warmup=args.warmup, device=parse_device(args.device, "--device"),
+                 repeats=args.repeats, warmup=args.warmup, device=devices.parse(args.device, "--device"),
                  out=args.out, timeout_s=args.timeout_s,
                  memory_budget=parse_bytes(args.memory_budget, "--memory-budget") if args.memory_budget else None)
 
@@ -202,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("backends", help="list the attention backends and whether each is available here")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     p.add_argument("--dtype", default="float16", help="dtype to check support for (default float16)")
+    p.add_argument("--model", help="probe at this model's head dims (default: 40, 64, 80 and 160)")
     p.set_defaults(func=cmd_backends)
 
     p = sub.add_parser("run", help="measure per-block time and memory for each backend; writes a run",

@@ -1,25 +1,34 @@
-"""Timers and memory probes for one attention call, on CUDA and on the CPU, and NVML sampling.
+"""Timers and memory probes for one attention call, and NVML sampling. The device-specific calls they make live in
+devices.py; this module only decides when to make them.
 
 Timing passes and the probe pass are separate forwards: timing stays free of profiler overhead.
-- time: CUDA events around each call, read after the forward; on the CPU a host clock (CPU ops are synchronous).
+- time: an interval per call (CUDA events on the device's stream, read after the forward; a host clock on the CPU).
 - memory per call: on CUDA the allocator peak, reset at the start of the call, minus what was allocated then; on the
   CPU the allocation timeline of torch.profiler (every alloc and free, in order) summed within the call's window.
-- kernel: the attention ops that ran inside the call's window of the probe pass's profiler trace.
+- kernel: the attention ops that ran inside the call's window of the probe pass's profiler trace; on CUDA also the
+  GPU kernels, credited to the call whose CPU op launched them (through the profiler's correlation ids, since a GPU
+  kernel runs after its launch and may run inside the next call's window).
 """
 from __future__ import annotations
 
+import os
 import re
 import statistics
+import sys
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
 
 import torch
 
+from . import devices
+
 NOISY_IQR_OVER_MEDIAN = 0.1
 # the attention ops worth naming: SDPA's concrete kernels (not the dispatcher), matmuls of chunked code, extensions
 _KERNEL_OPS = re.compile(r"scaled_dot_product_(?!attention$)|baddbmm|^aten::bmm$|^aten::einsum$|xformers|flash_attn"
-                         r"|fmha|cudnn")
+                         r"|flash_fwd|fmha|cudnn|cutlass.*[Aa]ttention")
+_CPU, _CUDA = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
 
 
 def summarize(samples_ms: list[float]) -> dict:
@@ -36,81 +45,120 @@ def summarize(samples_ms: list[float]) -> dict:
 
 
 class CallTimer:
-    """`around` for timing passes: appends each call's elapsed ms to row-keyed sample lists."""
+    """`around` for timing passes: an interval per call, read into row-keyed sample lists by collect()."""
 
-    def __init__(self, device: torch.device, clock=time.perf_counter):
-        self.cuda = device.type == "cuda"
-        self.clock = clock
-        self._pending: list[tuple[int, object, object]] = []
+    def __init__(self, device: devices.Cpu | devices.Cuda, clock=time.perf_counter):
+        self.device, self.clock = device, clock
+        self._pending: list[tuple[int, object]] = []
         self.samples: dict[int, list[float]] = {}
 
     def __call__(self, row: dict, call):
-        key = row["call_index"]
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            out = call()
-            end.record()
-            self._pending.append((key, start, end))
-        else:
-            t0 = self.clock()
-            out = call()
-            self.samples.setdefault(key, []).append((self.clock() - t0) * 1e3)
+        interval = self.device.interval(self.clock)
+        interval.start()
+        out = call()
+        interval.stop()
+        self._pending.append((row["call_index"], interval))
         return out
 
     def collect(self) -> None:
-        """After each forward: read the CUDA events (one synchronize)."""
-        if self._pending:
-            torch.cuda.synchronize()
-            for key, start, end in self._pending:
-                self.samples.setdefault(key, []).append(start.elapsed_time(end))
-            self._pending.clear()
+        """After each forward: one synchronize of the device, then every interval read."""
+        self.device.synchronize()
+        for key, interval in self._pending:
+            self.samples.setdefault(key, []).append(interval.ms())
+        self._pending.clear()
 
 
 class CallProbe:
-    """`around` for the probe pass: marks each call for the profiler trace and, on CUDA, reads allocator peaks."""
+    """`around` for the probe pass: marks each call for the profiler trace and, where the device has an allocator
+    with statistics (CUDA), reads the call's peak over what was allocated when it began."""
 
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+    def __init__(self, device: devices.Cpu | devices.Cuda):
+        self.device = device
         self.peak: dict[int, int] = {}
 
     def __call__(self, row: dict, call):
-        key = row["call_index"]
+        key, dev = row["call_index"], self.device
         with torch.profiler.record_function(f"attnprof.call.{key}"):
-            if self.cuda:
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-                start = torch.cuda.memory_allocated()
-                out = call()
-                self.peak[key] = torch.cuda.max_memory_allocated() - start
-            else:
-                out = call()
+            if not dev.allocator:
+                return call()
+            dev.synchronize()
+            dev.reset_peak()
+            start = dev.allocated()
+            out = call()
+            self.peak[key] = dev.peak_allocated() - start
         return out
 
 
 @contextmanager
-def traced(device: torch.device):
-    """torch.profiler over a block; on the CPU with the allocation timeline."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities, profile_memory=device.type == "cpu",
-                                record_shapes=True) as prof:
+def quiet_native_stderr():
+    """Kineto prints 'USDT: ... profiler_start' / 'profiler_stop' on file descriptor 2 from C++, past sys.stderr:
+    catch fd 2 while the profiler starts or stops, and pass on every other line."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            rest = [ln for ln in sink.read().decode(errors="replace").splitlines(keepends=True)
+                    if not ln.startswith("USDT:")]
+            if rest:
+                sys.stderr.write("".join(rest))
+                sys.stderr.flush()
+
+
+@contextmanager
+def traced(device: devices.Cpu | devices.Cuda):
+    """torch.profiler over a block: on the CPU with the allocation timeline, on CUDA with the GPU's kernels."""
+    prof = torch.profiler.profile(activities=device.profiler_activities(), profile_memory=device.profile_memory,
+                                  record_shapes=True)
+    with quiet_native_stderr():
+        prof.__enter__()
+    try:
         yield prof
+        device.synchronize()  # every kernel of the block has ended before the trace is collected
+    finally:
+        with quiet_native_stderr():
+            prof.__exit__(None, None, None)
+
+
+def _short(name: str) -> str:
+    """A GPU kernel's name without its template arguments and signature."""
+    name = name.removeprefix("void ")
+    return re.split(r"[<(]", name, maxsplit=1)[0].strip() or name
 
 
 def trace_windows(prof) -> tuple[dict[int, dict], int]:
     """Per call ({call_index: {"peak_mem_bytes", "kernel"}}) and the whole traced block's CPU peak, from the
-    profiler's raw events: memory events are summed in time order (alloc +, free -) within each call's window."""
-    events = list(prof.profiler.kineto_results.events())
-    windows = []
+    profiler's raw events. Memory events are summed in time order (alloc +, free -) within each call's window. CPU
+    ops are credited to the window they ran in; GPU kernels to the window of the CPU op that launched them."""
+    return attribute(list(prof.profiler.kineto_results.events()))
+
+
+def attribute(events) -> tuple[dict[int, dict], int]:
+    """trace_windows on a list of kineto events (name, start_ns, end_ns, device_type, correlation_id,
+    linked_correlation_id, nbytes), separate so that tests can hand it events whose GPU times overlap."""
+    windows, ops, mem, launched_at = [], [], [], {}
     for e in events:
-        name = e.name()
-        if name.startswith("attnprof.call."):
+        if e.device_type() == _CPU and e.linked_correlation_id() == 0:
+            launched_at[e.correlation_id()] = e.start_ns()
+    for e in events:
+        name, dtype = e.name(), e.device_type()
+        if dtype == _CPU and name.startswith("attnprof.call."):
             windows.append((int(name.rsplit(".", 1)[1]), e.start_ns(), e.end_ns()))
-    mem = sorted((e.start_ns(), e.nbytes()) for e in events
-                 if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
-    ops = sorted((e.start_ns(), e.name()) for e in events if _KERNEL_OPS.search(e.name()))
+        elif name == "[memory]":
+            if dtype == _CPU:
+                mem.append((e.start_ns(), e.nbytes()))
+        elif _KERNEL_OPS.search(name):
+            if dtype == _CPU:
+                ops.append((e.start_ns(), name))
+            elif e.linked_correlation_id() in launched_at:  # a GPU kernel: when its launching op ran
+                ops.append((launched_at[e.linked_correlation_id()], _short(name)))
+    mem.sort()
+    ops.sort()
     out = {}
     for key, start, end in windows:
         running = peak = 0
@@ -118,10 +166,7 @@ def trace_windows(prof) -> tuple[dict[int, dict], int]:
             if start <= ts <= end:
                 running += nbytes
                 peak = max(peak, running)
-        names = []
-        for ts, name in ops:
-            if start <= ts <= end and name not in names:
-                names.append(name)
+        names = list(dict.fromkeys(name for ts, name in ops if start <= ts <= end))
         out[key] = {"peak_mem_bytes": peak, "kernel": ",".join(names)}
     running = whole = 0
     for _, nbytes in mem:
@@ -132,53 +177,55 @@ def trace_windows(prof) -> tuple[dict[int, dict], int]:
 
 def cpu_peak_bytes(fn) -> tuple[object, int]:
     """Run fn() once under the allocation trace; return its result and its transient CPU peak in bytes."""
-    with traced(torch.device("cpu")) as prof:
+    with traced(devices.get("cpu")) as prof:
         result = fn()
     return result, trace_windows(prof)[1]
 
 
 class NvmlSampler:
-    """Samples device memory used and this process's memory in a background thread while the block runs.
-    On a machine without an NVIDIA driver, `result()` says NVML is unavailable and why."""
+    """Samples the device's used memory and this process's memory in a background thread while the block runs.
+    The NVML device is found by UUID / PCI bus id (devices.nvml_handle). Without a driver, `result()` says NVML is
+    unavailable and why; an NVML error in the thread ends sampling and is reported in nvml_status. Inside a
+    container NVML lists host pids: where no listed process has this pid, process memory is None (unknown), not 0."""
 
-    def __init__(self, device: torch.device, interval_s: float = 0.01):
-        self.device, self.interval_s = device, interval_s
+    def __init__(self, device: devices.Cpu | devices.Cuda, interval_s: float = 0.01, nvml=None):
+        self.device, self.interval_s, self._nvml = device, interval_s, nvml
         self.status, self.samples = "unavailable", 0
         self.device_used_max = self.process_used_max = None
         self._stop = threading.Event()
         self._thread = None
 
     def __enter__(self):
-        if self.device.type != "cuda":
+        if not isinstance(self.device, devices.Cuda):
             self.status = "unavailable: not a CUDA device"
             return self
         try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            self._pynvml = pynvml
-        except Exception as e:  # pynvml raises NVMLError subclasses, ImportError or OSError without a driver
+            nvml = self._nvml or devices.nvml_module()
+            self._handle = devices.nvml_handle(nvml, self.device.torch.index)
+        except Exception as e:  # ImportError or OSError without a driver, NVMLError, LookupError
             self.status = f"unavailable: {type(e).__name__}: {e}"
             return self
-        self.status = "ok"
+        self._nvml, self.status = nvml, "ok"
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
 
-    def _run(self):
-        import os
+    def sample(self) -> None:
+        nv, pid = self._nvml, os.getpid()
+        used = nv.nvmlDeviceGetMemoryInfo(self._handle).used
+        mine = [p.usedGpuMemory for p in nv.nvmlDeviceGetComputeRunningProcesses(self._handle) if p.pid == pid]
+        self.device_used_max = max(self.device_used_max or 0, used)
+        if mine and all(m is not None for m in mine):
+            self.process_used_max = max(self.process_used_max or 0, sum(mine))
+        self.samples += 1
 
-        nv, pid = self._pynvml, os.getpid()
-        while not self._stop.is_set():
-            used = nv.nvmlDeviceGetMemoryInfo(self._handle).used
-            mine = sum(p.usedGpuMemory or 0 for p in nv.nvmlDeviceGetComputeRunningProcesses(self._handle)
-                       if p.pid == pid)
-            self.device_used_max = max(self.device_used_max or 0, used)
-            self.process_used_max = max(self.process_used_max or 0, mine)
-            self.samples += 1
-            self._stop.wait(self.interval_s)
+    def _run(self):
+        try:
+            while not self._stop.is_set():
+                self.sample()
+                self._stop.wait(self.interval_s)
+        except Exception as e:  # NVMLError and friends: stop sampling, and say so in the row
+            self.status = f"error after {self.samples} samples: {type(e).__name__}: {e}"
 
     def __exit__(self, *exc):
         if self._thread:
@@ -187,6 +234,9 @@ class NvmlSampler:
         return False
 
     def result(self) -> dict:
-        return {"nvml_status": self.status, "nvml_samples": self.samples,
+        status = self.status
+        if status == "ok" and self.samples and self.process_used_max is None:
+            status = "ok; process memory unknown: NVML lists no process with this pid (a container's pid namespace)"
+        return {"nvml_status": status, "nvml_samples": self.samples,
                 "nvml_device_used_max_bytes": self.device_used_max,
                 "nvml_process_used_max_bytes": self.process_used_max}

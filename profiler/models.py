@@ -112,22 +112,25 @@ def build(source: ModelSource | str, weights: str = "random", device: str = "cpu
         return unet.to(device).eval()
     with torch.device("meta"):
         unet = UNet2DConditionModel.from_config(source.config)
+    unet = torch.nn.Module.to(unet, torch_dtype(dtype))  # on meta: no memory; diffusers' .to() warns about casts
     if weights == "meta":
-        return torch.nn.Module.to(unet, torch_dtype(dtype)).eval()  # diffusers' .to() warns about dtype casts
+        return unet.eval()
     if weights != "random":
         raise ValueError(f"weights must be meta, random or pretrained, not {weights!r}")
     unet = unet.to_empty(device=device)
     _random_init(unet, seed)
-    return torch.nn.Module.to(unet, torch_dtype(dtype)).eval()
+    return unet.eval()
 
 
 @torch.no_grad()
 def _random_init(module: torch.nn.Module, seed: int, pool_size: int = 1 << 24) -> None:
     """Normal weights scaled by 1/sqrt(fan_in), unit norm scales, zero biases: activations stay O(1) in fp16.
     The values are slices at random offsets of one seeded pool of 16M normal samples: a copy per parameter instead
-    of drawing 860M (SD1.5) samples one by one. Attention cost does not depend on the values."""
+    of drawing 860M (SD1.5) samples one by one. The pool is drawn on the CPU (the same values on every device) and
+    moved once to the parameters' device, so that every write stays on one device; products are taken in float32
+    and rounded once to the parameters' dtype. Attention cost does not depend on the values."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    pool = torch.randn(pool_size, generator=gen)
+    pool = torch.randn(pool_size, generator=gen).to(next(module.parameters()).device)
     for name, p in module.named_parameters():
         if p.ndim < 2:
             p.fill_(0.0 if name.endswith("bias") else 1.0)

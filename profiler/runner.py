@@ -7,7 +7,7 @@ import traceback
 
 import torch
 
-from . import backends, models
+from . import backends, devices, models
 from .measure import CallProbe, CallTimer, NvmlSampler, summarize, trace_windows, traced
 from .recorder import Recorder
 from .spec import CellSpec
@@ -17,13 +17,23 @@ REFERENCE_BACKEND, REFERENCE_DTYPE = "sdpa", "float32"
 TOLERANCE = {"float32": 1e-3, "bfloat16": 6e-2, "float16": 1e-2}
 
 
+class ReferenceFailed(Exception):
+    """The fp32 reference forward of a (model, size, batch) failed: every cell that needs it gets this message.
+    It keeps no traceback, so that the failed forward's tensors are freed."""
+
+    def __init__(self, message: str, oom: bool):
+        super().__init__(message)
+        self.oom = oom
+
+
 class ModelCache:
     """Built U-Nets by (model, dtype, device), and the reference outputs by (model, size, batch, device).
-    A folder or hub id loads its real weights; a registry config gets seeded random weights."""
+    A folder or hub id loads its real weights; a registry config gets seeded random weights. A reference forward
+    that fails is tried once: its failure is kept and given to every cell that needs the same reference."""
 
     def __init__(self):
         self._models: dict[tuple, tuple] = {}
-        self._refs: dict[tuple, torch.Tensor] = {}
+        self._refs: dict[tuple, torch.Tensor | ReferenceFailed] = {}
         self.reference_forward_s = 0.0  # time spent in reference forwards, charged to the cell that needed them
 
     def get(self, model: str, dtype: str, device: str):
@@ -37,50 +47,60 @@ class ModelCache:
     def reference(self, spec: CellSpec) -> torch.Tensor:
         key = (spec.model, spec.width, spec.height, spec.batch, spec.device)
         if key not in self._refs:
+            self._refs[key] = self._reference_forward(spec)
+        ref = self._refs[key]
+        if isinstance(ref, ReferenceFailed):
+            raise ReferenceFailed(str(ref), ref.oom)
+        return ref
+
+    def _reference_forward(self, spec: CellSpec) -> torch.Tensor | ReferenceFailed:
+        t0 = time.perf_counter()
+        try:
             source, unet = self.get(spec.model, REFERENCE_DTYPE, spec.device)
             inputs = models.example_inputs(unet, spec.batch, spec.width, spec.height, source.text_tokens)
-            t0 = time.perf_counter()
             with torch.no_grad(), Recorder(unet, processor=lambda: backends.make_processor(REFERENCE_BACKEND)):
-                self._refs[key] = unet(**inputs).sample.float().cpu()
+                return unet(**inputs).sample.float().cpu()
+        except Exception as e:  # kept as the failure of every cell that needs this reference
+            oom = devices.oom_message(e)
+            return ReferenceFailed(f"the {REFERENCE_BACKEND}/{REFERENCE_DTYPE} reference forward failed: "
+                                   f"{oom or _describe(e)}", oom is not None)
+        finally:
             self.reference_forward_s += time.perf_counter() - t0
-        return self._refs[key]
-
-
-def _forward_clock(device: torch.device):
-    """(start, stop) -> elapsed ms for one forward: CUDA events, or the host clock on the CPU."""
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        return lambda: (end.record(), torch.cuda.synchronize(), start.elapsed_time(end))[2]
-    t0 = time.perf_counter()
-    return lambda: (time.perf_counter() - t0) * 1e3
 
 
 def measure_cell(spec: CellSpec, cache: ModelCache, repeats: int = 3, warmup: int = 1) -> tuple[dict, list[dict]]:
-    """Run one cell; return (cell row, block rows). Raises on failure: the caller turns that into a status."""
-    device = torch.device(spec.device)
+    """Run one cell on its device (made current for the whole cell); return (cell row, block rows). Raises on
+    failure: the caller turns that into a status."""
+    dev = devices.get(spec.device)
+    with dev.guard():
+        return _measure(spec, cache, repeats, warmup, dev)
+
+
+def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev) -> tuple[dict, list[dict]]:
     source, unet = cache.get(spec.model, spec.dtype, spec.device)
     spent = cache.reference_forward_s
     reference = cache.reference(spec)
     forwards_s = cache.reference_forward_s - spent  # every forward this cell runs, for the harness-overhead bench
     inputs = models.example_inputs(unet, spec.batch, spec.width, spec.height, source.text_tokens)
     factory = lambda: backends.make_processor(spec.backend, **spec.options)  # noqa: E731
-    timer = CallTimer(device)
+    timer = CallTimer(dev)
     forward_ms, forward_peak, output = [], 0, None
-    with torch.no_grad(), NvmlSampler(device) as nvml:
+    dev.begin_cell()
+    with torch.no_grad(), NvmlSampler(dev) as nvml:
         with Recorder(unet, processor=factory, around=timer):
             for i in range(warmup + repeats):
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                    torch.cuda.reset_peak_memory_stats()
-                    held = torch.cuda.memory_allocated()
-                stop = _forward_clock(device)
+                dev.synchronize()
+                dev.reset_peak()
+                held = dev.allocated()
+                clock = dev.interval()
+                clock.start()
                 out = unet(**inputs).sample
-                elapsed = stop()
+                clock.stop()
+                timer.collect()  # synchronizes the device: the forward's clock can be read
+                elapsed = clock.ms()
                 forwards_s += elapsed / 1e3
-                timer.collect()
-                if device.type == "cuda":
-                    forward_peak = max(forward_peak, torch.cuda.max_memory_allocated() - held)
+                if dev.allocator:
+                    forward_peak = max(forward_peak, dev.peak_allocated() - held)
                 if i < warmup:
                     timer.samples.clear()
                     continue
@@ -88,13 +108,13 @@ def measure_cell(spec: CellSpec, cache: ModelCache, repeats: int = 3, warmup: in
                 if output is None:
                     output = out.float().cpu()
                 del out
-        probe = CallProbe(device)
+        probe = CallProbe(dev)
         t0 = time.perf_counter()
-        with Recorder(unet, processor=factory, around=probe) as probe_rec, traced(device) as prof:
+        with Recorder(unet, processor=factory, around=probe) as probe_rec, traced(dev) as prof:
             unet(**inputs)
         forwards_s += time.perf_counter() - t0
     per_call, cpu_forward_peak = trace_windows(prof)
-    if device.type == "cpu":
+    if not dev.allocator:
         forward_peak = cpu_forward_peak
 
     blocks = []
@@ -121,7 +141,7 @@ def measure_cell(spec: CellSpec, cache: ModelCache, repeats: int = 3, warmup: in
         "attention_peak_mem_bytes": max(b["peak_mem_bytes"] for b in blocks),
         "predicted_peak_bytes": max(b["predicted_peak_bytes"] for b in blocks),
         "calls": len(blocks), "kernel": _common_kernel(blocks),
-        "allocator_reserved_max_bytes": torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None,
+        "allocator_reserved_max_bytes": dev.reserved_max(), "allocator_allocated_max_bytes": dev.allocated_max(),
         "max_abs_err": abs_err, "max_rel_err": rel_err, "error_ok": rel_err <= TOLERANCE[spec.dtype],
         "reference": f"{REFERENCE_BACKEND}/{REFERENCE_DTYPE}", "forwards_total_s": forwards_s,
         **nvml.result(),
@@ -137,20 +157,26 @@ def failed_cell(spec: CellSpec, status: str, message: str, **extra) -> dict:
     return {**spec.as_row(), "status": status, "error": message, **extra}
 
 
+def _describe(e: BaseException) -> str:
+    last = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    where = f" (at {last.filename}:{last.lineno})" if last else ""
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}{where}"
+
+
 def run_cell(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int) -> tuple[dict, list[dict]]:
-    """measure_cell with failures turned into rows: oom (with the size asked for) or error. Unavailable backends
-    never get here: the sweep's preflight records them."""
+    """measure_cell with failures turned into rows: `oom` for every allocation failure (with the size asked for),
+    else `error`. Unavailable backends never get here: the sweep's preflight records them."""
     started = time.time()
+    dev = devices.get(spec.device)
     try:
         cell, blocks = measure_cell(spec, cache, repeats, warmup)
-    except torch.OutOfMemoryError as e:
-        cell, blocks = failed_cell(spec, "oom", str(e).strip().splitlines()[0]), []
+    except ReferenceFailed as e:
+        cell, blocks = failed_cell(spec, "oom" if e.oom else "error", str(e)), []
     except Exception as e:  # any failure of one cell becomes its row; the run goes on
-        last = traceback.extract_tb(e.__traceback__)[-1]
-        cell = failed_cell(spec, "error", f"{type(e).__name__}: {e} (at {last.filename}:{last.lineno})")
-        blocks = []
+        oom = devices.oom_message(e)
+        cell, blocks = failed_cell(spec, "oom" if oom else "error", oom or _describe(e)), []
     finally:
-        if spec.device.startswith("cuda") and torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        with dev.guard():
+            dev.release()
     cell["wall_s"] = time.time() - started
     return cell, blocks

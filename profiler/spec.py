@@ -81,6 +81,12 @@ class CellSpec:
     def options(self) -> dict:
         return dict(self.backend_options)
 
+    @classmethod
+    def from_row(cls, row: dict) -> "CellSpec":
+        """The spec of a stored or sent row (as_row's inverse)."""
+        fields = {k: row[k] for k in cls.__dataclass_fields__ if k != "backend_options"}
+        return cls(**fields, backend_options=tuple(sorted(json.loads(row["backend_options"]).items())))
+
     def as_row(self) -> dict:
         row = asdict(self)
         row["backend_options"] = json.dumps(self.options, sort_keys=True)

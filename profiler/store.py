@@ -48,38 +48,24 @@ def _write_parquet(path: Path, df: pd.DataFrame) -> None:
 
 
 def environment(device: str) -> dict:
-    """Library versions, hardware and the profiler's git revision: a number without these is not comparable."""
+    """Library versions, hardware and the profiler's git revision: a number without these is not comparable.
+    The device is described from torch's properties and NVML, which make no CUDA context here."""
     import diffusers
     import torch
 
-    env = {"python": platform.python_version(), "torch": torch.__version__, "diffusers": diffusers.__version__,
-           "cuda": torch.version.cuda, "platform": platform.platform(), "cpu": _cpu_name(),
-           "cpu_count": os.cpu_count(), "device": device, "device_name": None, "driver": None}
-    if device.startswith("cuda") and torch.cuda.is_available():
-        try:  # through NVML: no CUDA context in this process
-            import pynvml
+    from . import devices
 
-            pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(int(device.split(":")[1]) if ":" in device else 0)
-            env["device_name"] = pynvml.nvmlDeviceGetName(handle)
-            env["driver"] = pynvml.nvmlSystemGetDriverVersion()
-        except Exception as e:  # no driver / no NVML: record why instead of failing the run
-            env["device_name"] = torch.cuda.get_device_name(torch.device(device))
-            env["driver"] = f"unavailable: {e}"
+    env = {"python": platform.python_version(), "torch": torch.__version__, "diffusers": diffusers.__version__,
+           "cuda": torch.version.cuda, "platform": platform.platform(), "cpu": devices.cpu_name(),
+           "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": device,
+           "device_name": None, "driver": None}
+    if device.startswith("cuda") and torch.cuda.is_available():
+        described = devices.describe_cuda(torch.device(device).index or 0)
+        env.update({k: described[k] for k in ("device_name", "device_uuid", "pci_bus_id", "driver")})
     else:
         env["device_name"] = env["cpu"]
     env["git_revision"] = _git_revision()
     return env
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _git_revision() -> str | None:
@@ -104,7 +90,11 @@ class Run:
     @classmethod
     def create(cls, root: Path, manifest: dict, run_id: str | None = None) -> "Run":
         run = cls(Path(root) / (run_id or new_run_id()))
-        run.path.mkdir(parents=True, exist_ok=False)
+        try:
+            run.path.mkdir(parents=True, exist_ok=False)
+        except OSError as e:
+            raise InputError(f"cannot write the results folder {root} ({e.strerror}): choose another with --out "
+                             "(or out: in the sweep config)") from None
         write_json(run.path / MANIFEST, {"run_id": run.id, "created_at": now(), "ended_at": None, **manifest})
         return run
 
@@ -144,7 +134,7 @@ class Run:
 
     def record(self, cell: dict, blocks: list[dict]) -> None:
         cid = cell["cell_id"]
-        cell = {"run_id": self.id, **cell}
+        cell = {"run_id": self.id, **cell, "recorded_at": dt.datetime.now(dt.timezone.utc).isoformat()}
         blocks = [{"run_id": self.id, **b} for b in blocks]
         old_blocks = _read(self.path / BLOCKS)
         if len(old_blocks):

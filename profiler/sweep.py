@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from . import backends, models
+from . import backends, devices, models
 from .spec import CellSpec, InputError, parse_batch, parse_dtype, parse_size
 
 KEYS = {"models": "list of model names", "sizes": "list of WxH strings", "batch": "list of batch sizes",
@@ -43,7 +43,7 @@ class Sweep:
     source: str = field(default="command line", compare=False)
 
     def resolved_device(self) -> str:
-        return resolve_device(self.device)
+        return devices.resolve(self.device)
 
     def cells(self) -> list[CellSpec]:
         device = self.resolved_device()
@@ -58,17 +58,6 @@ class Sweep:
                 "memory_budget": self.memory_budget, "timeout_s": self.timeout_s, "source": self.source}
 
 
-def resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(f"device {device!r}: no CUDA device is visible here: use device cpu or auto "
-                         "(--device on the command line, device: in a sweep config)")
-    return device
-
-
 def parse_bytes(value, where: str) -> int:
     if isinstance(value, bool):
         raise InputError(f"{where}: {value!r} is not a size: write bytes or a string such as 20GiB")
@@ -78,12 +67,6 @@ def parse_bytes(value, where: str) -> int:
     if not m or m.group(2).lower() not in _UNITS:
         raise InputError(f"{where}: {value!r} is not a size: write bytes or a string such as 20GiB")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
-def parse_device(value, where: str) -> str:
-    if not isinstance(value, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value):
-        raise InputError(f"{where}: device {value!r} is not auto, cpu, cuda or cuda:N")
-    return value
 
 
 def _as_list(doc: dict, key: str, where: str) -> list:
@@ -159,7 +142,7 @@ def load(path: str | Path) -> Sweep:
         if key in doc:
             kw[key] = _positive_int(doc[key], where, key, minimum)
     if "device" in doc:
-        kw["device"] = parse_device(doc["device"], where)
+        kw["device"] = devices.parse(doc["device"], where)
     if "out" in doc:
         if not isinstance(doc["out"], str) or not doc["out"]:
             raise InputError(f"{where}: key 'out' must be a folder path, not {doc['out']!r}")
@@ -174,49 +157,59 @@ def load(path: str | Path) -> Sweep:
     return Sweep(**kw)
 
 
-def free_memory_bytes(device: str) -> int:
-    """What the device has free now: NVML's free memory on a GPU (no CUDA context is made in this process, so the
-    workers get all of it; torch's figure where NVML is missing), or MemAvailable on the CPU."""
-    if device.startswith("cuda"):
-        import torch
+def plans_of(cells: list[CellSpec]) -> dict[tuple, dict]:
+    """The meta-device plan of each (model, width, height, batch, dtype) of the cells."""
+    from .plan import plan
 
-        index = int(device.split(":")[1]) if ":" in device else 0
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).free
-        except Exception:  # no NVML: ask the CUDA runtime instead
-            return torch.cuda.mem_get_info(torch.device(device))[0]
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-
-
-def predicted_cell_peaks(cells: list[CellSpec]) -> dict[str, int]:
-    """cell_id -> predicted bytes the cell needs (plan.predicted_need_bytes, with the fp32 reference copy).
-    Planned on the meta device, once per (model, size, batch, dtype)."""
-    from .plan import plan, predicted_need_bytes
-
-    plans, out = {}, {}
+    plans = {}
     for c in cells:
         key = (c.model, c.width, c.height, c.batch, c.dtype)
         if key not in plans:
             plans[key] = plan(c.model, c.width, c.height, c.batch, c.dtype)
-        out[c.cell_id] = predicted_need_bytes(plans[key], c.backend, c.options, reference_copy=True)[0]
-    return out
+    return plans
 
 
-def preflight(cells: list[CellSpec], budget: int, force: bool) -> dict[str, dict]:
+def predicted_cell_peaks(cells: list[CellSpec], plans: dict | None = None) -> dict[str, int]:
+    """cell_id -> predicted bytes the cell needs (plan.predicted_need_bytes, with the fp32 reference copy)."""
+    from .plan import predicted_need_bytes
+
+    plans = plans or plans_of(cells)
+    return {c.cell_id: predicted_need_bytes(plans[(c.model, c.width, c.height, c.batch, c.dtype)], c.backend,
+                                            c.options, reference_copy=True)[0] for c in cells}
+
+
+def availability_of(cells: list[CellSpec], plans: dict, isolated: bool) -> dict[str, tuple[bool, str]]:
+    """cell_id -> (ok, reason): each backend probed once per (device, dtype) at the head dims of the cell's model.
+    isolated: probe in a short-lived subprocess, so that this process makes no CUDA context (a context costs a few
+    hundred MiB that the workers would miss)."""
+    head_dims: dict[str, set] = {}
+    for (model, *_), p in plans.items():
+        head_dims.setdefault(model, set()).update(r["head_dim"] for r in p["blocks"])
+    ask = {c.cell_id: (c.backend, c.device, c.dtype, tuple(sorted(head_dims[c.model]))) for c in cells}
+    asks = sorted(set(ask.values()))
+    if isolated:
+        proc = subprocess.run([sys.executable, "-m", "profiler.worker", "--probe"], input=json.dumps(asks),
+                              text=True, capture_output=True)
+        if proc.returncode:
+            tail = "; ".join(proc.stderr.strip().splitlines()[-3:])
+            raise RuntimeError(f"the availability probe exited with {_exit_reason(proc.returncode)}: {tail}")
+        answers = dict(zip(asks, map(tuple, json.loads(proc.stdout.strip().splitlines()[-1])), strict=True))
+    else:
+        answers = {a: backends.availability(*a) for a in asks}
+    return {cid: answers[a] for cid, a in ask.items()}
+
+
+def preflight(cells: list[CellSpec], budget: int, force: bool, isolated: bool = False) -> dict[str, dict]:
     """cell_id -> failure row for the cells that must not run: backend unavailable, or predicted over budget."""
     from .fmt import human_bytes
     from .runner import failed_cell
 
-    peaks = predicted_cell_peaks(cells)
+    plans = plans_of(cells)
+    peaks = predicted_cell_peaks(cells, plans)
+    avail = availability_of(cells, plans, isolated)
     rows = {}
     for c in cells:
-        ok, reason = backends.availability(c.backend, c.device, c.dtype)
+        ok, reason = avail[c.cell_id]
         if not ok:
             rows[c.cell_id] = failed_cell(c, "unavailable", reason)
         elif peaks[c.cell_id] > budget and not force:
@@ -238,7 +231,7 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
     from .store import Run, environment, now
 
     cells = sweep.cells()
-    budget = sweep.memory_budget or free_memory_bytes(cells[0].device)
+    budget = sweep.memory_budget or devices.free_memory_bytes(cells[0].device)
     run = _find_resumable(sweep) if resume else None
     if run is None:
         run = Run.create(Path(sweep.out), {
@@ -248,7 +241,7 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
         run.update_manifest(resumed_at=now(), ended_at=None, memory_budget_bytes=budget)
     done = run.done_cells()
     pending = [c for c in cells if c.cell_id not in done or (retry_failed and done[c.cell_id] != "ok")]
-    pre = preflight(pending, budget, force)
+    pre = preflight(pending, budget, force, isolated=workers and cells[0].device.startswith("cuda"))
     bar = _progress(len(cells), len(cells) - len(pending), progress)
     interrupted = False
     try:

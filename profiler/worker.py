@@ -1,21 +1,25 @@
-"""A sweep worker: reads one job (JSON) on stdin, runs its cells, prints one JSON event per line on stdout."""
+"""A sweep worker: reads one job (JSON) on stdin, runs its cells, prints one JSON event per line on stdout.
+With --probe: reads a JSON list of (backend, device, dtype, head dims) and prints one JSON list of (ok, reason), so
+that the sweep's parent never makes a CUDA context of its own."""
 import faulthandler
 import json
 import sys
 
 from .spec import CellSpec
-from .store import Run
-from .sweep import run_group
 
 
 def main() -> None:
     faulthandler.enable()  # a segfault leaves its traceback in the run's worker.log
+    if sys.argv[1:] == ["--probe"]:
+        from .backends import availability
+
+        asks = json.loads(sys.stdin.read())
+        print(json.dumps([availability(name, dev, dtype, tuple(dims)) for name, dev, dtype, dims in asks]))
+        return
+    from .store import Run
+    from .sweep import run_group
+
     job = json.loads(sys.stdin.read())
-    keys = CellSpec.__dataclass_fields__
-    cells = []
-    for row in job["cells"]:
-        spec = {k: row[k] for k in keys if k != "backend_options"}
-        cells.append(CellSpec(**spec, backend_options=tuple(sorted(json.loads(row["backend_options"]).items()))))
     out = sys.stdout
 
     def emit(event):
@@ -23,7 +27,7 @@ def main() -> None:
         out.flush()
 
     sys.stdout = sys.stderr  # anything else printed goes to stderr, not into the event stream
-    run_group(cells, Run.open(job["run"]), job["repeats"], job["warmup"], emit)
+    run_group([CellSpec.from_row(r) for r in job["cells"]], Run.open(job["run"]), job["repeats"], job["warmup"], emit)
 
 
 if __name__ == "__main__":

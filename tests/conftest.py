@@ -14,6 +14,18 @@ def tiny_sdxl():
     return models.build("tiny-sdxl", weights="random", dtype="float32")
 
 
+@pytest.fixture
+def faults(monkeypatch):
+    """The injected-failure backends of tests/faults.py, here and in the workers this test starts."""
+    from tests import faults as module
+
+    module.register_all()
+    monkeypatch.setenv("ATTNPROF_PLUGINS", "tests.faults")
+    module.raised.clear()
+    yield module
+    module.unregister_all()
+
+
 @pytest.fixture(autouse=True)
 def _few_threads():
     torch.set_num_threads(2)

@@ -165,7 +165,7 @@ def test_availability_on_cpu():
 def test_a_kernel_that_does_not_run_is_reported_with_torch_s_reason():
     ok, reason = backends._probe("sdpa-efficient", "cpu", "float32")
     assert not ok
-    assert reason.startswith("sdpa-efficient does not run on cpu in float32: ")
+    assert reason.startswith("sdpa-efficient does not run on cpu in float32 at head_dim 64: ")
     assert "backend" in reason.lower() or "kernel" in reason.lower()
 
 
@@ -215,16 +215,23 @@ def test_split_budget_bounds_the_chunk_table():
 
 
 @pytest.mark.parametrize("name", ON_CPU)
-def test_processor_in_a_tiny_unet_matches_the_default(tiny_sd15, name):
+def test_processor_in_a_tiny_unet_matches_another_implementation(tiny_sd15, name):
+    """Each backend against a different implementation: diffusers' AttnProcessor (baddbmm + softmax), and naive
+    against AttnProcessor2_0 (SDPA)."""
+    from diffusers.models.attention_processor import AttnProcessor2_0
+
     inputs = models.example_inputs(tiny_sd15, 2, 64, 64)
     options = {"sliced": {"slice_size": 3}, "split": {"budget_bytes": 4096},
                "subquad": {"query_chunk": 24, "key_chunk": 40}}.get(name, {})
+    other = AttnProcessor2_0 if name == "naive" else AttnProcessor
     originals = tiny_sd15.attn_processors
     try:
         with torch.no_grad():
+            tiny_sd15.set_attn_processor({k: other() for k in originals})
             want = tiny_sd15(**inputs).sample
             tiny_sd15.set_attn_processor({k: backends.make_processor(name, **options) for k in originals})
             got = tiny_sd15(**inputs).sample
     finally:
         tiny_sd15.set_attn_processor(originals)
+    assert type(backends.make_processor(name, **options)) is not other
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)

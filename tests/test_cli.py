@@ -1,10 +1,13 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from profiler.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def run(capsys, *argv):
@@ -81,3 +84,29 @@ def test_plan_says_whether_a_backend_fits_a_budget(capsys):
     assert code == 0 and "fits the budget:           yes: needs" in out and "of 24.0 GiB" in out
     code, _, err = run(capsys, "plan", "--model", "sd15", "--memory-budget", "2GiB")
     assert code == 2 and "--memory-budget needs --backend NAME" in err
+
+
+def test_an_unwritable_results_folder_is_one_line_and_exit_2(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    code, out, err = run(capsys, "run", "--model", "tiny-sd15", "--size", "64x64", "--device", "cpu", "--dtype",
+                         "float32", "--out", str(blocker / "results"), "--quiet")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert f"cannot write the results folder {blocker / 'results'}" in err and "--out" in err
+    assert blocker.read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("argv", [
+    ["-m", "profiler", "run", "--model", "tiny-sd15", "--size", "64x64", "--device", "cpu", "--dtype", "float32",
+     "--repeats", "1", "--warmup", "0", "--in-process", "--quiet"],
+    ["-m", "profiler", "run", "--model", "tiny-sd15", "--size", "64x64", "--device", "cpu", "--dtype", "float32",
+     "--repeats", "1", "--warmup", "0", "--quiet"],
+    ["-m", "profiler.bench", "--rounds", "1", "--size", "64", "--skip-sweep"],
+], ids=["run-in-process", "run-workers", "bench"])
+def test_no_profiler_chatter_reaches_the_terminal(tmp_path, argv):
+    """Kineto prints USDT: lines from C++ on fd 2 when the profiler starts and stops."""
+    p = subprocess.run([sys.executable, *argv, *(["--out", str(tmp_path / "results")])], capture_output=True,
+                       text=True, cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    assert "USDT" not in p.stdout + p.stderr
+    assert "sdpa     ok" in p.stdout or "ratio" in p.stdout  # it ran and printed its result

@@ -93,20 +93,22 @@ def test_run_page_cell_comes_from_the_url(dashboard_results, monkeypatch):
     assert _qp(at, "backend") == ["subquad"] and _qp(at, "size") == ["128x128"] and _qp(at, "cell") == [cell.value]
 
 
-def _copy_run(src: Path, root: Path, run_id: str) -> None:
-    """Another run of the same grid: the same cell ids under a new run id."""
+def _copy_run(src: Path, root: Path, run_id: str, sdpa_slower: float = 1.0) -> None:
+    """Another run of the same grid: the same cell ids under a new run id, its sdpa times scaled."""
     dst = root / run_id
     shutil.copytree(src, dst)
     (dst / "manifest.json").write_text(json.dumps({**json.loads((src / "manifest.json").read_text()),
                                                    "run_id": run_id}))
-    for name in ("cells.parquet", "blocks.parquet"):
-        pd.read_parquet(dst / name).assign(run_id=run_id).to_parquet(dst / name, index=False)
+    for name, column in (("cells.parquet", "attention_time_ms"), ("blocks.parquet", "time_ms")):
+        df = pd.read_parquet(dst / name).assign(run_id=run_id)
+        df.loc[df["backend"] == "sdpa", column] *= sdpa_slower
+        df.to_parquet(dst / name, index=False)
 
 
 def test_two_runs_of_one_grid_are_told_apart(dashboard_results, tmp_path, monkeypatch):
     good = list_runs(dashboard_results)[0]
     _copy_run(good, tmp_path, "30000101-000000-aaaa")
-    _copy_run(good, tmp_path, "30000101-000000-bbbb")
+    _copy_run(good, tmp_path, "30000101-000000-bbbb", sdpa_slower=3.0)
     at = _app(tmp_path, monkeypatch, page="Run", run=["30000101-000000-aaaa", "30000101-000000-bbbb"],
               backend="sdpa", size="64x64")
     assert len(at.sidebar.selectbox(key="cell").options) == 2
@@ -116,6 +118,9 @@ def test_two_runs_of_one_grid_are_told_apart(dashboard_results, tmp_path, monkey
     at = _app(tmp_path, monkeypatch, page="Compare", run=["30000101-000000-aaaa", "30000101-000000-bbbb"])
     ratios = _table(at, 1)
     assert sorted(ratios[ratios["backend_label"] == "naive"]["time_ratio"]) == ["-", "-", "1.00x", "1.00x"]
+    points = _charts(at)[1][1]  # each run's ratios against its own naive cell: run b's sdpa is 3x run a's
+    sdpa = points[(points["backend_label"] == "sdpa") & (points["size"] == "64x64")].set_index("run_id")["time_ratio"]
+    assert sdpa["30000101-000000-bbbb"] == pytest.approx(3 * sdpa["30000101-000000-aaaa"])
     assert len(_table(at, 0)) == 2 * 4  # the largest size per backend, per run
 
 

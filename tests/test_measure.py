@@ -1,6 +1,6 @@
 import pytest
-import torch
 
+from profiler import devices
 from profiler.measure import CallTimer, NvmlSampler, cpu_peak_bytes, summarize
 from tests.rss import fresh_process_peak_rss
 
@@ -29,9 +29,11 @@ def test_summarize_median_iqr_and_noisy_flag():
 
 def test_cpu_timer_uses_the_injected_clock():
     ticks = iter([0.0, 0.004, 1.0, 1.0025])
-    timer = CallTimer(torch.device("cpu"), clock=lambda: next(ticks))
+    timer = CallTimer(devices.get("cpu"), clock=lambda: next(ticks))
     timer({"call_index": 3}, lambda: None)
     timer({"call_index": 3}, lambda: None)
+    assert timer.samples == {}  # read after the forward, as CUDA events must be
+    timer.collect()
     assert timer.samples[3] == pytest.approx([4.0, 2.5])
 
 
@@ -46,7 +48,7 @@ def test_cpu_memory_method_agrees_with_a_fresh_process_max_rss():
 
 
 def test_nvml_is_recorded_unavailable_without_a_driver():
-    for device in (torch.device("cpu"), torch.device("cuda")):
+    for device in (devices.get("cpu"), devices.get("cuda")):
         with NvmlSampler(device) as s:
             pass
         result = s.result()

@@ -89,18 +89,73 @@ device: cpu
     _wait_for(lambda: (run_dir / "cells.parquet").is_file() and len(pd.read_parquet(run_dir / "cells.parquet")) >= 2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    before = len(Run.open(run_dir).cells())
-    assert 2 <= before < 6
-    Run.open(run_dir).blocks()  # still readable after the kill
+    finished = Run.open(run_dir).cells().set_index("cell_id")
+    assert 2 <= len(finished) < 6
+    finished_blocks = Run.open(run_dir).blocks()  # still readable after the kill
+    started = time.time()
 
     outcome = execute(load(path), resume=True, progress=False)
     assert outcome.run_path == run_dir
-    cells = Run.open(run_dir).cells()
-    assert len(cells) == 6 and cells["cell_id"].is_unique and set(cells["status"]) == {"ok"}
+    cells = Run.open(run_dir).cells().set_index("cell_id")
+    assert len(cells) == 6 and cells.index.is_unique and set(cells["status"]) == {"ok"}
+    kept = cells.loc[finished.index]  # the cells finished before the kill: their rows untouched
+    assert kept["wall_s"].tolist() == finished["wall_s"].tolist()
+    assert kept["recorded_at"].tolist() == finished["recorded_at"].tolist()
+    new = cells.drop(finished.index)  # only the missing ones ran
+    assert len(new) == 6 - len(finished) and (pd.to_datetime(new["recorded_at"]).map(lambda t: t.timestamp())
+                                              >= started).all()
     blocks = Run.open(run_dir).blocks()
     assert not blocks.duplicated(["cell_id", "call_index"]).any()
     assert len(blocks) == 6 * 32
+    again = blocks[blocks["cell_id"].isin(finished.index)].sort_values(["cell_id", "call_index"])
+    assert again["time_ms"].tolist() == finished_blocks.sort_values(["cell_id", "call_index"])["time_ms"].tolist()
     assert Run.open(run_dir).manifest()["ended_at"] is not None
+
+
+def test_retry_failed_reruns_exactly_the_cells_that_did_not_end_ok_and_force_runs_skipped(tmp_path, faults):
+    """A first pass leaves ok, oom (an injected failure), skipped (over the budget) and unavailable cells. --resume
+    --retry-failed runs again exactly the four that are not ok and leaves the ok ones alone; with --force the skipped
+    cell runs and ends ok."""
+    path = _write(tmp_path, """models: [tiny-sd15]
+sizes: [64x64, 128x128]
+dtypes: [float32]
+backends: [sdpa, naive, fault-text-oom, xformers]
+repeats: 1
+warmup: 0
+device: cpu
+memory_budget: 14MiB
+""")
+    first = Run.open(execute(load(path), progress=False).run_path).cells().set_index("cell_id")
+    sweep = load(path)
+    spec = {c.cell_id: (c.backend, c.width) for c in sweep.cells()}
+    status = {spec[cid]: s for cid, s in first["status"].items()}
+    assert status == {("sdpa", 64): "ok", ("sdpa", 128): "ok", ("naive", 64): "ok", ("naive", 128): "skipped",
+                      ("fault-text-oom", 64): "ok", ("fault-text-oom", 128): "oom",  # 64x64 has no block over 64
+                      ("xformers", 64): "unavailable", ("xformers", 128): "unavailable"}
+    not_ok = set(first.index[first["status"] != "ok"])
+
+    execute(sweep, resume=True, retry_failed=True, force=True, progress=False)
+    second = Run.open(list_runs(tmp_path / "results")[0]).cells().set_index("cell_id")
+    assert len(list_runs(tmp_path / "results")) == 1 and second.index.is_unique and len(second) == 8
+    rerun = set(second.index[second["recorded_at"] != first.loc[second.index, "recorded_at"]])
+    assert rerun == not_ok
+    assert {spec[cid]: s for cid, s in second["status"].items() if cid in not_ok} == {
+        ("naive", 128): "ok", ("fault-text-oom", 128): "oom", ("xformers", 64): "unavailable",
+        ("xformers", 128): "unavailable"}  # --force ran the skipped cell
+
+
+def test_resume_continues_the_run_of_the_same_grid_only(tmp_path):
+    grid_a = _write(tmp_path, "models: [tiny-sd15]\nsizes: [64x64]\ndtypes: [float32]\nbackends: [sdpa]\n"
+                              "repeats: 1\nwarmup: 0\ndevice: cpu\n")
+    run_a = execute(load(grid_a), workers=False, progress=False).run_path
+    grid_b = tmp_path / "other.yaml"
+    grid_b.write_text(grid_a.read_text().replace("[sdpa]", "[naive]"))
+    run_b = execute(load(grid_b), resume=True, workers=False, progress=False).run_path  # nothing of grid b yet
+    assert run_b != run_a and len(list_runs(tmp_path / "results")) == 2
+    assert Run.open(run_b).cells()["backend"].tolist() == ["naive"]
+    cells_a = Run.open(run_a).cells()
+    assert execute(load(grid_a), resume=True, workers=False, progress=False).run_path == run_a  # not the latest
+    assert Run.open(run_a).cells()["recorded_at"].tolist() == cells_a["recorded_at"].tolist()  # nothing to redo
 
 
 def test_a_cell_over_timeout_s_is_stopped_and_the_sweep_goes_on(tmp_path):

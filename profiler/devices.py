@@ -1,0 +1,310 @@
+"""Every difference between CUDA and the CPU, in one place. Every CUDA call here names the cell's device: a cell on
+cuda:1 never reads device 0's events, allocator or NVML handle.
+
+- `resolve("auto")` picks the device; `get(name)` returns a `Cpu` or `Cuda` with the same methods: a guard that
+  makes the device current, synchronize, an interval timer, allocator peaks (None on the CPU, where the profiler's
+  allocation timeline measures memory), the profiler's settings, and what the device is (`identity`).
+- NVML is matched to a CUDA device by UUID (then PCI bus id) from torch's device properties, never by ordinal:
+  ordinals differ under CUDA_VISIBLE_DEVICES, PCI ordering and MIG. Nothing here creates a CUDA context except
+  running work on the device: properties, NVML and free memory do not.
+- `oom_message` turns every allocation failure (torch.OutOfMemoryError, or the RuntimeError text of cuBLAS, cuDNN
+  and extensions) into one line with the size asked for.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import re
+import socket
+import time
+from pathlib import Path
+
+import torch
+
+from .spec import InputError
+
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def parse(value, where: str) -> str:
+    """A device name as typed (auto, cpu, cuda, cuda:N), checked for form only."""
+    if not isinstance(value, str) or not _DEVICE.fullmatch(value):
+        raise InputError(f"{where}: device {value!r} is not auto, cpu, cuda or cuda:N")
+    return value
+
+
+def resolve(device: str) -> str:
+    """auto -> cuda where CUDA is visible, else cpu; a CUDA device that is not there is bad input."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise InputError(f"device {device!r}: no CUDA device is visible here: use device cpu or auto "
+                             "(--device on the command line, device: in a sweep config)")
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise InputError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s): "
+                             f"use cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    return device
+
+
+def get(device: str | torch.device) -> "Cpu | Cuda":
+    dev = torch.device(device)
+    return Cuda(dev) if dev.type == "cuda" else Cpu(dev)
+
+
+class HostInterval:
+    """Elapsed milliseconds by a host clock (CPU ops are synchronous)."""
+
+    def __init__(self, clock=time.perf_counter):
+        self.clock, self.t0, self.elapsed = clock, 0.0, float("nan")
+
+    def start(self) -> None:
+        self.t0 = self.clock()
+
+    def stop(self) -> None:
+        self.elapsed = (self.clock() - self.t0) * 1e3
+
+    def ms(self) -> float:
+        return self.elapsed
+
+
+class EventInterval:
+    """Elapsed milliseconds between two CUDA events on the device's current stream; read after a synchronize."""
+
+    def __init__(self, device: torch.device):
+        self.stream = torch.cuda.current_stream(device)
+        self.begin, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def start(self) -> None:
+        self.begin.record(self.stream)
+
+    def stop(self) -> None:
+        self.end.record(self.stream)
+
+    def ms(self) -> float:
+        return self.begin.elapsed_time(self.end)
+
+
+class Cpu:
+    """The CPU: host clocks; memory comes from the profiler's allocation timeline (measure.trace_windows)."""
+
+    allocator = False  # no allocator statistics: per-call memory comes from the profiler trace
+    profile_memory = True  # the profiler's allocation timeline is the CPU's memory probe
+
+    def __init__(self, device: torch.device):
+        self.torch = device
+
+    def guard(self):
+        return contextlib.nullcontext()
+
+    def synchronize(self) -> None:
+        pass
+
+    def interval(self, clock=time.perf_counter) -> HostInterval:
+        return HostInterval(clock)
+
+    def begin_cell(self) -> None:
+        pass
+
+    def reset_peak(self) -> None:
+        pass
+
+    def allocated(self) -> int | None:
+        return None
+
+    def peak_allocated(self) -> int | None:
+        return None
+
+    def reserved_max(self) -> int | None:
+        return None
+
+    def allocated_max(self) -> int | None:
+        return None
+
+    def release(self) -> None:
+        pass
+
+    def profiler_activities(self) -> list:
+        return [torch.profiler.ProfilerActivity.CPU]
+
+    def identity(self) -> dict:
+        return {"host": socket.gethostname(), "device_name": cpu_name(), "device_uuid": None, "pci_bus_id": None}
+
+
+class Cuda:
+    """One CUDA device. The allocator's peak is reset at every call or forward; `reserved_max` and `allocated_max`
+    are the cell's highest reserved and allocated memory, folded in before each reset so that no reset loses them."""
+
+    allocator = True
+    profile_memory = False  # the allocator measures; the trace is only for kernel names
+
+    def __init__(self, device: torch.device):
+        self.torch = torch.device("cuda", device.index if device.index is not None else 0)
+        self._reserved = self._allocated = 0
+
+    def guard(self):
+        return torch.cuda.device(self.torch)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.torch)
+
+    def interval(self, clock=None) -> EventInterval:
+        return EventInterval(self.torch)
+
+    def begin_cell(self) -> None:
+        self._reserved = self._allocated = 0
+        torch.cuda.reset_peak_memory_stats(self.torch)
+
+    def reset_peak(self) -> None:
+        self._reserved = max(self._reserved, torch.cuda.max_memory_reserved(self.torch))
+        self._allocated = max(self._allocated, torch.cuda.max_memory_allocated(self.torch))
+        torch.cuda.reset_peak_memory_stats(self.torch)
+
+    def allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.torch)
+
+    def peak_allocated(self) -> int:
+        return torch.cuda.max_memory_allocated(self.torch)
+
+    def reserved_max(self) -> int:
+        return max(self._reserved, torch.cuda.max_memory_reserved(self.torch))
+
+    def allocated_max(self) -> int:
+        return max(self._allocated, torch.cuda.max_memory_allocated(self.torch))
+
+    def release(self) -> None:
+        """After a cell (and after an OOM): give cached blocks back so that the next cell starts clean."""
+        self.synchronize()
+        torch.cuda.empty_cache()
+
+    def profiler_activities(self) -> list:
+        return [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+
+    def identity(self) -> dict:
+        return {"host": socket.gethostname(), **describe_cuda(self.torch.index)}
+
+
+# ---- what a CUDA device is, and its NVML handle (no CUDA context is made)
+
+def pci_bus_id(props) -> str | None:
+    """NVML's form of the PCI address, e.g. 00000000:3B:00.0, from torch's device properties."""
+    if not hasattr(props, "pci_bus_id"):
+        return None
+    return f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
+
+
+def nvml_uuids(uuid: str | None) -> list[str]:
+    """NVML's names for a CUDA UUID: torch prints it bare; NVML wants GPU-... (or MIG-... for a MIG instance)."""
+    if not uuid:
+        return []
+    uuid = str(uuid)
+    return [uuid] if uuid.startswith(("GPU-", "MIG-")) else [f"GPU-{uuid}", f"MIG-{uuid}"]
+
+
+def nvml_handle(nvml, index: int, props=None):
+    """The NVML handle of CUDA device `index` (as this process numbers it), found by UUID, then PCI bus id."""
+    props = props if props is not None else torch.cuda.get_device_properties(index)
+    tried = []
+    for uuid in nvml_uuids(getattr(props, "uuid", None)):
+        try:
+            return nvml.nvmlDeviceGetHandleByUUID(uuid)
+        except nvml.NVMLError as e:
+            tried.append(f"UUID {uuid}: {e}")
+    bus = pci_bus_id(props)
+    if bus:
+        try:
+            return nvml.nvmlDeviceGetHandleByPciBusId(bus)
+        except nvml.NVMLError as e:
+            tried.append(f"PCI {bus}: {e}")
+    raise LookupError(f"NVML has no device matching cuda:{index} ({'; '.join(tried) or 'no UUID or PCI id'})")
+
+
+def nvml_module():
+    """pynvml (package nvidia-ml-py), initialised; raises ImportError / NVMLError / OSError where there is none."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    return pynvml
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def describe_cuda(index: int) -> dict:
+    """Name, UUID, PCI bus id, total memory and driver of a CUDA device, from torch's properties and NVML."""
+    props = torch.cuda.get_device_properties(index)
+    out = {"device_name": props.name, "device_uuid": str(getattr(props, "uuid", "")) or None,
+           "pci_bus_id": pci_bus_id(props), "total_memory_bytes": props.total_memory, "driver": None}
+    try:
+        nvml = nvml_module()
+        nvml_handle(nvml, index, props)
+        out["driver"] = _text(nvml.nvmlSystemGetDriverVersion())
+    except Exception as e:  # ImportError, OSError, NVMLError or LookupError: say why instead of failing
+        out["driver"] = f"unavailable: {type(e).__name__}: {e}"
+    return out
+
+
+def primary_context_active(index: int = 0) -> bool | None:
+    """Whether this process holds the CUDA primary context of device `index`, asked of the driver itself (torch's
+    is_initialized() turns true on reading device properties, which makes no context). None without libcuda."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    dev, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+    if cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(dev), index):
+        return None
+    if cuda.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)):
+        return None
+    return bool(active.value)
+
+
+def free_memory_bytes(device: str) -> int:
+    """What the device has free now. CUDA: NVML's free memory, which needs no CUDA context in this process (torch's
+    mem_get_info makes one, so it is only the fallback). CPU: MemAvailable."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        index = dev.index or 0
+        try:
+            nvml = nvml_module()
+            return int(nvml.nvmlDeviceGetMemoryInfo(nvml_handle(nvml, index)).free)
+        except Exception:  # no NVML: ask the CUDA runtime (this makes a context here)
+            return torch.cuda.mem_get_info(dev)[0]
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# ---- allocation failures
+
+_OOM_TEXT = re.compile(r"out of memory|ALLOC_FAILED|CUBLAS_STATUS_ALLOC|cudaErrorMemoryAllocation", re.IGNORECASE)
+_ASKED = re.compile(r"[Tt]ried to allocate ([\d.]+ ?[KMGT]?i?B)")
+
+
+def oom_message(exc: BaseException) -> str | None:
+    """One line for an allocation failure (with the size asked for where the message gives it), else None.
+    torch raises OutOfMemoryError; cuBLAS, cuDNN, xformers and flash-attn raise RuntimeError with the text."""
+    text = str(exc).strip()
+    if not isinstance(exc, torch.OutOfMemoryError) and not (isinstance(exc, RuntimeError) and _OOM_TEXT.search(text)):
+        return None
+    first = (text.splitlines() or [type(exc).__name__])[0][:300]
+    asked = _ASKED.search(text)
+    if asked and asked.group(1) not in first:
+        first += f" (tried to allocate {asked.group(1)})"
+    return f"{type(exc).__name__}: {first}"

@@ -1,0 +1,243 @@
+"""CPU tests that catch GPU bugs: the meta device (cross-device writes fail there as on CUDA), CUDA calls checked for
+the cell's device, NVML found by UUID / PCI bus id in a faked NVML module, GPU kernels credited by correlation id,
+allocation failures of every form. Where a GPU is needed, tests/test_gpu.py (pytest -m gpu)."""
+import os
+import types
+
+import pytest
+import torch
+
+from profiler import devices, models
+from profiler.measure import NvmlSampler, attribute
+
+GiB = 2**30
+
+
+@pytest.mark.parametrize("name", sorted(models.known_models()))
+def test_every_registry_model_builds_with_random_weights_on_meta(name):
+    """On meta, as on CUDA, a CPU tensor written into a device parameter fails: the random init must stay on the
+    parameters' device."""
+    unet = models.build(name, weights="random", device="meta", dtype="float16")
+    assert {p.device.type for p in unet.parameters()} == {"meta"}
+    assert {p.dtype for p in unet.parameters()} == {torch.float16}
+
+
+def test_random_weights_are_the_same_in_every_dtype(tiny_sd15):
+    half = models.build("tiny-sd15", weights="random", dtype="float16")
+    for (name, a), (_, b) in zip(tiny_sd15.named_parameters(), half.named_parameters(), strict=True):
+        assert torch.equal(a.half(), b), name  # rounded once from the same float32 product
+
+
+@pytest.mark.parametrize("exc, expected", [
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.16 GiB. GPU 0 has 1.0 GiB free."),
+     "OutOfMemoryError: CUDA out of memory. Tried to allocate 3.16 GiB. GPU 0 has 1.0 GiB free."),
+    (RuntimeError("CUDA out of memory. Tried to allocate 3.16 GiB"),
+     "RuntimeError: CUDA out of memory. Tried to allocate 3.16 GiB"),
+    (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+     "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+    (RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED\nTried to allocate 512.00 MiB"),
+     "RuntimeError: cuDNN error: CUDNN_STATUS_ALLOC_FAILED (tried to allocate 512.00 MiB)"),
+    (RuntimeError("expected scalar type Half but found Float"), None),
+    (ValueError("out of memory"), None),  # not an allocation failure's type
+])
+def test_every_form_of_allocation_failure_is_an_oom(exc, expected):
+    assert devices.oom_message(exc) == expected
+
+
+class _Recorder:
+    """Stands in for torch.cuda's functions: records the device each is given."""
+
+    def __init__(self, monkeypatch, reserved=(0,)):
+        self.calls, self._reserved = [], iter(reserved)
+        for name in ("synchronize", "reset_peak_memory_stats", "memory_allocated", "max_memory_allocated",
+                     "current_stream"):
+            monkeypatch.setattr(torch.cuda, name, self._fn(name))
+        monkeypatch.setattr(torch.cuda, "max_memory_reserved", self._fn("max_memory_reserved", self._reserved))
+        monkeypatch.setattr(torch.cuda, "empty_cache", lambda: self.calls.append(("empty_cache", None)))
+        monkeypatch.setattr(torch.cuda, "device", lambda d: self.calls.append(("device", d)) or _NullGuard())
+        monkeypatch.setattr(torch.cuda, "Event", lambda **kw: types.SimpleNamespace(record=self._record))
+
+    def _fn(self, name, values=None):
+        def fn(device=None):
+            self.calls.append((name, device))
+            return next(values) if values else 7
+        return fn
+
+    def _record(self, stream):
+        self.calls.append(("Event.record", stream))
+
+
+class _NullGuard:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_every_cuda_call_names_the_cells_device(monkeypatch):
+    fake = _Recorder(monkeypatch, reserved=iter([300, 100, 250]))
+    dev = devices.get("cuda:1")
+    with dev.guard():
+        dev.begin_cell()
+        dev.synchronize()
+        dev.reset_peak()  # folds the reserved peak so far (300) in before the reset
+        dev.allocated()
+        dev.peak_allocated()
+        interval = dev.interval()
+        interval.start()
+        interval.stop()
+        reserved = dev.reserved_max()  # max(300, now 100): the cell's peak, not the last call's
+        dev.release()
+    assert reserved == 300
+    cuda1 = torch.device("cuda", 1)
+    named = [(name, d) for name, d in fake.calls if name not in ("empty_cache", "Event.record")]
+    assert named and all(d == cuda1 for _, d in named), named
+    assert [d for name, d in fake.calls if name == "Event.record"] == [7, 7]  # the stream current_stream(cuda:1) gave
+    assert devices.get("cuda").torch == torch.device("cuda", 0)
+
+
+def test_reserved_peak_of_the_cell_survives_every_reset(monkeypatch):
+    _Recorder(monkeypatch, reserved=iter([5 * GiB, 2 * GiB, 1 * GiB, 3 * GiB, 7]))
+    dev = devices.get("cuda:0")
+    dev.begin_cell()
+    dev.reset_peak()  # 5 GiB before this reset
+    dev.reset_peak()  # 2 GiB
+    dev.reset_peak()  # 1 GiB
+    assert dev.reserved_max() == 5 * GiB  # now 3 GiB
+    dev.begin_cell()  # a new cell starts from zero
+    assert dev.reserved_max() == 7
+
+
+class FakeNvml:
+    """pynvml's surface that devices and NvmlSampler use, over two GPUs; NVML numbers them the other way round."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, pids=(), fail_after=None):
+        self.gpus = {"GPU-bbbb": ("00000000:3B:00.0", 40 * GiB), "GPU-aaaa": ("00000000:AF:00.0", 10 * GiB)}
+        self.pids, self.fail_after, self.reads = list(pids), fail_after, 0
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        if uuid not in self.gpus:
+            raise self.NVMLError("Not Found")
+        return uuid
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus):
+        for uuid, (pci, _) in self.gpus.items():
+            if pci == bus:
+                return uuid
+        raise self.NVMLError("Not Found")
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        self.reads += 1
+        if self.fail_after is not None and self.reads > self.fail_after:
+            raise self.NVMLError("GPU is lost")
+        return types.SimpleNamespace(used=self.gpus[handle][1], free=GiB, total=80 * GiB)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        return [types.SimpleNamespace(pid=pid, usedGpuMemory=GiB) for pid in self.pids]
+
+
+def _props(uuid, bus):
+    return types.SimpleNamespace(uuid=uuid, pci_domain_id=0, pci_bus_id=bus, pci_device_id=0, name="Fake GPU",
+                                 total_memory=80 * GiB)
+
+
+def test_nvml_device_is_found_by_uuid_then_pci_bus_id_never_by_ordinal():
+    nvml = FakeNvml()
+    assert devices.nvml_handle(nvml, 0, _props("aaaa", 0xAF)) == "GPU-aaaa"  # NVML's index 1
+    assert devices.nvml_handle(nvml, 0, _props("MIG-cccc", 0x3B)) == "GPU-bbbb"  # no such UUID: by PCI bus id
+    with pytest.raises(LookupError, match="NVML has no device matching cuda:3"):
+        devices.nvml_handle(nvml, 3, _props("dddd", 0x01))
+    assert devices.pci_bus_id(_props("x", 0xAF)) == "00000000:AF:00.0"
+    assert devices.nvml_uuids("aaaa") == ["GPU-aaaa", "MIG-aaaa"] and devices.nvml_uuids("MIG-x") == ["MIG-x"]
+
+
+def _sampled(monkeypatch, nvml) -> dict:
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: _props("aaaa", 0xAF))
+    with NvmlSampler(devices.get("cuda:0"), interval_s=0.001, nvml=nvml) as s:
+        import time
+
+        time.sleep(0.05)
+    return s.result()
+
+
+def test_nvml_sampler_reads_the_matched_device_and_this_process(monkeypatch):
+    r = _sampled(monkeypatch, FakeNvml(pids=[os.getpid(), 1]))
+    assert r["nvml_status"] == "ok" and r["nvml_samples"] >= 1
+    assert r["nvml_device_used_max_bytes"] == 10 * GiB  # GPU-aaaa, not NVML's device 0
+    assert r["nvml_process_used_max_bytes"] == GiB
+
+
+def test_nvml_sampler_in_a_container_reports_process_memory_unknown(monkeypatch):
+    r = _sampled(monkeypatch, FakeNvml(pids=[4242]))  # the host's pid of this process
+    assert r["nvml_process_used_max_bytes"] is None
+    assert r["nvml_status"].startswith("ok; process memory unknown")
+
+
+def test_an_nvml_error_in_the_sampler_thread_is_reported(monkeypatch):
+    r = _sampled(monkeypatch, FakeNvml(pids=[os.getpid()], fail_after=2))
+    assert r["nvml_status"] == "error after 2 samples: NVMLError: GPU is lost"
+    assert r["nvml_samples"] == 2 and r["nvml_device_used_max_bytes"] == 10 * GiB
+
+
+class Ev:
+    """A kineto event as trace_windows reads it."""
+
+    def __init__(self, name, start, end, device="cpu", corr=0, linked=0, nbytes=0):
+        self._v = (name, start, end, corr, linked, nbytes)
+        self._device = torch.autograd.DeviceType.CUDA if device == "cuda" else torch.autograd.DeviceType.CPU
+
+    def name(self): return self._v[0]
+    def start_ns(self): return self._v[1]
+    def end_ns(self): return self._v[2]
+    def correlation_id(self): return self._v[3]
+    def linked_correlation_id(self): return self._v[4]
+    def nbytes(self): return self._v[5]
+    def device_type(self): return self._device
+
+
+def test_gpu_kernels_are_credited_to_the_call_that_launched_them():
+    """Call 0 launches a flash kernel that runs on the GPU during call 1's window (GPU work is asynchronous); call 1
+    launches a mem-efficient kernel that runs after both windows."""
+    events = [
+        Ev("attnprof.call.0", 100, 200), Ev("attnprof.call.1", 200, 300),
+        Ev("gpu_user_annotation", 0, 10**6, device="cuda", linked=0),  # kineto's GPU twin of a range: not a window
+        Ev("aten::_scaled_dot_product_flash_attention", 110, 150, corr=11),
+        Ev("aten::_scaled_dot_product_efficient_attention", 210, 250, corr=12),
+        Ev("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>(Flash_fwd_params)", 220, 280,
+           device="cuda", corr=901, linked=11),
+        Ev("fmha_cutlassF_f16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<>::Params)", 400, 500,
+           device="cuda", corr=902, linked=12),
+    ]
+    per_call, _ = attribute(events)
+    assert per_call[0]["kernel"] == "aten::_scaled_dot_product_flash_attention,pytorch_flash::flash_fwd_kernel"
+    assert per_call[1]["kernel"] == "aten::_scaled_dot_product_efficient_attention,fmha_cutlassF_f16_aligned_64x64_rf_sm80"
+
+
+def test_gpu_check_without_cuda_says_so_in_one_line_and_writes_nothing(tmp_path, capsys):
+    from profiler import gpu_check
+
+    assert gpu_check.main(["--report", str(tmp_path / "report.md")]) == 0
+    out = capsys.readouterr().out
+    assert out.strip().splitlines() == ["gpu-check: no CUDA GPU here (torch sees none): nothing to check and no "
+                                        "report written; run make gpu-check on a GPU box"]
+    assert not (tmp_path / "report.md").exists()
+
+
+def test_gpu_check_tried_on_the_cpu_reports_every_check_skipped_never_passed(tmp_path, capsys):
+    from profiler import gpu_check
+
+    report = tmp_path / "report.md"
+    code = gpu_check.main(["--device", "cpu", "--models", "tiny-sd15", "--sizes", "64", "--report", str(report),
+                           "--out", str(tmp_path / "results")])
+    text = report.read_text()
+    assert code == 0
+    assert f"## Checks: 0 PASS, 0 FAIL, {len(gpu_check.CHECKS)} SKIP" in text
+    assert text.count("| SKIP | needs a CUDA device (here: cpu) |") == len(gpu_check.CHECKS) and "| PASS |" not in text
+    for backend in ("naive", "sliced", "split", "subquad", "sdpa"):
+        assert f"| tiny-sd15 | 64x64 | {backend} | ok |" in text
+    assert "| tiny-sd15 | 64x64 | xformers | unavailable: xformers is not installed" in text
+    assert "SKIP  random build on cuda: needs a CUDA device" in capsys.readouterr().out  # progress as it goes
