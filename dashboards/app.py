@@ -257,7 +257,7 @@ def planner_ui() -> tuple:
 
 def planner_page(model: str, size: str, batch: str, dtype: str, budget: str) -> None:
     from profiler.spec import InputError, parse_batch, parse_size
-    from profiler.sweep import parse_bytes
+    from profiler.execute.grid import parse_bytes
 
     try:
         (width, height), n, limit = parse_size(size), parse_batch(batch), parse_bytes(budget, "memory budget")

@@ -12,7 +12,7 @@ from profiler import backends
 from profiler.fmt import human_bytes
 from profiler.plan import predicted_need_bytes
 from profiler.spec import DTYPES
-from profiler.report import UNREADABLE, runs_index as load_index  # noqa: F401 (the Runs page's table)
+from profiler.report.show import UNREADABLE, runs_index as load_index  # noqa: F401 (the Runs page's table)
 from profiler.store import DONE_STATUSES, Run  # noqa: F401 (DONE_STATUSES: the app's status columns)
 
 FILTERS = ("model", "backend", "dtype", "size")

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from . import backends, devices, models
-from .measure import CallTimer, traced
+from .measure.probes import CallTimer, traced
 from .recorder import Recorder
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,7 +64,8 @@ def planner_time(model: str = "sdxl-base", size: int = 4096, rounds: int = 3) ->
 
 def harness_overhead(config: Path, out: Path) -> dict:
     from .store import Run
-    from .sweep import execute, load, with_overrides
+    from .execute.grid import load, with_overrides
+    from .execute.sweep import execute
 
     t0 = time.perf_counter()
     outcome = execute(with_overrides(load(config), out=str(out)), progress=False, command="bench")

@@ -30,7 +30,7 @@ def _shape(args, sizes_default=("512x512",)):
 def cmd_plan(args) -> int:
     from . import models
     from .plan import format_plan, plan
-    from .sweep import parse_bytes
+    from .execute.grid import parse_bytes
 
     sizes, batch, dtype = _shape(args)
     options = _backend_options(args.option)
@@ -93,7 +93,7 @@ def cmd_backends(args) -> int:
 
 def _sweep_from_args(args):
     from . import backends, devices, models
-    from .sweep import Sweep, parse_bytes
+    from .execute.grid import Sweep, parse_bytes
 
     entries = []
     for name in args.backend or ["sdpa"]:
@@ -115,7 +115,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from .sweep import load, with_overrides
+    from .execute.grid import load, with_overrides
 
     sweep = with_overrides(load(args.config), out=args.out)
     return _execute(sweep, args)
@@ -124,7 +124,7 @@ def cmd_sweep(args) -> int:
 def cmd_profile(args) -> int:
     import torch
 
-    from .sweep import load, with_overrides
+    from .execute.grid import load, with_overrides
 
     name = "default.yaml" if torch.cuda.is_available() else "cpu-default.yaml"
     config = Path(__file__).resolve().parent.parent / "configs" / "sweeps" / name
@@ -134,9 +134,9 @@ def cmd_profile(args) -> int:
 
 
 def _execute(sweep, args) -> int:
-    from .report import status_table
+    from .report.show import status_table
     from .store import Run
-    from .sweep import execute
+    from .execute.sweep import execute
 
     outcome = execute(sweep, resume=getattr(args, "resume", False), retry_failed=getattr(args, "retry_failed", False),
                       force=args.force, workers=not args.in_process, progress=not args.quiet,
@@ -153,14 +153,14 @@ def _execute(sweep, args) -> int:
 
 
 def cmd_runs(args) -> int:
-    from .report import format_runs
+    from .report.show import format_runs
 
     print(format_runs(Path(args.results)))
     return 0
 
 
 def cmd_show(args) -> int:
-    from .report import format_run
+    from .report.show import format_run
     from .store import find_run
 
     print(format_run(find_run(args.results, args.run)))

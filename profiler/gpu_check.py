@@ -30,7 +30,8 @@ import torch
 from . import backends, devices, models
 from .fmt import human_bytes, table
 from .store import REPO, Run, environment
-from .sweep import Sweep, execute, load
+from .execute.grid import Sweep, load
+from .execute.sweep import execute
 
 REPORT = REPO / "docs" / "gpu-validation.md"
 FUSED_PATTERNS = {"sdpa-flash": r"flash", "sdpa-efficient": r"fmha|efficient|mem_eff", "sdpa-cudnn": r"cudnn",
@@ -97,7 +98,7 @@ def check_cuda1_is_measured_on_cuda1(ctx: Context) -> str:
 
 def check_folder_build_on_cuda(ctx: Context) -> str:
     ctx.need_cuda()
-    from .runner import ModelCache
+    from .measure.cell import ModelCache
 
     saved = models.build("tiny-sd15", weights="random", dtype="float32", seed=7)
     folder = ctx.out / "ckpt"
@@ -121,9 +122,9 @@ def check_naive_peak_within_5_percent(ctx: Context) -> str:
 
 def check_event_time_matches_wall_clock(ctx: Context) -> str:
     ctx.need_cuda()
-    from .measure import CallTimer
+    from .measure.probes import CallTimer
     from .recorder import Recorder
-    from .runner import ModelCache, measure_cell
+    from .measure.cell import ModelCache, measure_cell
 
     cache = ModelCache()
     spec = Sweep(models=("sd15",), dtypes=("float16",), device="cuda").cells()[0]  # sdpa at 512x512
@@ -148,7 +149,7 @@ def check_kernels_credited_to_their_call(ctx: Context) -> str:
     """Backends alternate from one attention module to the next, so a kernel credited by timestamp to the next call
     (GPU work runs after its launch) would carry the other backend's name."""
     ctx.need_cuda()
-    from .measure import CallProbe, trace_windows, traced
+    from .measure.probes import CallProbe, trace_windows, traced
     from .recorder import Recorder
 
     fused = [b for b in FUSED_PATTERNS if backends.availability(b, "cuda", "float16", (40, 80, 160))[0]]
@@ -230,7 +231,7 @@ def check_reserved_at_least_allocated(ctx: Context) -> str:
 def check_sweep_parent_holds_no_context(ctx: Context) -> str:
     ctx.need_cuda()
     code = ("import json; from profiler import devices; from profiler.store import Run; "
-            "from profiler.sweep import Sweep, execute; "
+            "from profiler.execute.grid import Sweep; from profiler.execute.sweep import execute; "
             f"s = Sweep(models=('tiny-sd15',), sizes=((256, 256),), backends=(('sdpa', ()), ('naive', ())), "
             f"repeats=1, warmup=0, device='cuda', out={str(ctx.out / 'parent')!r}); "
             "run = Run.open(execute(s, progress=False).run_path); "

@@ -38,7 +38,9 @@ def dashboard_results(tmp_path_factory):
     and naive at 128x128 skipped by a memory budget set between its predicted need and subquad's."""
     from dataclasses import replace
 
-    from profiler.sweep import Sweep, execute, predicted_cell_peaks
+    from profiler.execute.grid import Sweep
+
+    from profiler.execute.sweep import execute, predicted_cell_peaks
 
     root = tmp_path_factory.mktemp("dashboard") / "results"
     sweep = Sweep(models=("tiny-sd15",), sizes=((64, 64), (128, 128)), dtypes=("float32",),

@@ -7,7 +7,7 @@ import torch
 from diffusers.models.attention_processor import Attention, AttnProcessor
 
 from profiler import backends, models
-from profiler.measure import cpu_peak_bytes
+from profiler.measure.probes import cpu_peak_bytes
 from profiler.recorder import describe_call
 from profiler.spec import InputError
 

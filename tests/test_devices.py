@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from profiler import devices, models
-from profiler.measure import NvmlSampler, attribute
+from profiler.measure.probes import NvmlSampler, attribute
 
 GiB = 2**30
 

@@ -3,9 +3,10 @@ for, in process and in a worker, and the next cell of the same worker ends ok; a
 once per (model, size, batch) and its error reaches every cell that needed it."""
 import pytest
 
-from profiler import runner
+from profiler.measure import cell as runner
 from profiler.store import Run
-from profiler.sweep import Sweep, execute
+from profiler.execute.grid import Sweep
+from profiler.execute.sweep import execute
 
 
 def _sweep(tmp_path, backends, sizes=((128, 128),)) -> Sweep:

@@ -1,7 +1,7 @@
 import pytest
 
 from profiler import devices
-from profiler.measure import CallTimer, NvmlSampler, cpu_peak_bytes, summarize
+from profiler.measure.probes import CallTimer, NvmlSampler, cpu_peak_bytes, summarize
 from tests.rss import fresh_process_peak_rss
 
 MiB = 2**20

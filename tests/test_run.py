@@ -6,7 +6,8 @@ import pytest
 
 from profiler.cli import main
 from profiler.store import Run, find_run, list_runs
-from profiler.sweep import Sweep, execute
+from profiler.execute.grid import Sweep
+from profiler.execute.sweep import execute
 from tests.rss import fresh_process_peak_rss
 
 MiB = 2**20
@@ -83,7 +84,7 @@ def test_cells_errors_within_tolerance_and_unavailable_rows(run):
 def test_bfloat16_cells_on_the_cpu_are_judged_by_the_bfloat16_tolerance(tmp_path):
     """The reference is float32: a bfloat16 forward differs from it by more than float32's tolerance (1e-3) and less
     than bfloat16's (6e-2), so the per-dtype tolerance is what decides error_ok."""
-    from profiler.runner import TOLERANCE
+    from profiler.measure.cell import TOLERANCE
 
     sweep = Sweep(models=("tiny-sd15",), sizes=((64, 64),), dtypes=("bfloat16",), device="cpu", repeats=1, warmup=0,
                   backends=(("naive", ()), ("sdpa", ()), ("split", ())), out=str(tmp_path))
@@ -143,7 +144,7 @@ def test_show_and_runs_print_the_run(run, capsys):
 
 def test_a_checkpoint_folder_is_measured_with_its_real_weights(tmp_path):
     from profiler import models
-    from profiler.runner import ModelCache
+    from profiler.measure.cell import ModelCache
 
     saved = models.build("tiny-sd15", weights="random", dtype="float32", seed=7)  # not the registry's seed 0
     saved.save_pretrained(tmp_path / "ckpt" / "unet", safe_serialization=True)

@@ -2,7 +2,8 @@
 import pytest
 
 from profiler.store import Run
-from profiler.sweep import Sweep, execute
+from profiler.execute.grid import Sweep
+from profiler.execute.sweep import execute
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ import pytest
 
 from profiler import models
 from profiler.cli import main
-from profiler.sweep import load
+from profiler.execute.grid import load
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pandas as pd
 
 from profiler.store import Run, list_runs
-from profiler.sweep import execute, load
+from profiler.execute.grid import load
+from profiler.execute.sweep import execute
 
 REPO = Path(__file__).resolve().parent.parent
 

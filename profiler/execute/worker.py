@@ -5,18 +5,18 @@ import faulthandler
 import json
 import sys
 
-from .spec import CellSpec
+from ..spec import CellSpec
 
 
 def main() -> None:
     faulthandler.enable()  # a segfault leaves its traceback in the run's worker.log
     if sys.argv[1:] == ["--probe"]:
-        from .backends import availability
+        from ..backends import availability
 
         asks = json.loads(sys.stdin.read())
         print(json.dumps([availability(name, dev, dtype, tuple(dims)) for name, dev, dtype, dims in asks]))
         return
-    from .store import Run
+    from ..store import Run
     from .sweep import run_group
 
     job = json.loads(sys.stdin.read())

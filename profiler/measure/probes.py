@@ -22,7 +22,7 @@ from contextlib import contextmanager
 
 import torch
 
-from . import devices
+from .. import devices
 
 NOISY_IQR_OVER_MEDIAN = 0.1
 # the attention ops worth naming: SDPA's concrete kernels (not the dispatcher), matmuls of chunked code, extensions

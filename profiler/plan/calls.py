@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from . import models
-from .fmt import human_bytes, human_count, table
-from .recorder import Recorder
-from .spec import parse_dtype
+from .. import models
+from ..fmt import human_bytes, human_count, table
+from ..recorder import Recorder
+from ..spec import parse_dtype
 
 
 def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "float16", backend: str | None = None,
@@ -26,7 +26,7 @@ def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "floa
         unet(**inputs)
     blocks = rec.rows
     if backend is not None:
-        from .backends import predicted_peak_bytes
+        from ..backends import predicted_peak_bytes
 
         for row in blocks:
             row["predicted_peak_bytes"] = predicted_peak_bytes(backend, row, dtype, **(backend_options or {}))
@@ -47,8 +47,8 @@ def predicted_need_bytes(p: dict, backend: str, options: dict | None = None,
     """What a forward needs at its worst attention call: the weights in the plan's dtype (plus an fp32 copy for the
     reference, where a measured run makes one) and that call's predicted transient peak. Returns (bytes, call row).
     Activations held between calls are not counted."""
-    from .backends import predicted_peak_bytes
-    from .spec import DTYPES
+    from ..backends import predicted_peak_bytes
+    from ..spec import DTYPES
 
     params = p["totals"]["params_total"]
     weights = params * DTYPES[p["dtype"]].itemsize + (params * 4 if reference_copy and p["dtype"] != "float32" else 0)

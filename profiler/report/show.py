@@ -6,8 +6,8 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
-from .fmt import human_bytes, table
-from .store import BLOCKS, CELLS, DONE_STATUSES, Run, list_runs
+from ..fmt import human_bytes, table
+from ..store import BLOCKS, CELLS, DONE_STATUSES, Run, list_runs
 
 UNREADABLE = (OSError, ValueError, KeyError, TypeError)  # JSON, Arrow (ValueError) and missing-key errors
 

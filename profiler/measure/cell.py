@@ -7,10 +7,10 @@ import traceback
 
 import torch
 
-from . import backends, devices, models
-from .measure import CallProbe, CallTimer, NvmlSampler, summarize, trace_windows, traced
-from .recorder import Recorder
-from .spec import CellSpec
+from .. import backends, devices, models
+from .probes import CallProbe, CallTimer, NvmlSampler, summarize, trace_windows, traced
+from ..recorder import Recorder
+from ..spec import CellSpec
 
 REFERENCE_BACKEND, REFERENCE_DTYPE = "sdpa", "float32"
 # max |out - ref| / max |ref| of the whole U-Net output that a backend may show in each dtype

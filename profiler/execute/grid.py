@@ -1,0 +1,154 @@
+"""A sweep's grid: the YAML config (or `attnprof run`'s arguments), validated whole before any model is built, and
+the cells it makes."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import yaml
+
+from .. import backends, devices, models
+from ..spec import CellSpec, InputError, parse_batch, parse_dtype, parse_size
+
+KEYS = {"models": "list of model names", "sizes": "list of WxH strings", "batch": "list of batch sizes",
+        "dtypes": "list of dtype names", "backends": "list of backend names or {name: {option: value}}",
+        "repeats": "timed forwards per cell", "warmup": "warm-up forwards per cell",
+        "device": "auto, cpu, cuda or cuda:N", "out": "results folder",
+        "memory_budget": "bytes or a string such as 20GiB", "timeout_s": "seconds per cell"}
+_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+          "tib": 2**40}
+
+
+@dataclass(frozen=True)
+class Sweep:
+    models: tuple[str, ...]
+    sizes: tuple[tuple[int, int], ...] = ((512, 512),)
+    batch: tuple[int, ...] = (1,)
+    dtypes: tuple[str, ...] = ("float16",)
+    backends: tuple[tuple[str, tuple], ...] = (("sdpa", ()),)
+    repeats: int = 3
+    warmup: int = 1
+    device: str = "auto"
+    out: str = "results"
+    memory_budget: int | None = None
+    timeout_s: float | None = None
+    source: str = field(default="command line", compare=False)
+
+    def resolved_device(self) -> str:
+        return devices.resolve(self.device)
+
+    def cells(self) -> list[CellSpec]:
+        device = self.resolved_device()
+        return [CellSpec(m, w, h, b, dt, name, device, opts)
+                for m in self.models for dt in self.dtypes for (w, h) in self.sizes for b in self.batch
+                for name, opts in self.backends]
+
+    def settings(self) -> dict:
+        return {"models": list(self.models), "sizes": [f"{w}x{h}" for w, h in self.sizes], "batch": list(self.batch),
+                "dtypes": list(self.dtypes), "backends": [[n, dict(o)] for n, o in self.backends],
+                "repeats": self.repeats, "warmup": self.warmup, "device": self.device,
+                "memory_budget": self.memory_budget, "timeout_s": self.timeout_s, "source": self.source}
+
+
+def parse_bytes(value, where: str) -> int:
+    if isinstance(value, bool):
+        raise InputError(f"{where}: {value!r} is not a size: write bytes or a string such as 20GiB")
+    if isinstance(value, (int, float)) and value > 0:
+        return int(value)
+    m = re.fullmatch(r"\s*([\d.]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise InputError(f"{where}: {value!r} is not a size: write bytes or a string such as 20GiB")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _as_list(doc: dict, key: str, where: str) -> list:
+    value = doc[key]
+    if not isinstance(value, list) or not value:
+        raise InputError(f"{where}: key '{key}' must be a non-empty {KEYS[key]}, not {value!r}")
+    return value
+
+
+def _checked(where: str, key: str, fn, value):
+    try:
+        return fn(value)
+    except InputError as e:
+        raise InputError(f"{where}: key '{key}': {e}") from None
+
+
+def _backend_entry(entry, where: str) -> tuple[str, tuple]:
+    if isinstance(entry, str):
+        name, options = entry, {}
+    elif isinstance(entry, dict) and len(entry) == 1:
+        name, options = next(iter(entry.items()))
+        if not isinstance(options, dict):
+            raise InputError(f"{where}: key 'backends': options of {name!r} must be a mapping, e.g. "
+                             f"{{{name}: {{slice_size: 4}}}}")
+    else:
+        raise InputError(f"{where}: key 'backends': {entry!r} is not a name or {{name: {{option: value}}}}")
+    options = _checked(where, "backends", lambda o: backends.check_options(name, o), options)
+    return name, tuple(sorted(options.items()))
+
+
+def _positive_int(value, where: str, key: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InputError(f"{where}: key '{key}' must be a whole number >= {minimum}, not {value!r}")
+    return value
+
+
+def load(path: str | Path) -> Sweep:
+    """Read and validate a sweep YAML: every key, name and size, before any model is built."""
+    path = Path(path)
+    where = str(path)
+    if not path.is_file():
+        raise InputError(f"sweep config {path} does not exist: see configs/sweeps/ for examples")
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise InputError(f"{where}: not valid YAML ({str(e).splitlines()[0]}): fix the file") from None
+    if not isinstance(doc, dict):
+        raise InputError(f"{where}: expected a mapping of keys ({', '.join(KEYS)})")
+    unknown = [k for k in doc if k not in KEYS]
+    if unknown:
+        raise InputError(f"{where}: unknown key '{unknown[0]}': the keys are {', '.join(KEYS)}")
+    if "models" not in doc:
+        raise InputError(f"{where}: key 'models' is missing: list one or more of {', '.join(models.known_models())}")
+    kw = {"source": where}
+    kw["models"] = tuple(str(m) for m in _as_list(doc, "models", where))
+    for m in kw["models"]:
+        _checked(where, "models", models.resolve, m)
+    if "sizes" in doc:
+        sizes = _as_list(doc, "sizes", where)
+        if not all(isinstance(s, str) for s in sizes):
+            raise InputError(f"{where}: key 'sizes' must be a list of WxH strings such as \"512x512\", not {sizes!r}")
+        kw["sizes"] = tuple(_checked(where, "sizes", parse_size, s) for s in sizes)
+    if "batch" in doc:
+        batch = _as_list(doc, "batch", where)
+        if not all(isinstance(b, int) and not isinstance(b, bool) for b in batch):
+            raise InputError(f"{where}: key 'batch' must be a list of whole numbers such as [1, 2], not {batch!r}")
+        kw["batch"] = tuple(_checked(where, "batch", parse_batch, b) for b in batch)
+    if "dtypes" in doc:
+        kw["dtypes"] = tuple(_checked(where, "dtypes", parse_dtype, d) for d in _as_list(doc, "dtypes", where))
+    if "backends" in doc:
+        kw["backends"] = tuple(_backend_entry(b, where) for b in _as_list(doc, "backends", where))
+    for key, minimum in (("repeats", 1), ("warmup", 0)):
+        if key in doc:
+            kw[key] = _positive_int(doc[key], where, key, minimum)
+    if "device" in doc:
+        kw["device"] = devices.parse(doc["device"], where)
+    if "out" in doc:
+        if not isinstance(doc["out"], str) or not doc["out"]:
+            raise InputError(f"{where}: key 'out' must be a folder path, not {doc['out']!r}")
+        kw["out"] = doc["out"]
+    if doc.get("memory_budget") is not None:
+        kw["memory_budget"] = parse_bytes(doc["memory_budget"], f"{where}: key 'memory_budget'")
+    if doc.get("timeout_s") is not None:
+        t = doc["timeout_s"]
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0:
+            raise InputError(f"{where}: key 'timeout_s' must be a positive number of seconds, not {t!r}")
+        kw["timeout_s"] = float(t)
+    return Sweep(**kw)
+
+
+def with_overrides(sweep: Sweep, **changes) -> Sweep:
+    return replace(sweep, **{k: v for k, v in changes.items() if v is not None})

@@ -1,0 +1,1 @@
+"""Measuring: timers, memory probes and NVML (probes.py), and one cell (cell.py)."""

@@ -1,0 +1,1 @@
+"""Reports of stored runs: attnprof show and runs (show.py)."""
