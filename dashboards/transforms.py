@@ -25,8 +25,8 @@ UNITS = {"MiB": MiB, "GiB": GiB}
 def load_run(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(cells, blocks) of one run with size, pixels, backend_label and family added. Raises on a corrupt run.
     The blocks' raw samples (time_samples_ms) are dropped: the dashboard shows medians, IQR and the noisy flag."""
-    run = Run.open(path)
-    cells, blocks = run.cells(), run.blocks().drop(columns=["time_samples_ms"], errors="ignore")
+    cells, blocks = Run.open(path).read()
+    blocks = blocks.drop(columns=["time_samples_ms"], errors="ignore")
     return _derive(cells), _derive(blocks)
 
 

@@ -111,26 +111,35 @@ def _sweep_from_args(args):
 
 
 def cmd_run(args) -> int:
-    return _execute(_sweep_from_args(args), args)
+    return _execute(_with_exec_args(_sweep_from_args(args), args), args)
 
 
 def cmd_sweep(args) -> int:
-    from .execute.grid import load, with_overrides
+    from .execute.grid import load
 
-    sweep = with_overrides(load(args.config), out=args.out)
-    return _execute(sweep, args)
+    return _execute(_with_exec_args(load(args.config), args), args)
 
 
 def cmd_profile(args) -> int:
     import torch
 
-    from .execute.grid import load, with_overrides
+    from .execute.grid import load
 
     name = "default.yaml" if torch.cuda.is_available() else "cpu-default.yaml"
     config = Path(__file__).resolve().parent.parent / "configs" / "sweeps" / name
     print(f"attnprof profile: the built-in default sweep for this machine, {config.relative_to(Path.cwd())}"
           if config.is_relative_to(Path.cwd()) else f"attnprof profile: {config}", flush=True)
-    return _execute(with_overrides(load(config), out=args.out), args)
+    return _execute(_with_exec_args(load(config), args), args)
+
+
+def _with_exec_args(sweep, args):
+    """The sweep with the command line's --out and --ray over its own settings."""
+    from .execute.grid import with_overrides
+
+    ray = {} if args.ray is None else {"executor": "ray", "ray_address": args.ray or None}
+    if ray and args.in_process:
+        raise InputError("--ray and --in-process exclude each other: choose where the cells run")
+    return with_overrides(with_overrides(sweep, out=args.out), **ray)
 
 
 def _execute(sweep, args) -> int:
@@ -186,6 +195,9 @@ def _add_exec_args(p, out_default="results"):
                                                                            if out_default else " (overrides out:)"))
     p.add_argument("--force", action="store_true", help="run cells predicted over the memory budget")
     p.add_argument("--in-process", action="store_true", help="run cells in this process instead of workers")
+    p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                   help="run the cells as Ray tasks, one GPU each: on the cluster at ADDRESS ('auto': the one this "
+                        "machine runs), or without ADDRESS on this machine's cluster or a new local one")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

@@ -59,7 +59,7 @@ class Context:
                       out=str(self.out), **kw)
         run = Run.open(execute(sweep, workers=workers, force=force, progress=False, command="gpu-check").run_path)
         self.cells.append(run.cells())
-        return run.cells(), run.blocks()
+        return run.read()
 
 
 def _ok(cells: pd.DataFrame) -> None:

@@ -1,23 +1,38 @@
-"""The results layout: results/<run-id>/manifest.json + blocks.parquet + cells.parquet.
+"""The results layout: one folder per run.
 
-Every write goes to a temporary file in the same folder and is moved into place (os.replace), so a reader sees the
-old or the new file, never half of one. A cell's block rows are written before its cell row; rewriting a cell first
-drops its old rows, so a cell re-run after a crash between the two writes is never duplicated."""
+    results/<run-id>/manifest.json            the grid, the settings, the environment (updated under .lock)
+    results/<run-id>/cells/<cell_id>.parquet  one row per finished cell
+    results/<run-id>/blocks/<cell_id>.<v>.parquet  that cell's rows per attention call (v: the cell row's
+                                              blocks_version, so that a cell recorded again never mixes versions)
+    results/<run-id>/cells.parquet, blocks.parquet   the compacted form: what a finished sweep folds the per-cell
+                                              files into (and the whole layout of runs written before per-cell files)
+
+Every file is written to a temporary name in its folder and moved into place (os.replace): a reader sees the old or
+the new file, never half of one. Recording a cell writes its own two files under the run's lock (.lock, held for
+milliseconds), so it costs the same at the 10,000th cell as at the first and concurrent writers never lose a row;
+readers take the lock shared, so a compaction never hides a cell from them. One executor at a time: `executor()`
+holds .executor.lock for a sweep's life and names its holder to anyone else who tries."""
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import json
 import os
 import platform
 import secrets
+import socket
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from .spec import InputError
 
 MANIFEST, BLOCKS, CELLS = "manifest.json", "blocks.parquet", "cells.parquet"
+CELL_DIR, BLOCK_DIR, LOCK, EXECUTOR_LOCK = "cells", "blocks", ".lock", ".executor.lock"
 DONE_STATUSES = ("ok", "oom", "skipped", "unavailable", "error", "timeout")
 REPO = Path(__file__).resolve().parent.parent
 
@@ -43,8 +58,38 @@ def write_json(path: Path, data: dict) -> None:
     _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(data, indent=1, default=str) + "\n"))
 
 
-def _write_parquet(path: Path, df: pd.DataFrame) -> None:
-    _atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
+def _write_rows(path: Path, rows: list[dict]) -> None:
+    table = pa.Table.from_pylist(rows)
+    _atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+
+
+def _write_frame(path: Path, df: pd.DataFrame) -> None:
+    _atomic_write(path, lambda tmp: pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp))
+
+
+@contextmanager
+def _flock(path: Path, shared: bool = False, blocking: bool = True):
+    """An flock on path (created if it can be); yields False where it could not be taken without waiting, or where
+    the folder is read-only (then nobody can be writing)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield True
+        return
+    try:
+        mode = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB)
+        try:
+            fcntl.flock(fd, mode)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
+class RunBusy(InputError):
+    """Another process runs this run's cells now."""
 
 
 def environment(device: str) -> dict:
@@ -109,41 +154,108 @@ class Run:
         return json.loads((self.path / MANIFEST).read_text())
 
     def update_manifest(self, **fields) -> None:
-        write_json(self.path / MANIFEST, {**self.manifest(), **fields})
+        with _flock(self.path / LOCK):
+            write_json(self.path / MANIFEST, {**self.manifest(), **fields})
+
+    @contextmanager
+    def executor(self, command: str):
+        """Held while one process runs the run's cells; a second one gets RunBusy naming the holder."""
+        holder_file = self.path / "executor.json"
+        with _flock(self.path / EXECUTOR_LOCK, blocking=False) as got:
+            if not got:
+                try:
+                    h = json.loads(holder_file.read_text())
+                    who = f"pid {h['pid']} on {h['host']} since {h['since']} ({h['command']})"
+                except (OSError, ValueError, KeyError):
+                    who = "another process"
+                raise RunBusy(f"run {self.id} is being run by {who}: wait for it to end, or stop it and resume")
+            write_json(holder_file, {"pid": os.getpid(), "host": socket.gethostname(), "since": now(),
+                                     "command": command})
+            try:
+                yield self
+            finally:
+                holder_file.unlink(missing_ok=True)
+
+    def record(self, cell: dict, blocks: list[dict]) -> None:
+        """Store a finished cell: its block rows, then its cell row (which names the blocks' version), then drop
+        the blocks of its earlier versions. A cell recorded again replaces its rows."""
+        cid, version = cell["cell_id"], secrets.token_hex(6) if blocks else ""
+        cell = {"run_id": self.id, **cell, "recorded_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+                "blocks_version": version}
+        with _flock(self.path / LOCK):
+            (self.path / CELL_DIR).mkdir(exist_ok=True)
+            if blocks:
+                (self.path / BLOCK_DIR).mkdir(exist_ok=True)
+                _write_rows(self.path / BLOCK_DIR / f"{cid}.{version}.parquet",
+                            [{"run_id": self.id, **b, "blocks_version": version} for b in blocks])
+            _write_rows(self.path / CELL_DIR / f"{cid}.parquet", [cell])
+            for old in (self.path / BLOCK_DIR).glob(f"{cid}.*.parquet"):
+                if old.name != f"{cid}.{version}.parquet":
+                    old.unlink(missing_ok=True)
+
+    def _read_cells(self) -> tuple[pd.DataFrame, set[str]]:
+        """(every recorded cell row, the ids whose row is a per-cell file); call under the lock."""
+        compacted = _read(self.path / CELLS)
+        files = sorted((self.path / CELL_DIR).glob("*.parquet")) if (self.path / CELL_DIR).is_dir() else []
+        fresh = _read_many(files)
+        ids = set(fresh["cell_id"]) if len(fresh) else set()
+        if len(compacted) and ids:
+            compacted = compacted[~compacted["cell_id"].isin(ids)]
+        return _concat(compacted, fresh), ids
 
     def cells(self) -> pd.DataFrame:
         """The recorded cells, in the order of the run's grid."""
-        cells = _read(self.path / CELLS)
+        with _flock(self.path / LOCK, shared=True):
+            cells, _ = self._read_cells()
+        return self._in_grid_order(cells)
+
+    def _in_grid_order(self, cells: pd.DataFrame) -> pd.DataFrame:
         if len(cells):
             order = {c["cell_id"]: i for i, c in enumerate(self.manifest().get("cells", []))}
             cells = cells.sort_values("cell_id", key=lambda s: s.map(order).fillna(len(order)), kind="stable")
         return cells.reset_index(drop=True)
 
     def blocks(self) -> pd.DataFrame:
-        """Block rows of the recorded cells (rows of a cell whose cell row a kill kept from being written are left
-        out: the cell runs again on resume and replaces them)."""
-        blocks = _read(self.path / BLOCKS)
-        if len(blocks):
-            blocks = blocks[blocks["cell_id"].isin(set(_read(self.path / CELLS).get("cell_id", [])))]
-        return blocks.reset_index(drop=True)
+        """Block rows of the recorded cells, each cell's of the version its cell row names (rows of a cell whose
+        cell row a kill kept from being written are left out: the cell runs again on resume and replaces them)."""
+        return self.read()[1]
+
+    def read(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """(cells, blocks) from one view of the run: every cell with all its block rows."""
+        with _flock(self.path / LOCK, shared=True):
+            cells, fresh = self._read_cells()
+            return self._in_grid_order(cells), self._blocks_of(cells, fresh)
+
+    def _blocks_of(self, cells: pd.DataFrame, fresh: set[str]) -> pd.DataFrame:
+        if not len(cells):
+            return pd.DataFrame()
+        version = dict(zip(cells["cell_id"], cells.get("blocks_version", pd.Series([None] * len(cells)))))
+        old = _read(self.path / BLOCKS)
+        if len(old):
+            old = old[old["cell_id"].isin(set(version) - fresh)]
+            if "blocks_version" in old:  # a compacted run: only the version each cell row names
+                old = old[old["blocks_version"].fillna("") == old["cell_id"].map(version).fillna("")]
+        files = [self.path / BLOCK_DIR / f"{cid}.{version[cid]}.parquet" for cid in sorted(fresh) if version[cid]]
+        return _concat(old, _read_many(files)).reset_index(drop=True)
+
+    def compact(self) -> None:
+        """Fold the per-cell files into cells.parquet and blocks.parquet (under the lock: no reader misses a cell,
+        no writer is lost), so that a finished run opens from two files however many cells it holds."""
+        with _flock(self.path / LOCK):
+            cells, fresh = self._read_cells()
+            if not fresh:
+                return
+            blocks = self._blocks_of(cells, fresh)
+            _write_frame(self.path / BLOCKS, blocks)
+            _write_frame(self.path / CELLS, cells)
+            for folder in (CELL_DIR, BLOCK_DIR):
+                for f in (self.path / folder).glob("*.parquet") if (self.path / folder).is_dir() else []:
+                    f.unlink()
 
     def done_cells(self) -> dict[str, str]:
         """cell_id -> status of the cells already recorded."""
         cells = self.cells()
         return dict(zip(cells["cell_id"], cells["status"])) if len(cells) else {}
-
-    def record(self, cell: dict, blocks: list[dict]) -> None:
-        cid = cell["cell_id"]
-        cell = {"run_id": self.id, **cell, "recorded_at": dt.datetime.now(dt.timezone.utc).isoformat()}
-        blocks = [{"run_id": self.id, **b} for b in blocks]
-        old_blocks = _read(self.path / BLOCKS)
-        if len(old_blocks):
-            old_blocks = old_blocks[old_blocks["cell_id"] != cid]
-        _write_parquet(self.path / BLOCKS, _concat(old_blocks, pd.DataFrame(blocks)))
-        old_cells = _read(self.path / CELLS)
-        if len(old_cells):
-            old_cells = old_cells[old_cells["cell_id"] != cid]
-        _write_parquet(self.path / CELLS, _concat(old_cells, pd.DataFrame([cell])))
 
 
 def _concat(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
@@ -153,6 +265,19 @@ def _concat(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
 
 def _read(path: Path) -> pd.DataFrame:
     return pd.read_parquet(path) if path.is_file() else pd.DataFrame()
+
+
+def _read_many(paths: list[Path]) -> pd.DataFrame:
+    """Small Parquet files of one kind, their columns unified (a failed cell has fewer columns than an ok one)."""
+    tables = []
+    for path in paths:
+        try:
+            tables.append(pq.ParquetFile(path).read())
+        except FileNotFoundError:  # replaced since it was listed (readers hold the lock shared: rare)
+            continue
+    if not tables:
+        return pd.DataFrame()
+    return pa.concat_tables(tables, promote_options="permissive").to_pandas()
 
 
 def list_runs(root: Path) -> list[Path]:

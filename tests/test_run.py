@@ -1,11 +1,10 @@
 """A measured run of tiny-sd15 at 512x512 on the CPU: every field filled, memory against its model and against an
 independent check, errors within tolerance, unavailable backends as rows; the store's round trip; CLI errors."""
-import pandas as pd
 import torch
 import pytest
 
 from profiler.cli import main
-from profiler.store import Run, find_run, list_runs
+from profiler.store import Run
 from profiler.execute.grid import Sweep
 from profiler.execute.sweep import execute
 from tests.rss import fresh_process_peak_rss
@@ -93,28 +92,6 @@ def test_bfloat16_cells_on_the_cpu_are_judged_by_the_bfloat16_tolerance(tmp_path
     assert (cells["max_rel_err"] > TOLERANCE["float32"]).all(), cells["max_rel_err"].tolist()
     assert (cells["max_rel_err"] < TOLERANCE["bfloat16"]).all(), cells["max_rel_err"].tolist()
     assert set(cells["dtype"]) == {"bfloat16"}
-
-
-def test_store_round_trip_and_idempotent_cells(tmp_path):
-    run = Run.create(tmp_path, {"command": "test", "cells": []}, run_id="r1")
-    cell = {"cell_id": "c1", "status": "ok", "time_ms": 1.5}
-    blocks = [{"cell_id": "c1", "call_index": i, "time_samples_ms": [1.0, 2.0]} for i in range(3)]
-    run.record(cell, blocks)
-    run.record({**cell, "time_ms": 2.5}, blocks)  # a cell recorded again replaces its rows
-    again = Run.open(tmp_path / "r1")
-    assert again.cells().drop(columns="recorded_at").to_dict("records") == [{"run_id": "r1", "cell_id": "c1",
-                                                                             "status": "ok", "time_ms": 2.5}]
-    b = again.blocks()
-    assert len(b) == 3 and list(b["time_samples_ms"].iloc[0]) == [1.0, 2.0]
-    assert again.done_cells() == {"c1": "ok"}
-    assert [p.name for p in list_runs(tmp_path)] == ["r1"] and find_run(tmp_path, "latest").id == "r1"
-    assert not list(tmp_path.glob("r1/.*tmp"))  # no temporary files left behind
-    # a kill between a cell's two writes leaves block rows without a cell row: readers leave them out
-    orphan = pd.concat([pd.read_parquet(tmp_path / "r1" / "blocks.parquet"), b.assign(cell_id="c2")])
-    orphan.to_parquet(tmp_path / "r1" / "blocks.parquet")
-    assert set(again.blocks()["cell_id"]) == {"c1"}
-    run.record({**cell, "cell_id": "c2"}, [{"cell_id": "c2", "call_index": 0, "time_samples_ms": [3.0]}])
-    assert again.blocks().groupby("cell_id").size().to_dict() == {"c1": 3, "c2": 1}  # replaced, not added
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -32,6 +32,15 @@ def _wait_for(predicate, timeout=120.0):
     raise AssertionError("timed out waiting")
 
 
+def in_flight(run_dir: Path, cell_id: str) -> dict | None:
+    """The entry of progress.json for the cell while it runs: its worker's pid and host."""
+    try:
+        progress = json.loads((run_dir / "progress.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return next((c for c in progress["in_flight"] if c["cell_id"] == cell_id), None)
+
+
 def test_failures_are_rows_of_the_right_status(tmp_path):
     path = _write(tmp_path, """models: [tiny-sd15]
 sizes: [64x64, 256x256, 512x512]
@@ -48,15 +57,7 @@ memory_budget: 300MiB
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_dir = _wait_for(lambda: list_runs(tmp_path / "results"))[0]
 
-    def victim_in_flight():
-        try:
-            progress = json.loads((run_dir / "progress.json").read_text())
-        except (OSError, ValueError):
-            return None
-        return progress if progress["cell_id"] == victim.cell_id else None
-
-    progress = _wait_for(victim_in_flight)
-    os.kill(progress["worker_pid"], signal.SIGKILL)
+    os.kill(_wait_for(lambda: in_flight(run_dir, victim.cell_id))["worker_pid"], signal.SIGKILL)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     cells = Run.open(run_dir).cells().set_index("cell_id")
@@ -87,7 +88,7 @@ device: cpu
     proc = subprocess.Popen([sys.executable, "-m", "profiler", "sweep", str(path), "--quiet"], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     run_dir = _wait_for(lambda: list_runs(tmp_path / "results"))[0]
-    _wait_for(lambda: (run_dir / "cells.parquet").is_file() and len(pd.read_parquet(run_dir / "cells.parquet")) >= 2)
+    _wait_for(lambda: len(Run.open(run_dir).cells()) >= 2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     finished = Run.open(run_dir).cells().set_index("cell_id")
@@ -190,7 +191,7 @@ device: cpu
     proc = subprocess.Popen([sys.executable, "-m", "profiler", "sweep", str(path), "--quiet"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     run_dir = _wait_for(lambda: list_runs(tmp_path / "results"))[0]
-    _wait_for(lambda: (run_dir / "cells.parquet").is_file())
+    _wait_for(lambda: len(Run.open(run_dir).cells()) >= 1)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "run again with --resume" in err, err
@@ -202,3 +203,32 @@ device: cpu
     show = subprocess.run([sys.executable, "-m", "profiler", "show", str(run_dir)], cwd=REPO, capture_output=True,
                           text=True)
     assert show.returncode == 0 and "tiny-sd15" in show.stdout
+
+
+def test_two_resumes_started_at_once_record_every_cell_exactly_once(tmp_path):
+    """The second finds the run held and says by whom (exit 2); the first records the missing cells once."""
+    path = _write(tmp_path, """models: [tiny-sd15]
+sizes: [64x64, 128x128, 192x192]
+dtypes: [float32]
+backends: [sdpa, naive]
+repeats: 1
+warmup: 0
+device: cpu
+""")
+    first = subprocess.Popen([sys.executable, "-m", "profiler", "sweep", str(path), "--quiet"], cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    run_dir = _wait_for(lambda: list_runs(tmp_path / "results"))[0]
+    _wait_for(lambda: len(Run.open(run_dir).cells()) >= 2)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    finished = Run.open(run_dir).cells().set_index("cell_id")["recorded_at"]
+    both = [subprocess.Popen([sys.executable, "-m", "profiler", "sweep", str(path), "--resume", "--quiet"], cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = sorted((p.wait(timeout=300), p.stderr.read()) for p in both)
+    assert [code for code, _ in results] == [0, 2], results
+    busy = results[1][1].strip().splitlines()
+    assert len(busy) == 1 and f"run {run_dir.name} is being run by pid" in busy[0] and "--resume" in busy[0]
+    cells = Run.open(run_dir).cells().set_index("cell_id")
+    assert len(cells) == 6 and cells.index.is_unique and set(cells["status"]) == {"ok"}
+    assert cells.loc[finished.index, "recorded_at"].tolist() == finished.tolist()  # not measured again
+    assert len(Run.open(run_dir).blocks()) == 6 * 32

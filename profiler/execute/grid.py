@@ -15,7 +15,8 @@ KEYS = {"models": "list of model names", "sizes": "list of WxH strings", "batch"
         "dtypes": "list of dtype names", "backends": "list of backend names or {name: {option: value}}",
         "repeats": "timed forwards per cell", "warmup": "warm-up forwards per cell",
         "device": "auto, cpu, cuda or cuda:N", "out": "results folder",
-        "memory_budget": "bytes or a string such as 20GiB", "timeout_s": "seconds per cell"}
+        "memory_budget": "bytes or a string such as 20GiB", "timeout_s": "seconds per cell",
+        "executor": "local or ray", "ray_address": "a Ray cluster's address (with executor: ray)"}
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
           "tib": 2**40}
 
@@ -33,13 +34,16 @@ class Sweep:
     out: str = "results"
     memory_budget: int | None = None
     timeout_s: float | None = None
+    executor: str = "local"  # local worker subprocesses, or ray
+    ray_address: str | None = None  # None: the cluster this machine runs, else a local one
     source: str = field(default="command line", compare=False)
 
     def resolved_device(self) -> str:
         return devices.resolve(self.device)
 
-    def cells(self) -> list[CellSpec]:
-        device = self.resolved_device()
+    def cells(self, device: str | None = None) -> list[CellSpec]:
+        """The grid's cells on `device` (default: the sweep's device as this machine resolves it)."""
+        device = device or self.resolved_device()
         return [CellSpec(m, w, h, b, dt, name, device, opts)
                 for m in self.models for dt in self.dtypes for (w, h) in self.sizes for b in self.batch
                 for name, opts in self.backends]
@@ -48,7 +52,8 @@ class Sweep:
         return {"models": list(self.models), "sizes": [f"{w}x{h}" for w, h in self.sizes], "batch": list(self.batch),
                 "dtypes": list(self.dtypes), "backends": [[n, dict(o)] for n, o in self.backends],
                 "repeats": self.repeats, "warmup": self.warmup, "device": self.device,
-                "memory_budget": self.memory_budget, "timeout_s": self.timeout_s, "source": self.source}
+                "memory_budget": self.memory_budget, "timeout_s": self.timeout_s, "executor": self.executor,
+                "ray_address": self.ray_address, "source": self.source}
 
 
 def parse_bytes(value, where: str) -> int:
@@ -142,6 +147,15 @@ def load(path: str | Path) -> Sweep:
         kw["out"] = doc["out"]
     if doc.get("memory_budget") is not None:
         kw["memory_budget"] = parse_bytes(doc["memory_budget"], f"{where}: key 'memory_budget'")
+    if "executor" in doc:
+        if doc["executor"] not in ("local", "ray"):
+            raise InputError(f"{where}: key 'executor' must be local or ray, not {doc['executor']!r}")
+        kw["executor"] = doc["executor"]
+    if doc.get("ray_address") is not None:
+        if not isinstance(doc["ray_address"], str) or not doc["ray_address"].strip():
+            raise InputError(f"{where}: key 'ray_address' must be an address such as 10.0.0.1:6379 or auto, "
+                             f"not {doc['ray_address']!r}")
+        kw["ray_address"] = doc["ray_address"].strip()
     if doc.get("timeout_s") is not None:
         t = doc["timeout_s"]
         if isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0:

@@ -1,5 +1,7 @@
-"""The local executor: each group of cells in a worker subprocess (worker.py). A worker that dies leaves its cell in
-flight as an `error` row (or `timeout`, when it was stopped for running past timeout_s) and a new worker carries on."""
+"""The local executor: each group of cells in a worker subprocess (worker.py), or in this process. A worker that dies
+leaves its cell in flight as an `error` row (or `timeout`, when it was stopped for running past timeout_s) and a
+new worker carries on with the rest. On CUDA this process makes no CUDA context: it reads free memory and the
+device through NVML and probes availability in a short-lived subprocess, so the workers get the whole budget."""
 from __future__ import annotations
 
 import json
@@ -10,14 +12,56 @@ import sys
 import time
 from pathlib import Path
 
+from .. import backends, devices
 from ..spec import CellSpec
 
-def run_group_in_workers(group: list[CellSpec], run, sweep, bar) -> None:
-    """Worker subprocesses for one group. A worker that dies leaves its cell in flight as an `error` row (or
-    `timeout`, when the parent killed it for running past timeout_s), and a new worker carries on with the rest."""
-    from ..measure.cell import failed_cell
-    from ..store import write_json
-    from .sweep import on_event
+
+class LocalExecutor:
+    def __init__(self, workers: bool = True):
+        self.workers = workers
+
+    def device(self, requested: str) -> str:
+        return devices.resolve(requested)
+
+    def free_memory(self, device: str) -> int:
+        return devices.free_memory_bytes(device)
+
+    def environment(self, device: str) -> dict:
+        from ..store import environment
+
+        return {**environment(device), "executor": "local" if self.workers else "in-process"}
+
+    def availability(self, asks: list[tuple]) -> list[tuple[bool, str]]:
+        """(ok, reason) per (backend, device, dtype, head dims): here, or on CUDA in a subprocess of its own."""
+        if not (self.workers and any(dev.startswith("cuda") for _, dev, _, _ in asks)):
+            return [backends.availability(*a) for a in asks]
+        proc = subprocess.run([sys.executable, "-m", "profiler.execute.worker", "--probe"], input=json.dumps(asks),
+                              text=True, capture_output=True)
+        if proc.returncode:
+            tail = "; ".join(proc.stderr.strip().splitlines()[-3:])
+            raise RuntimeError(f"the availability probe exited with {exit_reason(proc.returncode)}: {tail}")
+        return [tuple(r) for r in json.loads(proc.stdout.strip().splitlines()[-1])]
+
+    def run(self, groups: list[list[CellSpec]], run, sweep, flight) -> None:
+        from .sweep import run_group
+
+        for group in groups:
+            if self.workers:
+                _run_in_workers(group, run, sweep, flight)
+            else:
+                run_group(group, run, sweep.repeats, sweep.warmup, lambda event: _in_process(flight, event))
+
+
+def _in_process(flight, event: dict) -> None:
+    if event["event"] == "start":
+        flight.start(os.getpid(), event)
+    else:
+        flight.end(os.getpid())
+
+
+def _run_in_workers(group: list[CellSpec], run, sweep, flight) -> None:
+    """Worker subprocesses for one group, until every cell of it is recorded."""
+    from .sweep import failed_in_flight
 
     remaining = list(group)
     while remaining:
@@ -29,19 +73,18 @@ def run_group_in_workers(group: list[CellSpec], run, sweep, bar) -> None:
                                     stdout=subprocess.PIPE, stderr=err)
         proc.stdin.write(json.dumps(job).encode())
         proc.stdin.close()
-        in_flight, started = None, None
+        in_flight = None
         finished: set[str] = set()
         try:
-            for line in _lines(proc, lambda: started, sweep.timeout_s):
+            for line in _lines(proc, lambda: flight.started(proc.pid), sweep.timeout_s):
                 event = json.loads(line)
-                on_event(event, bar)
                 if event["event"] == "start":
-                    in_flight, started = event["cell_id"], time.time()
-                    write_json(run.path / "progress.json", {"cell_id": in_flight, "label": event["label"],
-                                                            "worker_pid": proc.pid, "started": started})
+                    in_flight = event["cell_id"]
+                    flight.start(proc.pid, event)
                 elif event["event"] == "done":
                     finished.add(event["cell_id"])
-                    in_flight = started = None
+                    in_flight = None
+                    flight.end(proc.pid)
         except TimeoutError:
             proc.kill()
         except BaseException:
@@ -49,17 +92,14 @@ def run_group_in_workers(group: list[CellSpec], run, sweep, bar) -> None:
             proc.wait()
             raise
         code = proc.wait()
-        (run.path / "progress.json").unlink(missing_ok=True)
         remaining = [c for c in remaining if c.cell_id not in finished]
         if in_flight is not None:
             spec = next(c for c in remaining if c.cell_id == in_flight)
-            if started is not None and sweep.timeout_s and time.time() - started >= sweep.timeout_s:
-                row = failed_cell(spec, "timeout", f"cell ran past timeout_s={sweep.timeout_s:g} and was stopped")
-            else:
-                words = _last_line(log) if code != -signal.SIGKILL else ""  # a SIGKILL leaves none
-                row = failed_cell(spec, "error", f"worker died: {exit_reason(code)}{words}")
-            run.record(row, [])
-            bar.update(1)
+            started = flight.started(proc.pid)
+            timed_out = bool(sweep.timeout_s and started and time.time() - started >= sweep.timeout_s)
+            words = _last_line(log) if code != -signal.SIGKILL else ""  # a SIGKILL leaves none
+            run.record(failed_in_flight(spec, timed_out, sweep.timeout_s, f"{exit_reason(code)}{words}"), [])
+            flight.end(proc.pid)
             remaining.remove(spec)
         elif code != 0 and remaining:
             raise RuntimeError(f"worker exited with {exit_reason(code)} before starting a cell{_last_line(log)}")

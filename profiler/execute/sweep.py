@@ -3,13 +3,13 @@
 Where the groups run is the executor's business: worker subprocesses here (local.py) or Ray tasks (ray.py)."""
 from __future__ import annotations
 
-import json
-import subprocess
+import os
+import socket
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import backends, devices
 from ..spec import CellSpec
 from .grid import Sweep
 
@@ -35,40 +35,28 @@ def predicted_cell_peaks(cells: list[CellSpec], plans: dict | None = None) -> di
                                             c.options, reference_copy=True)[0] for c in cells}
 
 
-def availability_of(cells: list[CellSpec], plans: dict, isolated: bool) -> dict[str, tuple[bool, str]]:
-    """cell_id -> (ok, reason): each backend probed once per (device, dtype) at the head dims of the cell's model.
-    isolated: probe in a short-lived subprocess, so that this process makes no CUDA context (a context costs a few
-    hundred MiB that the workers would miss)."""
-    head_dims: dict[str, set] = {}
+def head_dims_of(plans: dict) -> dict[str, tuple[int, ...]]:
+    """model -> the head dims its attention blocks use."""
+    dims: dict[str, set] = {}
     for (model, *_), p in plans.items():
-        head_dims.setdefault(model, set()).update(r["head_dim"] for r in p["blocks"])
-    ask = {c.cell_id: (c.backend, c.device, c.dtype, tuple(sorted(head_dims[c.model]))) for c in cells}
-    asks = sorted(set(ask.values()))
-    if isolated:
-        from .local import exit_reason
-
-        proc = subprocess.run([sys.executable, "-m", "profiler.execute.worker", "--probe"], input=json.dumps(asks),
-                              text=True, capture_output=True)
-        if proc.returncode:
-            tail = "; ".join(proc.stderr.strip().splitlines()[-3:])
-            raise RuntimeError(f"the availability probe exited with {exit_reason(proc.returncode)}: {tail}")
-        answers = dict(zip(asks, map(tuple, json.loads(proc.stdout.strip().splitlines()[-1])), strict=True))
-    else:
-        answers = {a: backends.availability(*a) for a in asks}
-    return {cid: answers[a] for cid, a in ask.items()}
+        dims.setdefault(model, set()).update(r["head_dim"] for r in p["blocks"])
+    return {m: tuple(sorted(d)) for m, d in dims.items()}
 
 
-def preflight(cells: list[CellSpec], budget: int, force: bool, isolated: bool = False) -> dict[str, dict]:
-    """cell_id -> failure row for the cells that must not run: backend unavailable, or predicted over budget."""
+def preflight(cells: list[CellSpec], budget: int, force: bool, availability) -> dict[str, dict]:
+    """cell_id -> failure row for the cells that must not run: backend unavailable (asked of the executor, once per
+    backend, device, dtype and the model's head dims), or predicted over the memory budget."""
     from ..fmt import human_bytes
     from ..measure.cell import failed_cell
 
     plans = plans_of(cells)
     peaks = predicted_cell_peaks(cells, plans)
-    avail = availability_of(cells, plans, isolated)
+    dims = head_dims_of(plans)
+    ask = {c.cell_id: (c.backend, c.device, c.dtype, dims[c.model]) for c in cells}
+    answers = dict(zip(sorted(set(ask.values())), availability(sorted(set(ask.values()))), strict=True))
     rows = {}
     for c in cells:
-        ok, reason = avail[c.cell_id]
+        ok, reason = answers[ask[c.cell_id]]
         if not ok:
             rows[c.cell_id] = failed_cell(c, "unavailable", reason)
         elif peaks[c.cell_id] > budget and not force:
@@ -87,41 +75,51 @@ class Outcome:
 
 def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, force: bool = False,
             workers: bool = True, progress: bool = True, command: str = "") -> Outcome:
-    from ..store import Run, environment, now
-    from .local import run_group_in_workers
+    """Run the sweep's cells (or, with resume, those the latest run of the same grid lacks) and record each as it
+    ends. The executor is the sweep's: local worker subprocesses (in this process with workers=False), or Ray.
+    One process runs a run at a time: a second one gets store.RunBusy naming the first."""
+    from ..store import Run, now
 
-    cells = sweep.cells()
-    budget = sweep.memory_budget or devices.free_memory_bytes(cells[0].device)
+    if sweep.executor == "ray":
+        from .ray import RayExecutor
+
+        executor = RayExecutor(sweep.ray_address, sweep.out)
+    else:
+        from .local import LocalExecutor
+
+        executor = LocalExecutor(workers)
+    device = executor.device(sweep.device)
+    cells = sweep.cells(device)
+    budget = sweep.memory_budget or executor.free_memory(device)
     run = _find_resumable(sweep) if resume else None
-    if run is None:
+    resumed = run is not None
+    if not resumed:
         run = Run.create(Path(sweep.out), {
             "command": command, "sweep": sweep.settings(), "memory_budget_bytes": budget,
-            "cells": [c.as_row() for c in cells], "environment": environment(cells[0].device)})
-    else:
-        run.update_manifest(resumed_at=now(), ended_at=None, memory_budget_bytes=budget)
-    done = run.done_cells()
-    pending = [c for c in cells if c.cell_id not in done or (retry_failed and done[c.cell_id] != "ok")]
-    pre = preflight(pending, budget, force, isolated=workers and cells[0].device.startswith("cuda"))
-    bar = _progress(len(cells), len(cells) - len(pending), progress)
-    interrupted = False
-    try:
-        for c in [c for c in pending if c.cell_id in pre]:
-            run.record(pre[c.cell_id], [])
-            bar.update(1)
-        todo = [c for c in pending if c.cell_id not in pre]
-        groups: dict[tuple, list[CellSpec]] = {}
-        for c in todo:
-            groups.setdefault((c.model, c.dtype, c.device), []).append(c)
-        for group in groups.values():
-            if workers:
-                run_group_in_workers(group, run, sweep, bar)
-            else:
-                run_group(group, run, sweep.repeats, sweep.warmup, lambda e: on_event(e, bar))
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        bar.close()
-        run.update_manifest(ended_at=now(), interrupted=interrupted)
+            "cells": [c.as_row() for c in cells], "environment": executor.environment(device)})
+    with run.executor(command or "attnprof"):
+        if resumed:
+            run.update_manifest(resumed_at=now(), ended_at=None, memory_budget_bytes=budget)
+        done = run.done_cells()
+        pending = [c for c in cells if c.cell_id not in done or (retry_failed and done[c.cell_id] != "ok")]
+        pre = preflight(pending, budget, force, executor.availability)
+        flight = InFlight(run, _progress(len(cells), len(cells) - len(pending), progress))
+        interrupted = False
+        try:
+            for c in [c for c in pending if c.cell_id in pre]:
+                run.record(pre[c.cell_id], [])
+                flight.bar.update(1)
+            groups: dict[tuple, list[CellSpec]] = {}
+            for c in pending:
+                if c.cell_id not in pre:
+                    groups.setdefault((c.model, c.dtype, c.device), []).append(c)
+            executor.run(list(groups.values()), run, sweep, flight)
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            flight.close()
+            run.update_manifest(ended_at=now(), interrupted=interrupted)
+            run.compact()
     return Outcome(run.path, interrupted)
 
 
@@ -147,24 +145,69 @@ def _progress(total: int, initial: int, enabled: bool):
                 file=sys.stderr, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} cells [{elapsed}<{remaining}]")
 
 
-def on_event(event: dict, bar) -> None:
-    if event["event"] == "start":
-        bar.set_description_str(event["label"])
-    elif event["event"] == "done":
-        bar.update(1)
+class InFlight:
+    """The cells running now, by worker, for every executor: progress.json in the run folder lists them (with the
+    worker's pid and host) and the progress bar shows the latest."""
+
+    def __init__(self, run, bar):
+        self.run, self.bar, self.cells = run, bar, {}
+
+    def start(self, worker, event: dict) -> None:
+        self.cells[worker] = {"cell_id": event["cell_id"], "label": event["label"], "worker_pid": event["pid"],
+                              "host": event["host"], "started": time.time()}
+        self.bar.set_description_str(event["label"])
+        self._write()
+
+    def end(self, worker) -> None:
+        self.cells.pop(worker, None)
+        self.bar.update(1)
+        self._write()
+
+    def started(self, worker) -> float | None:
+        return self.cells.get(worker, {}).get("started")
+
+    def _write(self) -> None:
+        from ..store import write_json
+
+        if self.cells:
+            write_json(self.run.path / "progress.json", {"in_flight": list(self.cells.values())})
+        else:
+            (self.run.path / "progress.json").unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self.cells.clear()
+        self._write()
+        self.bar.close()
+
+
+def group_events(cells: list[CellSpec], repeats: int, warmup: int):
+    """Run cells that share one (model, dtype, device) with one model build: a start event before each cell and a
+    done event, with its rows, after it. Every executor runs its groups through this."""
+    from ..measure.cell import ModelCache, run_cell
+
+    cache, host = ModelCache(), socket.gethostname()
+    for c in cells:
+        yield {"event": "start", "cell_id": c.cell_id, "label": label(c), "pid": os.getpid(), "host": host}
+        cell, blocks = run_cell(c, cache, repeats, warmup)
+        yield {"event": "done", "cell_id": c.cell_id, "status": cell["status"], "cell": cell, "blocks": blocks}
 
 
 def run_group(cells: list[CellSpec], run, repeats: int, warmup: int, emit) -> None:
-    """Run cells that share one (model, dtype, device) with one model build; record each as it ends."""
-    from ..measure.cell import ModelCache, run_cell
-
-    cache = ModelCache()
-    for c in cells:
-        emit({"event": "start", "cell_id": c.cell_id, "label": _label(c)})
-        cell, blocks = run_cell(c, cache, repeats, warmup)
-        run.record(cell, blocks)
-        emit({"event": "done", "cell_id": c.cell_id, "status": cell["status"]})
+    """group_events with each cell recorded where it ran (in this process, or in a local worker)."""
+    for event in group_events(cells, repeats, warmup):
+        if event["event"] == "done":
+            run.record(event.pop("cell"), event.pop("blocks"))
+        emit(event)
 
 
-def _label(c: CellSpec) -> str:
+def label(c: CellSpec) -> str:
     return f"{c.model} {c.size} b{c.batch} {c.dtype} {c.backend}"
+
+
+def failed_in_flight(spec: CellSpec, timed_out: bool, timeout_s: float | None, reason: str) -> dict:
+    """The row of a cell whose worker died (or was stopped past timeout_s) while it ran."""
+    from ..measure.cell import failed_cell
+
+    if timed_out:
+        return failed_cell(spec, "timeout", f"cell ran past timeout_s={timeout_s:g} and was stopped")
+    return failed_cell(spec, "error", f"worker died: {reason}")

@@ -178,5 +178,5 @@ def run_cell(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int) -> tu
     finally:
         with dev.guard():
             dev.release()
-    cell["wall_s"] = time.time() - started
+    cell.update(dev.identity(), wall_s=time.time() - started)  # where it ran: host, device name and UUID
     return cell, blocks

@@ -35,7 +35,8 @@ def _index_row(path: Path) -> dict:
         for name in (CELLS, BLOCKS):  # the footer is enough to tell a truncated file
             if (path / name).is_file():
                 pq.read_metadata(path / name)
-        counts = run.cells()["status"].value_counts() if (path / CELLS).is_file() else pd.Series(dtype=int)
+        cells = run.cells()
+        counts = cells["status"].value_counts() if len(cells) else pd.Series(dtype=int)
     except UNREADABLE as e:
         row["warning"] = f"unreadable: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         return row
@@ -81,7 +82,7 @@ def status_table(run: Run) -> str:
 def format_run(run: Run) -> str:
     m = run.manifest()
     env = m.get("environment", {})
-    cells, blocks = run.cells(), run.blocks()
+    cells, blocks = run.read()
     lines = [f"run {run.id}  ({run.path})",
              f"created {m.get('created_at')}  ended {m.get('ended_at') or 'not yet (running or stopped)'}",
              f"device {env.get('device')} ({env.get('device_name')}), torch {env.get('torch')}, "

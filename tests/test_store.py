@@ -1,0 +1,131 @@
+"""The store: one pair of files per cell, written atomically under the run's lock; readers see whole cells only;
+concurrent writers lose nothing; compaction; runs of the earlier single-file layout stay readable; one executor."""
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from profiler.store import Run, RunBusy, find_run, list_runs
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _cell(cid: str, **extra) -> dict:
+    return {"cell_id": cid, "status": "ok", "time_ms": 1.5, **extra}
+
+
+def _blocks(cid: str, n: int, value: float = 1.0) -> list[dict]:
+    return [{"cell_id": cid, "call_index": i, "time_samples_ms": [value, 2.0]} for i in range(n)]
+
+
+def test_round_trip_a_cell_recorded_again_replaces_its_rows(tmp_path):
+    run = Run.create(tmp_path, {"command": "test", "cells": [{"cell_id": "c2"}, {"cell_id": "c1"}]}, run_id="r1")
+    run.record(_cell("c1"), _blocks("c1", 3))
+    run.record(_cell("c1", time_ms=2.5), _blocks("c1", 2, 9.0))  # again: replaces, does not add
+    run.record({"cell_id": "c2", "status": "oom", "error": "out of memory"}, [])
+    again = Run.open(tmp_path / "r1")
+    cells = again.cells()
+    assert cells["cell_id"].tolist() == ["c2", "c1"]  # the grid's order
+    assert cells.set_index("cell_id")["time_ms"].to_dict()["c1"] == 2.5
+    assert cells.set_index("cell_id")["error"].fillna("-").to_dict() == {"c2": "out of memory", "c1": "-"}
+    b = again.blocks()
+    assert len(b) == 2 and [list(x) for x in b["time_samples_ms"]] == [[9.0, 2.0], [9.0, 2.0]]
+    assert again.done_cells() == {"c2": "oom", "c1": "ok"}
+    assert [p.name for p in list_runs(tmp_path)] == ["r1"] and find_run(tmp_path, "latest").id == "r1"
+    assert sorted(p.name for p in (run.path / "blocks").iterdir()) == [f"c1.{cells.iloc[1]['blocks_version']}.parquet"]
+    assert not list(run.path.rglob("*.tmp"))  # no temporary files left behind
+
+
+def test_blocks_without_their_cell_row_are_left_out(tmp_path):
+    """A kill between a cell's two writes leaves block rows without the cell row that names them."""
+    run = Run.create(tmp_path, {"command": "test", "cells": []}, run_id="r1")
+    run.record(_cell("c1"), _blocks("c1", 3))
+    version = run.cells()["blocks_version"].iloc[0]
+    (run.path / "blocks" / f"c1.{version}.parquet").rename(run.path / "blocks" / "c1.deadbeef0000.parquet")
+    run.record(_cell("c1"), _blocks("c1", 3))  # the old version's files go, whatever their name
+    pd.DataFrame(_blocks("c9", 4)).to_parquet(run.path / "blocks" / "c9.0123456789ab.parquet")
+    assert run.blocks()["cell_id"].tolist() == ["c1"] * 3
+    assert sorted(p.name.split(".")[0] for p in (run.path / "blocks").iterdir()) == ["c1", "c9"]
+
+
+def test_compaction_folds_the_files_and_keeps_every_row(tmp_path):
+    run = Run.create(tmp_path, {"command": "test", "cells": []}, run_id="r1")
+    for i in range(5):
+        run.record(_cell(f"c{i}"), _blocks(f"c{i}", i + 1))
+    run.record({"cell_id": "c5", "status": "error", "error": "boom"}, [])
+    before = run.cells(), run.blocks()
+    run.compact()
+    assert not list((run.path / "cells").iterdir()) and not list((run.path / "blocks").iterdir())
+    assert (run.path / "cells.parquet").is_file() and (run.path / "blocks.parquet").is_file()
+    pd.testing.assert_frame_equal(run.cells(), before[0])
+    pd.testing.assert_frame_equal(run.blocks(), before[1])
+    run.record(_cell("c2", time_ms=7.0), _blocks("c2", 1))  # recorded again after compaction: the new rows win
+    assert run.cells().set_index("cell_id").loc["c2", "time_ms"] == 7.0 and len(run.cells()) == 6
+    assert run.blocks().groupby("cell_id").size().to_dict() == {"c0": 1, "c1": 2, "c2": 1, "c3": 4, "c4": 5}
+    run.compact()
+    assert run.blocks().groupby("cell_id").size().to_dict() == {"c0": 1, "c1": 2, "c2": 1, "c3": 4, "c4": 5}
+
+
+def test_a_run_in_the_earlier_single_file_layout_stays_readable_and_resumable(tmp_path):
+    path = tmp_path / "20261129-120000-abcd"
+    path.mkdir()
+    (path / "manifest.json").write_text(json.dumps({"run_id": path.name, "cells": [{"cell_id": "a"},
+                                                                                   {"cell_id": "b"}]}))
+    pd.DataFrame([{"run_id": path.name, "cell_id": "a", "status": "ok", "time_ms": 3.0}]).to_parquet(
+        path / "cells.parquet", index=False)
+    pd.DataFrame([{"run_id": path.name, "cell_id": "a", "call_index": i} for i in range(4)]).to_parquet(
+        path / "blocks.parquet", index=False)
+    run = Run.open(path)
+    assert run.cells()["cell_id"].tolist() == ["a"] and len(run.blocks()) == 4
+    run.record(_cell("b"), _blocks("b", 2))  # resumed: the new cell in its own files
+    assert run.cells()["cell_id"].tolist() == ["a", "b"]
+    assert run.blocks().groupby("cell_id").size().to_dict() == {"a": 4, "b": 2}
+    run.compact()
+    assert run.blocks().groupby("cell_id").size().to_dict() == {"a": 4, "b": 2}
+
+
+WRITER = """
+import sys
+from profiler.store import Run
+run, who, n = Run.open(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+for i in range(n):
+    cid = f"shared{i % 10}" if i % 3 == 0 else f"{who}{i}"
+    run.record({"cell_id": cid, "status": "ok", "writer": who}, [{"cell_id": cid, "call_index": k} for k in range(7)])
+"""
+
+
+def test_two_processes_recording_into_one_run_lose_nothing_and_readers_see_whole_cells(tmp_path):
+    run = Run.create(tmp_path, {"command": "test", "cells": []}, run_id="r1")
+    n = 150
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(run.path), who, str(n)], cwd=REPO)
+             for who in ("a", "b")]
+    partial_reads = 0
+    while any(p.poll() is None for p in procs):
+        cells, blocks = run.read()  # one consistent view of both
+        if len(cells):
+            sizes = blocks.groupby("cell_id").size()
+            assert set(sizes.index) == set(cells["cell_id"]) and (sizes == 7).all()  # whole cells only
+            partial_reads += 1
+        time.sleep(0.01)
+    assert all(p.wait() == 0 for p in procs)
+    cells = run.cells()
+    expected = {f"shared{i}" for i in range(10)} | {f"{w}{i}" for w in "ab" for i in range(n) if i % 3}
+    assert set(cells["cell_id"]) == expected and cells["cell_id"].is_unique
+    assert run.blocks().groupby("cell_id").size().eq(7).all() and len(run.blocks()) == 7 * len(expected)
+    assert partial_reads > 0  # the reader did read while both wrote
+
+
+def test_one_executor_at_a_time_the_second_is_told_who_holds_the_run(tmp_path):
+    run = Run.create(tmp_path, {"command": "test", "cells": []}, run_id="r1")
+    with run.executor("attnprof sweep a.yaml --resume"):
+        with pytest.raises(RunBusy, match=r"run r1 is being run by pid \d+ on .* \(attnprof sweep a.yaml --resume\): "
+                                          r"wait for it to end, or stop it and resume"):
+            with Run.open(run.path).executor("attnprof sweep a.yaml --resume"):
+                pass
+    with run.executor("again"):  # released on exit
+        pass
+    assert not (run.path / "executor.json").exists()
