@@ -21,7 +21,7 @@ import streamlit as st  # noqa: E402
 from dashboards import transforms as T  # noqa: E402
 from profiler.store import list_runs  # noqa: E402
 
-PAGES = ("Runs", "Run", "Compare", "Scaling", "Planner")
+PAGES = ("Runs", "Run", "Compare", "Scaling", "Planner", "Queue")
 COLOUR_BY = {"time": ("time_ms", "time (ms)"), "peak memory": ("peak_mem_bytes", "peak memory")}
 
 
@@ -285,6 +285,79 @@ def planner_page(model: str, size: str, batch: str, dtype: str, budget: str) -> 
         table(pd.DataFrame(p["blocks"]), "planner-blocks")
 
 
+# ---- the Queue page: profiles queued as Ray Jobs (profiler.service.jobs)
+
+def jobs_address() -> str:
+    from profiler.service.jobs import address
+
+    return address()  # attnprof serve sets $ATTNPROF_JOBS_ADDRESS
+
+
+def queue_ui() -> str:
+    """The sweep to queue, as YAML: composed from widgets, or pasted."""
+    from profiler import backends
+    from profiler.models import known_models
+
+    mode = choice_ui("Sweep", ["Compose", "Paste YAML"], "queue_mode", "Compose", horizontal=True)
+    if mode == "Paste YAML":
+        return st.text_area("Sweep config (the keys of configs/sweeps/*.yaml)", T.sweep_yaml(["tiny-sd15"],
+                            "256x256, 512x512", "1", ["float32"], ["naive", "sdpa"], "cpu"), height=260,
+                            key="queue_yaml")
+    a, b, c = st.columns(3)
+    models = a.multiselect("Models", list(known_models()), default=["sd15"], key="q_models")
+    sizes = b.text_input("Sizes (WxH, comma-separated)", "512x512, 768x768", key="q_sizes")
+    batch = c.text_input("Batch sizes (comma-separated)", "1", key="q_batch")
+    dtypes = a.multiselect("Dtypes", ["float16", "bfloat16", "float32"], default=["float16"], key="q_dtypes")
+    chosen = b.multiselect("Backends", backends.names(), default=["naive", "sdpa"], key="q_backends")
+    device = c.selectbox("Device", ["auto", "cuda", "cpu"], key="q_device")
+    text = T.sweep_yaml(models, sizes, batch, dtypes, chosen, device)
+    st.code(text, language="yaml")
+    return text
+
+
+def queue_page(text: str, results: Path) -> None:
+    from profiler.service import jobs
+    from profiler.spec import InputError
+
+    if st.button("Validate and submit", type="primary"):
+        try:
+            sid = jobs.submit(text, "the Queue page", results, jobs_address())
+        except InputError as e:  # a bad config (nothing queued), or no job server
+            st.error(str(e))
+        else:
+            st.success(f"queued {sid}: it runs on the cluster; its run appears on the Runs page")
+            st.session_state["queue_job"] = sid  # the jobs table below follows it
+    st.subheader("Jobs")
+    jobs_table()
+
+
+@st.fragment(run_every=2)
+def jobs_table() -> None:
+    from profiler.service import jobs
+    from profiler.spec import InputError
+
+    address = jobs_address()
+    try:
+        rows = jobs.jobs(address)
+    except InputError as e:
+        st.warning(f"{e}. Compose and validate anyway; nothing can be queued until a job server answers.")
+        return
+    if not rows:
+        st.info(f"No profiles queued at {address} yet.")
+        return
+    shown = pd.DataFrame(rows).assign(cells=lambda d: [f"{a}/{b}" if b == b and b is not None else "-"
+                                                       for a, b in zip(d["cells_done"], d["cells_total"])])
+    st.table(shown[["job", "status", "cells", "run", "submitted", "ended", "source", "message"]])
+    job = st.selectbox("Job", [r["job"] for r in rows], key="queue_job")
+    status = next(r["status"] for r in rows if r["job"] == job)
+    st.markdown(f"**{job}**: {status}")
+    if status in ("PENDING", "RUNNING") and st.button("Stop this job", key="queue_stop"):
+        jobs.stop(job, address)
+        st.info(f"stopping {job}: its finished cells stay stored and the run can be resumed")
+    with st.expander("Log"):
+        st.code(jobs.logs(job, address)[-6000:] or "(empty)")
+
+
 # ---- the app: widgets first, URL mirrored, layout last
 
 def page_ui(page: str, cells: pd.DataFrame) -> dict:
@@ -320,6 +393,12 @@ def main() -> None:
         values = planner_ui()
         mirror(dict(zip(("page", "plan_model", "plan_size", "plan_batch", "plan_dtype", "budget"), (page, *values))))
         return planner_page(*values)
+    if page == "Queue":
+        st.header("Queue")
+        st.caption(f"Profiles queued as Ray Jobs at {jobs_address()}; their runs land in `{root.resolve()}`.")
+        text = queue_ui()
+        mirror({"page": page})
+        return queue_page(text, root.resolve())
     chosen = runs_ui(index) if len(index) else []
     cells, blocks, problems = load_selected(root, chosen)
     filters = filters_ui(cells) if len(cells) else {}

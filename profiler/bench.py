@@ -6,12 +6,17 @@
 2. The planner: SDXL base at 4096x4096 on the meta device, target under 2 seconds.
 3. The sweep harness: a sweep's wall time against the sum of the forwards it ran (all of them: warm-up, timed,
    probe and reference); target under 1.15x for the CPU default.
+4. The store: recording a cell of 140 block rows (SDXL's calls) into an empty run and into a run that already holds
+   10,000 cells; target under 20 ms at 10,000.
+5. Ray: 8 equal groups of CPU cells through a local Ray with 2 CPUs; the wall time against the sum of the groups'
+   own times over 2; target within 1.2x.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -76,6 +81,76 @@ def harness_overhead(config: Path, out: Path) -> dict:
             "statuses": cells["status"].value_counts().to_dict(), "run": str(outcome.run_path)}
 
 
+def _cell_rows(cid: str, calls: int = 140) -> tuple[dict, list[dict]]:
+    """A cell row and its block rows shaped as a measured SDXL cell's (the columns, not the values)."""
+    from .spec import CellSpec
+
+    spec = CellSpec("sdxl-base", 1024, 1024, 1, "float16", "sdpa", "cuda").as_row()
+    cell = {**spec, "cell_id": cid, "status": "ok", "error": "", "forward_time_ms": 100.0,
+            "forward_time_samples_ms": [100.0, 101.0, 99.0], **{f"figure_{i}": float(i) for i in range(30)}}
+    blocks = [{**spec, "cell_id": cid, "call_index": i, "block": f"up_blocks.0.attentions.{i % 3}.attn1",
+               "stage": "up", "level": 1, "kind": "self", "heads": 10, "head_dim": 64, "tokens_q": 4096,
+               "tokens_k": 4096, "time_ms": 1.0, "time_samples_ms": [1.0, 1.1, 0.9], "peak_mem_bytes": 2**20,
+               "kernel": "aten::_scaled_dot_product_flash_attention", "status": "ok"} for i in range(calls)]
+    return cell, blocks
+
+
+def store_record_ms(out: Path, held: int = 10_000, rounds: int = 20) -> dict:
+    """Median ms to record one 140-call cell into an empty run and into one already holding `held` cells."""
+    import shutil
+
+    from .store import Run
+
+    out.mkdir(parents=True, exist_ok=True)
+    result = {}
+    for label, n in (("empty", 0), ("full", held)):
+        run = Run.create(out, {"command": "bench", "cells": []})
+        if n:
+            run.record(*_cell_rows("seed"))
+            cell_file = run.path / "cells" / "seed.parquet"
+            blocks_file = next((run.path / "blocks").glob("seed.*.parquet"))
+            for i in range(n - 1):  # the same files under other cells' names
+                shutil.copyfile(cell_file, run.path / "cells" / f"held{i:05d}.parquet")
+                shutil.copyfile(blocks_file, run.path / "blocks" / f"held{i:05d}.{blocks_file.name.split('.')[1]}"
+                                                                   f".parquet")
+        times = []
+        for i in range(rounds):
+            cell, blocks = _cell_rows(f"new{i:03d}")
+            t0 = time.perf_counter()
+            run.record(cell, blocks)
+            times.append((time.perf_counter() - t0) * 1e3)
+        result[label] = statistics.median(times)
+        shutil.rmtree(run.path)
+    return result
+
+
+def ray_scaling(out: Path, groups: int = 8, workers: int = 2) -> dict:
+    """8 equal groups (tiny-sd15, fp32, on the CPU) as Ray tasks of one CPU each on a local Ray with 2 CPUs."""
+    import ray
+
+    from .execute.grid import Sweep
+    from .execute.ray import connect, run_chunks
+    from .execute.sweep import InFlight, _progress
+    from .store import Run
+
+    sweep = Sweep(models=("tiny-sd15",), sizes=((192, 192), (256, 256)), dtypes=("float32",), device="cpu",
+                  repeats=3, warmup=1, out=str(out))
+    chunks = [[replace(c, backend_options=(("budget_bytes", 2**26 + g),)) for c in sweep.cells()]
+              for g in range(groups)]  # equal work, distinct cells: split with budgets that never bind here
+    chunks = [[replace(c, backend="split") for c in chunk] for chunk in chunks]
+    connect(num_cpus=workers)
+    try:
+        run = Run.create(out, {"command": "bench", "cells": []})
+        t0 = time.perf_counter()
+        seconds = run_chunks(chunks, run, sweep, InFlight(run, _progress(groups * 2, 0, False)))
+        wall = time.perf_counter() - t0
+        statuses = run.cells()["status"].value_counts().to_dict()
+    finally:
+        ray.shutdown()
+    ideal = sum(seconds) / workers
+    return {"wall_s": wall, "groups_s": seconds, "ideal_s": ideal, "ratio": wall / ideal, "statuses": statuses}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m profiler.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -86,6 +161,7 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", default=str(REPO / "configs" / "sweeps" / "cpu-default.yaml"))
     p.add_argument("--out", default="results/bench")
     p.add_argument("--skip-sweep", action="store_true")
+    p.add_argument("--skip-ray", action="store_true")
     args = p.parse_args(argv)
 
     r = recorder_overhead(args.model, args.size, args.backend, args.rounds)
@@ -96,6 +172,14 @@ def main(argv=None) -> int:
     print(f"  torch.profiler     {r['profiled_ms']:9.1f} ms   ratio {r['profiler_ratio']:.3f}x  (for reference)")
     t = planner_time()
     print(f"planner, sdxl-base 4096x4096 on the meta device: {t['plan_s']:.2f} s (target < 2 s)")
+    r = store_record_ms(Path(args.out) / "store")
+    print(f"store: recording a cell of 140 block rows: {r['empty']:.1f} ms into an empty run, {r['full']:.1f} ms "
+          f"into a run holding 10,000 cells (target < 20 ms)")
+    if not args.skip_ray:
+        r = ray_scaling(Path(args.out) / "ray")
+        print(f"ray: 8 equal CPU groups on a local Ray with 2 CPUs: wall {r['wall_s']:.1f} s, groups "
+              f"{sum(r['groups_s']):.1f} s in all ({min(r['groups_s']):.1f}..{max(r['groups_s']):.1f} s each), "
+              f"ratio {r['ratio']:.3f}x of their sum / 2 (target <= 1.2x); cells {r['statuses']}")
     if not args.skip_sweep:
         h = harness_overhead(Path(args.sweep), Path(args.out))
         print(f"sweep harness overhead, {args.sweep}:")

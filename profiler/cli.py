@@ -177,17 +177,52 @@ def cmd_show(args) -> int:
 
 
 def cmd_dashboard(args) -> int:
-    import os
+    from .service.serve import dashboard
 
-    if not 0 < args.port < 65536:
-        raise InputError(f"--port {args.port} is not a TCP port: use 1 to 65535")
-    app = Path(__file__).resolve().parent.parent / "dashboards" / "app.py"
-    results = Path(args.results).resolve()
-    print(f"attnprof dashboard: http://{args.host}:{args.port}  (results: {results}; Ctrl-C stops it)", flush=True)
-    os.execv(sys.executable, [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", args.host,
-                              "--server.port", str(args.port), "--server.headless", "true",
-                              "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer",
-                              "--", "--results", str(results)])
+    print(f"attnprof dashboard: http://{args.host}:{args.port}  (results: {Path(args.results).resolve()}; Ctrl-C "
+          "stops it)", flush=True)
+    dashboard(args.results, args.port, args.host)
+
+
+def cmd_serve(args) -> int:
+    from .service.serve import serve
+
+    serve(args.results, args.address, args.port, args.host, args.ray_port, args.jobs_port)
+
+
+def cmd_submit(args) -> int:
+    from .service import jobs
+
+    path = Path(args.config)
+    if not path.is_file():
+        raise InputError(f"sweep config {path} does not exist: see configs/sweeps/ for examples")
+    sid = jobs.submit(path.read_text(), str(path), args.results, args.address, resume=args.resume)
+    print(sid)
+    print(f"queued at {jobs.address(args.address)}: attnprof jobs (progress), attnprof jobs --logs {sid}, "
+          f"attnprof jobs --stop {sid}", file=sys.stderr)
+    return 0
+
+
+def cmd_jobs(args) -> int:
+    from .fmt import table
+    from .service import jobs
+
+    if args.stop:
+        jobs.stop(args.stop, args.address)
+        print(f"stopping {args.stop}: its finished cells stay stored; attnprof submit CONFIG --resume (or attnprof "
+              "sweep CONFIG --resume --out RESULTS) finishes the run")
+        return 0
+    if args.logs:
+        print(jobs.logs(args.logs, args.address), end="")
+        return 0
+    rows = jobs.jobs(args.address)
+    if not rows:
+        print(f"no attnprof jobs at {jobs.address(args.address)}: queue one with attnprof submit CONFIG")
+        return 0
+    for r in rows:
+        r["cells"] = f"{r['cells_done']}/{r['cells_total']}" if r["cells_total"] is not None else "-"
+    print(table(rows, [(c, c) for c in ("job", "status", "submitted", "source", "run", "cells")]))
+    return 0
 
 
 def _add_exec_args(p, out_default="results"):
@@ -260,6 +295,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", default="results", help="results folder (default results)")
     p.set_defaults(func=cmd_show)
 
+    p = sub.add_parser("serve", help="the service: a Ray head (or --address's cluster) and the dashboard with its "
+                                     "Queue page", description="Start a Ray head on this machine (token "
+                       "authentication on; it keeps running after the dashboard stops, so jobs survive a restart), "
+                       "or use the cluster at --address, and serve the dashboard. Binds to 127.0.0.1 unless --host "
+                       "says otherwise: anyone who reaches these ports and holds the token can run code here.")
+    p.add_argument("--results", default="results", help="results folder (default results)")
+    p.add_argument("--address", help="use the Ray cluster whose job server is at ADDRESS (http://HOST:8265, or "
+                                     "HOST:PORT) instead of starting a head here")
+    p.add_argument("--port", type=int, default=8501, help="the dashboard's port (default 8501)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--ray-port", type=int, default=6379, help="the Ray head's port (default 6379)")
+    p.add_argument("--jobs-port", type=int, default=8265, help="Ray's job server / dashboard port (default 8265)")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("submit", help="queue a sweep config as a Ray Job; prints the job id",
+                       description="Validate a sweep config as attnprof sweep would, then queue it as a Ray Job "
+                                   "that runs it with --ray on the cluster.")
+    p.add_argument("config", help="a YAML file, e.g. configs/sweeps/default.yaml")
+    p.add_argument("--address", help="the job server (default: $ATTNPROF_JOBS_ADDRESS or http://127.0.0.1:8265)")
+    p.add_argument("--results", default="results", help="results folder, on the machine the job runs on "
+                                                          "(default results)")
+    p.add_argument("--resume", action="store_true", help="continue the latest run of this config there")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("jobs", help="list the queued profiles with status, cells done / total and run; stop one",
+                       description="The attnprof jobs of the cluster (Ray Jobs), newest first.")
+    p.add_argument("--address", help="the job server (default: $ATTNPROF_JOBS_ADDRESS or http://127.0.0.1:8265)")
+    p.add_argument("--stop", metavar="ID", help="stop this job (its finished cells stay stored, the run resumable)")
+    p.add_argument("--logs", metavar="ID", help="print this job's log")
+    p.set_defaults(func=cmd_jobs)
+
     p = sub.add_parser("dashboard", help="serve the Streamlit dashboard over the runs under the results folder")
     p.add_argument("--results", default="results", help="results folder (default results)")
     p.add_argument("--port", type=int, default=8501, help="port (default 8501)")
@@ -269,6 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from .execute import stop_on_sigterm
+
+    stop_on_sigterm()
     try:
         args = build_parser().parse_args(argv)
         return args.func(args)

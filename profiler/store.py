@@ -178,20 +178,23 @@ class Run:
 
     def record(self, cell: dict, blocks: list[dict]) -> None:
         """Store a finished cell: its block rows, then its cell row (which names the blocks' version), then drop
-        the blocks of its earlier versions. A cell recorded again replaces its rows."""
+        the blocks of the version it replaces. A cell recorded again replaces its rows. Nothing here lists a
+        folder, so the cost does not grow with the run."""
         cid, version = cell["cell_id"], secrets.token_hex(6) if blocks else ""
         cell = {"run_id": self.id, **cell, "recorded_at": dt.datetime.now(dt.timezone.utc).isoformat(),
                 "blocks_version": version}
+        cell_file = self.path / CELL_DIR / f"{cid}.parquet"
         with _flock(self.path / LOCK):
             (self.path / CELL_DIR).mkdir(exist_ok=True)
+            replaced = pq.read_table(cell_file, columns=["blocks_version"])[0][0].as_py() \
+                if cell_file.is_file() else ""
             if blocks:
                 (self.path / BLOCK_DIR).mkdir(exist_ok=True)
                 _write_rows(self.path / BLOCK_DIR / f"{cid}.{version}.parquet",
                             [{"run_id": self.id, **b, "blocks_version": version} for b in blocks])
-            _write_rows(self.path / CELL_DIR / f"{cid}.parquet", [cell])
-            for old in (self.path / BLOCK_DIR).glob(f"{cid}.*.parquet"):
-                if old.name != f"{cid}.{version}.parquet":
-                    old.unlink(missing_ok=True)
+            _write_rows(cell_file, [cell])
+            if replaced:
+                (self.path / BLOCK_DIR / f"{cid}.{replaced}.parquet").unlink(missing_ok=True)
 
     def _read_cells(self) -> tuple[pd.DataFrame, set[str]]:
         """(every recorded cell row, the ids whose row is a per-cell file); call under the lock."""

@@ -24,7 +24,7 @@ def local_ray():
 
     old = os.environ.get("ATTNPROF_PLUGINS")
     os.environ["ATTNPROF_PLUGINS"] = "tests.faults"
-    connect(None)
+    connect(None, num_cpus=2)
     yield
     ray.shutdown()
     if old is None:

@@ -40,16 +40,15 @@ def test_round_trip_a_cell_recorded_again_replaces_its_rows(tmp_path):
     assert not list(run.path.rglob("*.tmp"))  # no temporary files left behind
 
 
-def test_blocks_without_their_cell_row_are_left_out(tmp_path):
+def test_blocks_without_their_cell_row_are_left_out_and_compaction_drops_them(tmp_path):
     """A kill between a cell's two writes leaves block rows without the cell row that names them."""
     run = Run.create(tmp_path, {"command": "test", "cells": []}, run_id="r1")
     run.record(_cell("c1"), _blocks("c1", 3))
-    version = run.cells()["blocks_version"].iloc[0]
-    (run.path / "blocks" / f"c1.{version}.parquet").rename(run.path / "blocks" / "c1.deadbeef0000.parquet")
-    run.record(_cell("c1"), _blocks("c1", 3))  # the old version's files go, whatever their name
-    pd.DataFrame(_blocks("c9", 4)).to_parquet(run.path / "blocks" / "c9.0123456789ab.parquet")
+    pd.DataFrame(_blocks("c1", 5)).to_parquet(run.path / "blocks" / "c1.deadbeef0000.parquet")  # a killed re-record
+    pd.DataFrame(_blocks("c9", 4)).to_parquet(run.path / "blocks" / "c9.0123456789ab.parquet")  # a killed first one
     assert run.blocks()["cell_id"].tolist() == ["c1"] * 3
-    assert sorted(p.name.split(".")[0] for p in (run.path / "blocks").iterdir()) == ["c1", "c9"]
+    run.compact()
+    assert run.blocks()["cell_id"].tolist() == ["c1"] * 3 and not list((run.path / "blocks").iterdir())
 
 
 def test_compaction_folds_the_files_and_keeps_every_row(tmp_path):

@@ -2,6 +2,7 @@
 the cells it makes."""
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -102,13 +103,23 @@ def _positive_int(value, where: str, key: str, minimum: int) -> int:
 
 
 def load(path: str | Path) -> Sweep:
-    """Read and validate a sweep YAML: every key, name and size, before any model is built."""
+    """Read and validate a sweep YAML file (or env:NAME, the text of an environment variable, as a queued job gets
+    its config): every key, name and size, before any model is built."""
+    if str(path).startswith("env:"):
+        name = str(path)[4:]
+        if name not in os.environ:
+            raise InputError(f"sweep config {path}: the environment variable {name} is not set")
+        return loads(os.environ[name], str(path))
     path = Path(path)
-    where = str(path)
     if not path.is_file():
         raise InputError(f"sweep config {path} does not exist: see configs/sweeps/ for examples")
+    return loads(path.read_text(), str(path))
+
+
+def loads(text: str, where: str) -> Sweep:
+    """Validate a sweep config's text; `where` names it in every error."""
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise InputError(f"{where}: not valid YAML ({str(e).splitlines()[0]}): fix the file") from None
     if not isinstance(doc, dict):

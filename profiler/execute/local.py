@@ -55,7 +55,7 @@ class LocalExecutor:
 def _in_process(flight, event: dict) -> None:
     if event["event"] == "start":
         flight.start(os.getpid(), event)
-    else:
+    elif event["event"] == "done":
         flight.end(os.getpid())
 
 

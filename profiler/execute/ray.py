@@ -20,25 +20,29 @@ import ray
 
 from ..spec import CellSpec, InputError
 from ..store import REPO
+from . import stop_on_sigterm
 
 EXCLUDES = ["results", "test-output", ".whl", "*.parquet", "**/__pycache__"]  # Ray leaves out .git and .venv
 
 
-def connect(address: str | None = None, excludes: tuple[str, ...] = ()) -> None:
+def connect(address: str | None = None, excludes: tuple[str, ...] = (), num_cpus: int | None = None) -> None:
     """Join the Ray cluster at address ('auto': the one this machine runs), or with None the one this machine runs
     if any, else start a local one. Token authentication stays on: Ray turns it on for the local clusters it starts
     and for clients where a token exists (~/.ray/auth_token); `attnprof serve` starts its head with it."""
     if ray.is_initialized():
         return
     env_vars = {"ATTNPROF_PLUGINS": os.environ.get("ATTNPROF_PLUGINS", ""), "PYTHONUNBUFFERED": "1"}
+    runtime_env = {"working_dir": str(REPO), "excludes": EXCLUDES + list(excludes), "env_vars": env_vars}
+    if os.environ.get("ATTNPROF_JOB_ID"):  # a queued job: its runtime env (code, config, plugins) is the tasks' too
+        runtime_env = None
     try:
-        ray.init(address=address, log_to_driver=False, logging_level="WARNING", configure_logging=True,
-                 runtime_env={"working_dir": str(REPO), "excludes": EXCLUDES + list(excludes),
-                              "env_vars": env_vars})
+        ray.init(address=address, log_to_driver=False, logging_level="ERROR", configure_logging=True,
+                 runtime_env=runtime_env, **({"num_cpus": num_cpus} if num_cpus else {}))
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise InputError(f"cannot reach the Ray cluster at {address or 'this machine'} "
                          f"({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}): start one with "
                          "ray start --head, or leave out the address for a local one") from None
+    stop_on_sigterm()  # Ray's driver would exit on SIGTERM: ours ends the sweep as Ctrl-C does
 
 
 def _resources(device: str) -> dict:
@@ -126,7 +130,8 @@ class RayExecutor:
 
 
 def run_chunks(chunks: list[list[CellSpec]], run, sweep, flight) -> list[float]:
-    """Run the chunks as Ray tasks, recording each cell as it ends; returns each task's seconds (for the bench)."""
+    """Run the chunks as Ray tasks, recording each cell as it ends; returns the seconds each task spent on its
+    chunk, model build included (for the bench)."""
     tasks = _Tasks(run, sweep, flight)
     for chunk in chunks:
         tasks.submit(chunk)
@@ -154,8 +159,7 @@ class _Tasks:
     def submit(self, cells: list[CellSpec], retry: int = 0) -> None:
         gen = _group.options(**_resources(cells[0].device)).remote([c.as_row() for c in cells], self.sweep.repeats,
                                                                    self.sweep.warmup)
-        self.active[gen] = {"cells": list(cells), "in_flight": None, "cancelled": False, "retry": retry,
-                            "submitted": time.time()}
+        self.active[gen] = {"cells": list(cells), "in_flight": None, "cancelled": False, "retry": retry}
 
     def step(self, gen) -> None:
         from .sweep import failed_in_flight
@@ -164,7 +168,6 @@ class _Tasks:
         try:
             event = ray.get(next(gen))
         except StopIteration:
-            self.seconds.append(time.time() - state["submitted"])
             del self.active[gen]
             return
         except ray.exceptions.RayError as e:  # the worker died, its node was lost, or a timeout cancelled it
@@ -183,6 +186,8 @@ class _Tasks:
         if event["event"] == "start":
             state["in_flight"] = event["cell_id"]
             self.flight.start(id(gen), event)
+        elif event["event"] == "end":
+            self.seconds.append(event["seconds"])
         else:
             self.run.record(event["cell"], event["blocks"])
             state["cells"] = [c for c in state["cells"] if c.cell_id != event["cell_id"]]

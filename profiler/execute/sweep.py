@@ -92,14 +92,16 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
     cells = sweep.cells(device)
     budget = sweep.memory_budget or executor.free_memory(device)
     run = _find_resumable(sweep) if resume else None
-    resumed = run is not None
+    resumed, job_id = run is not None, os.environ.get("ATTNPROF_JOB_ID")  # set in a queued job (attnprof submit)
     if not resumed:
         run = Run.create(Path(sweep.out), {
             "command": command, "sweep": sweep.settings(), "memory_budget_bytes": budget,
+            "job_ids": [job_id] if job_id else [],
             "cells": [c.as_row() for c in cells], "environment": executor.environment(device)})
     with run.executor(command or "attnprof"):
         if resumed:
-            run.update_manifest(resumed_at=now(), ended_at=None, memory_budget_bytes=budget)
+            jobs = run.manifest().get("job_ids", []) + ([job_id] if job_id else [])
+            run.update_manifest(resumed_at=now(), ended_at=None, memory_budget_bytes=budget, job_ids=jobs)
         done = run.done_cells()
         pending = [c for c in cells if c.cell_id not in done or (retry_failed and done[c.cell_id] != "ok")]
         pre = preflight(pending, budget, force, executor.availability)
@@ -181,15 +183,16 @@ class InFlight:
 
 
 def group_events(cells: list[CellSpec], repeats: int, warmup: int):
-    """Run cells that share one (model, dtype, device) with one model build: a start event before each cell and a
-    done event, with its rows, after it. Every executor runs its groups through this."""
+    """Run cells that share one (model, dtype, device) with one model build: a start event before each cell, a done
+    event with its rows after it, and an end event with the group's seconds. Every executor runs groups so."""
     from ..measure.cell import ModelCache, run_cell
 
-    cache, host = ModelCache(), socket.gethostname()
+    t0, cache, host = time.perf_counter(), ModelCache(), socket.gethostname()
     for c in cells:
         yield {"event": "start", "cell_id": c.cell_id, "label": label(c), "pid": os.getpid(), "host": host}
         cell, blocks = run_cell(c, cache, repeats, warmup)
         yield {"event": "done", "cell_id": c.cell_id, "status": cell["status"], "cell": cell, "blocks": blocks}
+    yield {"event": "end", "seconds": time.perf_counter() - t0}  # the group's time, model build included
 
 
 def run_group(cells: list[CellSpec], run, repeats: int, warmup: int, emit) -> None:
