@@ -52,11 +52,18 @@ def load_run(path: str, stamp: tuple) -> tuple[pd.DataFrame, pd.DataFrame, str]:
         return pd.DataFrame(), pd.DataFrame(), f"{Path(path).name} is skipped, unreadable: {type(e).__name__}: {e}"
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
-def load_plan(model: str, width: int, height: int, batch: int, dtype: str) -> dict:
-    from profiler.plan import plan
+@st.cache_data(show_spinner="Tracing the forward on fake tensors...", max_entries=16)
+def load_trace(model: str, width: int, height: int, batch: int, dtype: str) -> dict:
+    from profiler.plan.forward import trace
 
-    return plan(model, width, height, batch, dtype)
+    return trace(model, width, height, batch, dtype, "cuda")
+
+
+@st.cache_data(show_spinner="Screening every 64-pixel step for each GPU size...", max_entries=8)
+def load_largest(model: str, batch: int, dtype: str) -> list[dict]:
+    from profiler.plan.fit import fit_many
+
+    return fit_many(model, [g * T.GiB for g in T.GPU_SIZES_GIB], None, dtype, batch, verify=False)
 
 
 def load_selected(root: Path, run_ids: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
@@ -176,8 +183,11 @@ def run_page(cells: pd.DataFrame, blocks: pd.DataFrame, cell: str | None, colour
     else:
         st.info("No cell of the chosen runs and filters ended ok: nothing to draw. The cells and their errors:")
     st.subheader("Cells")
+    st.caption("forward peak total: measured, counted as the planner counts it (weights + inputs + the forward's "
+               "transient); predicted forward peak: the planner's, from fake tensors; ratio: measured / predicted.")
     table(cells[[c for c in ("run_id", "model", "size", "batch", "dtype", "backend_label", "family", "status",
                              "error", "attention_time_ms", "attention_peak_mem_bytes", "predicted_peak_bytes",
+                             "forward_peak_total_bytes", "predicted_forward_peak_bytes", "forward_peak_ratio",
                              "forward_time_ms", "noisy", "max_rel_err", "kernel") if c in cells]], "cells")
 
 
@@ -256,21 +266,23 @@ def planner_ui() -> tuple:
 
 
 def planner_page(model: str, size: str, batch: str, dtype: str, budget: str) -> None:
-    from profiler.spec import InputError, parse_batch, parse_size
     from profiler.execute.grid import parse_bytes
+    from profiler.plan.forward import LEFT_OUT
+    from profiler.spec import InputError, parse_batch, parse_size
 
     try:
         (width, height), n, limit = parse_size(size), parse_batch(batch), parse_bytes(budget, "memory budget")
     except InputError as e:
         st.error(str(e))
         return
-    p = load_plan(model, width, height, n, dtype)
-    plan = T.planner_table(p, limit)
+    traced = load_trace(model, width, height, n, dtype)
+    plan = T.planner_table(traced, limit)
     shown, unit = T.with_mem_unit(plan, ["need_bytes", "budget_bytes"])
     fits = int(plan["fits"].sum())
-    st.caption(f"{model} at {width}x{height}, batch {n}, {dtype}: {fits} of {len(plan)} backends fit in "
-               f"{T.human_bytes(limit)}. Need = weights + the largest attention call's predicted transient peak "
-               "(activations held between calls are not counted). No GPU and no run needed.")
+    st.caption(f"{model} at {width}x{height}, batch {n} (2 under classifier-free guidance), {dtype}, on a CUDA GPU: "
+               f"{fits} of {len(plan)} backends fit in {T.human_bytes(limit)}. Need = the whole forward's peak: "
+               "weights, inputs and every activation, traced on fake tensors (no GPU and no run needed). Not "
+               f"counted: {LEFT_OUT}.")
     chart(shown, {"layer": [
         {"mark": {"type": "bar", "tooltip": True}, "encoding": {
             "y": {"field": "backend", "type": "nominal", "sort": None, "title": None},
@@ -281,8 +293,13 @@ def planner_page(model: str, size: str, batch: str, dtype: str, budget: str) -> 
         {"mark": {"type": "rule", "color": "black", "strokeDash": [4, 4]},
          "encoding": {"x": {"datum": limit / T.UNITS[unit]}}}]})
     table(plan, "planner")
-    with st.expander("Per-call figures (tokens, score tables, FLOPs)"):
-        table(pd.DataFrame(p["blocks"]), "planner-blocks")
+    st.subheader(f"Largest square image per backend, by GPU memory ({model}, batch {n}, {dtype})")
+    st.caption("Every 64-pixel step screened (the activations from two traced forwards, each attention call from its "
+               "memory model); attnprof fit --model ... --budget ... traces the answer exactly.")
+    table(T.largest_table(load_largest(model, n, dtype)), "largest")
+    with st.expander("Per-call figures (tokens, score tables, FLOPs, traced peaks)"):
+        table(pd.DataFrame([{k: v for k, v in r.items() if k != "traced_peak_bytes"} for r in traced["rows"]]),
+              "planner-blocks")
 
 
 # ---- the Queue page: profiles queued as Ray Jobs (profiler.service.jobs)

@@ -10,8 +10,6 @@ import pandas as pd
 
 from profiler import backends
 from profiler.fmt import human_bytes
-from profiler.plan import predicted_need_bytes
-from profiler.spec import DTYPES
 from profiler.report.show import UNREADABLE, runs_index as load_index  # noqa: F401 (the Runs page's table)
 from profiler.store import DONE_STATUSES, Run  # noqa: F401 (DONE_STATUSES: the app's status columns)
 
@@ -38,6 +36,8 @@ def _derive(df: pd.DataFrame) -> pd.DataFrame:
     df["pixels"] = df["width"] * df["height"]
     df["backend_label"] = [backend_label(b, o) for b, o in zip(df["backend"], df["backend_options"])]
     df["family"] = df["backend"].map(family)
+    if {"forward_peak_total_bytes", "predicted_forward_peak_bytes"} <= set(df):  # measured beside predicted
+        df["forward_peak_ratio"] = df["forward_peak_total_bytes"] / df["predicted_forward_peak_bytes"]
     return df
 
 
@@ -159,16 +159,35 @@ def scaling_long(table: pd.DataFrame) -> pd.DataFrame:
 
 # ---- the Planner page
 
-def planner_table(p: dict, budget_bytes: int) -> pd.DataFrame:
-    """Each backend's predicted need (weights + its largest call's predicted peak, default options) against a budget."""
-    weights = int(p["totals"]["params_total"] * DTYPES[p["dtype"]].itemsize)
+def planner_table(traced: dict, budget_bytes: int) -> pd.DataFrame:
+    """Each backend's predicted need (plan/forward.py: the whole forward's peak, weights and inputs included, default
+    options) against a budget, with its largest attention call and how the calls were traced."""
+    from profiler.plan.forward import method_text
+
     rows = []
-    for name, b in backends.BACKENDS.items():
-        need, call = predicted_need_bytes(p, name)
-        rows.append({"backend": name, "family": b.family, "predicted_peak_bytes": need - weights,
-                     "largest_call": call["block"], "weights_bytes": weights, "need_bytes": need,
-                     "budget_bytes": budget_bytes, "fits": need <= budget_bytes, "headroom_bytes": budget_bytes - need})
+    for name, b in traced["backends"].items():
+        top = max(traced["rows"], key=lambda r: r["traced_peak_bytes"][name])
+        need = b["predicted_forward_peak_bytes"]
+        rows.append({"backend": name, "family": family(name), "need_bytes": need, "weights_bytes":
+                     traced["weights_bytes"], "transient_peak_bytes": b["transient_peak_bytes"],
+                     "largest_call": top["block"], "largest_call_peak_bytes": top["traced_peak_bytes"][name],
+                     "budget_bytes": budget_bytes, "fits": need <= budget_bytes, "headroom_bytes": budget_bytes - need,
+                     "how": method_text(b["how"])})
     return pd.DataFrame(rows)
+
+
+GPU_SIZES_GIB = (8, 12, 16, 24, 40, 48, 80, 141)
+
+
+def largest_table(fits: list[dict]) -> pd.DataFrame:
+    """Backends (rows) by GPU memory (columns): the largest square image whose forward fits, from fit_many."""
+    rows = {}
+    for f in fits:
+        column = f"{f['budget_bytes'] / GiB:g} GiB"
+        for b in f["backends"]:
+            size = f"{b['largest'][0]}x{b['largest'][1]}" if b["largest"] else "none"
+            rows.setdefault(b["backend"], {"backend": b["backend"]})[column] = size
+    return pd.DataFrame(list(rows.values()))
 
 
 # ---- the Queue page

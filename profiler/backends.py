@@ -342,6 +342,19 @@ def availability(name: str, device: str = "cpu", dtype: str = "float16",
 
 # ---- memory models
 
+def chunks(name: str, row: dict, dtype: str, **options) -> int:
+    """How many chunks a chunked backend cuts one call into (1 for the others)."""
+    opts = check_options(name, options)
+    n, tq, tk = row["batch"] * row["heads"], row["tokens_q"], row["tokens_k"]
+    if name == "sliced":
+        return -(-n // opts["slice_size"])
+    if name == "split":
+        return -(-tq // split_rows(n, tk, row["score_bytes"] // row["score_elements"], opts["budget_bytes"]))
+    if name == "subquad":
+        return -(-tq // opts["query_chunk"]) * -(-tk // opts["key_chunk"])
+    return 1
+
+
 def predicted_peak_bytes(name: str, row: dict, dtype: str, **options) -> int:
     """Transient peak of one processor call over what was allocated when it began (the output counts).
 

@@ -10,6 +10,8 @@
    10,000 cells; target under 20 ms at 10,000.
 5. Ray: 8 equal groups of CPU cells through a local Ray with 2 CPUs; the wall time against the sum of the groups'
    own times over 2; target within 1.2x.
+6. The whole-forward planner: SDXL base at 1024x1024 on fake tensors, one backend (the fake model built first)
+   under 5 s; all 11 backends at one size under 15 s; attnprof fit for SDXL base, all backends, 24 GiB, under 60 s.
 """
 from __future__ import annotations
 
@@ -95,6 +97,23 @@ def _cell_rows(cid: str, calls: int = 140) -> tuple[dict, list[dict]]:
     return cell, blocks
 
 
+def forward_planner(model: str = "sdxl-base") -> dict:
+    """Seconds for the whole-forward plan of one backend (fake model included), of all backends, and for a fit."""
+    from .plan.fit import fit
+    from .plan.forward import fake_unet, trace
+
+    fake_unet.cache_clear()
+    t0 = time.perf_counter()
+    trace(model, 1024, 1024, 1, "float16", "cuda", ["sdpa"])
+    one = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    trace(model, 1024, 1024, 1, "float16", "cuda")
+    every = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    f = fit(model, 24 * 2**30)
+    return {"one_s": one, "every_s": every, "fit_s": time.perf_counter() - t0, "fit_traced": len(f["sizes_traced"])}
+
+
 def store_record_ms(out: Path, held: int = 10_000, rounds: int = 20) -> dict:
     """Median ms to record one 140-call cell into an empty run and into one already holding `held` cells."""
     import shutil
@@ -160,27 +179,36 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--sweep", default=str(REPO / "configs" / "sweeps" / "cpu-default.yaml"))
     p.add_argument("--out", default="results/bench")
-    p.add_argument("--skip-sweep", action="store_true")
-    p.add_argument("--skip-ray", action="store_true")
+    p.add_argument("--only", nargs="+", choices=["recorder", "planner", "forward", "store", "ray", "sweep"],
+                   help="run only these benches (default: all)")
     args = p.parse_args(argv)
 
-    r = recorder_overhead(args.model, args.size, args.backend, args.rounds)
-    print(f"recorder overhead, {args.model} {args.size}x{args.size} {args.backend} fp32 cpu, "
-          f"median of {args.rounds} interleaved rounds:")
-    print(f"  plain forward      {r['plain_ms']:9.1f} ms")
-    print(f"  recorded forward   {r['recorded_ms']:9.1f} ms   ratio {r['recorder_ratio']:.3f}x  (target <= 1.05x)")
-    print(f"  torch.profiler     {r['profiled_ms']:9.1f} ms   ratio {r['profiler_ratio']:.3f}x  (for reference)")
-    t = planner_time()
-    print(f"planner, sdxl-base 4096x4096 on the meta device: {t['plan_s']:.2f} s (target < 2 s)")
-    r = store_record_ms(Path(args.out) / "store")
-    print(f"store: recording a cell of 140 block rows: {r['empty']:.1f} ms into an empty run, {r['full']:.1f} ms "
-          f"into a run holding 10,000 cells (target < 20 ms)")
-    if not args.skip_ray:
+    run = set(args.only or ["recorder", "planner", "forward", "store", "ray", "sweep"])
+    if "recorder" in run:
+        r = recorder_overhead(args.model, args.size, args.backend, args.rounds)
+        print(f"recorder overhead, {args.model} {args.size}x{args.size} {args.backend} fp32 cpu, "
+              f"median of {args.rounds} interleaved rounds:")
+        print(f"  plain forward      {r['plain_ms']:9.1f} ms")
+        print(f"  recorded forward   {r['recorded_ms']:9.1f} ms   ratio {r['recorder_ratio']:.3f}x  (target <= 1.05x)")
+        print(f"  torch.profiler     {r['profiled_ms']:9.1f} ms   ratio {r['profiler_ratio']:.3f}x  (for reference)")
+    if "planner" in run:
+        t = planner_time()
+        print(f"planner, sdxl-base 4096x4096 on the meta device: {t['plan_s']:.2f} s (target < 2 s)")
+    if "forward" in run:
+        r = forward_planner()
+        print(f"whole-forward planner, sdxl-base 1024x1024 on fake tensors: one backend {r['one_s']:.2f} s (fake "
+              f"model built first; target < 5 s), all 11 backends {r['every_s']:.2f} s (target < 15 s); attnprof "
+              f"fit, all backends, 24 GiB: {r['fit_s']:.1f} s, {r['fit_traced']} sizes traced (target < 60 s)")
+    if "store" in run:
+        r = store_record_ms(Path(args.out) / "store")
+        print(f"store: recording a cell of 140 block rows: {r['empty']:.1f} ms into an empty run, {r['full']:.1f} ms "
+              f"into a run holding 10,000 cells (target < 20 ms)")
+    if "ray" in run:
         r = ray_scaling(Path(args.out) / "ray")
         print(f"ray: 8 equal CPU groups on a local Ray with 2 CPUs: wall {r['wall_s']:.1f} s, groups "
               f"{sum(r['groups_s']):.1f} s in all ({min(r['groups_s']):.1f}..{max(r['groups_s']):.1f} s each), "
               f"ratio {r['ratio']:.3f}x of their sum / 2 (target <= 1.2x); cells {r['statuses']}")
-    if not args.skip_sweep:
+    if "sweep" in run:
         h = harness_overhead(Path(args.sweep), Path(args.out))
         print(f"sweep harness overhead, {args.sweep}:")
         print(f"  wall {h['wall_s']:.1f} s, forwards {h['forwards_s']:.1f} s, ratio {h['harness_ratio']:.3f}x "

@@ -41,14 +41,32 @@ def cmd_plan(args) -> int:
     if args.memory_budget and not args.backend:
         raise InputError("--memory-budget needs --backend NAME: the need depends on the backend")
     budget = parse_bytes(args.memory_budget, "--memory-budget") if args.memory_budget else None
-    unet = models.build(args.model, weights="meta", dtype=dtype)
+    unet = None if args.backend else models.build(args.model, weights="meta", dtype=dtype)
     plans = [plan(args.model, w, h, batch, dtype, backend=args.backend, backend_options=options, unet=unet,
-                  memory_budget=budget) for w, h in sizes]
+                  memory_budget=budget, device=args.device) for w, h in sizes]
     if args.json:
         json.dump(plans, sys.stdout, indent=1)
         print()
     else:
         print("\n\n".join(format_plan(p) for p in plans))
+    return 0
+
+
+def cmd_fit(args) -> int:
+    from . import models
+    from .execute.grid import parse_bytes
+    from .plan.fit import fit, format_fit, parse_aspect
+
+    models.resolve(args.model)
+    say = (lambda line: None) if args.quiet else (lambda line: print(f"attnprof fit: {line}", file=sys.stderr,
+                                                                     flush=True))
+    result = fit(args.model, parse_bytes(args.budget, "--budget"), args.backend, parse_dtype(args.dtype),
+                 parse_batch(args.batch), parse_aspect(args.aspect), args.buckets, args.device, say=say)
+    if args.json:
+        json.dump(result, sys.stdout, indent=1)
+        print()
+    else:
+        print(format_fit(result))
     return 0
 
 
@@ -246,8 +264,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", help="add each call's predicted peak memory for this backend (attnprof backends)")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="backend option, e.g. slice_size=4")
     p.add_argument("--memory-budget", metavar="BYTES", help="with --backend: say whether the forward fits, e.g. 24GiB")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                   help="with --backend: the device whose attention kernels the forward is traced with (default cuda)")
     p.add_argument("--json", action="store_true", help="print a JSON array, one object per size")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("fit", help="the largest image whose forward fits a memory budget, per backend; no GPU",
+                       description="For each backend, the largest image whose whole forward (weights, inputs and "
+                                   "activations, traced on fake tensors) fits the budget: square sizes (or --aspect) "
+                                   "at 64-pixel steps, every step screened and the answer traced exactly; or, with "
+                                   "--buckets, the verdict for each of SDXL's trained aspect buckets. A pipeline "
+                                   "with classifier-free guidance runs the U-Net at batch 2: give --batch 2 for it.")
+    p.add_argument("--model", required=True, help="registry name (attnprof models), diffusers folder or hub id")
+    p.add_argument("--budget", required=True, help="memory budget: bytes or e.g. 12GiB")
+    p.add_argument("--backend", action="append", help="backend, repeatable (default: every one)")
+    p.add_argument("--dtype", default="float16", help="float16 | bfloat16 | float32 (default float16)")
+    p.add_argument("--batch", default="1", help="batch size (default 1; 2 under classifier-free guidance)")
+    p.add_argument("--aspect", default="1:1", help="W:H of the sizes searched (default 1:1)")
+    p.add_argument("--buckets", action="store_true", help="judge SDXL's aspect buckets (832x1216, 1024x1024, ...) "
+                                                           "instead of searching")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="device whose kernels (default cuda)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=cmd_fit)
 
     p = sub.add_parser("models", help="list the models in configs/models")
     p.set_defaults(func=cmd_models)

@@ -157,7 +157,7 @@ def example_inputs(unet: torch.nn.Module, batch: int, width: int, height: int, t
     cross = cross[0] if isinstance(cross, (list, tuple)) else cross
     kwargs = {
         "sample": make(*shape),
-        "timestep": torch.tensor(500, device=device),
+        "timestep": torch.full((batch,), 500, dtype=torch.int64, device=device),  # 1-D: no [None] on fake CUDA
         "encoder_hidden_states": make(batch, text_tokens, cross),
     }
     if cfg.addition_embed_type == "text_time":

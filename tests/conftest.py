@@ -39,15 +39,15 @@ def dashboard_results(tmp_path_factory):
     from dataclasses import replace
 
     from profiler.execute.grid import Sweep
-
-    from profiler.execute.sweep import execute, predicted_cell_peaks
+    from profiler.execute.sweep import execute, predict
 
     root = tmp_path_factory.mktemp("dashboard") / "results"
     sweep = Sweep(models=("tiny-sd15",), sizes=((64, 64), (128, 128)), dtypes=("float32",),
                   backends=(("naive", ()), ("sdpa", ()), ("subquad", ()), ("xformers", ())), repeats=2, warmup=0,
                   device="cpu", out=str(root))
     cells = [c for c in sweep.cells() if c.width == 128]
-    need = {c.backend: peak for c, peak in zip(cells, predicted_cell_peaks(cells).values(), strict=True)}
+    predicted = predict(cells)[0]
+    need = {c.backend: predicted[c.cell_id]["predicted_need_bytes"] for c in cells}
     assert need["naive"] > need["subquad"] > need["sdpa"]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the timings do not matter here, and two threads on a busy machine spin for minutes

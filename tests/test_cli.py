@@ -74,16 +74,23 @@ def test_console_entry_point_exits_2_without_traceback():
                                              "of 8 (the latent is 1/8 of the image)"]
 
 
-def test_plan_says_whether_a_backend_fits_a_budget(capsys):
+def test_plan_says_whether_the_forward_fits_a_budget(capsys):
     code, out, _ = run(capsys, "plan", "--model", "sdxl-base", "--size", "4096x4096", "--backend", "naive",
                        "--memory-budget", "24GiB", "--json")
     t = json.loads(out)[0]["totals"]
-    assert code == 0 and not t["fits"] and t["predicted_need_bytes"] > 2 * t["largest_score_bytes"]
+    assert code == 0 and not t["fits"] and t["predicted_forward_peak_bytes"] > t["weights_bytes"] + 2 * t[
+        "largest_score_bytes"]
+    assert t["predicted_forward_peak_bytes"] == t["weights_bytes"] + t["inputs_bytes"] + t[
+        "forward_transient_peak_bytes"]
+    assert t["weights_bytes"] == 2 * t["params_total"] and "CUDA context" in t["not_counted"]
     code, out, _ = run(capsys, "plan", "--model", "sdxl-base", "--size", "1536x1536", "--backend", "sdpa-flash",
                        "--memory-budget", "24GiB")
-    assert code == 0 and "fits the budget:           yes: needs" in out and "of 24.0 GiB" in out
+    assert code == 0 and "fits the budget:           yes: the forward peak" in out and "of 24.0 GiB" in out
+    assert "forward peak on cuda:" in out and "aten's flash attention kernel" in out
     code, _, err = run(capsys, "plan", "--model", "sd15", "--memory-budget", "2GiB")
     assert code == 2 and "--memory-budget needs --backend NAME" in err
+    code, _, err = run(capsys, "plan", "--model", "sd15", "--backend", "sdpa-efficient", "--device", "cpu")
+    assert code == 2 and "backend 'sdpa-efficient' does not run on cpu" in err
 
 
 def test_an_unwritable_results_folder_is_one_line_and_exit_2(tmp_path, capsys):
@@ -101,7 +108,7 @@ def test_an_unwritable_results_folder_is_one_line_and_exit_2(tmp_path, capsys):
      "--repeats", "1", "--warmup", "0", "--in-process", "--quiet"],
     ["-m", "profiler", "run", "--model", "tiny-sd15", "--size", "64x64", "--device", "cpu", "--dtype", "float32",
      "--repeats", "1", "--warmup", "0", "--quiet"],
-    ["-m", "profiler.bench", "--rounds", "1", "--size", "64", "--skip-sweep"],
+    ["-m", "profiler.bench", "--rounds", "1", "--size", "64", "--only", "recorder"],
 ], ids=["run-in-process", "run-workers", "bench"])
 def test_no_profiler_chatter_reaches_the_terminal(tmp_path, argv):
     """Kineto prints USDT: lines from C++ on fd 2 when the profiler starts and stops."""

@@ -181,7 +181,8 @@ def test_planner_page_needs_no_run(tmp_path, monkeypatch):
     assert len(plan) == 11
     assert plan.index[~plan["fits"]].tolist() == ["sdpa-math"]  # two float32 tables of 8 x 4096 x 4096: 1 GiB
     assert plan.loc["naive", "largest_call"] == "down_blocks.0.attentions.0.transformer_blocks.0.attn1"
-    assert plan.loc["naive", "predicted peak"].endswith("MiB")
+    assert plan.loc["naive", "need"].endswith("MiB")
+    assert plan.loc["xformers", "how"].startswith("attention calls from the memory model")
     at.text_input(key="budget").set_value("300MiB").run()
     plan = _table(at, 0).set_index("backend")
     assert not plan.loc["naive", "fits"] and plan.loc["sdpa", "fits"]  # naive holds two 256 MiB score tables
@@ -189,6 +190,11 @@ def test_planner_page_needs_no_run(tmp_path, monkeypatch):
     spec, data = _charts(at)[0]
     assert spec["layer"][0]["encoding"]["x"]["title"] == "predicted need (GiB)"  # sdpa-math needs over 1 GiB
     assert spec["layer"][1]["encoding"]["x"]["datum"] == pytest.approx(300 / 1024)  # the budget line, in GiB
+    largest = _table(at, 1).set_index("backend")
+    assert list(largest.columns) == ["8 GiB", "12 GiB", "16 GiB", "24 GiB", "40 GiB", "48 GiB", "80 GiB", "141 GiB"]
+    side = lambda size: int(size.split("x")[0])  # noqa: E731
+    assert side(largest.loc["naive", "8 GiB"]) < side(largest.loc["sdpa", "8 GiB"])  # the score tables cost pixels
+    assert side(largest.loc["naive", "8 GiB"]) <= side(largest.loc["naive", "24 GiB"])
     at.text_input(key="plan_size").set_value("500x500").run()
     assert "multiple of 8" in at.error[0].value
 

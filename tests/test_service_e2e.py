@@ -85,7 +85,7 @@ def test_submit_jobs_stop_and_resume_from_the_command_line(service):
     """Queued, listed while it runs (status, cells done / total, run), its log read, stopped after a cell or two
     (those kept, the run marked interrupted), then queued again with --resume: the same run finishes."""
     config = service["root"] / "sweep.yaml"
-    config.write_text(SMALL.replace("[64x64]", "[64x64, 256x256, 512x512]").replace("repeats: 1", "repeats: 2"))
+    config.write_text(SMALL.replace("[64x64]", "[64x64, 256x256, 384x384]").replace("repeats: 1", "repeats: 2"))
     p = _cli("submit", str(config), "--address", service["jobs"], "--results", str(service["results"]))
     assert p.returncode == 0, p.stderr
     sid = p.stdout.strip()

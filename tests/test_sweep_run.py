@@ -69,7 +69,7 @@ memory_budget: 300MiB
                        ("sdpa", 512): "ok", ("xformers", 64): "unavailable", ("xformers", 256): "unavailable",
                        ("xformers", 512): "unavailable"}
     skipped = cells[cells["status"] == "skipped"].iloc[0]
-    assert "exceeds the memory budget 300.0 MiB" in skipped["error"] and skipped["predicted_peak_bytes"] > 300 * 2**20
+    assert "exceeds the memory budget 300.0 MiB" in skipped["error"] and skipped["predicted_need_bytes"] > 300 * 2**20
     assert "pip install xformers" in cells[cells["status"] == "unavailable"].iloc[0]["error"]
     blocks = Run.open(run_dir).blocks()
     assert blocks.groupby("cell_id").size().to_dict() == {cid: 32 for cid, s in cells["status"].items() if s == "ok"}

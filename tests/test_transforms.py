@@ -7,7 +7,6 @@ import pandas as pd
 import pytest
 
 from dashboards import transforms as T
-from profiler import backends
 from profiler.store import list_runs
 
 GiB, MiB = 2**30, 2**20
@@ -133,25 +132,25 @@ def test_scaling_table_sums_time_and_takes_the_largest_call():
     assert long[(long["size"] == "1024x1024") & (long["source"] == "predicted")]["peak_bytes"].item() == 5 * MiB // 2
 
 
-def test_planner_table_adds_the_weights_and_checks_the_budget():
-    blocks = [_block("down_blocks.0.attentions.0.transformer_blocks.0.attn1", 0, 0, "self", 4096, 4096),
-              _block("down_blocks.0.attentions.0.transformer_blocks.0.attn2", 1, 0, "cross", 4096, 77)]
-    for b in blocks:
-        b.update(heads=8, head_dim=40, score_elements=8 * b["tokens_q"] * b["tokens_k"],
-                 score_bytes=2 * 8 * b["tokens_q"] * b["tokens_k"])
-    naive = max(backends.predicted_peak_bytes("naive", b, "float16") for b in blocks)
-    weights = 1000 * 2  # 1000 parameters in float16
-    plan = lambda dtype: {"dtype": dtype, "blocks": blocks, "totals": {"params_total": 1000}}  # noqa: E731
-    out = T.planner_table(plan("float16"), budget_bytes=weights + naive).set_index("backend")
-    assert list(out.index) == backends.names()
-    assert out.loc["naive", "predicted_peak_bytes"] == naive >= 2 * blocks[0]["score_bytes"]  # two tables alive
-    assert out.loc["naive", "largest_call"] == blocks[0]["block"]
-    assert out.loc["naive", "need_bytes"] == weights + naive and out.loc["naive", "headroom_bytes"] == 0
-    assert out.loc["naive", "fits"] and out.loc["sdpa", "fits"]
-    assert out.loc["sdpa", "predicted_peak_bytes"] < naive / 10  # fused: no score table
-    tight = T.planner_table(plan("float16"), budget_bytes=weights + naive - 1).set_index("backend")
+def test_planner_table_judges_each_backends_whole_forward_against_the_budget():
+    traced = {"weights_bytes": 2000, "rows": [
+        {"block": "a.attn1", "traced_peak_bytes": {"naive": 500, "sdpa": 40}},
+        {"block": "b.attn1", "traced_peak_bytes": {"naive": 900, "sdpa": 30}}],
+        "backends": {"naive": {"predicted_forward_peak_bytes": 3000, "transient_peak_bytes": 950, "how": "processor"},
+                     "sdpa": {"predicted_forward_peak_bytes": 2100, "transient_peak_bytes": 90, "how": "flash"}}}
+    out = T.planner_table(traced, budget_bytes=3000).set_index("backend")
+    assert out.loc["naive", "fits"] and out.loc["naive", "headroom_bytes"] == 0
+    assert out.loc["naive", "largest_call"] == "b.attn1" and out.loc["sdpa", "largest_call"] == "a.attn1"
+    assert out.loc["sdpa", "how"] == "traced: aten's flash attention kernel on fake CUDA tensors"
+    tight = T.planner_table(traced, budget_bytes=2999).set_index("backend")
     assert not tight.loc["naive", "fits"] and tight.loc["sdpa", "fits"]
-    assert T.planner_table(plan("float32"), 10**12).loc[0, "weights_bytes"] == 4000
+    fits = [{"budget_bytes": 8 * GiB, "backends": [{"backend": "naive", "largest": [512, 512]},
+                                                    {"backend": "sdpa", "largest": None}]},
+            {"budget_bytes": 24 * GiB, "backends": [{"backend": "naive", "largest": [1024, 1024]},
+                                                     {"backend": "sdpa", "largest": [2048, 2048]}]}]
+    assert T.largest_table(fits).to_dict("records") == [
+        {"backend": "naive", "8 GiB": "512x512", "24 GiB": "1024x1024"},
+        {"backend": "sdpa", "8 GiB": "none", "24 GiB": "2048x2048"}]
 
 
 def test_units_for_people():

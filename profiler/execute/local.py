@@ -42,14 +42,14 @@ class LocalExecutor:
             raise RuntimeError(f"the availability probe exited with {exit_reason(proc.returncode)}: {tail}")
         return [tuple(r) for r in json.loads(proc.stdout.strip().splitlines()[-1])]
 
-    def run(self, groups: list[list[CellSpec]], run, sweep, flight) -> None:
+    def run(self, groups: list[list[CellSpec]], run, sweep, flight, extra: dict) -> None:
         from .sweep import run_group
 
         for group in groups:
             if self.workers:
-                _run_in_workers(group, run, sweep, flight)
+                _run_in_workers(group, run, sweep, flight, extra)
             else:
-                run_group(group, run, sweep.repeats, sweep.warmup, lambda event: _in_process(flight, event))
+                run_group(group, run, sweep.repeats, sweep.warmup, lambda event: _in_process(flight, event), extra)
 
 
 def _in_process(flight, event: dict) -> None:
@@ -59,14 +59,15 @@ def _in_process(flight, event: dict) -> None:
         flight.end(os.getpid())
 
 
-def _run_in_workers(group: list[CellSpec], run, sweep, flight) -> None:
+def _run_in_workers(group: list[CellSpec], run, sweep, flight, extra: dict) -> None:
     """Worker subprocesses for one group, until every cell of it is recorded."""
     from .sweep import failed_in_flight
 
     remaining = list(group)
     while remaining:
         job = {"run": str(run.path), "repeats": sweep.repeats, "warmup": sweep.warmup,
-               "cells": [c.as_row() for c in remaining]}
+               "cells": [c.as_row() for c in remaining], "extra": {c.cell_id: extra.get(c.cell_id, {})
+                                                                   for c in remaining}}
         log = run.path / "worker.log"  # the workers' stderr: library warnings, profiler chatter, crashes
         with open(log, "ab") as err:
             proc = subprocess.Popen([sys.executable, "-m", "profiler.execute.worker"], stdin=subprocess.PIPE,
@@ -98,7 +99,8 @@ def _run_in_workers(group: list[CellSpec], run, sweep, flight) -> None:
             started = flight.started(proc.pid)
             timed_out = bool(sweep.timeout_s and started and time.time() - started >= sweep.timeout_s)
             words = _last_line(log) if code != -signal.SIGKILL else ""  # a SIGKILL leaves none
-            run.record(failed_in_flight(spec, timed_out, sweep.timeout_s, f"{exit_reason(code)}{words}"), [])
+            row = failed_in_flight(spec, timed_out, sweep.timeout_s, f"{exit_reason(code)}{words}")
+            run.record({**row, **extra.get(spec.cell_id, {})}, [])
             flight.end(proc.pid)
             remaining.remove(spec)
         elif code != 0 and remaining:

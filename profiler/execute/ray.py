@@ -66,11 +66,11 @@ def _availability(asks: list) -> list:
 
 
 @ray.remote(max_retries=0)
-def _group(rows: list[dict], repeats: int, warmup: int):
+def _group(rows: list[dict], repeats: int, warmup: int, extra: dict):
     """A Ray generator task: one chunk of cells with one model build, as group_events yields them."""
     from .sweep import group_events
 
-    yield from group_events([CellSpec.from_row(r) for r in rows], repeats, warmup)
+    yield from group_events([CellSpec.from_row(r) for r in rows], repeats, warmup, extra)
 
 
 def split(groups: list[list[CellSpec]], slots: int) -> list[list[CellSpec]]:
@@ -124,15 +124,15 @@ class RayExecutor:
         res = ray.cluster_resources()
         return max(1, int(res.get("GPU", 0) if device == "cuda" else res.get("CPU", 1)))
 
-    def run(self, groups: list[list[CellSpec]], run, sweep, flight) -> None:
+    def run(self, groups: list[list[CellSpec]], run, sweep, flight, extra: dict) -> None:
         if groups:
-            run_chunks(split(groups, self.slots(groups[0][0].device)), run, sweep, flight)
+            run_chunks(split(groups, self.slots(groups[0][0].device)), run, sweep, flight, extra)
 
 
-def run_chunks(chunks: list[list[CellSpec]], run, sweep, flight) -> list[float]:
+def run_chunks(chunks: list[list[CellSpec]], run, sweep, flight, extra: dict | None = None) -> list[float]:
     """Run the chunks as Ray tasks, recording each cell as it ends; returns the seconds each task spent on its
     chunk, model build included (for the bench)."""
-    tasks = _Tasks(run, sweep, flight)
+    tasks = _Tasks(run, sweep, flight, extra or {})
     for chunk in chunks:
         tasks.submit(chunk)
     try:
@@ -151,14 +151,15 @@ def run_chunks(chunks: list[list[CellSpec]], run, sweep, flight) -> list[float]:
 class _Tasks:
     """The running tasks: each a generator with its cells not yet recorded and the cell in flight."""
 
-    def __init__(self, run, sweep, flight):
-        self.run, self.sweep, self.flight = run, sweep, flight
+    def __init__(self, run, sweep, flight, extra: dict):
+        self.run, self.sweep, self.flight, self.extra = run, sweep, flight, extra
         self.active: dict = {}
         self.seconds: list[float] = []
 
     def submit(self, cells: list[CellSpec], retry: int = 0) -> None:
-        gen = _group.options(**_resources(cells[0].device)).remote([c.as_row() for c in cells], self.sweep.repeats,
-                                                                   self.sweep.warmup)
+        gen = _group.options(**_resources(cells[0].device)).remote(
+            [c.as_row() for c in cells], self.sweep.repeats, self.sweep.warmup,
+            {c.cell_id: self.extra.get(c.cell_id, {}) for c in cells})
         self.active[gen] = {"cells": list(cells), "in_flight": None, "cancelled": False, "retry": retry}
 
     def step(self, gen) -> None:
@@ -176,7 +177,8 @@ class _Tasks:
             spec = next((c for c in state["cells"] if c.cell_id == state["in_flight"]), None)
             rest = [c for c in state["cells"] if c is not spec]
             if spec is not None:
-                self.run.record(failed_in_flight(spec, state["cancelled"], self.sweep.timeout_s, reason), [])
+                row = failed_in_flight(spec, state["cancelled"], self.sweep.timeout_s, reason)
+                self.run.record({**row, **self.extra.get(spec.cell_id, {})}, [])
                 self.flight.end(id(gen))
             elif state["retry"]:
                 raise RuntimeError(f"a Ray task failed twice before starting a cell: {reason}") from None

@@ -14,57 +14,53 @@ from ..spec import CellSpec
 from .grid import Sweep
 
 
-def plans_of(cells: list[CellSpec]) -> dict[tuple, dict]:
-    """The meta-device plan of each (model, width, height, batch, dtype) of the cells."""
-    from ..plan import plan
+def predict(cells: list[CellSpec]) -> tuple[dict[str, dict], dict[str, tuple[int, ...]]]:
+    """Per cell, from one fake-tensor forward per shape (model, size, batch, dtype), device type and backend options
+    for all the backends that share them: predicted_forward_peak_bytes (this model's weights, the inputs and the
+    forward's transient, plan/forward.py) and predicted_need_bytes (that plus the fp32 reference's weights, which
+    stay on the device beside it). And the head dims of each model, for the availability probe."""
+    from ..plan.forward import trace
+    from ..spec import DTYPES
 
-    plans = {}
+    groups: dict[tuple, list[CellSpec]] = {}
     for c in cells:
-        key = (c.model, c.width, c.height, c.batch, c.dtype)
-        if key not in plans:
-            plans[key] = plan(c.model, c.width, c.height, c.batch, c.dtype)
-    return plans
+        device = "cuda" if c.device.startswith("cuda") else "cpu"
+        groups.setdefault((c.model, c.width, c.height, c.batch, c.dtype, device, c.backend_options), []).append(c)
+    out, dims = {}, {}
+    for (model, w, h, batch, dtype, device, options), group in groups.items():
+        names = sorted({c.backend for c in group})
+        t = trace(model, w, h, batch, dtype, device, names, {n: dict(options) for n in names})
+        dims.setdefault(model, set()).update(r["head_dim"] for r in t["rows"])
+        reference = t["weights_bytes"] * 4 // DTYPES[dtype].itemsize if dtype != "float32" else 0
+        for c in group:
+            forward = t["backends"].get(c.backend, {}).get("predicted_forward_peak_bytes")
+            out[c.cell_id] = {"predicted_forward_peak_bytes": forward,
+                              "predicted_need_bytes": None if forward is None else forward + reference}
+    return out, {m: tuple(sorted(d)) for m, d in dims.items()}
 
 
-def predicted_cell_peaks(cells: list[CellSpec], plans: dict | None = None) -> dict[str, int]:
-    """cell_id -> predicted bytes the cell needs (plan.predicted_need_bytes, with the fp32 reference copy)."""
-    from ..plan import predicted_need_bytes
-
-    plans = plans or plans_of(cells)
-    return {c.cell_id: predicted_need_bytes(plans[(c.model, c.width, c.height, c.batch, c.dtype)], c.backend,
-                                            c.options, reference_copy=True)[0] for c in cells}
-
-
-def head_dims_of(plans: dict) -> dict[str, tuple[int, ...]]:
-    """model -> the head dims its attention blocks use."""
-    dims: dict[str, set] = {}
-    for (model, *_), p in plans.items():
-        dims.setdefault(model, set()).update(r["head_dim"] for r in p["blocks"])
-    return {m: tuple(sorted(d)) for m, d in dims.items()}
-
-
-def preflight(cells: list[CellSpec], budget: int, force: bool, availability) -> dict[str, dict]:
-    """cell_id -> failure row for the cells that must not run: backend unavailable (asked of the executor, once per
-    backend, device, dtype and the model's head dims), or predicted over the memory budget."""
+def preflight(cells: list[CellSpec], budget: int, force: bool, availability) -> tuple[dict[str, dict], dict]:
+    """(cell_id -> failure row for the cells that must not run: backend unavailable (asked of the executor, once per
+    backend, device, dtype and the model's head dims), or predicted over the memory budget; cell_id -> the
+    predictions every cell row carries)."""
     from ..fmt import human_bytes
     from ..measure.cell import failed_cell
 
-    plans = plans_of(cells)
-    peaks = predicted_cell_peaks(cells, plans)
-    dims = head_dims_of(plans)
+    predicted, dims = predict(cells)
     ask = {c.cell_id: (c.backend, c.device, c.dtype, dims[c.model]) for c in cells}
     answers = dict(zip(sorted(set(ask.values())), availability(sorted(set(ask.values()))), strict=True))
     rows = {}
     for c in cells:
         ok, reason = answers[ask[c.cell_id]]
+        need = predicted[c.cell_id]["predicted_need_bytes"]
         if not ok:
-            rows[c.cell_id] = failed_cell(c, "unavailable", reason)
-        elif peaks[c.cell_id] > budget and not force:
+            rows[c.cell_id] = failed_cell(c, "unavailable", reason, **predicted[c.cell_id])
+        elif need is not None and need > budget and not force:
             rows[c.cell_id] = failed_cell(
-                c, "skipped", f"predicted peak {human_bytes(peaks[c.cell_id])} exceeds the memory budget "
-                              f"{human_bytes(budget)} (use --force to run it anyway)",
-                predicted_peak_bytes=peaks[c.cell_id])
-    return rows
+                c, "skipped", f"predicted peak {human_bytes(need)} (the forward and the fp32 reference's weights) "
+                              f"exceeds the memory budget {human_bytes(budget)} (use --force to run it anyway)",
+                **predicted[c.cell_id])
+    return rows, predicted
 
 
 @dataclass
@@ -104,7 +100,7 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
             run.update_manifest(resumed_at=now(), ended_at=None, memory_budget_bytes=budget, job_ids=jobs)
         done = run.done_cells()
         pending = [c for c in cells if c.cell_id not in done or (retry_failed and done[c.cell_id] != "ok")]
-        pre = preflight(pending, budget, force, executor.availability)
+        pre, predicted = preflight(pending, budget, force, executor.availability)
         flight = InFlight(run, _progress(len(cells), len(cells) - len(pending), progress))
         interrupted = False
         try:
@@ -115,7 +111,7 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
             for c in pending:
                 if c.cell_id not in pre:
                     groups.setdefault((c.model, c.dtype, c.device), []).append(c)
-            executor.run(list(groups.values()), run, sweep, flight)
+            executor.run(list(groups.values()), run, sweep, flight, predicted)
         except KeyboardInterrupt:
             interrupted = True
         finally:
@@ -182,7 +178,7 @@ class InFlight:
         self.bar.close()
 
 
-def group_events(cells: list[CellSpec], repeats: int, warmup: int):
+def group_events(cells: list[CellSpec], repeats: int, warmup: int, extra: dict | None = None):
     """Run cells that share one (model, dtype, device) with one model build: a start event before each cell, a done
     event with its rows after it, and an end event with the group's seconds. Every executor runs groups so."""
     from ..measure.cell import ModelCache, run_cell
@@ -191,13 +187,14 @@ def group_events(cells: list[CellSpec], repeats: int, warmup: int):
     for c in cells:
         yield {"event": "start", "cell_id": c.cell_id, "label": label(c), "pid": os.getpid(), "host": host}
         cell, blocks = run_cell(c, cache, repeats, warmup)
+        cell.update((extra or {}).get(c.cell_id, {}))  # the sweep's predictions for the cell
         yield {"event": "done", "cell_id": c.cell_id, "status": cell["status"], "cell": cell, "blocks": blocks}
     yield {"event": "end", "seconds": time.perf_counter() - t0}  # the group's time, model build included
 
 
-def run_group(cells: list[CellSpec], run, repeats: int, warmup: int, emit) -> None:
+def run_group(cells: list[CellSpec], run, repeats: int, warmup: int, emit, extra: dict | None = None) -> None:
     """group_events with each cell recorded where it ran (in this process, or in a local worker)."""
-    for event in group_events(cells, repeats, warmup):
+    for event in group_events(cells, repeats, warmup, extra):
         if event["event"] == "done":
             run.record(event.pop("cell"), event.pop("blocks"))
         emit(event)

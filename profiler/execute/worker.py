@@ -27,7 +27,8 @@ def main() -> None:
         out.flush()
 
     sys.stdout = sys.stderr  # anything else printed goes to stderr, not into the event stream
-    run_group([CellSpec.from_row(r) for r in job["cells"]], Run.open(job["run"]), job["repeats"], job["warmup"], emit)
+    run_group([CellSpec.from_row(r) for r in job["cells"]], Run.open(job["run"]), job["repeats"], job["warmup"], emit,
+              job["extra"])
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import time
 import traceback
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from .. import backends, devices, models
 from .probes import CallProbe, CallTimer, NvmlSampler, summarize, trace_windows, traced
@@ -130,6 +131,9 @@ def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev) 
             "kernel": per_call.get(key, {}).get("kernel", ""),
             "status": "ok",
         })
+    weights = sum(t.untyped_storage().nbytes() for t in [*unet.parameters(), *unet.buffers()])
+    held = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tree_leaves(inputs)
+            if isinstance(t, torch.Tensor)}
     abs_err = float((output - reference).abs().max())
     rel_err = abs_err / max(float(reference.abs().max()), 1e-12)
     fwd = summarize(forward_ms)
@@ -137,6 +141,8 @@ def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev) 
         **spec.as_row(), "status": "ok", "error": "",
         "forward_time_ms": fwd["time_ms"], "forward_iqr_ms": fwd["iqr_ms"], "noisy": fwd["noisy"],
         "forward_time_samples_ms": forward_ms, "forward_peak_mem_bytes": int(forward_peak),
+        "weights_bytes": weights, "inputs_bytes": sum(held.values()),
+        "forward_peak_total_bytes": weights + sum(held.values()) + int(forward_peak),
         "attention_time_ms": sum(b["time_ms"] for b in blocks),
         "attention_peak_mem_bytes": max(b["peak_mem_bytes"] for b in blocks),
         "predicted_peak_bytes": max(b["predicted_peak_bytes"] for b in blocks),

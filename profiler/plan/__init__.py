@@ -1,2 +1,2 @@
-"""The planner: per-call figures from a meta-device forward (calls.py)."""
-from .calls import format_plan, plan, predicted_need_bytes, totals  # noqa: F401
+"""The planner: per-call figures (calls.py) and the whole forward's peak memory on fake tensors (forward.py)."""
+from .calls import format_plan, plan, totals  # noqa: F401

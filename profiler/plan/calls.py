@@ -1,5 +1,5 @@
-"""The planner: per-block figures from a meta-device forward through the same recorder that measured runs use.
-No weights, no kernels, no GPU."""
+"""The planner: per-block figures from a forward through the same recorder that measured runs use, on the meta
+device (shapes) or on fake tensors (memory: forward.py). No weights, no kernels, no GPU."""
 from __future__ import annotations
 
 import torch
@@ -12,49 +12,47 @@ from ..spec import parse_dtype
 
 def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "float16", backend: str | None = None,
          backend_options: dict | None = None, unet: torch.nn.Module | None = None,
-         memory_budget: int | None = None) -> dict:
-    """One size: {model, width, height, batch, dtype, backend, blocks: [row per attention call], totals}.
-    With a backend, the totals add the forward's predicted need; with a memory budget too, whether it fits."""
+         memory_budget: int | None = None, device: str = "cuda") -> dict:
+    """One size: {model, width, height, batch, dtype, backend, device, blocks: [row per attention call], totals}.
+    Without a backend, the calls' shapes from a meta-device forward. With one, the whole forward on fake tensors
+    (plan/forward.py): each call's traced transient beside its memory model's, and the forward's peak memory
+    (predicted_forward_peak_bytes); with a memory budget too, whether that fits."""
+    from ..spec import InputError
+
     dtype = parse_dtype(dtype)
     source = models.resolve(model)
-    if unet is None:
-        unet = models.build(source, weights="meta", dtype=dtype)
-    inputs = models.example_inputs(unet, batch, width, height, source.text_tokens)
-    from diffusers.models.attention_processor import AttnProcessor  # cheapest on meta: plain matmuls
+    p = {"model": model, "width": width, "height": height, "batch": batch, "dtype": dtype, "backend": backend,
+         "device": device if backend else None}
+    if backend is None:
+        if unet is None:
+            unet = models.build(source, weights="meta", dtype=dtype)
+        inputs = models.example_inputs(unet, batch, width, height, source.text_tokens)
+        from diffusers.models.attention_processor import AttnProcessor  # cheapest on meta: plain matmuls
 
-    with torch.no_grad(), Recorder(unet, processor=AttnProcessor) as rec:
-        unet(**inputs)
-    blocks = rec.rows
-    if backend is not None:
-        from ..backends import predicted_peak_bytes
+        with torch.no_grad(), Recorder(unet, processor=AttnProcessor) as rec:
+            unet(**inputs)
+        blocks = [{k: v for k, v in row.items() if k != "pass_index"} for row in rec.rows]
+        return {**p, "blocks": blocks, "totals": totals(blocks, models.param_counts(unet))}
+    from ..backends import check_options, predicted_peak_bytes
+    from .forward import LEFT_OUT, fake_unet, method_text, trace
 
-        for row in blocks:
-            row["predicted_peak_bytes"] = predicted_peak_bytes(backend, row, dtype, **(backend_options or {}))
-    for row in blocks:
-        del row["pass_index"]
-    p = {"model": model, "width": width, "height": height, "batch": batch, "dtype": dtype,
-         "backend": backend, "blocks": blocks, "totals": totals(blocks, models.param_counts(unet))}
-    if backend is not None:
-        need = predicted_need_bytes(p, backend, backend_options)[0]
-        p["totals"]["predicted_need_bytes"] = need
-        if memory_budget is not None:
-            p["totals"].update(memory_budget_bytes=memory_budget, fits=need <= memory_budget)
-    return p
-
-
-def predicted_need_bytes(p: dict, backend: str, options: dict | None = None,
-                         reference_copy: bool = False) -> tuple[int, dict]:
-    """What a forward needs at its worst attention call: the weights in the plan's dtype (plus an fp32 copy for the
-    reference, where a measured run makes one) and that call's predicted transient peak. Returns (bytes, call row).
-    Activations held between calls are not counted."""
-    from ..backends import predicted_peak_bytes
-    from ..spec import DTYPES
-
-    params = p["totals"]["params_total"]
-    weights = params * DTYPES[p["dtype"]].itemsize + (params * 4 if reference_copy and p["dtype"] != "float32" else 0)
-    peaks = [predicted_peak_bytes(backend, r, p["dtype"], **(options or {})) for r in p["blocks"]]
-    top = max(range(len(peaks)), key=peaks.__getitem__)
-    return int(weights + peaks[top]), p["blocks"][top]
+    options = check_options(backend, backend_options or {})
+    traced = trace(model, width, height, batch, dtype, device, [backend], {backend: options})
+    if backend not in traced["backends"]:
+        raise InputError(f"backend {backend!r} does not run on {device}: plan it for another device (--device)")
+    blocks = []
+    for row in traced["rows"]:
+        blocks.append({**row, "predicted_peak_bytes": predicted_peak_bytes(backend, row, dtype, **options),
+                       "traced_peak_bytes": row["traced_peak_bytes"][backend]})
+    t = totals(blocks, models.param_counts(fake_unet(model, dtype)[1]))
+    b = traced["backends"][backend]
+    t.update(weights_bytes=traced["weights_bytes"], inputs_bytes=traced["inputs_bytes"],
+             forward_transient_peak_bytes=b["transient_peak_bytes"],
+             predicted_forward_peak_bytes=b["predicted_forward_peak_bytes"], forward_method=method_text(b["how"]),
+             not_counted=LEFT_OUT)
+    if memory_budget is not None:
+        t.update(memory_budget_bytes=memory_budget, fits=b["predicted_forward_peak_bytes"] <= memory_budget)
+    return {**p, "blocks": blocks, "totals": t}
 
 
 def totals(blocks: list[dict], params: dict) -> dict:
@@ -69,10 +67,18 @@ def totals(blocks: list[dict], params: dict) -> dict:
         "flops_total": sum(r["flops"] for r in blocks),
         "score_bytes_total": sum(r["score_bytes"] for r in blocks),
     }
-    if "predicted_peak_bytes" in blocks[0]:
-        out["predicted_peak_bytes_max"] = max(r["predicted_peak_bytes"] for r in blocks)
+    for key in ("predicted_peak_bytes", "traced_peak_bytes"):
+        if key in blocks[0]:
+            out[f"{key.removesuffix('_bytes')}_bytes_max"] = max(r[key] for r in blocks)
     out.update(params)
     return out
+
+
+def _versus(predicted, traced) -> str:
+    """The memory model's figure where it differs from the trace by more than 1%."""
+    if predicted is None or traced is None:
+        return ""
+    return "same" if abs(predicted - traced) <= 0.01 * max(traced, 1) else human_bytes(predicted)
 
 
 def format_plan(p: dict) -> str:
@@ -80,9 +86,10 @@ def format_plan(p: dict) -> str:
             ("hdim", "head_dim"), ("tokens_q", "tokens_q"), ("tokens_k", "tokens_k"), ("scores", "scores"),
             ("score table", "score_h"), ("FLOPs", "flops_h")]
     if p["backend"]:
-        cols.append((f"peak ({p['backend']})", "peak_h"))
+        cols += [(f"peak ({p['backend']})", "peak_h"), ("model", "model_h")]
     rows = [dict(r, scores=human_count(r["score_elements"]), score_h=human_bytes(r["score_bytes"]),
-                 flops_h=human_count(r["flops"]), peak_h=human_bytes(r.get("predicted_peak_bytes")))
+                 flops_h=human_count(r["flops"]), peak_h=human_bytes(r.get("traced_peak_bytes")),
+                 model_h=_versus(r.get("predicted_peak_bytes"), r.get("traced_peak_bytes")))
             for r in p["blocks"]]
     t = p["totals"]
     head = f"{p['model']} at {p['width']}x{p['height']} (latent {p['width'] // 8}x{p['height'] // 8}), " \
@@ -92,13 +99,19 @@ def format_plan(p: dict) -> str:
              ("largest score table", f"{human_count(t['largest_score_elements'])} scores, "
                                      f"{human_bytes(t['largest_score_bytes'])} ({t['largest_score_block']})"),
              ("attention FLOPs", human_count(t["flops_total"]))]
-    if "predicted_peak_bytes_max" in t:
-        facts.append((f"predicted peak, {p['backend']}",
-                      f"{human_bytes(t['predicted_peak_bytes_max'])} over what is held when the call begins"))
+    if "predicted_forward_peak_bytes" in t:
+        facts += [(f"largest call, {p['backend']}",
+                   f"{human_bytes(t['traced_peak_bytes_max'])} traced over what is held when the call begins "
+                   f"(memory model: {human_bytes(t['predicted_peak_bytes_max'])})"),
+                  (f"forward peak on {p['device']}",
+                   f"{human_bytes(t['predicted_forward_peak_bytes'])} = weights {human_bytes(t['weights_bytes'])} "
+                   f"+ inputs {human_bytes(t['inputs_bytes'])} + the forward's transient "
+                   f"{human_bytes(t['forward_transient_peak_bytes'])} ({t['forward_method']})"),
+                  ("not counted", t["not_counted"])]
     if "fits" in t:
         verdict = "yes" if t["fits"] else "NO"
-        facts.append(("fits the budget", f"{verdict}: needs {human_bytes(t['predicted_need_bytes'])} "
-                                         f"(weights + the largest call) of {human_bytes(t['memory_budget_bytes'])}"))
+        facts.append(("fits the budget", f"{verdict}: the forward peak {human_bytes(t['predicted_forward_peak_bytes'])}"
+                                         f" of {human_bytes(t['memory_budget_bytes'])}"))
     facts += [("params_total", f"{t['params_total'] / 1e6:.2f}M"),
               ("params_transformer_blocks", share("transformer_blocks")), ("params_attention", share("attention"))]
     lines = [head, table(rows, cols), ""] + [f"{k + ':':27s}{v}" for k, v in facts]

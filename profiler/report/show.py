@@ -79,6 +79,13 @@ def status_table(run: Run) -> str:
     return table(rows, [("backend", "backend")] + [(s, s) for s in sizes])
 
 
+def _ratio(measured, predicted) -> str:
+    """measured / predicted, where both are there."""
+    if measured is None or predicted is None or measured != measured or predicted != predicted or not predicted:
+        return ""
+    return f"{measured / predicted:.3f}"
+
+
 def format_run(run: Run) -> str:
     m = run.manifest()
     env = m.get("environment", {})
@@ -100,13 +107,19 @@ def format_run(run: Run) -> str:
             "attention": f"{c['attention_time_ms']:.1f} ms" if ok else "-",
             "attn peak": human_bytes(c["attention_peak_mem_bytes"]) if ok else "-",
             "predicted": human_bytes(c.get("predicted_peak_bytes")),
+            "fwd peak": human_bytes(c.get("forward_peak_total_bytes")) if ok else "-",
+            "fwd predicted": human_bytes(c.get("predicted_forward_peak_bytes")),
+            "ratio": _ratio(c.get("forward_peak_total_bytes"), c.get("predicted_forward_peak_bytes")) if ok else "",
             "rel err": f"{c['max_rel_err']:.1e}{'' if c['error_ok'] else ' (!)'}" if ok else "-",
             "noisy": "noisy" if ok and c["noisy"] else "",
             "note": "" if ok else str(c["error"])[:90],
         })
     cols = ["model", "size", "batch", "dtype", "backend", "status", "forward", "attention", "attn peak",
-            "predicted", "rel err", "noisy", "note"]
+            "predicted", "fwd peak", "fwd predicted", "ratio", "rel err", "noisy", "note"]
     lines.append(table(rows, [(c, c) for c in cols]))
+    lines += ["", "attn peak: the largest call's measured transient; predicted: its memory model. fwd peak: the "
+              "forward's peak counted as the planner counts it (weights + inputs + the forward's transient), beside "
+              "the planner's prediction from fake tensors (attnprof plan), and their ratio."]
     if len(blocks):
         ok = blocks[blocks["status"] == "ok"]
         top = ok.sort_values("peak_mem_bytes", ascending=False).head(5)

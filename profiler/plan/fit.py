@@ -1,0 +1,200 @@
+"""attnprof fit: for each backend, the largest image whose forward fits a memory budget (plan/forward.py's
+predicted_forward_peak_bytes), or the verdict for each of SDXL's trained aspect buckets.
+
+Every size on the grid (64-pixel steps of width, the height following the aspect) is screened, then the answer is
+checked exactly:
+1. Two forwards are traced (near 512 and 1024 pixels wide). With both sides multiples of 64, every activation of
+   the U-Net's levels scales exactly with the pixel count, so the bytes alive after each op outside attention, and
+   at each attention call's start, are affine in it: two traces give them at every size.
+2. Each size is screened with those and each attention call's memory model at that size.
+3. For each backend the largest size the screen lets through is traced exactly, and so is the next step; the answer
+   moves down (or up) a step at a time until the exact trace fits and the next step's does not. Memory need not grow
+   smoothly with size (a chunked backend's chunk count jumps at sizes that do not divide), so the screen looks at
+   every size, never bisects, and cannot step over a size that fits beyond one that does not.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import backends
+from ..fmt import human_bytes, table
+from ..spec import InputError, parse_dtype
+from .forward import LEFT_OUT, how_traced, method_text, trace
+
+# SDXL's trained aspect buckets (width x height), about 1024^2 pixels each
+BUCKETS = [(1024, 1024), (1152, 896), (896, 1152), (1216, 832), (832, 1216), (1344, 768), (768, 1344),
+           (1536, 640), (640, 1536)]
+STEP = 64
+
+
+def parse_aspect(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(x) for x in str(text).split(":"))
+        if w < 1 or h < 1:
+            raise ValueError
+    except ValueError:
+        raise InputError(f"aspect {text!r} is not W:H with whole numbers >= 1, e.g. 1:1 or 2:3") from None
+    return w, h
+
+
+def grid(aspect: tuple[int, int], limit: int) -> list[tuple[int, int]]:
+    """(width, height) at 64-pixel steps of the width, the height following the aspect (a multiple of 64)."""
+    aw, ah = aspect
+    sizes = []
+    for k in range(1, limit // STEP + 1):
+        w = k * STEP
+        h = max(STEP, round(w * ah / aw / STEP) * STEP)
+        if h <= limit and (not sizes or sizes[-1] != (w, h)):
+            sizes.append((w, h))
+    return sizes
+
+
+class _Exact:
+    """Exact needs by size (one trace gives every backend), and the sizes traced."""
+
+    def __init__(self, model, batch, dtype, device, names, say):
+        self.args, self.names, self.say, self.cache = (model, batch, dtype, device), names, say, {}
+        self.how: dict[str, str] = {}  # backends some of whose calls came from the memory model
+
+    def __call__(self, size: tuple[int, int]) -> dict[str, int]:
+        if size not in self.cache:
+            model, batch, dtype, device = self.args
+            t = trace(model, size[0], size[1], batch, dtype, device, self.names)
+            self.cache[size] = {n: b["predicted_forward_peak_bytes"] for n, b in t["backends"].items()}
+            self.how.update({n: b["how"] for n, b in t["backends"].items() if b["how"] == "processor, chunks"})
+            self.say(f"traced {size[0]}x{size[1]}")
+        return self.cache[size]
+
+
+def _affine(t1: dict, t2: dict, p1: int, p2: int):
+    """The bytes alive after each op outside attention, at each call's start, and the inputs, as a + b * pixels."""
+    m1, m2 = np.array(t1["moments"], dtype=float), np.array(t2["moments"], dtype=float)
+    s1 = np.array([r["live_at_start_bytes"] for r in t1["rows"]], dtype=float)
+    s2 = np.array([r["live_at_start_bytes"] for r in t2["rows"]], dtype=float)
+    if m1.shape != m2.shape or s1.shape != s2.shape:
+        raise RuntimeError("the two traced forwards ran different ops: sizes off the 64-pixel grid?")
+    line = lambda y1, y2: ((y2 - y1) / (p2 - p1), y1 - (y2 - y1) / (p2 - p1) * p1)  # noqa: E731
+    return line(m1, m2), line(s1, s2), line(float(t1["inputs_bytes"]), float(t2["inputs_bytes"]))
+
+
+def _rows_at(rows: list[dict], p_ref: int, pixels: int) -> list[dict]:
+    """The attention calls at another size: query tokens scale with the pixels (so do self-attention's keys)."""
+    out = []
+    for r in rows:
+        tq = r["tokens_q"] * pixels // p_ref
+        tk = tq if r["kind"] == "self" else r["tokens_k"]
+        elements = r["batch"] * r["heads"] * tq * tk
+        out.append({**r, "tokens_q": tq, "tokens_k": tk, "score_elements": elements,
+                    "score_bytes": elements * (r["score_bytes"] // r["score_elements"])})
+    return out
+
+
+def fit(model: str, budget: int, names: list[str] | None = None, dtype: str = "float16", batch: int = 1,
+        aspect: tuple[int, int] = (1, 1), buckets: bool = False, device: str = "cuda", limit: int = 8192,
+        say=lambda line: None) -> dict:
+    """{"model", "budget_bytes", ..., "backends": [{"backend", "method", "largest": [w, h] or None,
+    "largest_need_bytes", "next": [w, h] or None, "next_need_bytes"} (with --buckets: {"backend", "method",
+    "buckets": [{"width", "height", "need_bytes", "fits"}]})], "sizes_screened", "sizes_traced"}"""
+    return fit_many(model, [budget], names, dtype, batch, aspect, buckets, device, limit, True, say)[0]
+
+
+def fit_many(model: str, budgets: list[int], names: list[str] | None = None, dtype: str = "float16",
+             batch: int = 1, aspect: tuple[int, int] = (1, 1), buckets: bool = False, device: str = "cuda",
+             limit: int = 8192, verify: bool = True, say=lambda line: None) -> list[dict]:
+    """fit() for several budgets, sharing the traces. verify=False stops at the screen (step 2 of the module's
+    search; the dashboard's table of common GPU sizes), each answer then marked "screened"."""
+    dtype = parse_dtype(dtype)
+    names = names or backends.names()
+    for n in names:
+        backends.check_backend_name(n)
+    runs = [n for n in names if how_traced(n, device, dtype) is not None]
+    exact = _Exact(model, batch, dtype, device, runs, say)
+    base = {"model": model, "dtype": dtype, "batch": batch, "device": device, "aspect": f"{aspect[0]}:{aspect[1]}",
+            "buckets": buckets, "verified": verify}
+    if buckets:
+        needs = {(w, h): exact((w, h)) for w, h in BUCKETS}
+        return [{**base, "budget_bytes": budget, "sizes_traced": [f"{w}x{h}" for w, h in exact.cache],
+                 "backends": [{"backend": n, "method": _method(n, device, dtype), "buckets": [
+                     {"width": w, "height": h, "need_bytes": needs[(w, h)].get(n),
+                      "fits": None if n not in runs else needs[(w, h)][n] <= budget} for w, h in BUCKETS]}
+                     for n in names]} for budget in budgets]
+    sizes = grid(aspect, limit)
+    r1 = min(sizes, key=lambda s: abs(s[0] - 512))
+    r2 = min((s for s in sizes if s[0] * s[1] != r1[0] * r1[1]), key=lambda s: abs(s[0] - 1024))
+    say(f"screening {len(sizes)} sizes from {sizes[0][0]}x{sizes[0][1]} to {sizes[-1][0]}x{sizes[-1][1]}")
+    t1, t2 = (trace(model, *r, batch, dtype, device, runs[:1], moments=True) for r in (r1, r2))
+    p1, p2 = r1[0] * r1[1], r2[0] * r2[1]
+    (ma, mb), (sa, sb), (ia, ib) = _affine(t1, t2, p1, p2)
+    screened = {}
+    for n in runs:  # every size's need, from the two traces and the calls' memory models
+        options = backends.check_options(n, {})
+        screened[n] = []
+        for w, h in sizes:
+            pix = w * h
+            calls = [backends.predicted_peak_bytes(n, r, dtype, **options) for r in _rows_at(t1["rows"], p1, pix)]
+            transient = max(float((ma * pix + mb).max()), float((sa * pix + sb + np.array(calls)).max()))
+            screened[n].append(t1["weights_bytes"] + ia * pix + ib + transient)
+    results = []
+    for budget in budgets:
+        entries = []
+        for n in names:
+            entry = {"backend": n, "method": _method(n, device, dtype), "largest": None, "largest_need_bytes": None,
+                     "next": None, "next_need_bytes": None}
+            entries.append(entry)
+            if n in runs:
+                entry.update(_largest(n, sizes, screened[n], budget, exact if verify else None))
+                if n in exact.how:
+                    entry["method"] = method_text(exact.how[n])
+        results.append({**base, "budget_bytes": budget, "backends": entries})
+    for r in results:
+        r.update(sizes_screened=len(sizes), sizes_traced=[f"{w}x{h}" for w, h in [r1, r2, *exact.cache]])
+    return results
+
+
+def _largest(name: str, sizes: list, screened: list, budget: int, exact) -> dict:
+    """The largest size the screen lets through; with exact, moved a step at a time until the exact trace fits
+    and the next step's does not."""
+    ok = [i for i, need in enumerate(screened) if need <= budget]
+    i = ok[-1] if ok else -1
+    need = (lambda j: exact(sizes[j])[name]) if exact else (lambda j: int(screened[j]))
+    if exact:
+        i = max(i, 0)
+        while i >= 0 and need(i) > budget:  # the screen was optimistic here
+            i -= 1
+        while i + 1 < len(sizes) and need(i + 1) <= budget:  # or pessimistic
+            i += 1
+    out = {}
+    if i >= 0:
+        out.update(largest=list(sizes[i]), largest_need_bytes=need(i))
+    if i + 1 < len(sizes):
+        out.update(next=list(sizes[i + 1]), next_need_bytes=need(i + 1))
+    return out
+
+
+def _method(name: str, device: str, dtype: str) -> str:
+    how = how_traced(name, device, dtype)
+    return f"does not run on {device}" if how is None else method_text(how)
+
+
+def format_fit(f: dict) -> str:
+    head = (f"{f['model']}, {f['dtype']}, batch {f['batch']} on {f['device']}: the largest image whose forward fits "
+            f"{human_bytes(f['budget_bytes'])}")
+    if f["buckets"]:
+        rows = []
+        for b in f["backends"]:
+            row = {"backend": b["backend"]}
+            for v in b["buckets"]:
+                row[f"{v['width']}x{v['height']}"] = "-" if v["fits"] is None else \
+                    f"{'yes' if v['fits'] else 'NO'} {human_bytes(v['need_bytes'])}"
+            rows.append(row)
+        cols = [("backend", "backend")] + [(f"{w}x{h}", f"{w}x{h}") for w, h in BUCKETS]
+        return "\n".join([head + " (SDXL's aspect buckets)", table(rows, cols)])
+    rows = [{"backend": b["backend"],
+             "largest": f"{b['largest'][0]}x{b['largest'][1]}" if b["largest"] else "none",
+             "needs": human_bytes(b["largest_need_bytes"]),
+             "next step": f"{b['next'][0]}x{b['next'][1]}" if b["next"] else "-",
+             "next needs": human_bytes(b["next_need_bytes"]), "how": b["method"]} for b in f["backends"]]
+    cols = [(c, c) for c in ("backend", "largest", "needs", "next step", "next needs", "how")]
+    return "\n".join([f"{head} (aspect {f['aspect']}, 64-pixel steps)", table(rows, cols), "",
+                      f"screened {f['sizes_screened']} sizes; traced exactly: {', '.join(f['sizes_traced'])}",
+                      f"not counted: {LEFT_OUT}"])
