@@ -18,6 +18,7 @@ if str(REPO) not in sys.path:  # streamlit puts only this file's folder on the p
 import pandas as pd  # noqa: E402
 import streamlit as st  # noqa: E402
 
+from dashboards import charts as C  # noqa: E402
 from dashboards import transforms as T  # noqa: E402
 from profiler.store import list_runs  # noqa: E402
 
@@ -50,6 +51,22 @@ def load_run(path: str, stamp: tuple) -> tuple[pd.DataFrame, pd.DataFrame, str]:
         return (*T.load_run(Path(path)), "")
     except T.UNREADABLE as e:
         return pd.DataFrame(), pd.DataFrame(), f"{Path(path).name} is skipped, unreadable: {type(e).__name__}: {e}"
+
+
+@st.cache_data(show_spinner="Writing the report...", max_entries=4)
+def report_html(paths: tuple[str, ...], stamps: tuple) -> str:
+    from dashboards.report import render
+
+    return render([Path(p) for p in paths])
+
+
+def report_button(root: Path, run_ids: list[str]) -> None:
+    """The same self-contained HTML file as attnprof report, for the chosen runs."""
+    if run_ids:
+        paths = tuple(str(root / r) for r in run_ids)
+        st.download_button("Download report.html (self-contained, opens with no network)",
+                           report_html(paths, tuple(_stamp(Path(p)) for p in paths)), file_name="report.html",
+                           mime="text/html", key="report-html", on_click="ignore")
 
 
 @st.cache_data(show_spinner="Tracing the forward on fake tensors...", max_entries=16)
@@ -128,10 +145,6 @@ def chart(data: pd.DataFrame, spec: dict, stretch: bool = True) -> None:
     st.vega_lite_chart(data, spec, width="stretch" if stretch else "content")
 
 
-def log_axis(field: str, title: str, **extra) -> dict:
-    return {"field": field, "type": "quantitative", "scale": {"type": "log"}, "title": title, **extra}
-
-
 def empty_page(root: Path) -> None:
     st.info(f"No runs under `{root}` yet. Make one, then reload this page:\n\n"
             "```\nmake profile\n```\nor a small one on the CPU:\n\n"
@@ -156,17 +169,9 @@ def run_page(cells: pd.DataFrame, blocks: pd.DataFrame, cell: str | None, colour
         layout, unit = T.with_mem_unit(layout, ["peak_mem_bytes", "predicted_peak_bytes"])
         if field == "peak_mem_bytes":
             field, title = f"peak_mem_{unit}", f"peak memory ({unit})"
-        tooltip = ["block", "kind", "tokens", "score_table", {"field": "time_ms", "title": "time (ms)",
-                   "format": ".3f"}, {"field": f"peak_mem_{unit}", "title": f"peak ({unit})", "format": ".2f"}]
+        tooltip = C.unet_map(field, title, unit)["encoding"]["tooltip"]
         st.subheader("The U-Net: down, mid and up by level; each tile one attention call (self | cross)")
-        chart(layout, {"mark": {"type": "rect", "stroke": "white", "tooltip": True}, "height": 260, "encoding": {
-            "x": {"field": "group_label", "type": "ordinal", "sort": {"field": "column"},
-                  "title": "transformer block, down -> mid -> up", "axis": {"labelAngle": -40}},
-            "xOffset": {"field": "kind", "sort": ["self", "cross"]},
-            "y": {"field": "level_label", "type": "ordinal", "sort": {"field": "level"}, "title": None},
-            "yOffset": {"field": "layer", "type": "ordinal"},
-            "color": {"field": field, "type": "quantitative", "title": title, "scale": {"scheme": "viridis"}},
-            "tooltip": tooltip}})
+        chart(layout, C.unet_map(field, title, unit))
         left, right = st.columns(2)
         for where, x, xtitle in ((left, "time_ms", "time per call (ms)"),
                                  (right, f"peak_mem_{unit}", f"peak memory per call ({unit})")):
@@ -191,21 +196,34 @@ def run_page(cells: pd.DataFrame, blocks: pd.DataFrame, cell: str | None, colour
                              "forward_time_ms", "noisy", "max_rel_err", "kernel") if c in cells]], "cells")
 
 
-def compare_page(cells: pd.DataFrame, baseline: str) -> None:
+def compare_page(cells: pd.DataFrame, envs: pd.DataFrame, by: str, baseline: str, budget: str) -> None:
     st.header("Compare")
     sizes = T.options(cells, "size")
+    if by == "backend":
+        compare_backends(cells, baseline, sizes)
+    else:
+        compare_runs(T.with_series(cells, envs, by), by, baseline, sizes)
+    st.subheader("Best backend here")
+    from profiler.execute.grid import parse_bytes
+    from profiler.spec import InputError
+
+    try:
+        limit = parse_bytes(budget, "budget")
+    except InputError as e:
+        st.error(str(e))
+        return
+    st.caption(f"Per device and size: the fastest backend that ended ok, the memory-smallest, and the fastest whose "
+               f"forward (weights + inputs + its transient) fits {T.human_bytes(limit)}.")
+    table(T.best_backends(cells, limit), "best")
+
+
+def compare_backends(cells: pd.DataFrame, baseline: str, sizes: list[str]) -> None:
     cmp, unit = T.with_mem_unit(T.compare_table(cells, baseline), ["attention_peak_mem_bytes"])
     ok = cmp[cmp["status"] == "ok"]
-    peak = f"attention_peak_mem_{unit}"
     tooltip = ["backend_label", "family", "size", {"field": "attention_time_ms", "format": ".2f"},
-               {"field": peak, "format": ".2f"}, {"field": "time_ratio", "format": ".2f"}]
+               {"field": f"attention_peak_mem_{unit}", "format": ".2f"}, {"field": "time_ratio", "format": ".2f"}]
     st.subheader("Time against peak memory, per size")
-    chart(ok, {"mark": {"type": "point", "filled": True, "size": 100, "tooltip": True}, "width": 260, "height": 220,
-               "encoding": {"facet": {"field": "size", "sort": sizes, "columns": 3, "title": None},
-                            "x": log_axis(peak, f"attention peak memory ({unit})"),
-                            "y": log_axis("attention_time_ms", "attention time (ms)"),
-                            "color": {"field": "backend_label", "title": "backend"},
-                            "shape": {"field": "family", "title": "family"}, "tooltip": tooltip}}, stretch=False)
+    chart(ok, C.time_against_peak(sizes, unit), stretch=False)
     st.subheader(f"Ratio to {baseline} (below 1: faster or smaller)")
     left, right = st.columns(2)
     for where, y, title in ((left, "time_ratio", "time ratio"), (right, "peak_ratio", "peak memory ratio")):
@@ -213,7 +231,7 @@ def compare_page(cells: pd.DataFrame, baseline: str) -> None:
             chart(ok, {"layer": [
                 {"mark": {"type": "point", "filled": True, "size": 120, "tooltip": True}, "encoding": {
                     "x": {"field": "size", "type": "ordinal", "sort": sizes, "title": "size (pixels)"},
-                    "xOffset": {"field": "backend_label"}, "y": log_axis(y, f"{title} (x {baseline})"),
+                    "xOffset": {"field": "backend_label"}, "y": C.log_axis(y, f"{title} (x {baseline})"),
                     "color": {"field": "backend_label", "title": "backend"}, "tooltip": tooltip}},
                 {"mark": {"type": "rule", "strokeDash": [4, 4]}, "encoding": {"y": {"datum": 1}}}]})
     st.subheader("Largest size that ran, per backend")
@@ -222,34 +240,48 @@ def compare_page(cells: pd.DataFrame, baseline: str) -> None:
     table(T.compare_table(cells, baseline), "compare")
 
 
+def compare_runs(cells: pd.DataFrame, by: str, baseline: str, sizes: list[str]) -> None:
+    """Runs side by side: each backend's time per size, a series per run (or environment value), and each other
+    run judged against the baseline run cell by cell with the noise rule (profiler.report.compare)."""
+    from profiler.report.compare import compare, summary
+
+    ok = cells[cells["status"] == "ok"]
+    st.subheader(f"Attention time per backend and size, side by side by {by}")
+    chart(ok, C.side_by_side(sizes, "series", by), stretch=False)
+    base = cells[cells["run_id"] == baseline]
+    for run_id in [r for r in dict.fromkeys(cells["run_id"]) if r != baseline]:
+        result = compare(base, cells[cells["run_id"] == run_id])
+        s = summary(result)
+        st.subheader(f"{run_id} against {baseline}")
+        st.caption(f"{s['matched']} cells matched: {s['regressions']} regressions, {s['improvements']} improvements, "
+                   f"{s['within_noise']} within noise. A change counts past 5% and only where the two runs' "
+                   "interquartile ranges do not overlap (attnprof diff applies the same rule).")
+        table(result["matched"], f"diff-{run_id}")
+        for side, name in (("only_a", baseline), ("only_b", run_id)):
+            if len(result[side]):
+                st.warning(f"{len(result[side])} cells only in {name}, left out of the comparison:")
+                table(result[side], f"{side}-{run_id}")
+
+
 def scaling_page(blocks: pd.DataFrame) -> None:
     st.header("Scaling")
     scale = T.scaling_table(blocks)
     scale_mem, unit = T.with_mem_unit(scale, ["score_table_max_bytes"])
     long, peak_unit = T.with_mem_unit(T.scaling_long(scale), ["peak_bytes"])
-    x = log_axis("pixels", "image size (pixels = width x height)")
-    tip = ["size", "backend_label"]
+    x = C.log_axis("pixels", "image size (pixels = width x height)")
     line = {"type": "line", "point": True, "tooltip": True}
     per_model = scale_mem.drop_duplicates(["model", "size"])  # tokens and score tables do not depend on the backend
     left, right = st.columns(2)
     with left:
         chart(per_model, {"mark": line, "title": "tokens at the finest level", "encoding": {
-            "x": x, "y": log_axis("tokens_max", "tokens (count)"), "color": {"field": "model"},
+            "x": x, "y": C.log_axis("tokens_max", "tokens (count)"), "color": {"field": "model"},
             "tooltip": ["size", "model", "tokens_max"]}})
-        chart(scale, {"mark": line, "title": "attention time (sum of the calls' medians)", "encoding": {
-            "x": x, "y": log_axis("attention_time_ms", "time (ms)"), "color": {"field": "backend_label",
-                                                                            "title": "backend"},
-            "tooltip": tip + [{"field": "attention_time_ms", "format": ".2f"}]}})
+        chart(scale, C.scaling_time())
     with right:
         chart(per_model, {"mark": line, "title": "largest score table", "encoding": {
-            "x": x, "y": log_axis(f"score_table_max_{unit}", f"score table ({unit})"), "color": {"field": "model"},
+            "x": x, "y": C.log_axis(f"score_table_max_{unit}", f"score table ({unit})"), "color": {"field": "model"},
             "tooltip": ["size", "model", {"field": f"score_table_max_{unit}", "format": ".2f"}]}})
-        chart(long, {"mark": line, "title": "largest call's peak memory, measured (solid) and predicted (dashed)",
-                     "encoding": {"x": x, "y": log_axis(f"peak_{peak_unit}", f"peak memory ({peak_unit})"),
-                                  "color": {"field": "backend_label", "title": "backend"},
-                                  "strokeDash": {"field": "source", "sort": ["measured", "predicted"],
-                                                 "legend": {"orient": "top", "title": None}},
-                                  "tooltip": tip + ["source", {"field": f"peak_{peak_unit}", "format": ".2f"}]}})
+        chart(long, C.scaling_peak(peak_unit))
     table(scale, "scaling")
 
 
@@ -390,9 +422,19 @@ def page_ui(page: str, cells: pd.DataFrame) -> dict:
             out["cell"] = st.sidebar.selectbox("Cell to draw", list(labels), key="cell", format_func=labels.get)
         out["color"] = choice_ui("Colour by", list(COLOUR_BY), "color", "time", where=st.sidebar, horizontal=True)
     if page == "Compare" and len(cells):
-        labels = T.options(cells, "backend_label")
-        out["baseline"] = choice_ui("Baseline", labels, "baseline", "naive" if "naive" in labels else labels[0],
-                                    where=st.sidebar)
+        runs = list(dict.fromkeys(cells["run_id"]))
+        envs = T.run_envs(results_dir(), runs)
+        choices = ["backend"] + (["run"] + T.differing(envs) if len(runs) > 1 else [])
+        out["by"] = choice_ui("Side by side by", choices, "by", "run" if len(runs) > 1 else "backend",
+                              where=st.sidebar)
+        if out["by"] == "backend":
+            labels = T.options(cells, "backend_label")
+            out["baseline"] = choice_ui("Baseline", labels, "baseline", "naive" if "naive" in labels else labels[0],
+                                        where=st.sidebar)
+        else:
+            out["baseline"] = choice_ui("Baseline run", runs, "baseline", runs[0], where=st.sidebar)
+        out["budget"] = text_ui("Budget for the best backend", "best_budget", "24GiB", where=st.sidebar)
+        out["envs"] = envs
     return out
 
 
@@ -422,7 +464,7 @@ def main() -> None:
     if filters:
         cells, blocks = T.apply_filters(cells, filters), T.apply_filters(blocks, filters)
     choices = page_ui(page, cells)
-    mirror({"page": page, "run": chosen, **filters, **choices})
+    mirror({"page": page, "run": chosen, **filters, **{k: v for k, v in choices.items() if k != "envs"}})
 
     unreadable = index[~index["readable"]]["run_id"].tolist() if len(index) else []
     if unreadable and page != "Runs":
@@ -437,8 +479,10 @@ def main() -> None:
         return st.info("No cells match: pick a run and widen the filters in the sidebar.")
     if page == "Run":
         run_page(cells, blocks, choices.get("cell"), choices["color"])
+        report_button(root, chosen)
     elif page == "Compare":
-        compare_page(cells, choices["baseline"])
+        compare_page(cells, choices["envs"], choices["by"], choices["baseline"], choices["budget"])
+        report_button(root, chosen)
     elif len(blocks):
         scaling_page(blocks)
     else:

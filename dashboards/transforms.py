@@ -134,6 +134,61 @@ def largest_ok(cells: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=key + ["sizes_tried", "largest_ok_size", "largest_ok_pixels", "failed_above"])
 
 
+# ---- runs against runs (profiler.report.compare holds the matching and the noise rule)
+
+ENV_SKIP = ("device", "cpu_count", "platform")  # the same in every run of a grid, or said by device_name / cpu
+
+
+def run_envs(root: Path, run_ids: list[str]) -> pd.DataFrame:
+    """One row per run: run_id and its environment's fields (device name, library versions, threads, ...)."""
+    rows = []
+    for r in run_ids:
+        env = Run.open(Path(root) / r).manifest().get("environment") or {}
+        rows.append({"run_id": r, **{k: str(v) for k, v in env.items() if k not in ENV_SKIP}})
+    return pd.DataFrame(rows)
+
+
+def differing(envs: pd.DataFrame) -> list[str]:
+    """The environment fields whose values differ between the runs: what a comparison can be side by side by."""
+    return [c for c in envs.columns if c != "run_id" and envs[c].nunique(dropna=False) > 1]
+
+
+def with_series(cells: pd.DataFrame, envs: pd.DataFrame, by: str) -> pd.DataFrame:
+    """cells with `series`: the backend, the run, or an environment field's value of the cell's run."""
+    if by == "backend":
+        return cells.assign(series=cells["backend_label"])
+    if by == "run":
+        return cells.assign(series=cells["run_id"])
+    values = dict(zip(envs["run_id"], envs[by]))
+    return cells.assign(series=cells["run_id"].map(lambda r: f"{by}={values.get(r)}"))
+
+
+def best_backends(cells: pd.DataFrame, budget_bytes: int) -> pd.DataFrame:
+    """Per device and size (and model, dtype, batch): the fastest backend that ended ok, the memory-smallest, and
+    the fastest among those whose forward (weights + inputs + its transient) fits the budget."""
+    ok = cells[cells["status"] == "ok"].copy()
+    if not len(ok):
+        return pd.DataFrame()
+    if "device_name" not in ok:
+        ok["device_name"] = ok["device"]
+    need = ok["forward_peak_total_bytes"] if "forward_peak_total_bytes" in ok else ok["attention_peak_mem_bytes"]
+    ok["fits"] = need.fillna(ok["attention_peak_mem_bytes"]) <= budget_bytes
+    rows = []
+    for (device, model, dtype, batch, size), g in ok.groupby(["device_name", "model", "dtype", "batch", "size"],
+                                                             sort=False):
+        fast, small = g.loc[g["attention_time_ms"].idxmin()], g.loc[g["attention_peak_mem_bytes"].idxmin()]
+        fitting = g[g["fits"]]
+        best = fitting.loc[fitting["attention_time_ms"].idxmin()] if len(fitting) else None
+        rows.append({"device_name": device, "model": model, "dtype": dtype, "batch": batch, "size": size,
+                     "pixels": int(g["pixels"].iloc[0]), "fastest": fast["backend_label"],
+                     "fastest_time_ms": fast["attention_time_ms"], "smallest": small["backend_label"],
+                     "smallest_peak_bytes": small["attention_peak_mem_bytes"],
+                     "fastest_that_fits": best["backend_label"] if best is not None else "none",
+                     "fastest_that_fits_time_ms": best["attention_time_ms"] if best is not None else float("nan"),
+                     "budget_bytes": budget_bytes})
+    return pd.DataFrame(rows).sort_values(["device_name", "model", "pixels"], kind="stable").reset_index(drop=True)
+
+
 # ---- the Scaling page
 
 def scaling_table(blocks: pd.DataFrame) -> pd.DataFrame:

@@ -194,6 +194,36 @@ def cmd_show(args) -> int:
     return 0
 
 
+def cmd_diff(args) -> int:
+    from .report.compare import compare, format_diff, summary
+    from .store import find_run
+
+    if not 0 <= args.threshold < 1:
+        raise InputError(f"--threshold {args.threshold} is not a fraction: use e.g. 0.05 for 5%")
+    a, b = find_run(args.results, args.run_a), find_run(args.results, args.run_b)
+    result = compare(a.cells(), b.cells(), args.threshold)
+    s = summary(result)
+    if args.json:
+        json.dump({"a": a.id, "b": b.id, "threshold": args.threshold, "summary": s,
+                   **{k: v.to_dict("records") for k, v in result.items()}}, sys.stdout, indent=1, default=str)
+        print()
+    else:
+        print(format_diff(a.id, b.id, result, args.threshold))
+    return 1 if s["regressions"] else 0
+
+
+def cmd_report(args) -> int:
+    from .store import find_run
+
+    runs = [find_run(args.results, name).path for name in args.runs]
+    from dashboards.report import write
+
+    out = write(runs, Path(args.html))
+    print(f"attnprof report: {out} ({out.stat().st_size / 2**20:.1f} MiB, {len(runs)} run(s)); it opens in a "
+          "browser with no server and no network")
+    return 0
+
+
 def cmd_dashboard(args) -> int:
     from .service.serve import dashboard
 
@@ -364,6 +394,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop", metavar="ID", help="stop this job (its finished cells stay stored, the run resumable)")
     p.add_argument("--logs", metavar="ID", help="print this job's log")
     p.set_defaults(func=cmd_jobs)
+
+    p = sub.add_parser("diff", help="run B against run A, cell by cell; exit 1 on a regression (for CI)",
+                       description="Cells matched on model, size, batch, dtype and backend with options; per cell the "
+                                   "time and peak-memory ratio of B to A and a verdict: a regression or an improvement "
+                                   "only past --threshold and where the interquartile ranges of the stored samples "
+                                   "do not overlap. Exit code 1 when any regression is found, else 0.")
+    p.add_argument("run_a", metavar="RUN_A", help="the baseline: run id, unique prefix, 'latest' or a folder")
+    p.add_argument("run_b", metavar="RUN_B", help="the run judged against it")
+    p.add_argument("--results", default="results", help="results folder (default results)")
+    p.add_argument("--threshold", type=float, default=0.05, help="smallest relative change that counts (0.05)")
+    p.add_argument("--json", action="store_true", help="print JSON: summary, matched, only_a, only_b")
+    p.set_defaults(func=cmd_diff)
+
+    p = sub.add_parser("report", help="one self-contained HTML file of one or more runs (no server, no network)")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run ids, unique prefixes, 'latest' or folders")
+    p.add_argument("--html", required=True, metavar="FILE", help="where to write the report")
+    p.add_argument("--results", default="results", help="results folder (default results)")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("dashboard", help="serve the Streamlit dashboard over the runs under the results folder")
     p.add_argument("--results", default="results", help="results folder (default results)")

@@ -80,7 +80,8 @@ def test_run_page_draws_the_unet_coloured_by_time_then_by_memory(dashboard_resul
     skipped = cells[cells["status"] == "skipped"].iloc[0]
     assert skipped["backend_label"] == "naive" and "exceeds the memory budget" in skipped["error"]
     assert cells[cells["status"] == "unavailable"]["error"].str.contains("xformers").all()
-    assert len(at.download_button) == len(at.dataframe) == 2
+    assert len(at.dataframe) == 2 and [b.label for b in at.download_button] == [
+        "Download blocks.csv", "Download cells.csv", "Download report.html (self-contained, opens with no network)"]
 
 
 def test_run_page_cell_comes_from_the_url(dashboard_results, monkeypatch):
@@ -99,9 +100,13 @@ def _copy_run(src: Path, root: Path, run_id: str, sdpa_slower: float = 1.0) -> N
     shutil.copytree(src, dst)
     (dst / "manifest.json").write_text(json.dumps({**json.loads((src / "manifest.json").read_text()),
                                                    "run_id": run_id}))
-    for name, column in (("cells.parquet", "attention_time_ms"), ("blocks.parquet", "time_ms")):
+    for name, columns in (("cells.parquet", ["attention_time_ms", "attention_time_samples_ms"]),
+                          ("blocks.parquet", ["time_ms"])):
         df = pd.read_parquet(dst / name).assign(run_id=run_id)
-        df.loc[df["backend"] == "sdpa", column] *= sdpa_slower
+        sdpa = df["backend"] == "sdpa"
+        for column in columns:
+            df.loc[sdpa, column] = df.loc[sdpa, column].map(lambda v: v * sdpa_slower if v is None or
+                                                            isinstance(v, float) else [x * sdpa_slower for x in v])
         df.to_parquet(dst / name, index=False)
 
 
@@ -115,13 +120,32 @@ def test_two_runs_of_one_grid_are_told_apart(dashboard_results, tmp_path, monkey
     assert _qp(at, "cell")[0].startswith("30000101-000000-aaaa/")
     assert len(_charts(at)[0][1]) == 32  # one cell drawn, not both runs' calls
     assert sorted(_table(at, 1)["run_id"]) == ["30000101-000000-aaaa", "30000101-000000-bbbb"]
-    at = _app(tmp_path, monkeypatch, page="Compare", run=["30000101-000000-aaaa", "30000101-000000-bbbb"])
+    at = _app(tmp_path, monkeypatch, page="Compare", run=["30000101-000000-aaaa", "30000101-000000-bbbb"],
+              by="backend")
     ratios = _table(at, 1)
     assert sorted(ratios[ratios["backend_label"] == "naive"]["time_ratio"]) == ["-", "-", "1.00x", "1.00x"]
     points = _charts(at)[1][1]  # each run's ratios against its own naive cell: run b's sdpa is 3x run a's
     sdpa = points[(points["backend_label"] == "sdpa") & (points["size"] == "64x64")].set_index("run_id")["time_ratio"]
     assert sdpa["30000101-000000-bbbb"] == pytest.approx(3 * sdpa["30000101-000000-aaaa"])
     assert len(_table(at, 0)) == 2 * 4  # the largest size per backend, per run
+
+
+def test_runs_side_by_side_with_a_verdict_per_cell(dashboard_results, tmp_path, monkeypatch):
+    """Two runs of one grid, the second's sdpa three times slower: two series, and its sdpa cells regressions."""
+    good = list_runs(dashboard_results)[0]
+    a, b = "30000101-000000-aaaa", "30000101-000000-bbbb"
+    _copy_run(good, tmp_path, a)
+    _copy_run(good, tmp_path, b, sdpa_slower=3.0)
+    at = _app(tmp_path, monkeypatch, page="Compare", run=[a, b])
+    assert at.sidebar.selectbox(key="by").value == "run" and _qp(at, "by") == ["run"]
+    assert at.sidebar.selectbox(key="by").options == ["backend", "run"]  # the copies share their environment
+    spec, points = _charts(at)[0]
+    assert spec["encoding"]["xOffset"]["field"] == "series" and set(points["series"]) == {a, b}
+    diff = _table(at, 0).set_index(["backend", "width"])
+    assert diff.loc[("sdpa", 64), "verdict"] == "regression" and diff.loc[("sdpa", 64), "time_ratio"] == "3.00x"
+    assert diff.loc[("naive", 64), "verdict"] == "within noise"
+    best = _table(at, 1)
+    assert set(best["fastest"]) <= {"naive", "sdpa", "subquad"} and "fastest_that_fits" in best
 
 
 def test_compare_page_ratios_and_largest_size(dashboard_results, monkeypatch):

@@ -144,6 +144,7 @@ def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev) 
         "weights_bytes": weights, "inputs_bytes": sum(held.values()),
         "forward_peak_total_bytes": weights + sum(held.values()) + int(forward_peak),
         "attention_time_ms": sum(b["time_ms"] for b in blocks),
+        "attention_time_samples_ms": [sum(samples) for samples in zip(*(b["time_samples_ms"] for b in blocks))],
         "attention_peak_mem_bytes": max(b["peak_mem_bytes"] for b in blocks),
         "predicted_peak_bytes": max(b["predicted_peak_bytes"] for b in blocks),
         "calls": len(blocks), "kernel": _common_kernel(blocks),

@@ -1,0 +1,128 @@
+"""attnprof report RUN [RUN ...] --html FILE: one self-contained HTML file with each run's environment, the U-Net
+map, the Compare and Scaling charts and the cells table. It opens in a browser with no server and no network: the
+chart library (Vega, Vega-Lite and Vega-Embed, from vl-convert's bundle) and the data are inside the file. The
+dashboard's Run and Compare pages offer the same file as a download."""
+from __future__ import annotations
+
+import datetime as dt
+import html
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # imported by `attnprof report` from the profiler package
+    sys.path.insert(0, str(REPO))
+
+import pandas as pd  # noqa: E402
+
+from dashboards import charts as C  # noqa: E402
+from dashboards import transforms as T  # noqa: E402
+from profiler.store import Run  # noqa: E402
+
+ENV_FIELDS = ("device_name", "driver", "cuda", "torch", "diffusers", "python", "torch_threads", "cpu", "cpu_count",
+              "platform", "executor", "git_revision")
+CELL_COLUMNS = ("run_id", "model", "size", "batch", "dtype", "backend_label", "family", "status", "error",
+                "attention_time_ms", "iqr_ms", "attention_peak_mem_bytes", "predicted_peak_bytes",
+                "forward_peak_total_bytes", "predicted_forward_peak_bytes", "forward_time_ms", "noisy", "max_rel_err",
+                "kernel")
+
+
+def _bundle() -> str:
+    import vl_convert
+
+    return vl_convert.javascript_bundle()  # sets window.vegaEmbed
+
+
+def _table(df: pd.DataFrame, cls: str = "") -> str:
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape('' if v is None or v != v else str(v))}</td>" for v in row)
+                   + "</tr>" for row in df.itertuples(index=False))
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _charts_and_sections(cells: pd.DataFrame, blocks: pd.DataFrame, runs: list[Run]) -> tuple[list, list[str]]:
+    specs, sections = [], []
+
+    def add(title: str, spec: dict, data: pd.DataFrame, note: str = "") -> None:
+        specs.append(C.with_data(spec, data))
+        sections.append(f"<h3>{html.escape(title)}</h3>{f'<p>{html.escape(note)}</p>' if note else ''}"
+                        f'<div class="chart" id="chart{len(specs) - 1}"></div>')
+
+    ok = cells[cells["status"] == "ok"] if len(cells) else cells
+    for run in runs:  # the U-Net map of each run's largest ok cell
+        mine = ok[ok["run_id"] == run.id].sort_values(["pixels", "attention_time_ms"], ascending=[False, False])
+        if not len(mine) or not len(blocks):
+            continue
+        cell = mine.iloc[0]
+        layout, unit = T.with_mem_unit(T.unet_layout(blocks[(blocks["run_id"] == run.id) &
+                                                            (blocks["cell_id"] == cell["cell_id"])]),
+                                       ["peak_mem_bytes", "predicted_peak_bytes"])
+        add(f"The U-Net of run {run.id}: {cell['model']} {cell['size']} {cell['backend_label']} {cell['dtype']}",
+            C.unet_map("time_ms", "time (ms)", unit), layout,
+            "down, mid and up by level; each tile one attention call (self | cross), coloured by its median time")
+    if len(ok):
+        series, title = ("run_id", "run") if len(runs) > 1 else ("backend_label", "backend")
+        cmp, unit = T.with_mem_unit(ok, ["attention_peak_mem_bytes"])
+        add("Compare: attention time against peak memory, per size",
+            C.time_against_peak(T.options(ok, "size"), unit, series, title), cmp)
+    if len(blocks):
+        scale = T.scaling_table(blocks)
+        if len(scale):
+            add("Scaling: attention time against image size", C.scaling_time(), scale)
+            long, unit = T.with_mem_unit(T.scaling_long(scale), ["peak_bytes"])
+            add("Scaling: the largest call's peak memory", C.scaling_peak(unit), long)
+    return specs, sections
+
+
+def _json(spec: dict) -> str:
+    """JSON that is safe inside a <script> element."""
+    return json.dumps(spec, default=str).replace("</", "<\\/")
+
+
+def render(paths: list[Path]) -> str:
+    runs = [Run.open(p) for p in paths]
+    loaded = [T.load_run(r.path) for r in runs]
+    join = lambda parts: pd.concat([p for p in parts if len(p)], ignore_index=True) if any(len(p) for p in parts) \
+        else pd.DataFrame()  # noqa: E731
+    cells, blocks = join([c for c, _ in loaded]), join([b for _, b in loaded])
+    env = pd.DataFrame({"": list(ENV_FIELDS), **{r.id: [str((r.manifest().get("environment") or {}).get(k, ""))
+                                                       for k in ENV_FIELDS] for r in runs}})
+    meta = pd.DataFrame([{"run": r.id, "created": r.manifest().get("created_at"),
+                          "ended": r.manifest().get("ended_at"), "command": r.manifest().get("command")}
+                         for r in runs])
+    specs, sections = _charts_and_sections(cells, blocks, runs)
+    shown = T.display(cells[[c for c in CELL_COLUMNS if c in cells]]) if len(cells) else pd.DataFrame()
+    names = ", ".join(r.id for r in runs)
+    embeds = "\n".join(f'vegaEmbed("#chart{i}", {_json(s)}, {{actions: false, renderer: "svg"}}).then(() => done());'
+                       for i, s in enumerate(specs))
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>attnprof report: {html.escape(names)}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2rem; color: #222; }}
+table {{ border-collapse: collapse; font-size: 12px; margin: 0.5rem 0 1.5rem; }}
+th, td {{ border: 1px solid #ddd; padding: 3px 6px; text-align: left; white-space: nowrap; }}
+th {{ background: #f3f3f3; }} .chart {{ margin-bottom: 1.5rem; }} p {{ color: #555; max-width: 60rem; }}
+</style></head>
+<body data-charts="{len(specs)}" data-rendered="0">
+<h1>attnprof report</h1>
+<p>Runs {html.escape(names)}; written {dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")} by attnprof
+report. Times are medians of the timed forwards; peaks are each call's transient peak over what was held when it
+began. Everything, the chart library included, is in this file: it needs no server and no network.</p>
+<h2>Runs and environment</h2>{_table(meta)}{_table(env, "env")}
+<h2>Charts</h2>{"".join(sections) or "<p>No cell ended ok: nothing to draw.</p>"}
+<h2>Cells</h2>{_table(shown, "cells") if len(shown) else "<p>No cells recorded.</p>"}
+<script>{_bundle()}</script>
+<script>
+let rendered = 0;
+function done() {{ rendered += 1; document.body.dataset.rendered = String(rendered); }}
+{embeds}
+</script>
+</body></html>
+"""
+
+
+def write(paths: list[Path], out: Path) -> Path:
+    out = Path(out)
+    out.write_text(render(paths))
+    return out
