@@ -72,6 +72,28 @@ def test_one_trace_for_every_backend_gives_what_each_alone_gives():
         assert alone["backends"][name] == every["backends"][name]
 
 
+def test_a_sweeps_preflight_traces_each_shape_once_per_set_of_options_of_a_backend(monkeypatch):
+    """Backends with their own options share one forward; one backend asked twice with other options takes a
+    second, and each cell gets what its backend and options traced alone give."""
+    from profiler.execute import sweep as S
+    from profiler.plan import forward
+
+    sweep = Sweep(models=("tiny-sd15",), sizes=((128, 128),), dtypes=("float32",), device="cpu",
+                  backends=(("naive", ()), ("sliced", (("slice_size", 1),)), ("sliced", (("slice_size", 4),)),
+                            ("split", (("budget_bytes", 2**24),))))
+    calls = []
+    monkeypatch.setattr(forward, "trace", lambda *a: calls.append(a) or trace(*a))
+    predicted = S.predict(sweep.cells())[0]
+    assert [sorted(c[6]) for c in calls] == [["naive", "sliced", "split"], ["sliced"]]
+    for c in sweep.cells():
+        alone = trace(c.model, 128, 128, 1, "float32", "cpu", [c.backend], {c.backend: dict(c.backend_options)})
+        assert predicted[c.cell_id]["predicted_forward_peak_bytes"] == \
+            alone["backends"][c.backend]["predicted_forward_peak_bytes"]
+    sliced = {dict(c.backend_options)["slice_size"]: predicted[c.cell_id]["predicted_forward_peak_bytes"]
+              for c in sweep.cells() if c.backend == "sliced"}
+    assert sliced[4] > sliced[1]
+
+
 def test_activations_outside_attention_are_affine_in_the_pixel_count():
     """What fit's screen relies on: the bytes after each op at 768 from the traces at 512 and 1024."""
     a, b, c = (trace("tiny-sd15", s, s, 1, "float16", "cuda", ["sdpa"], moments=True) for s in (512, 1024, 768))

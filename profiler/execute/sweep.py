@@ -15,27 +15,36 @@ from .grid import Sweep
 
 
 def predict(cells: list[CellSpec]) -> tuple[dict[str, dict], dict[str, tuple[int, ...]]]:
-    """Per cell, from one fake-tensor forward per shape (model, size, batch, dtype), device type and backend options
-    for all the backends that share them: predicted_forward_peak_bytes (this model's weights, the inputs and the
-    forward's transient, plan/forward.py) and predicted_need_bytes (that plus the fp32 reference's weights, which
-    stay on the device beside it). And the head dims of each model, for the availability probe."""
+    """Per cell, from one fake-tensor forward per shape (model, size, batch, dtype) and device type for all the
+    backends that share them, each with its own options (a backend asked with two sets of options takes a second
+    forward): predicted_forward_peak_bytes (this model's weights, the inputs and the forward's transient,
+    plan/forward.py) and predicted_need_bytes (that plus the fp32 reference's weights, which stay on the device
+    beside it). And the head dims of each model, for the availability probe."""
     from ..plan.forward import trace
     from ..spec import DTYPES
 
-    groups: dict[tuple, list[CellSpec]] = {}
+    groups: dict[tuple, list[dict[str, tuple]]] = {}  # shape -> forwards, each {backend: its options}
     for c in cells:
-        device = "cuda" if c.device.startswith("cuda") else "cpu"
-        groups.setdefault((c.model, c.width, c.height, c.batch, c.dtype, device, c.backend_options), []).append(c)
-    out, dims = {}, {}
-    for (model, w, h, batch, dtype, device, options), group in groups.items():
-        names = sorted({c.backend for c in group})
-        t = trace(model, w, h, batch, dtype, device, names, {n: dict(options) for n in names})
-        dims.setdefault(model, set()).update(r["head_dim"] for r in t["rows"])
-        reference = t["weights_bytes"] * 4 // DTYPES[dtype].itemsize if dtype != "float32" else 0
-        for c in group:
-            forward = t["backends"].get(c.backend, {}).get("predicted_forward_peak_bytes")
-            out[c.cell_id] = {"predicted_forward_peak_bytes": forward,
-                              "predicted_need_bytes": None if forward is None else forward + reference}
+        forwards = groups.setdefault((c.model, c.width, c.height, c.batch, c.dtype,
+                                      "cuda" if c.device.startswith("cuda") else "cpu"), [])
+        forward = next((f for f in forwards if f.get(c.backend, c.backend_options) == c.backend_options), None)
+        if forward is None:
+            forwards.append(forward := {})
+        forward[c.backend] = c.backend_options
+    traced, dims = {}, {}
+    for (model, w, h, batch, dtype, device), forwards in groups.items():
+        for forward in forwards:
+            t = trace(model, w, h, batch, dtype, device, sorted(forward), {n: dict(o) for n, o in forward.items()})
+            dims.setdefault(model, set()).update(r["head_dim"] for r in t["rows"])
+            reference = t["weights_bytes"] * 4 // DTYPES[dtype].itemsize if dtype != "float32" else 0
+            for name, options in forward.items():
+                peak = t["backends"].get(name, {}).get("predicted_forward_peak_bytes")
+                traced[(model, w, h, batch, dtype, device, name, options)] = {
+                    "predicted_forward_peak_bytes": peak, "predicted_need_bytes": None if peak is None else
+                    peak + reference}
+    out = {c.cell_id: traced[(c.model, c.width, c.height, c.batch, c.dtype,
+                              "cuda" if c.device.startswith("cuda") else "cpu", c.backend, c.backend_options)]
+           for c in cells}
     return out, {m: tuple(sorted(d)) for m, d in dims.items()}
 
 
