@@ -159,8 +159,11 @@ def with_series(cells: pd.DataFrame, envs: pd.DataFrame, by: str) -> pd.DataFram
         return cells.assign(series=cells["backend_label"])
     if by == "run":
         return cells.assign(series=cells["run_id"])
-    values = dict(zip(envs["run_id"], envs[by]))
-    return cells.assign(series=cells["run_id"].map(lambda r: f"{by}={values.get(r)}"))
+    values = cells["run_id"].map(dict(zip(envs["run_id"], envs[by])))
+    if by in cells:  # also recorded per cell (torch_threads): the cell's own value where it has one
+        own = cells[by].map(lambda v: None if v is None or v != v else str(int(v) if isinstance(v, float) else v))
+        values = own.where(own.notna(), values)
+    return cells.assign(series=f"{by}=" + values.astype(str))
 
 
 def best_backends(cells: pd.DataFrame, budget_bytes: int) -> pd.DataFrame:

@@ -49,6 +49,7 @@ def test_a_sweep_through_ray_records_the_cells_the_local_executor_does(tmp_path,
     assert set(cells["status"]) == {"ok", "oom", "unavailable"}
     ran = cells[cells["status"].isin(["ok", "oom"])]
     assert ran["host"].notna().all() and ran["device_name"].notna().all()  # where each cell ran
+    assert set(ran["torch_threads"]) == {1}  # a CPU task holds one CPU: Ray gives its worker one thread
     assert through_ray.manifest()["environment"]["executor"] == "ray"
     assert through_ray.blocks().groupby("cell_id").size().eq(32).all()
     assert not (through_ray.path / "progress.json").exists()

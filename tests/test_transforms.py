@@ -217,3 +217,38 @@ def test_index_warns_about_corrupt_and_unfinished_runs(dashboard_results, tmp_pa
     assert index.loc["d-unfinished", "pending"] == 8
     with pytest.raises(ValueError):
         T.load_run(tmp_path / "c-bad-blocks")
+
+
+def test_runs_side_by_side_by_an_environment_field_and_the_cells_own_threads():
+    envs = pd.DataFrame([{"run_id": "a", "torch": "2.13.0", "torch_threads": "2", "python": "3.11"},
+                         {"run_id": "b", "torch": "2.13.0", "torch_threads": "2", "python": "3.12"}])
+    assert T.differing(envs) == ["python"]
+    cells = pd.DataFrame({"run_id": ["a", "a", "b"], "backend_label": ["naive", "sdpa", "sdpa"],
+                          "torch_threads": [2.0, float("nan"), 1.0]})
+    assert T.with_series(cells, envs, "python")["series"].tolist() == ["python=3.11", "python=3.11", "python=3.12"]
+    # a Ray CPU worker measured b's cell with one thread though b's driver had two; an old cell has no value
+    assert T.with_series(cells, envs, "torch_threads")["series"].tolist() == [
+        "torch_threads=2", "torch_threads=2", "torch_threads=1"]
+    assert T.with_series(cells, envs, "run")["series"].tolist() == ["a", "a", "b"]
+
+
+def test_best_backend_per_device_and_size_within_a_budget():
+    MiB = 2**20
+
+    def cell(device, size, backend, ms, peak, forward, status="ok"):
+        return {"device_name": device, "model": "sd15", "dtype": "float16", "batch": 1, "size": f"{size}x{size}",
+                "pixels": size * size, "backend_label": backend, "status": status, "attention_time_ms": ms,
+                "attention_peak_mem_bytes": peak, "forward_peak_total_bytes": forward}
+
+    cells = pd.DataFrame([cell("cpu-x", 512, "naive", 100.0, 900 * MiB, 1000 * MiB),
+                          cell("cpu-x", 512, "sdpa", 40.0, 30 * MiB, 300 * MiB),
+                          cell("cpu-x", 512, "split", 60.0, 20 * MiB, 200 * MiB),
+                          cell("cpu-x", 512, "sliced", 1.0, 1.0, None, status="oom"),
+                          cell("cpu-x", 1024, "naive", 900.0, 9000 * MiB, 9e9),
+                          cell("gpu-y", 512, "naive", 5.0, 900 * MiB, 1000 * MiB),
+                          cell("gpu-y", 512, "sdpa", 6.0, 30 * MiB, 300 * MiB)])
+    best = T.best_backends(cells, 500 * MiB).set_index(["device_name", "size"])
+    assert best.loc[("cpu-x", "512x512"), ["fastest", "smallest", "fastest_that_fits"]].tolist() == [
+        "sdpa", "split", "sdpa"]  # the oom cell, though "fastest", is not a candidate
+    assert best.loc[("gpu-y", "512x512"), ["fastest", "fastest_that_fits"]].tolist() == ["naive", "sdpa"]
+    assert best.loc[("cpu-x", "1024x1024"), "fastest_that_fits"] == "none"

@@ -185,5 +185,7 @@ def run_cell(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int) -> tu
     finally:
         with dev.guard():
             dev.release()
-    cell.update(dev.identity(), wall_s=time.time() - started)  # where it ran: host, device name and UUID
+    # where and how it ran: host, device name and UUID, and torch's intra-op threads in the process that measured it
+    # (Ray's CPU workers run one each, whatever the driver's environment says)
+    cell.update(dev.identity(), torch_threads=torch.get_num_threads(), wall_s=time.time() - started)
     return cell, blocks
