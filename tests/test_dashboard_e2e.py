@@ -31,9 +31,11 @@ OUT = REPO / "test-output" / "dashboard-e2e"
 # On CI (.ci/run installs both) a missing browser is a failure, not a skip.
 _MISSING = None if os.environ.get("CI") else True
 pytestmark = [
-    pytest.mark.skipif(_MISSING and sync_playwright is None, reason="playwright is not installed: pip install playwright "
-                       "(it drives Debian's chromium; `playwright install` is not needed)"),
-    pytest.mark.skipif(_MISSING and not os.access(CHROMIUM, os.X_OK), reason=f"no {CHROMIUM}: apt-get install -y chromium"),
+    pytest.mark.skipif(_MISSING and sync_playwright is None,
+                       reason="playwright is not installed: pip install playwright "
+                              "(it drives Debian's chromium; `playwright install` is not needed)"),
+    pytest.mark.skipif(_MISSING and not os.access(CHROMIUM, os.X_OK),
+                       reason=f"no {CHROMIUM}: apt-get install -y chromium"),
 ]
 
 

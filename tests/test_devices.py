@@ -214,7 +214,8 @@ def test_gpu_kernels_are_credited_to_the_call_that_launched_them():
     ]
     per_call, _ = attribute(events)
     assert per_call[0]["kernel"] == "aten::_scaled_dot_product_flash_attention,pytorch_flash::flash_fwd_kernel"
-    assert per_call[1]["kernel"] == "aten::_scaled_dot_product_efficient_attention,fmha_cutlassF_f16_aligned_64x64_rf_sm80"
+    assert per_call[1]["kernel"] == ("aten::_scaled_dot_product_efficient_attention,"
+                                     "fmha_cutlassF_f16_aligned_64x64_rf_sm80")
 
 
 def test_gpu_check_without_cuda_says_so_in_one_line_and_writes_nothing(tmp_path, capsys):

@@ -17,10 +17,11 @@ The fake tensors sit on the CPU (a CPU-only torch cannot index fake CUDA tensors
 returns the same tensors on either device, so only the attention calls follow the target device. Backends run as
 they really run there: their own processors (naive, sliced, split, subquad, sdpa-math; for the CPU also sdpa and
 sdpa-flash), and for CUDA the fused SDPA kernels through their own aten ops, whose fake implementations give their
-outputs (flash, mem-efficient, cuDNN; sdpa picks flash in fp16 / bf16, mem-efficient in fp32). Backends with no fake implementation (xformers, flash-attn) use their memory model for the attention call,
-and say so; so do the chunked backends for a call of more than 64 chunks (tracing thousands of chunks of a huge
-image costs minutes, and every chunk repeats the first: the tests hold the model to the trace where both run). One kernel's internal buffer is modelled: _safe_softmax's mask (one byte per score), which the math
-kernel holds beside its two tables.
+outputs (flash, mem-efficient, cuDNN; sdpa picks flash in fp16 / bf16, mem-efficient in fp32). Backends with no fake
+implementation (xformers, flash-attn) use their memory model for the attention call, and say so; so do the chunked
+backends for a call of more than 64 chunks (tracing thousands of chunks of a huge image costs minutes, and every
+chunk repeats the first: the tests hold the model to the trace where both run). One kernel's internal buffer is
+modelled: _safe_softmax's mask (one byte per score), which the math kernel holds beside its two tables.
 """
 from __future__ import annotations
 
@@ -202,10 +203,10 @@ def fake_unet(model: str, dtype: str):
 
 def trace(model: str, width: int, height: int, batch: int = 1, dtype: str = "float16", device: str = "cuda",
           names: list[str] | None = None, options: dict[str, dict] | None = None, moments: bool = False) -> dict:
-    """The forward's peak memory under each backend, on `device` ('cuda' or 'cpu'). Returns {"rows": the attention calls (recorder rows, each with
-    traced_peak_bytes per backend), "weights_bytes", "inputs_bytes", "outside_peak_bytes", "backends": {name: {
-    "transient_peak_bytes", "predicted_forward_peak_bytes", "how"}}}; a backend that cannot run on the device is
-    left out of "backends". With moments, also "moments": the bytes alive after each op outside attention calls."""
+    """The forward's peak memory under each backend, on `device` ('cuda' or 'cpu'). Returns {"rows": the attention
+    calls (recorder rows, each with traced_peak_bytes per backend), "weights_bytes", "inputs_bytes",
+    "outside_peak_bytes", "backends": {name: {"transient_peak_bytes", "predicted_forward_peak_bytes", "how"}}}; a
+    backend that cannot run on the device is left out of "backends". With moments, also "moments": the bytes alive after each op outside attention calls."""
     dtype = parse_dtype(dtype)
     names = names if names is not None else backends.names()
     options = {n: backends.check_options(n, (options or {}).get(n, {})) for n in names}
