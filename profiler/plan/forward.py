@@ -206,7 +206,8 @@ def trace(model: str, width: int, height: int, batch: int = 1, dtype: str = "flo
     """The forward's peak memory under each backend, on `device` ('cuda' or 'cpu'). Returns {"rows": the attention
     calls (recorder rows, each with traced_peak_bytes per backend), "weights_bytes", "inputs_bytes",
     "outside_peak_bytes", "backends": {name: {"transient_peak_bytes", "predicted_forward_peak_bytes", "how"}}}; a
-    backend that cannot run on the device is left out of "backends". With moments, also "moments": the bytes alive after each op outside attention calls."""
+    backend that cannot run on the device is left out of "backends". With moments, also "moments": the bytes alive
+    after each op outside attention calls."""
     dtype = parse_dtype(dtype)
     names = names if names is not None else backends.names()
     options = {n: backends.check_options(n, (options or {}).get(n, {})) for n in names}
