@@ -28,7 +28,6 @@ def _shape(args, sizes_default=("512x512",)):
 
 
 def cmd_plan(args) -> int:
-    from . import models
     from .plan import format_plan, plan
     from .execute.grid import parse_bytes
 
@@ -41,8 +40,7 @@ def cmd_plan(args) -> int:
     if args.memory_budget and not args.backend:
         raise InputError("--memory-budget needs --backend NAME: the need depends on the backend")
     budget = parse_bytes(args.memory_budget, "--memory-budget") if args.memory_budget else None
-    unet = None if args.backend else models.build(args.model, weights="meta", dtype=dtype)
-    plans = [plan(args.model, w, h, batch, dtype, backend=args.backend, backend_options=options, unet=unet,
+    plans = [plan(args.model, w, h, batch, dtype, backend=args.backend, backend_options=options,
                   memory_budget=budget, device=args.device) for w, h in sizes]
     if args.json:
         json.dump(plans, sys.stdout, indent=1)

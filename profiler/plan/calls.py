@@ -2,6 +2,8 @@
 device (shapes) or on fake tensors (memory: forward.py). No weights, no kernels, no GPU."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .. import models
@@ -11,8 +13,7 @@ from ..spec import parse_dtype
 
 
 def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "float16", backend: str | None = None,
-         backend_options: dict | None = None, unet: torch.nn.Module | None = None,
-         memory_budget: int | None = None, device: str = "cuda") -> dict:
+         backend_options: dict | None = None, memory_budget: int | None = None, device: str = "cuda") -> dict:
     """One size: {model, width, height, batch, dtype, backend, device, blocks: [row per attention call], totals}.
     Without a backend, the calls' shapes from a meta-device forward. With one, the whole forward on fake tensors
     (plan/forward.py): each call's traced transient beside its memory model's, and the forward's peak memory
@@ -24,8 +25,7 @@ def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "floa
     p = {"model": model, "width": width, "height": height, "batch": batch, "dtype": dtype, "backend": backend,
          "device": device if backend else None}
     if backend is None:
-        if unet is None:
-            unet = models.build(source, weights="meta", dtype=dtype)
+        unet = meta_unet(model, dtype)
         inputs = models.example_inputs(unet, batch, width, height, source.text_tokens)
         from diffusers.models.attention_processor import AttnProcessor  # cheapest on meta: plain matmuls
 
@@ -53,6 +53,12 @@ def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "floa
     if memory_budget is not None:
         t.update(memory_budget_bytes=memory_budget, fits=b["predicted_forward_peak_bytes"] <= memory_budget)
     return {**p, "blocks": blocks, "totals": t}
+
+
+@functools.lru_cache(maxsize=4)
+def meta_unet(model: str, dtype: str) -> torch.nn.Module:
+    """The U-Net on the meta device, built once per process (shapes only: nothing in it changes between plans)."""
+    return models.build(models.resolve(model), weights="meta", dtype=dtype)
 
 
 def totals(blocks: list[dict], params: dict) -> dict:
