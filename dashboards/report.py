@@ -123,6 +123,14 @@ function done() {{ rendered += 1; document.body.dataset.rendered = String(render
 
 
 def write(paths: list[Path], out: Path) -> Path:
+    """Render, then replace `out` in one step: a failed write leaves any file already there as it was."""
     out = Path(out)
-    out.write_text(render(paths))
+    text = render(paths)
+    part = out.with_name(f".{out.name}.part")
+    try:
+        part.write_text(text)
+        part.replace(out)
+    except OSError:
+        part.unlink(missing_ok=True)
+        raise
     return out

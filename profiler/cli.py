@@ -216,7 +216,10 @@ def cmd_report(args) -> int:
     runs = [find_run(args.results, name).path for name in args.runs]
     from dashboards.report import write
 
-    out = write(runs, Path(args.html))
+    try:
+        out = write(runs, Path(args.html))
+    except OSError as e:
+        raise InputError(f"cannot write the report to {args.html} ({e.strerror}): choose another --html path")
     print(f"attnprof report: {out} ({out.stat().st_size / 2**20:.1f} MiB, {len(runs)} run(s)); it opens in a "
           "browser with no server and no network")
     return 0

@@ -8,7 +8,7 @@ import pytest
 from profiler.cli import main
 from profiler.report.compare import (IMPROVEMENT, REGRESSION, SAME, compare, peak_verdict, quartiles, summary,
                                      time_verdict)
-from profiler.store import Run
+from profiler.store import Run, list_runs
 
 MiB = 2**20
 
@@ -97,3 +97,20 @@ def test_diff_exits_1_on_a_regression_and_0_otherwise(tmp_path, capsys):
     assert data["summary"]["improvements"] == 1 and data["matched"][0]["verdict"] in (IMPROVEMENT, SAME)
     assert main(["diff", "a", "b", "--results", str(tmp_path), "--threshold", "0.5"]) == 0  # 19% < 50%
     assert main(["diff", "a", "nope", "--results", str(tmp_path)]) == 2
+
+
+def test_report_bad_input_gets_one_line_and_no_traceback(dashboard_results, tmp_path, capsys):
+    run_id = list_runs(dashboard_results)[0].name
+    args = ["--results", str(dashboard_results), "--html"]
+    assert main(["report", "nope", *args, str(tmp_path / "r.html")]) == 2
+    assert "no run named 'nope'" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("")
+    assert main(["report", run_id, *args, str(tmp_path / "afile" / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "choose another --html path" in err  # one line, no traceback
+    out = tmp_path / "r.html"
+    assert main(["report", run_id, *args, str(out)]) == 0
+    text = out.read_text()
+    assert 'data-charts="4"' in text and text.count('<table class="cells">') == 1 and run_id in text
+    assert "<script src" not in text and "<link" not in text  # nothing to fetch
+    assert not [p for p in tmp_path.rglob(".*.part")]  # no partial file left
