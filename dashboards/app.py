@@ -169,7 +169,6 @@ def run_page(cells: pd.DataFrame, blocks: pd.DataFrame, cell: str | None, colour
         layout, unit = T.with_mem_unit(layout, ["peak_mem_bytes", "predicted_peak_bytes"])
         if field == "peak_mem_bytes":
             field, title = f"peak_mem_{unit}", f"peak memory ({unit})"
-        tooltip = C.unet_map(field, title, unit)["encoding"]["tooltip"]
         st.subheader("The U-Net: down, mid and up by level; each tile one attention call (self | cross)")
         chart(layout, C.unet_map(field, title, unit))
         left, right = st.columns(2)
@@ -181,7 +180,7 @@ def run_page(cells: pd.DataFrame, blocks: pd.DataFrame, cell: str | None, colour
                                                   "title": None, "axis": {"labelLimit": 320, "labelOverlap": False}},
                                             "x": {"field": x, "type": "quantitative", "title": xtitle},
                                             "color": {"field": "stage", "sort": ["down", "mid", "up"]},
-                                            "tooltip": tooltip}})
+                                            "tooltip": C.call_tooltip(unit)}})
         table(layout[["call_index", "block", "stage", "level", "kind", "heads", "head_dim", "tokens_q", "tokens_k",
                       "score_elements", "score_bytes", "flops", "time_ms", "iqr_ms", "noisy", "peak_mem_bytes",
                       "predicted_peak_bytes", "kernel"]], "blocks")
@@ -190,10 +189,7 @@ def run_page(cells: pd.DataFrame, blocks: pd.DataFrame, cell: str | None, colour
     st.subheader("Cells")
     st.caption("forward peak total: measured, counted as the planner counts it (weights + inputs + the forward's "
                "transient); predicted forward peak: the planner's, from fake tensors; ratio: measured / predicted.")
-    table(cells[[c for c in ("run_id", "model", "size", "batch", "dtype", "backend_label", "family", "status",
-                             "error", "attention_time_ms", "attention_peak_mem_bytes", "predicted_peak_bytes",
-                             "forward_peak_total_bytes", "predicted_forward_peak_bytes", "forward_peak_ratio",
-                             "forward_time_ms", "noisy", "max_rel_err", "kernel") if c in cells]], "cells")
+    table(cells[[c for c in T.CELL_COLUMNS if c in cells]], "cells")
 
 
 def compare_page(cells: pd.DataFrame, envs: pd.DataFrame, by: str, baseline: str, budget: str) -> None:
@@ -423,7 +419,7 @@ def page_ui(page: str, cells: pd.DataFrame) -> dict:
         out["color"] = choice_ui("Colour by", list(COLOUR_BY), "color", "time", where=st.sidebar, horizontal=True)
     if page == "Compare" and len(cells):
         runs = list(dict.fromkeys(cells["run_id"]))
-        envs = T.run_envs(results_dir(), runs)
+        envs = T.run_envs([results_dir() / r for r in runs])
         choices = ["backend"] + (["run"] + T.differing(envs) if len(runs) > 1 else [])
         out["by"] = choice_ui("Side by side by", choices, "by", "run" if len(runs) > 1 else "backend",
                               where=st.sidebar)

@@ -9,10 +9,14 @@ def log_axis(field: str, title: str, **extra) -> dict:
     return {"field": field, "type": "quantitative", "scale": {"type": "log"}, "title": title, **extra}
 
 
+def call_tooltip(unit: str) -> list:
+    """What hovering over one attention call shows."""
+    return ["block", "kind", "tokens", "score_table", {"field": "time_ms", "title": "time (ms)", "format": ".3f"},
+            {"field": f"peak_mem_{unit}", "title": f"peak ({unit})", "format": ".2f"}]
+
+
 def unet_map(field: str, title: str, unit: str) -> dict:
     """One cell's attention calls placed on the U (transforms.unet_layout), coloured by `field`."""
-    tooltip = ["block", "kind", "tokens", "score_table", {"field": "time_ms", "title": "time (ms)", "format": ".3f"},
-               {"field": f"peak_mem_{unit}", "title": f"peak ({unit})", "format": ".2f"}]
     return {"mark": {"type": "rect", "stroke": "white", "tooltip": True}, "height": 260, "encoding": {
         "x": {"field": "group_label", "type": "ordinal", "sort": {"field": "column"},
               "title": "transformer block, down -> mid -> up", "axis": {"labelAngle": -40}},
@@ -20,7 +24,7 @@ def unet_map(field: str, title: str, unit: str) -> dict:
         "y": {"field": "level_label", "type": "ordinal", "sort": {"field": "level"}, "title": None},
         "yOffset": {"field": "layer", "type": "ordinal"},
         "color": {"field": field, "type": "quantitative", "title": title, "scale": {"scheme": "viridis"}},
-        "tooltip": tooltip}}
+        "tooltip": call_tooltip(unit)}}
 
 
 def time_against_peak(sizes: list[str], unit: str, series: str = "backend_label", title: str = "backend") -> dict:

@@ -7,25 +7,13 @@ from __future__ import annotations
 import datetime as dt
 import html
 import json
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # imported by `attnprof report` from the profiler package
-    sys.path.insert(0, str(REPO))
+import pandas as pd
 
-import pandas as pd  # noqa: E402
-
-from dashboards import charts as C  # noqa: E402
-from dashboards import transforms as T  # noqa: E402
-from profiler.store import Run  # noqa: E402
-
-ENV_FIELDS = ("device_name", "driver", "cuda", "torch", "diffusers", "python", "torch_threads", "cpu", "cpu_count",
-              "platform", "executor", "git_revision")
-CELL_COLUMNS = ("run_id", "model", "size", "batch", "dtype", "backend_label", "family", "status", "error",
-                "attention_time_ms", "iqr_ms", "attention_peak_mem_bytes", "predicted_peak_bytes",
-                "forward_peak_total_bytes", "predicted_forward_peak_bytes", "forward_time_ms", "noisy", "max_rel_err",
-                "kernel")
+from dashboards import charts as C
+from dashboards import transforms as T
+from profiler.store import Run
 
 
 def _bundle() -> str:
@@ -86,13 +74,12 @@ def render(paths: list[Path]) -> str:
     join = lambda parts: pd.concat([p for p in parts if len(p)], ignore_index=True) if any(len(p) for p in parts) \
         else pd.DataFrame()  # noqa: E731
     cells, blocks = join([c for c, _ in loaded]), join([b for _, b in loaded])
-    env = pd.DataFrame({"": list(ENV_FIELDS), **{r.id: [str((r.manifest().get("environment") or {}).get(k, ""))
-                                                       for k in ENV_FIELDS] for r in runs}})
+    env = T.run_envs(paths).set_index("run_id").T.reset_index(names="").fillna("")
     meta = pd.DataFrame([{"run": r.id, "created": r.manifest().get("created_at"),
                           "ended": r.manifest().get("ended_at"), "command": r.manifest().get("command")}
                          for r in runs])
     specs, sections = _charts_and_sections(cells, blocks, runs)
-    shown = T.display(cells[[c for c in CELL_COLUMNS if c in cells]]) if len(cells) else pd.DataFrame()
+    shown = T.display(cells[[c for c in T.CELL_COLUMNS if c in cells]]) if len(cells) else pd.DataFrame()
     names = ", ".join(r.id for r in runs)
     embeds = "\n".join(f'vegaEmbed("#chart{i}", {_json(s)}, {{actions: false, renderer: "svg"}}).then(() => done());'
                        for i, s in enumerate(specs))

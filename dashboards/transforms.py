@@ -3,7 +3,6 @@
 Tables keep raw numbers with units in the column names (for CSV); display() turns them into MiB / GiB and ms."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -34,7 +33,7 @@ def _derive(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
     df["size"] = df["width"].astype(str) + "x" + df["height"].astype(str)
     df["pixels"] = df["width"] * df["height"]
-    df["backend_label"] = [backend_label(b, o) for b, o in zip(df["backend"], df["backend_options"])]
+    df["backend_label"] = [backends.label(b, o) for b, o in zip(df["backend"], df["backend_options"])]
     df["family"] = df["backend"].map(family)
     if {"forward_peak_total_bytes", "predicted_forward_peak_bytes"} <= set(df):  # measured beside predicted
         df["forward_peak_ratio"] = df["forward_peak_total_bytes"] / df["predicted_forward_peak_bytes"]
@@ -43,14 +42,6 @@ def _derive(df: pd.DataFrame) -> pd.DataFrame:
 
 def family(name: str) -> str:
     return backends.BACKENDS[name].family if name in backends.BACKENDS else "other"
-
-
-def backend_label(name: str, options_json: str | None) -> str:
-    """The backend's name, with its options where they differ from the defaults: 'sliced(slice_size=4)'."""
-    options = json.loads(options_json) if options_json else {}
-    defaults = backends.BACKENDS[name].options if name in backends.BACKENDS else {}
-    changed = {k: v for k, v in sorted(options.items()) if defaults.get(k) != v}
-    return name + (f"({','.join(f'{k}={v}' for k, v in changed.items())})" if changed else "")
 
 
 # ---- filters
@@ -134,23 +125,31 @@ def largest_ok(cells: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=key + ["sizes_tried", "largest_ok_size", "largest_ok_pixels", "failed_above"])
 
 
+# The cells table of the Run page and of the report: what a cell is, how it ended, its figures beside the planner's.
+CELL_COLUMNS = ("run_id", "model", "size", "batch", "dtype", "backend_label", "family", "status", "error",
+                "attention_time_ms", "iqr_ms", "attention_peak_mem_bytes", "predicted_peak_bytes",
+                "forward_peak_total_bytes", "predicted_forward_peak_bytes", "forward_peak_ratio", "forward_time_ms",
+                "noisy", "max_rel_err", "kernel")
+
+
 # ---- runs against runs (profiler.report.compare holds the matching and the noise rule)
 
 ENV_SKIP = ("device", "cpu_count", "platform")  # the same in every run of a grid, or said by device_name / cpu
 
 
-def run_envs(root: Path, run_ids: list[str]) -> pd.DataFrame:
+def run_envs(paths: list[Path]) -> pd.DataFrame:
     """One row per run: run_id and its environment's fields (device name, library versions, threads, ...)."""
     rows = []
-    for r in run_ids:
-        env = Run.open(Path(root) / r).manifest().get("environment") or {}
-        rows.append({"run_id": r, **{k: str(v) for k, v in env.items() if k not in ENV_SKIP}})
+    for path in paths:
+        run = Run.open(Path(path))
+        env = run.manifest().get("environment") or {}
+        rows.append({"run_id": run.id, **{k: str(v) for k, v in env.items()}})
     return pd.DataFrame(rows)
 
 
 def differing(envs: pd.DataFrame) -> list[str]:
     """The environment fields whose values differ between the runs: what a comparison can be side by side by."""
-    return [c for c in envs.columns if c != "run_id" and envs[c].nunique(dropna=False) > 1]
+    return [c for c in envs.columns if c != "run_id" and c not in ENV_SKIP and envs[c].nunique(dropna=False) > 1]
 
 
 def with_series(cells: pd.DataFrame, envs: pd.DataFrame, by: str) -> pd.DataFrame:

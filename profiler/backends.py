@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import json
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -72,6 +73,14 @@ def _load_plugins() -> None:
 
 def names() -> list[str]:
     return list(BACKENDS)
+
+
+def label(name: str, options_json: str | None) -> str:
+    """The backend's name, with its options where they differ from the defaults: 'sliced(slice_size=4)'."""
+    options = json.loads(options_json) if options_json else {}
+    defaults = BACKENDS[name].options if name in BACKENDS else {}
+    changed = {k: v for k, v in sorted(options.items()) if defaults.get(k) != v}
+    return name + (f"({','.join(f'{k}={v}' for k, v in changed.items())})" if changed else "")
 
 
 def check_backend_name(name: str) -> None:

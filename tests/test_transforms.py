@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from dashboards import transforms as T
+from profiler import backends
 from profiler.store import list_runs
 
 GiB, MiB = 2**30, 2**20
@@ -38,11 +39,11 @@ def _block(block, call_index, level, kind, tokens_q, tokens_k, time_ms=1.0, peak
 
 
 def test_backend_label_shows_only_options_that_differ_from_the_defaults():
-    assert T.backend_label("naive", "{}") == "naive"
-    assert T.backend_label("sliced", json.dumps({"slice_size": 1})) == "sliced"  # the default
-    assert T.backend_label("sliced", json.dumps({"slice_size": 4})) == "sliced(slice_size=4)"
-    assert T.backend_label("subquad", json.dumps({"query_chunk": 1024, "key_chunk": 512})) == "subquad(key_chunk=512)"
-    assert T.backend_label("mine", json.dumps({"b": 2, "a": 1})) == "mine(a=1,b=2)"
+    assert backends.label("naive", "{}") == "naive"
+    assert backends.label("sliced", json.dumps({"slice_size": 1})) == "sliced"  # the default
+    assert backends.label("sliced", json.dumps({"slice_size": 4})) == "sliced(slice_size=4)"
+    assert backends.label("subquad", json.dumps({"query_chunk": 1024, "key_chunk": 512})) == "subquad(key_chunk=512)"
+    assert backends.label("mine", json.dumps({"b": 2, "a": 1})) == "mine(a=1,b=2)"
 
 
 def test_family_comes_from_the_backend_registry():

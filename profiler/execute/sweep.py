@@ -23,28 +23,28 @@ def predict(cells: list[CellSpec]) -> tuple[dict[str, dict], dict[str, tuple[int
     from ..plan.forward import trace
     from ..spec import DTYPES
 
+    def shape(c: CellSpec) -> tuple:
+        return c.model, c.width, c.height, c.batch, c.dtype, c.device.split(":")[0]  # cuda:1 traces as cuda
+
     groups: dict[tuple, list[dict[str, tuple]]] = {}  # shape -> forwards, each {backend: its options}
     for c in cells:
-        forwards = groups.setdefault((c.model, c.width, c.height, c.batch, c.dtype,
-                                      "cuda" if c.device.startswith("cuda") else "cpu"), [])
+        forwards = groups.setdefault(shape(c), [])
         forward = next((f for f in forwards if f.get(c.backend, c.backend_options) == c.backend_options), None)
         if forward is None:
             forwards.append(forward := {})
         forward[c.backend] = c.backend_options
     traced, dims = {}, {}
-    for (model, w, h, batch, dtype, device), forwards in groups.items():
+    for key, forwards in groups.items():
+        model, dtype = key[0], key[4]
         for forward in forwards:
-            t = trace(model, w, h, batch, dtype, device, sorted(forward), {n: dict(o) for n, o in forward.items()})
+            t = trace(*key, sorted(forward), {n: dict(o) for n, o in forward.items()})
             dims.setdefault(model, set()).update(r["head_dim"] for r in t["rows"])
             reference = t["weights_bytes"] * 4 // DTYPES[dtype].itemsize if dtype != "float32" else 0
             for name, options in forward.items():
                 peak = t["backends"].get(name, {}).get("predicted_forward_peak_bytes")
-                traced[(model, w, h, batch, dtype, device, name, options)] = {
-                    "predicted_forward_peak_bytes": peak, "predicted_need_bytes": None if peak is None else
-                    peak + reference}
-    out = {c.cell_id: traced[(c.model, c.width, c.height, c.batch, c.dtype,
-                              "cuda" if c.device.startswith("cuda") else "cpu", c.backend, c.backend_options)]
-           for c in cells}
+                traced[key, name, options] = {"predicted_forward_peak_bytes": peak,
+                                              "predicted_need_bytes": None if peak is None else peak + reference}
+    out = {c.cell_id: traced[shape(c), c.backend, c.backend_options] for c in cells}
     return out, {m: tuple(sorted(d)) for m, d in dims.items()}
 
 

@@ -13,11 +13,11 @@ the forward's samples for runs recorded before those were kept):
 """
 from __future__ import annotations
 
-import json
 import statistics
 
 import pandas as pd
 
+from ..backends import label
 from ..fmt import human_bytes, table
 
 KEY = ["model", "width", "height", "batch", "dtype", "backend", "backend_options"]
@@ -100,7 +100,7 @@ def format_diff(run_a: str, run_b: str, result: dict, threshold: float) -> str:
     for r in result["matched"].to_dict("records"):
         ran = r["status_a"] == "ok" and r["status_b"] == "ok"
         rows.append({"model": r["model"], "size": f"{r['width']}x{r['height']}", "batch": r["batch"],
-                     "dtype": r["dtype"], "backend": r["backend"] + _options(r["backend_options"]),
+                     "dtype": r["dtype"], "backend": label(r["backend"], r["backend_options"]),
                      "time A": f"{r['time_a_ms']:.2f} ms" if ran else r["status_a"],
                      "time B": f"{r['time_b_ms']:.2f} ms" if ran else r["status_b"],
                      "time": f"{r['time_ratio']:.3f}x" if ran else "-",
@@ -122,7 +122,3 @@ def format_diff(run_a: str, run_b: str, result: dict, threshold: float) -> str:
             lines.append(f"left out, only in {name}: {cells}")
     return "\n".join(lines)
 
-
-def _options(options_json) -> str:
-    options = json.loads(options_json) if options_json else {}
-    return f"({','.join(f'{k}={v}' for k, v in sorted(options.items()))})" if options else ""
