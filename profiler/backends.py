@@ -83,6 +83,11 @@ def label(name: str, options_json: str | None) -> str:
     return name + (f"({','.join(f'{k}={v}' for k, v in changed.items())})" if changed else "")
 
 
+def uses_sdpa(name: str) -> bool:
+    """Whether the backend's processor calls PyTorch's scaled_dot_product_attention (so PyTorch picks a kernel)."""
+    return name == "sdpa" or name.startswith("sdpa-")
+
+
 def check_backend_name(name: str) -> None:
     if name not in BACKENDS:
         raise InputError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
@@ -364,36 +369,82 @@ def chunks(name: str, row: dict, dtype: str, **options) -> int:
     return 1
 
 
-def predicted_peak_bytes(name: str, row: dict, dtype: str, **options) -> int:
-    """Transient peak of one processor call over what was allocated when it began (the output counts).
+def _upcast(row: dict, e: int) -> str:
+    """How the call upcasts before its softmax: 'attention' (q and k to float32, scores in float32), 'softmax' (the
+    scores to float32) or '' (none, or float32 inputs, where an upcast copies nothing). Rows stored before the field
+    existed say so only through their 4-byte scores: those are U-Net rows, whose upcast is upcast_attention."""
+    if e == 4:
+        return ""
+    if "upcast" in row:
+        return row["upcast"] or ""
+    return "attention" if row["score_bytes"] != row["score_elements"] * e else ""
 
-    Every processor holds q, k, v (n x T x d each) through its core and ends with two (B, Tq, C) tensors alive
-    (head-merged output and to_out's output), so peak = q + k + v + max(core, 2 * out). Score elements take
-    row["score_bytes"] / row["score_elements"] bytes (4 where diffusers upcasts); an upcast also makes float32
-    copies of q and k (naive, sliced), of k (split) or of the query chunk (subquad). Left out: the CPU flash
-    kernel's per-thread tiles (~0.5 MiB per thread) and the mask diffusers repeats per head."""
+
+def _scores_phase(ns: int, row: dict, e: int, up: str, held: int) -> int:
+    """The peak of diffusers' get_attention_scores over ns (batch*head) rows, `held` bytes alive besides: baddbmm
+    with its empty input, an upcast copy of the scores, softmax with its input, the probabilities cast back."""
+    tq, tk, d = row["tokens_q"], row["tokens_k"], row["head_dim"]
+    n_s = ns * tq * tk  # score elements
+    qk = ns * (tq + tk) * d * 4 if up == "attention" else 0  # float32 copies of q and k
+    s1 = 4 if up == "attention" else e  # baddbmm's dtype
+    s2 = 4 if up else e  # softmax's dtype
+    moments = [held + qk + 2 * n_s * s1, held + qk + 2 * n_s * s2]
+    if up == "softmax":
+        moments.append(held + n_s * (s1 + 4))  # scores and their float32 copy
+    if s2 != e:
+        moments.append(held + qk + n_s * (s2 + e))  # probabilities and their cast to the input dtype
+    return max(moments)
+
+
+def predicted_peak_bytes(name: str, row: dict, dtype: str, **options) -> int:
+    """Transient peak of one processor call over what was allocated when it began (the output counts), following
+    the processor op by op as it allocates and frees (tests/test_forward.py holds it to the fake-tensor trace of
+    every call of SD 1.5, SD 2.1 and SDXL, both batch sizes, with and without upcast).
+
+    Every processor first holds q, k, v (a_q + 2 a_k) and ends holding its head-merged output and to_out's
+    output (2 a_q). Scores take row["score_bytes"] / row["score_elements"] bytes (4 where diffusers upcasts). `sdpa` on
+    CUDA follows the kernel named in row["sdpa_kernel"] (the planner's and the measurement's). Left out: the CPU
+    flash kernel's per-thread tiles (~0.5 MiB per thread), kernel workspaces other than the mem-efficient
+    kernel's float32 accumulator (head_dim > 128 in float16 / bfloat16), and the mask diffusers repeats per head."""
     opts = check_options(name, options)
     if BACKENDS[name].memory_like:
         name, opts = BACKENDS[name].memory_like, check_options(BACKENDS[name].memory_like, {})
     e = torch_dtype(dtype).itemsize
-    n, d, tq, tk = row["batch"] * row["heads"], row["head_dim"], row["tokens_q"], row["tokens_k"]
+    b, n, d, tq, tk = row["batch"], row["batch"] * row["heads"], row["head_dim"], row["tokens_q"], row["tokens_k"]
     sb = row["score_bytes"] // row["score_elements"]
     a_q, a_k = n * tq * d * e, n * tk * d * e  # one projection on the query / key side
-    up = sb != e
-    if name in ("naive", "sliced"):  # get_attention_scores: scores with the baddbmm input, then with the softmax
-        ns = n if name == "naive" else min(opts["slice_size"], n)
-        core = 2 * ns * tq * tk * sb + up * ns * (tq + tk) * d * 4 + (name == "sliced") * a_q
-    elif name == "split":  # output, one chunk table in place, the chunk's probs @ v
+    up = _upcast(row, e)
+    if name == "naive":  # AttnProcessor: scores, then probabilities alive through bmm, head merge and to_out
+        core = max(_scores_phase(n, row, e, up, 0), n * tq * tk * e + 2 * a_q)
+    elif name == "sliced":  # the output zeros, and each slice's output alive into the next slice's scores
+        ns = min(opts["slice_size"], n)
+        count, out_s = -(-n // ns), ns * tq * d * e
+        last = (n - (count - 1) * ns) * tq * d * e
+        loop = a_q + max(_scores_phase(ns, row, e, up, out_s if count > 1 else 0), ns * tq * tk * e + out_s)
+        core = max(loop, last + 2 * a_q)
+    elif name == "split":  # output, one chunk table in place, the chunk's probs @ v (upcast: float32 k and q chunk)
         r = min(tq, split_rows(n, tk, sb, opts["budget_bytes"]))
-        core = a_q + n * r * tk * sb + n * r * d * e + up * (n * r * tk * e + n * tk * d * 4)
+        s_c = n * r * tk * sb
+        core = a_q + s_c + (n * r * d * e if sb == e else 4 * n * tk * d + max(4 * n * r * d, n * r * (tk + d) * e))
     elif name == "subquad":  # output, one score block, float32 accumulator, block @ v, running max / sum / rescale
         r, c = min(tq, opts["query_chunk"]), min(tk, opts["key_chunk"])
-        core = a_q + n * r * c * sb + n * r * d * (4 + e) + 3 * n * r * 4 + up * (n * r * c * e + n * r * d * 4)
-    elif name == "sdpa-math":  # float32 scores and softmax, _safe_softmax's bool mask, a scaled q; fp32 q, k, v copies
-        core = 2 * n * tq * tk * 4 + n * tq * tk + n * tq * d * 4 + (e < 4) * n * (tq + 2 * tk) * d * 4
-    else:  # fused kernels (sdpa picks flash on CPU, flash / efficient on CUDA): output plus a float32 logsumexp
-        core = a_q + n * tq * 4
-    return int(a_q + 2 * a_k + max(core, 2 * a_q))
+        s_c = n * r * c * sb
+        if sb == e:
+            core = a_q + s_c + n * r * d * (4 + e) + 3 * n * r * 4
+        else:  # a float32 query chunk, and each key chunk in float32 while its scores are taken
+            core = a_q + 8 * n * r * d + 8 * n * r + s_c + max(4 * n * c * d, 8 * n * r + n * r * (c + d) * e)
+    elif name == "sdpa-math":  # aten's math kernel: float32 copies (below float32), scaled q and k, scores, softmax
+        f = 4 / e  # with its bool mask, the probabilities cast back, probs @ v in float32 and cast back
+        ups = int((a_q + 2 * a_k) * f) if e < 4 else 0
+        sq, sk, cl = int(a_q * f), int(a_k * f), b > 1  # batches above 1 copy q, k and v for the batched matmuls
+        big = n * tq * tk
+        core = ups + sq + max(sk * (1 + cl) + sq * cl + 4 * big, 9 * big,
+                              4 * big + (e < 4) * big * e + sq + max(cl * int(a_k * f), (e < 4) * a_q))
+    else:  # fused kernels: output and a float32 logsumexp; mem-efficient adds a float32 accumulator past head_dim 128
+        kernel = {"sdpa-efficient": "efficient", "sdpa": row.get("sdpa_kernel")}.get(name)
+        acc = n * tq * d * 4 if kernel == "efficient" and d > 128 and e < 4 else 0
+        core = a_q + n * tq * 4 + acc
+    return int(a_q + 2 * a_k + max(core, 2 * a_q))  # every processor ends holding its merged output and to_out's
 
 
 _load_plugins()

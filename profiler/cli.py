@@ -40,8 +40,9 @@ def cmd_plan(args) -> int:
     if args.memory_budget and not args.backend:
         raise InputError("--memory-budget needs --backend NAME: the need depends on the backend")
     budget = parse_bytes(args.memory_budget, "--memory-budget") if args.memory_budget else None
+    _gpu_arch(args)
     plans = [plan(args.model, w, h, batch, dtype, backend=args.backend, backend_options=options,
-                  memory_budget=budget, device=args.device) for w, h in sizes]
+                  memory_budget=budget, device=args.device, gpu_arch=args.gpu_arch) for w, h in sizes]
     if args.json:
         json.dump(plans, sys.stdout, indent=1)
         print()
@@ -56,16 +57,29 @@ def cmd_fit(args) -> int:
     from .plan.fit import fit, format_fit, parse_aspect
 
     models.resolve(args.model)
+    _gpu_arch(args)
     say = (lambda line: None) if args.quiet else (lambda line: print(f"attnprof fit: {line}", file=sys.stderr,
                                                                      flush=True))
     result = fit(args.model, parse_bytes(args.budget, "--budget"), args.backend, parse_dtype(args.dtype),
-                 parse_batch(args.batch), parse_aspect(args.aspect), args.buckets, args.device, say=say)
+                 parse_batch(args.batch), parse_aspect(args.aspect), args.buckets, args.device, say=say,
+                 gpu_arch=args.gpu_arch)
     if args.json:
         json.dump(result, sys.stdout, indent=1)
         print()
     else:
         print(format_fit(result))
     return 0
+
+
+def _gpu_arch(args) -> None:
+    """--gpu-arch checked before any work (and refused where it cannot matter)."""
+    from . import devices
+
+    if args.gpu_arch is not None:
+        if args.device != "cuda" or not getattr(args, "backend", True):
+            raise InputError("--gpu-arch names the GPU whose kernels to follow: it goes with --backend and "
+                             "--device cuda")
+        devices.gpu_target(args.gpu_arch)
 
 
 def cmd_models(args) -> int:
@@ -285,6 +299,10 @@ def _add_exec_args(p, out_default="results"):
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+GPU_ARCH_HELP = ("on cuda, the GPU whose SDPA kernel choice to follow, as a compute capability (sm80, sm89, sm90, "
+                 "sm100, ...; default: this machine's GPU, else sm90, an H100 / H200)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="attnprof", description="Profile the attention blocks of Stable Diffusion U-Nets.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -297,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-budget", metavar="BYTES", help="with --backend: say whether the forward fits, e.g. 24GiB")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                    help="with --backend: the device whose attention kernels the forward is traced with (default cuda)")
+    p.add_argument("--gpu-arch", metavar="SM", help=GPU_ARCH_HELP)
     p.add_argument("--json", action="store_true", help="print a JSON array, one object per size")
     p.set_defaults(func=cmd_plan)
 
@@ -315,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--buckets", action="store_true", help="judge SDXL's aspect buckets (832x1216, 1024x1024, ...) "
                                                            "instead of searching")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="device whose kernels (default cuda)")
+    p.add_argument("--gpu-arch", metavar="SM", help=GPU_ARCH_HELP)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_fit)

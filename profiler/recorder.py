@@ -31,7 +31,8 @@ def describe_call(attn, hidden_states: torch.Tensor, encoder_hidden_states: torc
     tokens_k = tokens_q if encoder_hidden_states is None else encoder_hidden_states.shape[1]
     heads = attn.heads
     head_dim = attn.to_q.out_features // heads
-    upcast = bool(getattr(attn, "upcast_softmax", False) or getattr(attn, "upcast_attention", False))
+    upcast = "attention" if getattr(attn, "upcast_attention", False) else \
+        "softmax" if getattr(attn, "upcast_softmax", False) else ""  # diffusers' AttnProcessor's float32 upcast
     score_elements = batch * heads * tokens_q * tokens_k
     return {
         "kind": "self" if encoder_hidden_states is None else "cross",
@@ -41,6 +42,7 @@ def describe_call(attn, hidden_states: torch.Tensor, encoder_hidden_states: torc
         "tokens_q": tokens_q,
         "tokens_k": tokens_k,
         "score_elements": score_elements,
+        "upcast": upcast,
         "score_bytes": score_elements * (4 if upcast else hidden_states.element_size()),
         "flops": 4 * batch * heads * tokens_q * tokens_k * head_dim,
     }

@@ -101,7 +101,7 @@ def environment(device: str) -> dict:
     from . import devices
 
     env = {"python": platform.python_version(), "torch": torch.__version__, "diffusers": diffusers.__version__,
-           "cuda": torch.version.cuda, "platform": platform.platform(), "cpu": devices.cpu_name(),
+           "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "platform": platform.platform(), "cpu": devices.cpu_name(),
            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": device,
            "device_name": None, "driver": None}
     if device.startswith("cuda") and torch.cuda.is_available():

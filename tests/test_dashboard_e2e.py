@@ -16,6 +16,8 @@ import pytest
 
 from profiler.store import list_runs
 
+pytest.importorskip("streamlit", reason="the dashboard needs streamlit (not on the lent GPU machine)")
+
 try:
     from playwright.sync_api import sync_playwright
 except ImportError:

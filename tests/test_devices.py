@@ -1,6 +1,7 @@
 """CPU tests that catch GPU bugs: the meta device (cross-device writes fail there as on CUDA), CUDA calls checked for
 the cell's device, NVML found by UUID / PCI bus id in a faked NVML module, GPU kernels credited by correlation id,
 allocation failures of every form. Where a GPU is needed, tests/test_gpu.py (pytest -m gpu)."""
+import json
 import os
 import types
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from profiler import devices, models
-from profiler.measure.probes import NvmlSampler, attribute
+from profiler.measure.probes import NvmlSampler, attribute, sdpa_kernel
 
 GiB = 2**30
 
@@ -139,6 +140,15 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, handle):
         return [types.SimpleNamespace(pid=pid, usedGpuMemory=GiB) for pid in self.pids]
 
+    def nvmlDeviceGetCount(self):
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return list(self.gpus)[index]
+
+    def nvmlDeviceGetName(self, handle):
+        return b"NVIDIA H200"
+
 
 def _props(uuid, bus):
     return types.SimpleNamespace(uuid=uuid, pci_domain_id=0, pci_bus_id=bus, pci_device_id=0, name="Fake GPU",
@@ -218,9 +228,107 @@ def test_gpu_kernels_are_credited_to_the_call_that_launched_them():
                                      "fmha_cutlassF_f16_aligned_64x64_rf_sm80")
 
 
-def test_gpu_check_without_cuda_says_so_in_one_line_and_writes_nothing(tmp_path, capsys):
+# GPU kernel names as public profiles show them (H100 / A100 / B200), and the SDPA kernel each belongs to
+KERNEL_NAMES = [
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_kernel0_0", "cudnn"),
+    ("cudnn_generated_fort_native_sdpa_sm80_flash_fprop_wmma_f16_knob_3_64x64x128_4x1x1_kernel0_0", "cudnn"),
+    ("cudnn_generated_fort_native_sdpa_sm100_flash_fprop_f16_knob_1", "cudnn"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::half_t, "
+     "Flash_kernel_traits<64, 128, 128, 4, cutlass::half_t>>, false, false, false, false, true, true, false>"
+     "(pytorch_flash::Flash_fwd_params)", "flash"),
+    ("fmha_cutlassF_f16_aligned_64x128_rf_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass::half_t, "
+     "cutlass::arch::Sm80, true, 64, 128, 128, true, true>::Params)", "efficient"),
+    ("void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t>, false, "
+     "false, false, false, true, true, false, false>(Flash_fwd_params)", "flash"),
+    ("void flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<64, 64, 256, 4, false, false, cutlass::half_t>, false, "
+     "false, false, false, true, false, true, false>(Flash_fwd_params)", "flash"),
+    ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<flash::CollectiveMainloopFwdSm90"
+     "<2, cute::tuple<cute::C<1>, cute::C<1>, cute::C<1>>>>>>(flash::FlashAttnFwdSm90<>::Params)", "flash"),
+    ("void (anonymous namespace)::cunn_SoftMaxForward<8, c10::Half, float, c10::Half, "
+     "(anonymous namespace)::SoftMaxForwardEpilogue>(c10::Half*, c10::Half const*, int)", "math"),
+    ("void at::native::(anonymous namespace)::softmax_warp_forward<float, float, float, 10, false, false>(float*, "
+     "float const*, int, int, int, bool const*, int, bool)", "math"),
+    ("aten::_scaled_dot_product_flash_attention_for_cpu", "flash"),
+    ("aten::_scaled_dot_product_attention_math", "math"),
+    ("aten::_scaled_dot_product_cudnn_attention", "cudnn"),
+    ("aten::_scaled_dot_product_efficient_attention", "efficient"),
+    ("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__"
+     "5x_cublas", None),
+    ("ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_tn", None),
+    ("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::BinaryFunctor"
+     "<c10::Half, c10::Half, c10::Half, at::native::binary_internal::MulFunctor<float>>>>(int, T3)", None),
+]
+
+
+@pytest.mark.parametrize("name, kernel", KERNEL_NAMES, ids=[k[0][:48] for k in KERNEL_NAMES])
+def test_sdpa_kernel_names_each_kernel_and_never_takes_cudnn_for_flash(name, kernel):
+    assert sdpa_kernel([name]) == kernel
+    # within one call: a fused kernel wins over the gemms and elementwise kernels of the projections around it
+    assert sdpa_kernel([KERNEL_NAMES[-2][0], name, KERNEL_NAMES[-1][0]]) == kernel
+
+
+def test_the_fused_kernel_names_the_call_even_beside_a_softmax_elsewhere_in_it():
+    assert sdpa_kernel(["cunn_SoftMaxForward", KERNEL_NAMES[0][0]]) == "cudnn"
+    assert sdpa_kernel([]) is None
+
+
+def test_only_gpu_kernels_name_a_calls_gpu_kernels_and_their_time():
+    """A CPU op named like an extension (xformers::, flash_attn::) is no GPU kernel: a call that launched none has
+    no gpu_kernels, and its GPU time sums only what ran on the GPU."""
+    events = [
+        Ev("attnprof.call.0", 100, 200), Ev("attnprof.call.1", 200, 300),
+        Ev("xformers::efficient_attention_forward_cutlass", 110, 190, corr=0),
+        Ev("flash_attn::_flash_attn_forward", 210, 220, corr=0),
+        Ev("aten::_scaled_dot_product_cudnn_attention", 230, 240, corr=13),
+        Ev("aten::mm", 250, 260, corr=14),
+        Ev(KERNEL_NAMES[0][0], 400, 2400, device="cuda", corr=903, linked=13),  # 2 us
+        Ev("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n", 2500, 3500, device="cuda", corr=904, linked=14),  # 1 us
+    ]
+    per_call, _ = attribute(events)
+    assert per_call[0]["gpu_kernels"] == [] and per_call[0]["gpu_time_ms"] is None
+    assert per_call[1]["gpu_kernels"] == [KERNEL_NAMES[0][0]] and per_call[1]["sdpa_kernel"] == "cudnn"
+    assert per_call[1]["gpu_time_ms"] == pytest.approx(0.003)  # both of its kernels, the gemm too
+    cpu = attribute([Ev("attnprof.call.0", 0, 10), Ev("aten::_scaled_dot_product_flash_attention_for_cpu", 1, 9)])[0]
+    assert cpu[0]["sdpa_kernel"] == "flash" and cpu[0]["gpu_time_ms"] is None
+
+
+def test_the_planner_follows_pytorchs_sdpa_priority_for_the_gpu_it_plans_for():
+    """sm90 with a cuDNN past 9.15: cuDNN where it takes the head dim (<= 128), flash at SD 1.5's 160; float32:
+    mem-efficient; Ampere and Ada: flash; Turing: mem-efficient (no flash before sm80); the deprioritizing variable
+    and an older cuDNN put flash first."""
+    h100 = devices.GpuTarget("H100", (9, 0), 91501, 13, False)
+    assert [devices.sdpa_choice("float16", d, 77, "cuda", h100) for d in (40, 64, 80, 160)] == \
+        ["cudnn", "cudnn", "cudnn", "flash"]
+    assert devices.sdpa_choice("float32", 40, 77, "cuda", h100) == "efficient"
+    assert devices.sdpa_choice("float16", 160, 77, "cuda", devices.GpuTarget("H100", (9, 0), 92300, 13, False)) \
+        == "cudnn"  # cuDNN past 9.22 takes head dims to 256 on sm90
+    assert devices.sdpa_choice("float16", 40, 77, "cuda", devices.GpuTarget("H100", (9, 0), 91400, 13, False)) \
+        == "flash"
+    for arch, want in (("sm80", "flash"), ("8.9", "flash"), ("sm_75", "efficient"), ("sm120", "flash")):
+        assert devices.sdpa_choice("float16", 40, 77, "cuda", devices.gpu_target(arch)) == want, arch
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", "1")
+        assert devices.sdpa_choice("float16", 40, 77, "cuda", h100) == "flash"
+    assert devices.sdpa_choice("float16", 40, 77, "cpu") == "flash"  # asked of PyTorch
+
+
+def test_the_plan_of_sdpa_on_cuda_names_each_calls_kernel_and_the_gpu(capsys):
+    from profiler.cli import main
+
+    assert main(["plan", "--model", "sd15", "--size", "512x512", "--backend", "sdpa", "--gpu-arch", "sm90",
+                 "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)[0]
+    assert {(b["head_dim"], b["sdpa_kernel"]) for b in p["blocks"]} == {(40, "cudnn"), (80, "cudnn"), (160, "flash")}
+    assert "sm90" in p["totals"]["gpu"] and "cudnn for 20 calls, flash for 12 calls" in p["totals"]["forward_method"]
+    assert main(["plan", "--model", "sd15", "--backend", "sdpa", "--gpu-arch", "volta"]) == 2
+    assert "--gpu-arch 'volta' is not a compute capability" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="about a machine with no CUDA (tests/test_gpu.py runs there)")
+def test_gpu_check_without_cuda_says_so_in_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
     from profiler import gpu_check
 
+    monkeypatch.setattr(gpu_check, "nvml_gpus", lambda: [])
     assert gpu_check.main(["--report", str(tmp_path / "report.md")]) == 0
     out = capsys.readouterr().out
     assert out.strip().splitlines() == ["gpu-check: no CUDA GPU here (torch sees none): nothing to check and no "
@@ -228,6 +336,21 @@ def test_gpu_check_without_cuda_says_so_in_one_line_and_writes_nothing(tmp_path,
     assert not (tmp_path / "report.md").exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="about a CPU-only torch")
+def test_a_cpu_only_torch_on_a_gpu_box_fails_the_gpu_check_in_one_line(tmp_path, capsys, monkeypatch):
+    """NVML sees a GPU, torch has no CUDA: every check would SKIP, so the check fails instead of passing quietly."""
+    from profiler import gpu_check
+
+    monkeypatch.setattr(devices, "nvml_module", lambda: FakeNvml())
+    assert gpu_check.nvml_gpus() == ["NVIDIA H200", "NVIDIA H200"]
+    assert gpu_check.main(["--report", str(tmp_path / "report.md")]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("gpu-check: NVML sees 2 GPU(s) (NVIDIA H200) but this torch has no "
+                                               "CUDA") and "install a CUDA build of torch" in out[0]
+    assert not (tmp_path / "report.md").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU dry run of a machine with no CUDA")
 def test_gpu_check_tried_on_the_cpu_reports_every_check_skipped_never_passed(tmp_path, capsys):
     from profiler import gpu_check
 
@@ -236,8 +359,12 @@ def test_gpu_check_tried_on_the_cpu_reports_every_check_skipped_never_passed(tmp
                            "--out", str(tmp_path / "results")])
     text = report.read_text()
     assert code == 0
-    assert f"## Checks: 0 PASS, 0 FAIL, {len(gpu_check.CHECKS)} SKIP" in text
-    assert text.count("| SKIP | needs a CUDA device (here: cpu) |") == len(gpu_check.CHECKS) and "| PASS |" not in text
+    # on the CPU the checks on the sweep's cells run on its cells; every other check needs CUDA
+    on_cells = ["forward peak matches the planner", "sdpa picks the kernel the planner names"]
+    assert f"## Checks: 2 PASS, 0 FAIL, {len(gpu_check.CHECKS) - 2} SKIP" in text
+    assert text.count("| SKIP | needs a CUDA device (here: cpu) |") == len(gpu_check.CHECKS) - 2
+    assert [line.split(" | ")[0].strip("| ") for line in text.splitlines() if "| PASS |" in line] == on_cells
+    assert "measured/predicted 1.00" in text and "float32 head_dim 8: flash (the planner named each)" in text
     for backend in ("naive", "sliced", "split", "subquad", "sdpa"):
         assert f"| tiny-sd15 | 64x64 | {backend} | ok |" in text
     assert "| tiny-sd15 | 64x64 | xformers | unavailable: xformers is not installed" in text

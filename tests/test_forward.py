@@ -65,6 +65,80 @@ def test_memory_models_match_the_traced_calls_for_every_backend(device, dtype):
                 assert model == pytest.approx(traced, rel=0.1), (name, row["block"], model, traced)
 
 
+REAL_SIZE_BACKENDS = ["naive", "sdpa-math", "sliced", "split", "subquad", "sdpa", "sdpa-flash", "sdpa-efficient",
+                      "sdpa-cudnn"]
+
+
+@pytest.mark.parametrize("model, head_dims", [("sd15", {40, 80, 160}), ("sd21-base", {64}), ("sdxl-base", {64})])
+@pytest.mark.parametrize("size", [512, 1024])
+def test_memory_models_hold_to_the_trace_for_every_call_at_real_head_dims(model, head_dims, size):
+    """Every call of the real U-Nets in float16 on CUDA, within 1%: the probabilities that diffusers' processors
+    keep alive through the head merge and to_out, sliced's slice outputs, the math kernel's float32 copies, and
+    the mem-efficient kernel's float32 accumulator at SD 1.5's head_dim 160 (traced as a kernel workspace)."""
+    from profiler import backends
+
+    t = trace(model, size, size, 1, "float16", "cuda", REAL_SIZE_BACKENDS)
+    assert {r["head_dim"] for r in t["rows"]} == head_dims
+    for name in REAL_SIZE_BACKENDS:
+        assert not t["backends"][name]["how"].startswith(("processor, chunks", "memory model")), name  # all traced
+        for row in t["rows"]:
+            traced = row["traced_peak_bytes"][name]
+            assert backends.predicted_peak_bytes(name, row, "float16") == pytest.approx(traced, rel=0.01), \
+                (name, row["block"], row["head_dim"], row["kind"])
+    for row in t["rows"]:  # the accumulator (4 bytes per output element) only where head_dim is 160
+        peaks = row["traced_peak_bytes"]
+        accumulator = row["batch"] * row["heads"] * row["tokens_q"] * row["head_dim"] * 4
+        if row["head_dim"] > 128:
+            assert peaks["sdpa-efficient"] - peaks["sdpa-flash"] > accumulator / 2
+        else:
+            assert peaks["sdpa-efficient"] == pytest.approx(peaks["sdpa-flash"], rel=0.01)
+
+
+def _one_call(name: str, batch: int, head_dim: int, tokens_q: int, tokens_k: int | None, upcast: str, dtype,
+              **options) -> tuple[int, int]:
+    """(traced, predicted) transient peak of one processor call on fake tensors: 8 heads of head_dim, a 96-wide
+    text context where tokens_k is given (cross-attention)."""
+    import torch
+    from diffusers.models.attention_processor import Attention
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from profiler import backends
+    from profiler.plan.forward import LiveBytes
+    from profiler.recorder import describe_call
+
+    with torch.device("meta"):
+        attn = Attention(query_dim=8 * head_dim, heads=8, dim_head=head_dim,
+                         cross_attention_dim=96 if tokens_k else None, upcast_attention=upcast == "attention",
+                         upcast_softmax=upcast == "softmax").to(dtype)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        attn = attn._apply(lambda t: FakeTensor(mode, t, torch.device("cpu")))
+        x = torch.empty(batch, tokens_q, 8 * head_dim, dtype=dtype)
+        ctx = torch.empty(batch, tokens_k, 96, dtype=dtype) if tokens_k else None
+        live = LiveBytes([*attn.parameters(), x, *([ctx] if tokens_k else [])])
+        with torch.no_grad(), live:
+            backends.make_processor(name, **options)(attn, x, ctx)
+        row = describe_call(attn, x, ctx)
+    return live.peak, backends.predicted_peak_bytes(name, row, str(dtype).removeprefix("torch."), **options)
+
+
+@pytest.mark.parametrize("name, options", [("naive", {}), ("sliced", {}), ("sliced", {"slice_size": 3}),
+                                           ("split", {}), ("subquad", {}), ("sdpa-math", {}), ("sdpa", {})])
+def test_memory_models_hold_across_batch_upcast_and_dtype(name, options):
+    """Each processor's model against its trace on one call, within 1%: batch 1 and 2 (batch 2 copies q, k and v
+    where batch 1 takes views), no upcast, diffusers' upcast_attention (U-Nets) and upcast_softmax (the VAE), in
+    float16, bfloat16 and float32, self- and cross-attention, head_dim 40 and 160."""
+    import itertools
+
+    import torch
+
+    for batch, head_dim, (tq, tk), upcast, dtype in itertools.product(
+            (1, 2), (40, 160), ((256, None), (256, 77)), ("", "attention", "softmax"),
+            (torch.float16, torch.bfloat16, torch.float32)):
+        traced, predicted = _one_call(name, batch, head_dim, tq, tk, upcast, dtype, **options)
+        assert predicted == pytest.approx(traced, rel=0.01), (batch, head_dim, tk, upcast, dtype)
+
+
 def test_one_trace_for_every_backend_gives_what_each_alone_gives():
     every = trace("tiny-sd15", 384, 256, 1, "float16", "cuda")
     for name in ("naive", "split", "sdpa"):

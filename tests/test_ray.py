@@ -80,6 +80,7 @@ def test_a_cell_past_timeout_s_is_stopped_on_ray_and_the_rest_go_on(tmp_path, lo
     assert time.time() - t0 < 120
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a local Ray here has GPUs")
 def test_a_cuda_sweep_on_a_cluster_without_gpus_is_refused_before_anything_runs(tmp_path, local_ray):
     with pytest.raises(InputError, match="the Ray cluster has no GPU: use device cpu or auto"):
         execute(_sweep(tmp_path, executor="ray", device="cuda"), progress=False)

@@ -98,6 +98,7 @@ def test_bfloat16_cells_on_the_cpu_are_judged_by_the_bfloat16_tolerance(tmp_path
     (["--backend", "flashy"], "unknown backend 'flashy': use one of naive, sliced"),
     (["--backend", "sliced", "--option", "slice_size=0"], "option slice_size=0 of backend 'sliced'"),
     (["--backend", "sliced", "--option", "slicesize"], "backend option 'slicesize' is not KEY=VALUE"),
+    (["--device", "cuda:99"], "CUDA device(s): use cuda:0") if torch.cuda.is_available() else
     (["--device", "cuda"], "no CUDA device is visible here"),
     (["--device", "tpu"], "device 'tpu' is not auto, cpu, cuda or cuda:N"),
     (["--repeats", "0"], "--repeats 0 is too small"),

@@ -18,10 +18,11 @@ def predict(cells: list[CellSpec]) -> tuple[dict[str, dict], dict[str, tuple[int
     """Per cell, from one fake-tensor forward per shape (model, size, batch, dtype) and device type for all the
     backends that share them, each with its own options (a backend asked with two sets of options takes a second
     forward): predicted_forward_peak_bytes (this model's weights, the inputs and the forward's transient,
-    plan/forward.py) and predicted_need_bytes (that plus the fp32 reference's weights, which stay on the device
-    beside it). And the head dims of each model, for the availability probe."""
+    plan/forward.py) and predicted_need_bytes, what the preflight holds against the memory budget: the same
+    forward peak, since nothing of ours stays on the device beside the model under test (the fp32 reference is
+    computed and freed before it is built: measure/cell.py). And the head dims of each model, for the
+    availability probe."""
     from ..plan.forward import trace
-    from ..spec import DTYPES
 
     def shape(c: CellSpec) -> tuple:
         return c.model, c.width, c.height, c.batch, c.dtype, c.device.split(":")[0]  # cuda:1 traces as cuda
@@ -35,15 +36,12 @@ def predict(cells: list[CellSpec]) -> tuple[dict[str, dict], dict[str, tuple[int
         forward[c.backend] = c.backend_options
     traced, dims = {}, {}
     for key, forwards in groups.items():
-        model, dtype = key[0], key[4]
         for forward in forwards:
             t = trace(*key, sorted(forward), {n: dict(o) for n, o in forward.items()})
-            dims.setdefault(model, set()).update(r["head_dim"] for r in t["rows"])
-            reference = t["weights_bytes"] * 4 // DTYPES[dtype].itemsize if dtype != "float32" else 0
+            dims.setdefault(key[0], set()).update(r["head_dim"] for r in t["rows"])
             for name, options in forward.items():
                 peak = t["backends"].get(name, {}).get("predicted_forward_peak_bytes")
-                traced[key, name, options] = {"predicted_forward_peak_bytes": peak,
-                                              "predicted_need_bytes": None if peak is None else peak + reference}
+                traced[key, name, options] = {"predicted_forward_peak_bytes": peak, "predicted_need_bytes": peak}
     out = {c.cell_id: traced[shape(c), c.backend, c.backend_options] for c in cells}
     return out, {m: tuple(sorted(d)) for m, d in dims.items()}
 
@@ -66,8 +64,8 @@ def preflight(cells: list[CellSpec], budget: int, force: bool, availability) -> 
             rows[c.cell_id] = failed_cell(c, "unavailable", reason, **predicted[c.cell_id])
         elif need is not None and need > budget and not force:
             rows[c.cell_id] = failed_cell(
-                c, "skipped", f"predicted peak {human_bytes(need)} (the forward and the fp32 reference's weights) "
-                              f"exceeds the memory budget {human_bytes(budget)} (use --force to run it anyway)",
+                c, "skipped", f"predicted forward peak {human_bytes(need)} exceeds the memory budget "
+                              f"{human_bytes(budget)} (use --force to run it anyway)",
                 **predicted[c.cell_id])
     return rows, predicted
 
@@ -193,6 +191,7 @@ def group_events(cells: list[CellSpec], repeats: int, warmup: int, extra: dict |
     from ..measure.cell import ModelCache, run_cell
 
     t0, cache, host = time.perf_counter(), ModelCache(), socket.gethostname()
+    cache.expect(cells)  # the group's fp32 references come first, with one model freed before the first cell's
     for c in cells:
         yield {"event": "start", "cell_id": c.cell_id, "label": label(c), "pid": os.getpid(), "host": host}
         cell, blocks = run_cell(c, cache, repeats, warmup)

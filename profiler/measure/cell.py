@@ -28,14 +28,21 @@ class ReferenceFailed(Exception):
 
 
 class ModelCache:
-    """Built U-Nets by (model, dtype, device), and the reference outputs by (model, size, batch, device).
-    A folder or hub id loads its real weights; a registry config gets seeded random weights. A reference forward
-    that fails is tried once: its failure is kept and given to every cell that needs the same reference."""
+    """The built U-Nets by (model, dtype, device), and the fp32 reference outputs by (model, size, batch, device).
+
+    Measure the backend, not the harness: the references of every shape the group will need (expect()) are
+    computed first, by one fp32 model that is freed before the model under test is built, and kept on the CPU; so
+    nothing of ours sits on the device beside the model under test (a float32 group's model is its own reference).
+    Where the device cannot hold the fp32 model or its forward, the references are computed on the CPU, and the
+    cells say so in `reference`. A folder or hub id loads its real weights; a registry config gets seeded random
+    weights, the same values on every device. A reference that fails is tried once per shape: its failure is
+    kept and given to every cell that needs it."""
 
     def __init__(self):
         self._models: dict[tuple, tuple] = {}
-        self._refs: dict[tuple, torch.Tensor | ReferenceFailed] = {}
-        self.reference_forward_s = 0.0  # time spent in reference forwards, charged to the cell that needed them
+        self._refs: dict[tuple, tuple[torch.Tensor, str] | ReferenceFailed] = {}
+        self._expected: set[tuple] = set()
+        self.reference_forward_s = 0.0  # time in reference forwards not yet charged to a cell
 
     def get(self, model: str, dtype: str, device: str):
         key = (model, dtype, device)
@@ -45,28 +52,72 @@ class ModelCache:
             self._models[key] = (source, models.build(source, weights=weights, device=device, dtype=dtype))
         return self._models[key]
 
-    def reference(self, spec: CellSpec) -> torch.Tensor:
-        key = (spec.model, spec.width, spec.height, spec.batch, spec.device)
+    def expect(self, cells: list[CellSpec]) -> None:
+        """The cells that will ask for references: the first ask computes all of theirs with one fp32 model."""
+        self._expected.update(_ref_key(c) for c in cells)
+
+    def reference(self, spec: CellSpec) -> tuple[torch.Tensor, str]:
+        """(the fp32 reference output on the CPU, how it was computed) for the cell's shape."""
+        key = _ref_key(spec)
         if key not in self._refs:
-            self._refs[key] = self._reference_forward(spec)
+            self._expected.add(key)
+            todo = sorted(k for k in self._expected if k not in self._refs and k[0] == key[0] and k[4] == key[4])
+            self._references(todo, spec.dtype)
         ref = self._refs[key]
         if isinstance(ref, ReferenceFailed):
             raise ReferenceFailed(str(ref), ref.oom)
         return ref
 
-    def _reference_forward(self, spec: CellSpec) -> torch.Tensor | ReferenceFailed:
-        t0 = time.perf_counter()
+    def _references(self, keys: list[tuple], dtype: str) -> None:
+        model, device = keys[0][0], keys[0][4]
+        t0, unet, where, why = time.perf_counter(), None, device, ""
         try:
-            source, unet = self.get(spec.model, REFERENCE_DTYPE, spec.device)
-            inputs = models.example_inputs(unet, spec.batch, spec.width, spec.height, source.text_tokens)
-            with torch.no_grad(), Recorder(unet, processor=lambda: backends.make_processor(REFERENCE_BACKEND)):
-                return unet(**inputs).sample.float().cpu()
-        except Exception as e:  # kept as the failure of every cell that needs this reference
-            oom = devices.oom_message(e)
-            return ReferenceFailed(f"the {REFERENCE_BACKEND}/{REFERENCE_DTYPE} reference forward failed: "
-                                   f"{oom or _describe(e)}", oom is not None)
+            for key in keys:
+                while key not in self._refs:
+                    failure = None
+                    try:
+                        if unet is None:
+                            unet = self._reference_model(model, dtype, device, where)
+                        self._refs[key] = (self._forward(unet, key), _reference_label(where, device, why))
+                    except Exception as e:  # kept as a message: the traceback would hold the failed tensors
+                        failure = (devices.oom_message(e), _describe(e))
+                    if failure:
+                        unet = None
+                        devices.get(where).release()
+                        oom, described = failure
+                        if oom and where != "cpu":  # the device cannot hold it: this shape and the rest on the CPU
+                            where, why = "cpu", oom
+                            continue
+                        self._refs[key] = ReferenceFailed(f"the {REFERENCE_BACKEND}/{REFERENCE_DTYPE} reference "
+                                                          f"forward failed: {oom or described}", oom is not None)
         finally:
+            del unet
+            devices.get(device).release()  # the fp32 model's memory goes back before the model under test comes
             self.reference_forward_s += time.perf_counter() - t0
+
+    def _reference_model(self, model: str, dtype: str, device: str, where: str):
+        if dtype == REFERENCE_DTYPE and where == device:  # a float32 model under test is its own reference
+            return self.get(model, dtype, device)[1]
+        source = models.resolve(model)
+        return models.build(source, weights="pretrained" if source.weights else "random", device=where,
+                            dtype=REFERENCE_DTYPE)
+
+    @staticmethod
+    def _forward(unet, key: tuple) -> torch.Tensor:
+        model, width, height, batch, _ = key
+        inputs = models.example_inputs(unet, batch, width, height, models.resolve(model).text_tokens)
+        with torch.no_grad(), devices.get(unet.device).guard(), \
+                Recorder(unet, processor=lambda: backends.make_processor(REFERENCE_BACKEND)):
+            return unet(**inputs).sample.float().cpu()
+
+
+def _ref_key(spec: CellSpec) -> tuple:
+    return spec.model, spec.width, spec.height, spec.batch, spec.device
+
+
+def _reference_label(where: str, device: str, why: str) -> str:
+    label = f"{REFERENCE_BACKEND}/{REFERENCE_DTYPE}"
+    return label if where == device else f"{label} on the CPU: {device} could not hold it ({why[:160]})"
 
 
 def measure_cell(spec: CellSpec, cache: ModelCache, repeats: int = 3, warmup: int = 1) -> tuple[dict, list[dict]]:
@@ -78,10 +129,9 @@ def measure_cell(spec: CellSpec, cache: ModelCache, repeats: int = 3, warmup: in
 
 
 def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev) -> tuple[dict, list[dict]]:
+    reference, reference_label = cache.reference(spec)  # before the model under test is built: never beside it
+    forwards_s, cache.reference_forward_s = cache.reference_forward_s, 0.0  # every forward charged to this cell
     source, unet = cache.get(spec.model, spec.dtype, spec.device)
-    spent = cache.reference_forward_s
-    reference = cache.reference(spec)
-    forwards_s = cache.reference_forward_s - spent  # every forward this cell runs, for the harness-overhead bench
     inputs = models.example_inputs(unet, spec.batch, spec.width, spec.height, source.text_tokens)
     factory = lambda: backends.make_processor(spec.backend, **spec.options)  # noqa: E731
     timer = CallTimer(dev)
@@ -121,14 +171,15 @@ def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev) 
     blocks = []
     for row in probe_rec.rows:
         key = row["call_index"]
-        stats = summarize(timer.samples.get(key, []))
-        peak = probe.peak.get(key, per_call.get(key, {}).get("peak_mem_bytes"))
+        seen = per_call.get(key, {})
+        row = {**{k: v for k, v in row.items() if k != "pass_index"},  # the SDPA kernel PyTorch ran, where it did
+               "sdpa_kernel": seen.get("sdpa_kernel") if backends.uses_sdpa(spec.backend) else None}
         blocks.append({
-            **spec.as_row(), **{k: v for k, v in row.items() if k != "pass_index"},
-            **stats, "time_samples_ms": timer.samples.get(key, []),
-            "peak_mem_bytes": peak,
+            **spec.as_row(), **row, **summarize(timer.samples.get(key, [])),
+            "time_samples_ms": timer.samples.get(key, []),
+            "peak_mem_bytes": probe.peak.get(key, seen.get("peak_mem_bytes")),
             "predicted_peak_bytes": backends.predicted_peak_bytes(spec.backend, row, spec.dtype, **spec.options),
-            "kernel": per_call.get(key, {}).get("kernel", ""),
+            "kernel": seen.get("kernel", ""), "gpu_time_ms": seen.get("gpu_time_ms"),
             "status": "ok",
         })
     weights = sum(t.untyped_storage().nbytes() for t in [*unet.parameters(), *unet.buffers()])
@@ -148,9 +199,10 @@ def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev) 
         "attention_peak_mem_bytes": max(b["peak_mem_bytes"] for b in blocks),
         "predicted_peak_bytes": max(b["predicted_peak_bytes"] for b in blocks),
         "calls": len(blocks), "kernel": _common_kernel(blocks),
+        "sdpa_kernel": ",".join(dict.fromkeys(b["sdpa_kernel"] for b in blocks if b["sdpa_kernel"])) or None,
         "allocator_reserved_max_bytes": dev.reserved_max(), "allocator_allocated_max_bytes": dev.allocated_max(),
         "max_abs_err": abs_err, "max_rel_err": rel_err, "error_ok": rel_err <= TOLERANCE[spec.dtype],
-        "reference": f"{REFERENCE_BACKEND}/{REFERENCE_DTYPE}", "forwards_total_s": forwards_s,
+        "reference": reference_label, "forwards_total_s": forwards_s,
         **nvml.result(),
     }
     return cell, blocks

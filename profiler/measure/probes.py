@@ -125,23 +125,49 @@ def traced(device: devices.Cpu | devices.Cuda):
             prof.__exit__(None, None, None)
 
 
+# The SDPA kernel a name belongs to, tried in this order so that the patterns exclude each other: cuDNN's kernels
+# carry "flash" in their names (cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_...), so cuDNN is tried
+# first; math is gemms plus a softmax, so a softmax names it only where no fused kernel ran. Aten op names (the CPU
+# side of a call: aten::_scaled_dot_product_flash_attention_for_cpu, ..._attention_math) name their kernel too.
+SDPA_KERNELS = (("cudnn", re.compile(r"cudnn", re.I)),
+                ("efficient", re.compile(r"fmha_cutlass|PyTorchMemEffAttention|efficient_attention", re.I)),
+                ("flash", re.compile(r"flash_fwd|pytorch_flash|flash::|flash_attention|FlashAttn", re.I)),
+                ("math", re.compile(r"softmax|attention_math", re.I)))
+
+
+def sdpa_kernel(names) -> str | None:
+    """The SDPA kernel that the GPU kernel names of one call show: 'cudnn', 'flash', 'efficient', 'math' or None."""
+    names = list(names)
+    return next((kernel for kernel, pattern in SDPA_KERNELS if any(pattern.search(n) for n in names)), None)
+
+
 def _short(name: str) -> str:
-    """A GPU kernel's name without its template arguments and signature."""
-    name = name.removeprefix("void ")
+    """A GPU kernel's name without its template arguments and signature; a generic CUTLASS wrapper keeps its first
+    template argument (FlashAttention 3: cutlass::device_kernel<flash::...>)."""
+    name = name.removeprefix("void ").strip()
+    wrapped = re.match(r"(cutlass::device_kernel)<\s*([\w:]+)", name)
+    if wrapped:
+        return f"{wrapped.group(1)}<{wrapped.group(2)}>"
     return re.split(r"[<(]", name, maxsplit=1)[0].strip() or name
 
 
 def trace_windows(prof) -> tuple[dict[int, dict], int]:
-    """Per call ({call_index: {"peak_mem_bytes", "kernel"}}) and the whole traced block's CPU peak, from the
-    profiler's raw events. Memory events are summed in time order (alloc +, free -) within each call's window. CPU
-    ops are credited to the window they ran in; GPU kernels to the window of the CPU op that launched them."""
+    """Per call ({call_index: {"peak_mem_bytes", "kernel", "gpu_kernels", "sdpa_kernel", "gpu_time_ms"}}) and the
+    whole traced block's CPU peak, from the profiler's raw events. Memory events are summed in time order (alloc +,
+    free -) within each call's window. CPU ops are credited to the window they ran in; GPU kernels to the window of
+    the CPU op that launched them."""
     return attribute(list(prof.profiler.kineto_results.events()))
 
 
 def attribute(events) -> tuple[dict[int, dict], int]:
     """trace_windows on a list of kineto events (name, start_ns, end_ns, device_type, correlation_id,
-    linked_correlation_id, nbytes), separate so that tests can hand it events whose GPU times overlap."""
-    windows, ops, mem, launched_at = [], [], [], {}
+    linked_correlation_id, nbytes), separate so that tests can hand it events whose GPU times overlap.
+
+    Per call: kernel, the attention ops and GPU kernels that ran (short names); gpu_kernels, only the GPU kernels
+    (CUDA-device events) that name an SDPA kernel or match the attention ops; sdpa_kernel, what those GPU kernels
+    show (sdpa_kernel()), or on the CPU what its ops show; gpu_time_ms, the summed duration of every GPU kernel
+    the call launched (None where none ran: the CPU)."""
+    windows, ops, gpu, mem, launched_at = [], [], [], [], {}
     for e in events:
         if e.device_type() == _CPU and e.linked_correlation_id() == 0:
             launched_at[e.correlation_id()] = e.start_ns()
@@ -152,13 +178,14 @@ def attribute(events) -> tuple[dict[int, dict], int]:
         elif name == "[memory]":
             if dtype == _CPU:
                 mem.append((e.start_ns(), e.nbytes()))
-        elif _KERNEL_OPS.search(name):
-            if dtype == _CPU:
-                ops.append((e.start_ns(), name))
-            elif e.linked_correlation_id() in launched_at:  # a GPU kernel: when its launching op ran
-                ops.append((launched_at[e.linked_correlation_id()], _short(name)))
+        elif dtype == _CUDA and e.linked_correlation_id() and e.linked_correlation_id() in launched_at:
+            # a GPU kernel (or copy), credited to when its launching op ran; a GPU range (linked to nothing) is not
+            gpu.append((launched_at[e.linked_correlation_id()], name, (e.end_ns() - e.start_ns()) / 1e6))
+        elif dtype == _CPU and _KERNEL_OPS.search(name):
+            ops.append((e.start_ns(), name))
     mem.sort()
     ops.sort()
+    gpu.sort()
     out = {}
     for key, start, end in windows:
         running = peak = 0
@@ -166,8 +193,14 @@ def attribute(events) -> tuple[dict[int, dict], int]:
             if start <= ts <= end:
                 running += nbytes
                 peak = max(peak, running)
-        names = list(dict.fromkeys(name for ts, name in ops if start <= ts <= end))
-        out[key] = {"peak_mem_bytes": peak, "kernel": ",".join(names)}
+        cpu_names = [name for ts, name in ops if start <= ts <= end]
+        launched = [(name, ms) for ts, name, ms in gpu if start <= ts <= end]
+        attention = [name for name, _ in launched if _KERNEL_OPS.search(name) or sdpa_kernel([name])]
+        names = list(dict.fromkeys(cpu_names + [_short(n) for n in attention]))
+        out[key] = {"peak_mem_bytes": peak, "kernel": ",".join(names),
+                    "gpu_kernels": list(dict.fromkeys(_short(n) for n in attention)),
+                    "sdpa_kernel": sdpa_kernel(attention) if launched else sdpa_kernel(cpu_names),
+                    "gpu_time_ms": sum(ms for _, ms in launched) if launched else None}
     running = whole = 0
     for _, nbytes in mem:
         running += nbytes

@@ -13,11 +13,13 @@ from ..spec import parse_dtype
 
 
 def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "float16", backend: str | None = None,
-         backend_options: dict | None = None, memory_budget: int | None = None, device: str = "cuda") -> dict:
+         backend_options: dict | None = None, memory_budget: int | None = None, device: str = "cuda",
+         gpu_arch: str | None = None) -> dict:
     """One size: {model, width, height, batch, dtype, backend, device, blocks: [row per attention call], totals}.
     Without a backend, the calls' shapes from a meta-device forward. With one, the whole forward on fake tensors
     (plan/forward.py): each call's traced transient beside its memory model's, and the forward's peak memory
-    (predicted_forward_peak_bytes); with a memory budget too, whether that fits."""
+    (predicted_forward_peak_bytes); with a memory budget too, whether that fits. On CUDA the kernels are those of
+    the GPU target: this machine's GPU, else gpu_arch (e.g. sm89), else an assumed H100-class sm90."""
     from ..spec import InputError
 
     dtype = parse_dtype(dtype)
@@ -37,7 +39,10 @@ def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "floa
     from .forward import LEFT_OUT, fake_unet, method_text, trace
 
     options = check_options(backend, backend_options or {})
-    traced = trace(model, width, height, batch, dtype, device, [backend], {backend: options})
+    from .. import devices
+
+    gpu = devices.gpu_target(gpu_arch) if device == "cuda" else None
+    traced = trace(model, width, height, batch, dtype, device, [backend], {backend: options}, gpu=gpu)
     if backend not in traced["backends"]:
         raise InputError(f"backend {backend!r} does not run on {device}: plan it for another device (--device)")
     blocks = []
@@ -49,7 +54,7 @@ def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "floa
     t.update(weights_bytes=traced["weights_bytes"], inputs_bytes=traced["inputs_bytes"],
              forward_transient_peak_bytes=b["transient_peak_bytes"],
              predicted_forward_peak_bytes=b["predicted_forward_peak_bytes"], forward_method=method_text(b["how"]),
-             not_counted=LEFT_OUT)
+             not_counted=LEFT_OUT, gpu=gpu.describe() if gpu else None)
     if memory_budget is not None:
         t.update(memory_budget_bytes=memory_budget, fits=b["predicted_forward_peak_bytes"] <= memory_budget)
     return {**p, "blocks": blocks, "totals": t}
@@ -114,6 +119,8 @@ def format_plan(p: dict) -> str:
                    f"+ inputs {human_bytes(t['inputs_bytes'])} + the forward's transient "
                    f"{human_bytes(t['forward_transient_peak_bytes'])} ({t['forward_method']})"),
                   ("not counted", t["not_counted"])]
+        if t.get("gpu"):
+            facts.insert(-1, ("GPU planned for", t["gpu"]))
     if "fits" in t:
         verdict = "yes" if t["fits"] else "NO"
         facts.append(("fits the budget", f"{verdict}: the forward peak {human_bytes(t['predicted_forward_peak_bytes'])}"

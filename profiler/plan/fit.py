@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import backends
+from .. import backends, devices
 from ..fmt import human_bytes, table
 from ..spec import InputError, parse_dtype
 from .forward import LEFT_OUT, how_traced, method_text, trace
@@ -52,16 +52,17 @@ def grid(aspect: tuple[int, int], limit: int) -> list[tuple[int, int]]:
 class _Exact:
     """Exact needs by size (one trace gives every backend), and the sizes traced."""
 
-    def __init__(self, model, batch, dtype, device, names, say):
-        self.args, self.names, self.say, self.cache = (model, batch, dtype, device), names, say, {}
-        self.how: dict[str, str] = {}  # backends some of whose calls came from the memory model
+    def __init__(self, model, batch, dtype, device, names, say, gpu):
+        self.args, self.names, self.say, self.cache, self.gpu = (model, batch, dtype, device), names, say, {}, gpu
+        self.how: dict[str, str] = {}  # how each backend's calls were traced, as the trace says
 
     def __call__(self, size: tuple[int, int]) -> dict[str, int]:
         if size not in self.cache:
             model, batch, dtype, device = self.args
-            t = trace(model, size[0], size[1], batch, dtype, device, self.names)
+            t = trace(model, size[0], size[1], batch, dtype, device, self.names, gpu=self.gpu)
             self.cache[size] = {n: b["predicted_forward_peak_bytes"] for n, b in t["backends"].items()}
-            self.how.update({n: b["how"] for n, b in t["backends"].items() if b["how"] == "processor, chunks"})
+            for n, b in t["backends"].items():  # "processor, chunks" where any size needed the memory model
+                self.how[n] = b["how"] if self.how.get(n) != "processor, chunks" else self.how[n]
             self.say(f"traced {size[0]}x{size[1]}")
         return self.cache[size]
 
@@ -91,16 +92,16 @@ def _rows_at(rows: list[dict], p_ref: int, pixels: int) -> list[dict]:
 
 def fit(model: str, budget: int, names: list[str] | None = None, dtype: str = "float16", batch: int = 1,
         aspect: tuple[int, int] = (1, 1), buckets: bool = False, device: str = "cuda", limit: int = 8192,
-        say=lambda line: None) -> dict:
+        say=lambda line: None, gpu_arch: str | None = None) -> dict:
     """{"model", "budget_bytes", ..., "backends": [{"backend", "method", "largest": [w, h] or None,
     "largest_need_bytes", "next": [w, h] or None, "next_need_bytes"} (with --buckets: {"backend", "method",
     "buckets": [{"width", "height", "need_bytes", "fits"}]})], "sizes_screened", "sizes_traced"}"""
-    return fit_many(model, [budget], names, dtype, batch, aspect, buckets, device, limit, True, say)[0]
+    return fit_many(model, [budget], names, dtype, batch, aspect, buckets, device, limit, True, say, gpu_arch)[0]
 
 
 def fit_many(model: str, budgets: list[int], names: list[str] | None = None, dtype: str = "float16",
              batch: int = 1, aspect: tuple[int, int] = (1, 1), buckets: bool = False, device: str = "cuda",
-             limit: int = 8192, verify: bool = True, say=lambda line: None) -> list[dict]:
+             limit: int = 8192, verify: bool = True, say=lambda line: None, gpu_arch: str | None = None) -> list[dict]:
     """fit() for several budgets, sharing the traces. verify=False stops at the screen (step 2 of the module's
     search; the dashboard's table of common GPU sizes), each answer then marked "screened"."""
     dtype = parse_dtype(dtype)
@@ -108,13 +109,15 @@ def fit_many(model: str, budgets: list[int], names: list[str] | None = None, dty
     for n in names:
         backends.check_backend_name(n)
     runs = [n for n in names if how_traced(n, device, dtype) is not None]
-    exact = _Exact(model, batch, dtype, device, runs, say)
+    gpu = devices.gpu_target(gpu_arch) if device == "cuda" else None
+    exact = _Exact(model, batch, dtype, device, runs, say, gpu)
     base = {"model": model, "dtype": dtype, "batch": batch, "device": device, "aspect": f"{aspect[0]}:{aspect[1]}",
-            "buckets": buckets, "verified": verify}
+            "buckets": buckets, "verified": verify, "gpu": gpu.describe() if gpu else None}
     if buckets:
         needs = {(w, h): exact((w, h)) for w, h in BUCKETS}
         return [{**base, "budget_bytes": budget, "sizes_traced": [f"{w}x{h}" for w, h in exact.cache],
-                 "backends": [{"backend": n, "method": _method(n, device, dtype), "buckets": [
+                 "backends": [{"backend": n, "method": method_text(exact.how[n]) if n in exact.how else
+                               _method(n, device, dtype), "buckets": [
                      {"width": w, "height": h, "need_bytes": needs[(w, h)].get(n),
                       "fits": None if n not in runs else needs[(w, h)][n] <= budget} for w, h in BUCKETS]}
                      for n in names]} for budget in budgets]
@@ -122,7 +125,7 @@ def fit_many(model: str, budgets: list[int], names: list[str] | None = None, dty
     r1 = min(sizes, key=lambda s: abs(s[0] - 512))
     r2 = min((s for s in sizes if s[0] * s[1] != r1[0] * r1[1]), key=lambda s: abs(s[0] - 1024))
     say(f"screening {len(sizes)} sizes from {sizes[0][0]}x{sizes[0][1]} to {sizes[-1][0]}x{sizes[-1][1]}")
-    t1, t2 = (trace(model, *r, batch, dtype, device, runs[:1], moments=True) for r in (r1, r2))
+    t1, t2 = (trace(model, *r, batch, dtype, device, runs[:1], moments=True, gpu=gpu) for r in (r1, r2))
     p1, p2 = r1[0] * r1[1], r2[0] * r2[1]
     (ma, mb), (sa, sb), (ia, ib) = _affine(t1, t2, p1, p2)
     screened = {}
@@ -177,7 +180,8 @@ def _method(name: str, device: str, dtype: str) -> str:
 
 
 def format_fit(f: dict) -> str:
-    head = (f"{f['model']}, {f['dtype']}, batch {f['batch']} on {f['device']}: the largest image whose forward fits "
+    on = f"{f['device']} ({f['gpu']})" if f.get("gpu") else f["device"]
+    head = (f"{f['model']}, {f['dtype']}, batch {f['batch']} on {on}: the largest image whose forward fits "
             f"{human_bytes(f['budget_bytes'])}")
     if f["buckets"]:
         rows = []

@@ -27,20 +27,33 @@ from __future__ import annotations
 
 import functools
 import weakref
+from collections import Counter
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
-from .. import backends, models
+from .. import backends, devices, models
 from ..recorder import Recorder
 from ..spec import parse_dtype
 
 LEFT_OUT = ("the CUDA context (a few hundred MiB per process), cuBLAS / cuDNN workspaces (MiB to tens "
             "of MiB), the caching allocator's rounding and reserve (make gpu-check measures these where a GPU is "
             "lent); on the CPU, oneDNN's convolution weight copies")
-_WORKSPACE = {torch.ops.aten._safe_softmax.default: lambda args: args[0].numel()}  # the bool mask of -inf rows
+
+
+def _efficient_accumulator(args) -> int:
+    """The mem-efficient kernel's float32 output accumulator, which it allocates where the output cannot stay in
+    registers: head_dim above 128 with a float16 / bfloat16 output. q, v: (B, h, T, d)."""
+    q, v = args[0], args[2]
+    return q.shape[0] * q.shape[1] * q.shape[2] * v.shape[-1] * 4 if v.shape[-1] > 128 and q.element_size() < 4 else 0
+
+
+# kernel buffers that no fake implementation allocates, by op: _safe_softmax's bool mask of -inf rows
+_WORKSPACE = {torch.ops.aten._safe_softmax.default: lambda args: args[0].numel(),
+              torch.ops.aten._scaled_dot_product_efficient_attention.default: _efficient_accumulator}
 _CUDA_KERNELS = {"sdpa-flash": "flash", "sdpa-efficient": "efficient", "sdpa-cudnn": "cudnn"}
 MAX_TRACED_CHUNKS = 64
 
@@ -85,16 +98,17 @@ class LiveBytes(TorchDispatchMode):
 
 
 class _FusedOp(TorchFunctionMode):
-    """diffusers' AttnProcessor2_0 as it runs on CUDA with a fused kernel: its scaled_dot_product_attention call
-    goes to that kernel's aten op (whose fake implementation gives its outputs), since on the CPU's fake tensors
-    PyTorch's kernel choice would pick a CPU kernel. Everything else (projections, layouts, what stays alive until
-    the output projection) is the processor's own."""
+    """diffusers' AttnProcessor2_0 as it runs on CUDA: its scaled_dot_product_attention call goes to the aten op of
+    the kernel (whose fake implementation gives its outputs), since on the CPU's fake tensors PyTorch's kernel
+    choice would pick a CPU kernel. kernel 'sdpa': per call, the kernel PyTorch picks on the GPU target
+    (devices.sdpa_choice). Everything else (projections, layouts, what stays alive until the output projection) is
+    the processor's own."""
 
-    def __init__(self, kernel: str):
+    def __init__(self, kernel: str, dtype: str, gpu):
         super().__init__()
         from diffusers.models.attention_processor import AttnProcessor2_0
 
-        self.kernel, self.inner = kernel, AttnProcessor2_0()
+        self.kernel, self.dtype, self.gpu, self.inner = kernel, dtype, gpu, AttnProcessor2_0()
 
     def __call__(self, attn, *args, **kwargs):
         with self:
@@ -106,9 +120,14 @@ class _FusedOp(TorchFunctionMode):
             return func(*args, **kwargs)
         q, k, v = args[:3]  # (B, h, T, d)
         mask, scale, ops = kwargs.get("attn_mask"), kwargs.get("scale"), torch.ops.aten
-        if self.kernel == "flash":
+        kernel = self.kernel if self.kernel != "sdpa" else \
+            devices.sdpa_choice(self.dtype, q.shape[-1], k.shape[-2], "cuda", self.gpu)
+        if kernel == "math":
+            with sdpa_kernel(SDPBackend.MATH):
+                return func(*args, **kwargs)
+        if kernel == "flash":
             return ops._scaled_dot_product_flash_attention(q, k, v, scale=scale)[0]
-        if self.kernel == "efficient":
+        if kernel == "efficient":
             return ops._scaled_dot_product_efficient_attention(q, k, v, mask, False, scale=scale)[0]
         return ops._scaled_dot_product_cudnn_attention(q, k, v, mask, False, scale=scale)[0]
 
@@ -124,17 +143,20 @@ def how_traced(name: str, device: str, dtype: str) -> str | None:
             return "processor" if name == "sdpa-flash" else None
         return _CUDA_KERNELS[name]
     if name == "sdpa" and cuda:
-        return "efficient" if dtype == "float32" else "flash"
+        return "sdpa"  # PyTorch's choice, per call
     return "processor"
 
 
 def method_text(how: str) -> str:
     if how.startswith("memory model;"):
         return f"attention calls from the {how}"
+    if how.startswith("sdpa: "):
+        return f"traced: PyTorch's pick per call ({how.removeprefix('sdpa: ')}), its aten op on fake CUDA tensors"
     return {"processor": "traced: its processor on fake tensors",
             "processor, chunks": f"traced: its processor on fake tensors; calls of over {MAX_TRACED_CHUNKS} chunks "
                                  "from the memory model",
-            "memory model": "attention calls from the memory model (no fake implementation of the kernel)"}.get(
+            "memory model": "attention calls from the memory model (no fake implementation of the kernel)",
+            "sdpa": "traced: PyTorch's pick per call, its aten op on fake CUDA tensors"}.get(
         how, f"traced: aten's {how} attention kernel on fake CUDA tensors")
 
 
@@ -152,6 +174,7 @@ class _EveryBackend:
         row = tr.recorder.current_pass[-1]
         key = (row["kind"], row["batch"], row["heads"], row["head_dim"], row["tokens_q"], row["tokens_k"],
                tuple(hidden_states.shape))
+        row["sdpa_kernel"] = tr.sdpa_kernel(row)
         if key not in tr.transient:
             tr.transient[key] = {}
             for name, proc in tr.processors.items():
@@ -175,8 +198,8 @@ class _EveryBackend:
 
 
 class _Trace:
-    def __init__(self, dtype: str, processors: dict, options: dict):
-        self.dtype, self.processors, self.options = dtype, processors, options
+    def __init__(self, dtype: str, processors: dict, options: dict, device: str, gpu):
+        self.dtype, self.processors, self.options, self.device, self.gpu = dtype, processors, options, device, gpu
         self.carry = backends.make_processor("sdpa")  # gives the call's output; every backend's has its shape
         self.transient: dict[tuple, dict[str, int]] = {}
         self.calls: list[tuple[dict, int, tuple]] = []
@@ -185,6 +208,15 @@ class _Trace:
         self.failed: dict[str, str] = {}  # backends whose processor raised on the fake tensors, and what it raised
         self.live: LiveBytes | None = None
         self.recorder: Recorder | None = None
+        self.kernels: dict[tuple, str] = {}
+
+    def sdpa_kernel(self, row: dict) -> str:
+        """The kernel sdpa runs for this call on the device (for CUDA, on the GPU target)."""
+        key = (row["head_dim"], row["tokens_k"])
+        if key not in self.kernels:
+            with _disable_current_modes():  # the CPU's choice is asked of PyTorch on real tensors
+                self.kernels[key] = devices.sdpa_choice(self.dtype, *key, self.device, self.gpu)
+        return self.kernels[key]
 
 
 @functools.lru_cache(maxsize=4)
@@ -202,9 +234,11 @@ def fake_unet(model: str, dtype: str):
 
 
 def trace(model: str, width: int, height: int, batch: int = 1, dtype: str = "float16", device: str = "cuda",
-          names: list[str] | None = None, options: dict[str, dict] | None = None, moments: bool = False) -> dict:
-    """The forward's peak memory under each backend, on `device` ('cuda' or 'cpu'). Returns {"rows": the attention
-    calls (recorder rows, each with traced_peak_bytes per backend), "weights_bytes", "inputs_bytes",
+          names: list[str] | None = None, options: dict[str, dict] | None = None, moments: bool = False,
+          gpu: devices.GpuTarget | None = None) -> dict:
+    """The forward's peak memory under each backend, on `device` ('cuda' or 'cpu'; for CUDA, the kernels that the
+    GPU target `gpu` runs: default devices.gpu_target()). Returns {"rows": the attention calls (recorder rows,
+    each with traced_peak_bytes per backend and sdpa_kernel: what SDPA runs for it), "weights_bytes", "inputs_bytes",
     "outside_peak_bytes", "backends": {name: {"transient_peak_bytes", "predicted_forward_peak_bytes", "how"}}}; a
     backend that cannot run on the device is left out of "backends". With moments, also "moments": the bytes alive
     after each op outside attention calls."""
@@ -212,12 +246,13 @@ def trace(model: str, width: int, height: int, batch: int = 1, dtype: str = "flo
     names = names if names is not None else backends.names()
     options = {n: backends.check_options(n, (options or {}).get(n, {})) for n in names}
     how = {n: how_traced(n, device, dtype) for n in names}
+    gpu = (gpu or devices.gpu_target()) if device == "cuda" else None
     mode, unet, source = fake_unet(model, dtype)
     with mode:
         processors = {n: (None if h == "memory model" else
-                          _FusedOp(h) if h in ("flash", "efficient", "cudnn") else
+                          _FusedOp(h, dtype, gpu) if h in ("flash", "efficient", "cudnn", "sdpa") else
                           backends.make_processor(n, **options[n])) for n, h in how.items() if h is not None}
-        tr = _Trace(dtype, processors, options)
+        tr = _Trace(dtype, processors, options, device, gpu)
         inputs = models.example_inputs(unet, batch, width, height, source.text_tokens)
         held = [*unet.parameters(), *unet.buffers(), *(t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor))]
         weights = sum(p.untyped_storage().nbytes() for p in [*unet.parameters(), *unet.buffers()])
@@ -240,6 +275,9 @@ def trace(model: str, width: int, height: int, batch: int = 1, dtype: str = "flo
         chunked = how[name] == "processor" and name in tr.modelled
         how_here = f"memory model; its processor failed on fake tensors ({tr.failed[name]})" if name in tr.failed \
             else "processor, chunks" if chunked else how[name]
+        if how_here == "sdpa":
+            counts = Counter(row["sdpa_kernel"] for row, _, _ in tr.calls)
+            how_here = "sdpa: " + ", ".join(f"{k} for {n} calls" for k, n in counts.items())
         out["backends"][name] = {"transient_peak_bytes": transient, "how": how_here,
                                  "predicted_forward_peak_bytes": weights + out["inputs_bytes"] + transient}
     return out
