@@ -360,18 +360,51 @@ def queue_ui() -> str:
     return text
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def unlocked() -> bool:
+    """Whether this browser session may queue, stop and read logs: on the loopback address the page acts for its
+    user; beyond it, whoever reaches the page must first show Ray's token (token_ui), once per session."""
+    return str(st.get_option("server.address") or "") in LOOPBACK or bool(st.session_state.get("token_ok"))
+
+
+def token_ui() -> None:
+    """Asks for Ray's token where the page is reachable beyond this machine, and checks it (not stored elsewhere)."""
+    import hmac
+
+    from profiler.service.jobs import token
+
+    if unlocked():
+        return
+    entered = st.text_input("Ray's token (this page is reachable beyond this machine: `ray get-auth-token` on the "
+                            "head prints it)", type="password", key="token_entered")
+    expected = token()
+    if entered and expected and hmac.compare_digest(entered.strip().encode(), expected.encode()):
+        st.session_state["token_ok"] = True
+        st.success("token accepted for this browser session")
+    elif entered:
+        st.error("that is not the cluster's token" if expected else
+                 "no token to check it against here: start the service with attnprof serve (token auth on)")
+
+
 def queue_page(text: str, results: Path) -> None:
     from profiler.service import jobs
     from profiler.spec import InputError
 
+    token_ui()
     if st.button("Validate and submit", type="primary"):
-        try:
-            sid = jobs.submit(text, "the Queue page", results, jobs_address())
-        except InputError as e:  # a bad config (nothing queued), or no job server
-            st.error(str(e))
+        if not unlocked():
+            st.error("nothing queued: enter Ray's token above first")
         else:
-            st.success(f"queued {sid}: it runs on the cluster; its run appears on the Runs page")
-            st.session_state["queue_job"] = sid  # the jobs table below follows it
+            try:
+                sid, folder = jobs.submit(text, "the Queue page", addr=jobs_address(), fallback=results)
+            except InputError as e:  # a bad config (nothing queued), or no job server
+                st.error(str(e))
+            else:
+                st.success(f"queued {sid}: it runs on the cluster; its run lands in `{folder}`"
+                           + (" and appears on the Runs page" if folder == results else ""))
+                st.session_state["queue_job"] = sid  # the jobs table below follows it
     st.subheader("Jobs")
     jobs_table()
 
@@ -392,15 +425,21 @@ def jobs_table() -> None:
         return
     shown = pd.DataFrame(rows).assign(cells=lambda d: [f"{a}/{b}" if b == b and b is not None else "-"
                                                        for a, b in zip(d["cells_done"], d["cells_total"])])
-    st.table(shown[["job", "status", "cells", "run", "submitted", "ended", "source", "message"]])
+    st.table(shown[["job", "status", "cells", "folder", "submitted", "ended", "source", "message"]])
     job = st.selectbox("Job", [r["job"] for r in rows], key="queue_job")
     status = next(r["status"] for r in rows if r["job"] == job)
     st.markdown(f"**{job}**: {status}")
-    if status in ("PENDING", "RUNNING") and st.button("Stop this job", key="queue_stop"):
-        jobs.stop(job, address)
-        st.info(f"stopping {job}: its finished cells stay stored and the run can be resumed")
-    with st.expander("Log"):
-        st.code(jobs.logs(job, address)[-6000:] or "(empty)")
+    if not unlocked():
+        st.caption("Enter Ray's token above to stop a job or read its log.")
+        return
+    try:
+        if status in ("PENDING", "RUNNING") and st.button("Stop this job", key="queue_stop"):
+            jobs.stop(job, address)
+            st.info(f"stopping {job}: its finished cells stay stored and the run can be resumed")
+        with st.expander("Log"):
+            st.code(jobs.logs(job, address)[-6000:] or "(empty)")
+    except InputError as e:
+        st.warning(str(e))
 
 
 # ---- the app: widgets first, URL mirrored, layout last
@@ -450,7 +489,8 @@ def main() -> None:
         return planner_page(*values)
     if page == "Queue":
         st.header("Queue")
-        st.caption(f"Profiles queued as Ray Jobs at {jobs_address()}; their runs land in `{root.resolve()}`.")
+        st.caption(f"Profiles queued as Ray Jobs at {jobs_address()}; their runs land in `{root.resolve()}` "
+                   "unless the sweep names another folder (out:).")
         text = queue_ui()
         mirror({"page": page})
         return queue_page(text, root.resolve())

@@ -259,10 +259,10 @@ def cmd_submit(args) -> int:
     path = Path(args.config)
     if not path.is_file():
         raise InputError(f"sweep config {path} does not exist: see configs/sweeps/ for examples")
-    sid = jobs.submit(path.read_text(), str(path), args.results, args.address, resume=args.resume)
+    sid, results = jobs.submit(path.read_text(), str(path), args.results, args.address, resume=args.resume)
     print(sid)
-    print(f"queued at {jobs.address(args.address)}: attnprof jobs (progress), attnprof jobs --logs {sid}, "
-          f"attnprof jobs --stop {sid}", file=sys.stderr)
+    print(f"queued at {jobs.address(args.address)}; its run lands in {results} (on the machine the job runs on): "
+          f"attnprof jobs (progress), attnprof jobs --logs {sid}, attnprof jobs --stop {sid}", file=sys.stderr)
     return 0
 
 
@@ -284,7 +284,7 @@ def cmd_jobs(args) -> int:
         return 0
     for r in rows:
         r["cells"] = f"{r['cells_done']}/{r['cells_total']}" if r["cells_total"] is not None else "-"
-    print(table(rows, [(c, c) for c in ("job", "status", "submitted", "source", "run", "cells")]))
+    print(table(rows, [(c, c) for c in ("job", "status", "submitted", "source", "cells", "folder")]))
     return 0
 
 
@@ -404,8 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "that runs it with --ray on the cluster.")
     p.add_argument("config", help="a YAML file, e.g. configs/sweeps/default.yaml")
     p.add_argument("--address", help="the job server (default: $ATTNPROF_JOBS_ADDRESS or http://127.0.0.1:8265)")
-    p.add_argument("--results", default="results", help="results folder, on the machine the job runs on "
-                                                          "(default results)")
+    p.add_argument("--results", help="where the run lands, a folder on the machine the job runs on (default: the "
+                                     "config's out:, else the folder attnprof serve shows)")
     p.add_argument("--resume", action="store_true", help="continue the latest run of this config there")
     p.set_defaults(func=cmd_submit)
 

@@ -45,11 +45,23 @@ def new_run_id() -> str:
     return dt.datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _atomic_write(path: Path, write) -> None:
+    """The file written under a temporary name, flushed to disk, moved into place, and the move flushed (the
+    folder fsynced): a crash or a power cut leaves the old file or the new one, never a torn or empty one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         write(tmp)
+        _fsync(tmp)
         os.replace(tmp, path)
+        _fsync(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -69,13 +81,22 @@ def _write_frame(path: Path, df: pd.DataFrame) -> None:
 
 @contextmanager
 def _flock(path: Path, shared: bool = False, blocking: bool = True):
-    """An flock on path (created if it can be); yields False where it could not be taken without waiting, or where
-    the folder is read-only (then nobody can be writing)."""
+    """An flock on path (created if it can be); yields False where it could not be taken without waiting. A lock
+    for writing that cannot be opened is an error (never a lock-free write); a lock for reading in a read-only
+    folder with no lock file is skipped (nobody can be writing there)."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
-        yield True
-        return
+    except OSError as e:
+        try:
+            fd = os.open(path, os.O_RDONLY) if shared else None
+        except OSError:
+            fd = None
+        if fd is None and not shared:
+            raise InputError(f"cannot lock {path} to write the run ({e.strerror}): make the run folder writable, or "
+                             "write the run elsewhere (--out)") from None
+        if fd is None:
+            yield True
+            return
     try:
         mode = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB)
         try:
@@ -216,7 +237,12 @@ class Run:
         if len(cells):
             order = {c["cell_id"]: i for i, c in enumerate(self.manifest().get("cells", []))}
             cells = cells.sort_values("cell_id", key=lambda s: s.map(order).fillna(len(order)), kind="stable")
-        return cells.reset_index(drop=True)
+        return self._named(cells).reset_index(drop=True)
+
+    def _named(self, rows: pd.DataFrame) -> pd.DataFrame:
+        """The rows with run_id = this folder's name: a run is its folder, whatever id its files were written under
+        (a run copied or renamed from another machine; two copies of one run are two runs)."""
+        return rows.assign(run_id=self.id) if len(rows) else rows
 
     def blocks(self) -> pd.DataFrame:
         """Block rows of the recorded cells, each cell's of the version its cell row names (rows of a cell whose
@@ -227,7 +253,7 @@ class Run:
         """(cells, blocks) from one view of the run: every cell with all its block rows."""
         with _flock(self.path / LOCK, shared=True):
             cells, fresh = self._read_cells()
-            return self._in_grid_order(cells), self._blocks_of(cells, fresh)
+            return self._in_grid_order(cells), self._named(self._blocks_of(cells, fresh))
 
     def _blocks_of(self, cells: pd.DataFrame, fresh: set[str]) -> pd.DataFrame:
         if not len(cells):
@@ -254,6 +280,16 @@ class Run:
             for folder in (CELL_DIR, BLOCK_DIR):
                 for f in (self.path / folder).glob("*.parquet") if (self.path / folder).is_dir() else []:
                     f.unlink()
+
+    def recorded_since(self, cell_id: str, since: float | None) -> bool:
+        """Whether the cell's row was recorded at or after `since` (seconds since the epoch): by the worker that ran
+        it, before that worker died."""
+        cell_file = self.path / CELL_DIR / f"{cell_id}.parquet"
+        with _flock(self.path / LOCK, shared=True):
+            if since is None or not cell_file.is_file():
+                return False
+            recorded = pq.read_table(cell_file, columns=["recorded_at"])[0][0].as_py()
+        return dt.datetime.fromisoformat(recorded).timestamp() >= since
 
     def done_cells(self) -> dict[str, str]:
         """cell_id -> status of the cells already recorded."""

@@ -1,7 +1,15 @@
 """Injected failures, registered as backends (profiler.backends.register) so that workers load them too: set
 ATTNPROF_PLUGINS=tests.faults. Each raises on the calls of a real U-Net block (more than 64 query tokens); the
 availability probe's 64-token calls pass, as a kernel that fails only under real load would. In this process, use
-the `faults` fixture (conftest.py): it registers them and sets ATTNPROF_PLUGINS, and takes both back after."""
+the `faults` fixture (conftest.py): it registers them and sets ATTNPROF_PLUGINS, and takes both back after.
+
+Worker deaths: with ATTNPROF_FAULT_EXIT=WHEN:BACKEND in a sweep worker's environment, the worker exits (os._exit)
+once, at WHEN of the first cell of BACKEND: `after-done` (its row recorded and reported: between two cells) or
+`after-record` (its row recorded, not yet reported). A marker file beside the run keeps it to one death."""
+import os
+import sys
+from pathlib import Path
+
 from profiler.backends import Backend, register
 
 TRIGGER_TOKENS = 64
@@ -30,6 +38,18 @@ def _torch_oom():
                                   "23.55 GiB of which 1.02 GiB is free.")
 
 
+class Slow:
+    """Runs SDPA, 0.3 s late on every call (a tiny-sd15 forward: about 10 s): a cell long enough to stop mid-run."""
+
+    def __call__(self, attn, hidden_states, *args, **kwargs):
+        import time
+
+        from diffusers.models.attention_processor import AttnProcessor2_0
+
+        time.sleep(0.3)
+        return AttnProcessor2_0()(attn, hidden_states, *args, **kwargs)
+
+
 FAULTS = {
     "fault-torch-oom": _torch_oom,
     "fault-text-oom": lambda: RuntimeError("CUDA out of memory. Tried to allocate 3.16 GiB"),
@@ -41,13 +61,51 @@ def register_all() -> None:
     for name, make in FAULTS.items():
         register(Backend(name, "fused", f"test fault: raises {make()!r} on real blocks",
                          factory=lambda make=make: Failing(make), memory_like="sdpa"))
+    register(Backend("fault-slow", "fused", "test: SDPA, 0.3 s late on every call", factory=Slow,
+                     memory_like="sdpa"))
 
 
 def unregister_all() -> None:
     from profiler.backends import BACKENDS
 
-    for name in FAULTS:
+    for name in [*FAULTS, "fault-slow"]:
         BACKENDS.pop(name, None)
 
 
 register_all()  # on import: how a worker started with ATTNPROF_PLUGINS=tests.faults gets them
+
+
+_recorded_in: list[Path] = []  # the run this worker records into
+
+
+def _die_once(cell_backend: str, when: str) -> None:
+    marker = _recorded_in[-1] / ".fault-exit-done"
+    if os.environ.get("ATTNPROF_FAULT_EXIT") == f"{when}:{cell_backend}" and not marker.exists():
+        marker.touch()
+        os._exit(3)
+
+
+def _arm_worker_deaths() -> None:
+    """Wrap the sweep's event stream and the store's record, in a sweep worker only."""
+    from profiler.execute import sweep
+    from profiler.store import Run
+
+    events, record = sweep.group_events, Run.record
+
+    def group_events(cells, *args, **kwargs):
+        backend = {c.cell_id: c.backend for c in cells}
+        for event in events(cells, *args, **kwargs):
+            yield event  # run_group records and reports it before asking for the next one
+            if event["event"] == "done":
+                _die_once(backend[event["cell_id"]], "after-done")
+
+    def dying_record(self, cell, blocks):
+        record(self, cell, blocks)
+        _recorded_in.append(self.path)
+        _die_once(cell["backend"], "after-record")
+
+    sweep.group_events, Run.record = group_events, dying_record
+
+
+if os.environ.get("ATTNPROF_FAULT_EXIT") and sys.argv[0].endswith(os.path.join("execute", "worker.py")):
+    _arm_worker_deaths()

@@ -1,6 +1,7 @@
 """End to end: `attnprof dashboard` serves the real app on a free port; a real headless Chromium (Debian's, driven by
 Playwright) sees a chart render, changes a filter, finds it in the URL, and downloads a table as CSV.
 The screenshot lands in test-output/dashboard-e2e/ (git-ignored)."""
+import contextlib
 import csv
 import io
 import os
@@ -50,10 +51,16 @@ def _free_port() -> int:
 @pytest.fixture
 def server(dashboard_results, tmp_path):
     """The dashboard as a user starts it, over the real run; its URL once /_stcore/health answers."""
+    with _dashboard(dashboard_results, tmp_path) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _dashboard(results: Path, tmp_path: Path):
     port = _free_port()
     log_path = tmp_path / "server.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "profiler", "dashboard", "--results", str(dashboard_results),
+        proc = subprocess.Popen([sys.executable, "-m", "profiler", "dashboard", "--results", str(results),
                                  "--port", str(port)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only, never a proxy
@@ -118,3 +125,31 @@ def test_chart_renders_and_a_filter_changes_the_url(server, dashboard_results):
         finally:
             browser.close()
     assert (OUT / "run-page-sdpa.png").stat().st_size > 10_000
+
+
+def test_runs_gathered_under_other_folder_names_open_on_every_page(dashboard_results, tmp_path):
+    """Runs gathered from two machines: two renamed copies of one run (their files still say the original id) in a
+    results folder that holds nothing else. Every page opens with both, told apart by folder, and no exception."""
+    import shutil
+
+    original = list_runs(dashboard_results)[0]
+    gathered = tmp_path / "gathered"
+    for name in ("h100-run", "a100-run"):
+        shutil.copytree(original, gathered / name)
+    with _dashboard(gathered, tmp_path) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 1100})
+            for name in ("Runs", "Run", "Compare", "Scaling", "Planner", "Queue"):
+                page.goto(f"{url}/?page={name}&run=h100-run&run=a100-run&by=run&baseline=h100-run")
+                page.get_by_test_id("stHeading").or_(page.get_by_test_id("stVegaLiteChart")).or_(
+                    page.get_by_test_id("stTable")).first.wait_for(timeout=90_000)
+                time.sleep(2)  # let the page finish its run
+                assert page.get_by_test_id("stException").count() == 0, (name, page.inner_text("body")[:2000])
+                text = page.inner_text("body")
+                assert "Traceback" not in text and "is not a run folder" not in text, name
+                if name == "Compare":
+                    page.get_by_text("a100-run against h100-run").wait_for(timeout=30_000)
+                page.screenshot(path=str(tmp_path / f"{name}.png"))
+        finally:
+            browser.close()

@@ -42,3 +42,28 @@ def test_a_reference_that_runs_out_of_memory_makes_its_cells_oom(tmp_path, monke
     cells = Run.open(execute(_sweep(tmp_path, ["sdpa", "naive"]), workers=False, progress=False).run_path).cells()
     assert set(cells["status"]) == {"oom"}
     assert all("Tried to allocate 3.16 GiB" in e for e in cells["error"])
+
+
+@pytest.mark.parametrize("when", ["after-done", "after-record"])
+def test_a_worker_that_dies_between_cells_or_before_reporting_one_is_replaced(tmp_path, monkeypatch, faults, when):
+    """after-done: the worker dies between two cells (its row recorded and reported): a new worker runs the rest.
+    after-record: it dies after recording its row, before reporting it: that ok row is kept, not overwritten by a
+    crash verdict. Either way every cell ends ok, and the run is not marked interrupted."""
+    monkeypatch.setenv("ATTNPROF_FAULT_EXIT", f"{when}:naive")
+    sweep = _sweep(tmp_path, ["naive", "sdpa", "subquad"], sizes=((64, 64),))
+    run = Run.open(execute(sweep, workers=True, progress=False).run_path)
+    assert (run.path / ".fault-exit-done").exists()  # the worker did die
+    cells = run.cells()
+    assert cells.set_index("backend")["status"].to_dict() == {"naive": "ok", "sdpa": "ok", "subquad": "ok"}
+    assert run.blocks().groupby("backend").size().to_dict() == {"naive": 32, "sdpa": 32, "subquad": 32}
+    assert run.manifest()["interrupted"] is False
+
+
+def test_a_sweep_that_ends_before_all_its_cells_did_is_interrupted(tmp_path, monkeypatch, faults):
+    """A worker environment that cannot even start a cell stops the sweep: the manifest says interrupted."""
+    monkeypatch.setenv("ATTNPROF_PLUGINS", "tests.faults,no_such_module_here")
+    sweep = _sweep(tmp_path, ["naive", "sdpa"], sizes=((64, 64),))
+    with pytest.raises(RuntimeError, match="before starting a cell.*no_such_module_here"):
+        execute(sweep, workers=True, progress=False)
+    run = Run.open(next((tmp_path / "results").iterdir()))
+    assert run.manifest()["interrupted"] is True and len(run.cells()) == 0

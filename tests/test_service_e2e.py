@@ -1,9 +1,12 @@
-"""The service end to end on this machine: `attnprof serve` starts a Ray head (token auth on) and the dashboard;
-`attnprof submit` queues a sweep as a Ray Job, `attnprof jobs` shows its progress and run, `--stop` stops one (its
-cells kept, its run resumable); the Queue page, in a real Chromium, rejects a bad config inline and queues a good
-one, whose run then appears on the Runs page."""
+"""The service end to end on this machine: `attnprof serve --host 0.0.0.0` starts a Ray head (token auth on) and the
+dashboard; `attnprof submit` queues a sweep as a Ray Job, `attnprof jobs` shows its progress and run, `--stop` stops
+one (its cells kept, its run resumable); a run lands in --results, else the config's out:, else serve's folder; the
+Queue page, in a real Chromium, queues nothing without Ray's token (bound beyond loopback), rejects a bad config
+inline and queues a good one, whose run then appears on the Runs page; Ctrl-C on serve (SIGINT to its whole process
+group) leaves the queue answering, and serve started again carries on with it."""
 import csv
 import io
+import os
 import subprocess
 import sys
 import time
@@ -28,9 +31,28 @@ device: cpu
 """
 
 
-def _cli(*args, timeout=120) -> subprocess.CompletedProcess:
+def _cli(*args, timeout=120, env=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "profiler", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=timeout)
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def _serve(service) -> None:
+    """Start attnprof serve (again) in a process group of its own, as a terminal would, and wait for the page."""
+    log = open(service["root"] / "serve.log", "a")
+    service["proc"] = subprocess.Popen(
+        [sys.executable, "-m", "profiler", "serve", "--results", str(service["results"]), "--port", service["port"],
+         "--ray-port", service["ray_port"], "--jobs-port", service["jobs_port"], "--host", "0.0.0.0"], cwd=REPO,
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    direct, deadline = urllib.request.build_opener(urllib.request.ProxyHandler({})), time.time() + 240
+    while True:
+        try:
+            if direct.open(service["url"] + "/_stcore/health", timeout=2).read() == b"ok":
+                return
+        except OSError:
+            pass
+        if service["proc"].poll() is not None or time.time() > deadline:
+            pytest.fail(f"attnprof serve did not come up:\n{(service['root'] / 'serve.log').read_text()}")
+        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
@@ -40,29 +62,15 @@ def service(tmp_path_factory):
     while len(ports) < 3:
         ports.add(_free_port())
     port, jobs_port, ray_port = sorted(ports)
-    results = root / "results"
-    log = open(root / "serve.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "profiler", "serve", "--results", str(results), "--port", str(port),
-                             "--ray-port", str(ray_port), "--jobs-port", str(jobs_port)], cwd=REPO, stdout=log,
-                            stderr=subprocess.STDOUT)
-    url, direct = f"http://127.0.0.1:{port}", urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    deadline = time.time() + 240
+    service = {"url": f"http://127.0.0.1:{port}", "results": root / "results", "root": root, "port": str(port),
+               "jobs": f"http://127.0.0.1:{jobs_port}", "jobs_port": str(jobs_port), "ray_port": str(ray_port)}
     try:
-        while True:
-            try:
-                if direct.open(url + "/_stcore/health", timeout=2).read() == b"ok":
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                pytest.fail(f"attnprof serve did not come up:\n{(root / 'serve.log').read_text()}")
-            time.sleep(0.5)
-        yield {"url": url, "results": results, "jobs": f"http://127.0.0.1:{jobs_port}", "root": root}
+        _serve(service)
+        yield service
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        service["proc"].terminate()
+        service["proc"].wait(timeout=30)
         subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
-        log.close()
 
 
 def _jobs(service) -> dict[str, dict]:
@@ -85,8 +93,9 @@ def test_submit_jobs_stop_and_resume_from_the_command_line(service):
     """Queued, listed while it runs (status, cells done / total, run), its log read, stopped after a cell or two
     (those kept, the run marked interrupted), then queued again with --resume: the same run finishes."""
     config = service["root"] / "sweep.yaml"
-    config.write_text(SMALL.replace("[64x64]", "[64x64, 256x256, 384x384]").replace("repeats: 1", "repeats: 2"))
-    p = _cli("submit", str(config), "--address", service["jobs"], "--results", str(service["results"]))
+    config.write_text(SMALL.replace("[64x64]", "[64x64, 128x128]").replace("[sdpa, naive]", "[sdpa, fault-slow]"))
+    slow = {"ATTNPROF_PLUGINS": "tests.faults"}  # fault-slow: each cell takes seconds, so the stop lands mid-run
+    p = _cli("submit", str(config), "--address", service["jobs"], "--results", str(service["results"]), env=slow)
     assert p.returncode == 0, p.stderr
     sid = p.stdout.strip()
     assert sid.startswith("attnprof-") and f"attnprof jobs --stop {sid}" in p.stderr
@@ -94,7 +103,7 @@ def test_submit_jobs_stop_and_resume_from_the_command_line(service):
     listed = _cli("jobs", "--address", service["jobs"])
     assert listed.returncode == 0, listed.stderr
     line = next(ln for ln in listed.stdout.splitlines() if ln.startswith(sid))
-    assert "RUNNING" in line and row["run"] in line and "/6" in line
+    assert "RUNNING" in line and row["run"] in line and "/4" in line
     assert "sweep env:ATTNPROF_SWEEP_YAML --ray auto" in _cli("jobs", "--address", service["jobs"], "--logs",
                                                               sid).stdout
     assert _cli("jobs", "--address", service["jobs"], "--stop", sid).returncode == 0
@@ -103,13 +112,13 @@ def test_submit_jobs_stop_and_resume_from_the_command_line(service):
     assert row["status"] == "STOPPED" and run.manifest()["interrupted"] is True
     assert run.manifest()["environment"]["executor"] == "ray"
     kept = run.cells().set_index("cell_id")["recorded_at"]
-    assert 1 <= len(kept) < 6
+    assert 1 <= len(kept) < 4
     again = _cli("submit", str(config), "--address", service["jobs"], "--results", str(service["results"]),
-                 "--resume").stdout.strip()
+                 "--resume", env=slow).stdout.strip()
     row = _wait_job(service, again, lambda r: r["status"] in ("STOPPED", "SUCCEEDED", "FAILED"), timeout=400)
     assert row["status"] == "SUCCEEDED" and row["run"] == run.id  # the same run, finished
     cells = run.cells().set_index("cell_id")
-    assert len(cells) == 6 and set(cells["status"]) == {"ok"}
+    assert len(cells) == 4 and set(cells["status"]) == {"ok"}
     assert cells.loc[kept.index, "recorded_at"].tolist() == kept.tolist()  # the stopped job's cells kept as they were
     assert run.manifest()["job_ids"] == [sid, again]
 
@@ -137,9 +146,25 @@ def test_the_queue_page_queues_a_sweep_whose_run_appears_on_the_runs_page(servic
             page.goto(service["url"] + "/?page=Queue")
             page.get_by_text("Paste YAML").click()
             box = page.get_by_label("Sweep config (the keys of configs/sweeps/*.yaml)")
-            box.fill(SMALL.replace("[sdpa, naive]", "[sdpa, flashy]"))
+            box.fill(SMALL.replace("[sdpa, naive]", "[subquad]"))
             box.press("Control+Enter")
             before = len(_jobs(service))
+            page.get_by_role("button", name="Validate and submit").click()  # bound beyond loopback, no token yet
+            page.get_by_text("nothing queued: enter Ray's token above first").wait_for(timeout=60_000)
+            assert page.get_by_role("button", name="Stop this job").count() == 0
+            time.sleep(3)
+            assert len(_jobs(service)) == before
+            secret = page.get_by_label("Ray's token", exact=False)
+            secret.fill("not-the-token")
+            secret.press("Enter")
+            page.get_by_text("that is not the cluster's token").wait_for(timeout=60_000)
+            from profiler.service.jobs import token
+
+            secret.fill(token())
+            secret.press("Enter")
+            page.get_by_text("token accepted for this browser session").wait_for(timeout=60_000)
+            box.fill(SMALL.replace("[sdpa, naive]", "[sdpa, flashy]"))
+            box.press("Control+Enter")
             page.get_by_role("button", name="Validate and submit").click()
             page.get_by_text("unknown backend 'flashy'").wait_for(timeout=60_000)  # inline, nothing queued
             assert len(_jobs(service)) == before
@@ -162,3 +187,81 @@ def test_the_queue_page_queues_a_sweep_whose_run_appears_on_the_runs_page(servic
             assert mine["ok"] == "1" and mine["backends"] == "subquad"
         finally:
             browser.close()
+
+
+def test_a_config_with_out_lands_its_run_there(service, tmp_path):
+    """No --results: the config's out: (relative to where submit runs) decides, not serve's folder."""
+    config = tmp_path / "out.yaml"
+    config.write_text(SMALL + "out: elsewhere\n")
+    p = subprocess.run([sys.executable, "-m", "profiler", "submit", str(config), "--address", service["jobs"]],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert f"its run lands in {tmp_path / 'elsewhere'}" in p.stderr
+    row = _wait_job(service, p.stdout.strip(), lambda r: r["status"] in ("SUCCEEDED", "FAILED", "STOPPED"))
+    assert row["status"] == "SUCCEEDED" and row["folder"] == str(tmp_path / "elsewhere" / row["run"]), row
+    assert Run.open(tmp_path / "elsewhere" / row["run"]).cells()["status"].tolist() == ["ok", "ok"]
+
+
+def test_ctrl_c_on_serve_leaves_the_queue_answering_and_serve_again_carries_on(service):
+    """SIGINT to serve's whole process group, as a terminal's Ctrl-C: the dashboard ends, the head (its own
+    session) does not; `attnprof jobs` answers; serve started again finds the head, and a config without out:
+    submitted with no --results runs to its end in serve's results folder."""
+    import os
+    import signal
+
+    os.killpg(service["proc"].pid, signal.SIGINT)
+    service["proc"].wait(timeout=60)
+    t0 = time.time()
+    listed = _cli("jobs", "--address", service["jobs"], timeout=60)
+    assert listed.returncode == 0 and time.time() - t0 < 30, listed.stderr
+    _serve(service)
+    assert "the Ray head already running here answers" in (service["root"] / "serve.log").read_text()
+    config = service["root"] / "plain.yaml"
+    config.write_text(SMALL)
+    p = _cli("submit", str(config), "--address", service["jobs"])
+    assert p.returncode == 0, p.stderr
+    row = _wait_job(service, p.stdout.strip(), lambda r: r["status"] in ("SUCCEEDED", "FAILED", "STOPPED"))
+    assert row["status"] == "SUCCEEDED" and row["folder"] == str(service["results"] / row["run"]), row
+    assert len(Run.open(service["results"] / row["run"]).cells()) == 2
+
+
+def test_a_job_server_that_does_not_answer_is_one_line_within_15_s(tmp_path):
+    """A port that accepts connections and never answers (a job server stuck or half dead): one line, exit 2."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    held = []
+    threading.Thread(target=lambda: [held.append(listener.accept()) for _ in range(8)], daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    for args in (("jobs", "--address", url), ("submit", str(tmp_path / "s.yaml"), "--address", url, "--results",
+                                              str(tmp_path / "r"))):
+        (tmp_path / "s.yaml").write_text(SMALL)
+        t0 = time.time()
+        p = _cli(*args, timeout=60)
+        assert p.returncode == 2 and time.time() - t0 < 15, (args, p.stderr)
+        assert p.stderr.strip().splitlines() == [f"attnprof: error: the Ray job server at {url} did not answer "
+                                                 "within 10 s: if attnprof serve was stopped uncleanly, run ray "
+                                                 "stop, then attnprof serve again"]
+    listener.close()
+
+
+def test_serve_names_a_head_whose_job_server_is_gone_in_one_line(tmp_path):
+    """Something holds the head's port (a head whose job server died) and this machine's serve did not start it:
+    one line with the fix, exit 2, and no second head started."""
+    import socket
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    ray_port, jobs_port = holder.getsockname()[1], _free_port()
+    p = _cli("serve", "--results", str(tmp_path), "--ray-port", str(ray_port), "--jobs-port", str(jobs_port),
+             "--port", str(_free_port()), timeout=60)
+    holder.close()
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stderr.strip().splitlines() == [
+        f"attnprof: error: a Ray head runs at 127.0.0.1:{ray_port} but no job server answers at "
+        f"http://127.0.0.1:{jobs_port}: stop it with ray stop, then run attnprof serve again (or give --address of "
+        "a cluster whose job server answers)"]

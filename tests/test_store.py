@@ -128,3 +128,53 @@ def test_one_executor_at_a_time_the_second_is_told_who_holds_the_run(tmp_path):
     with run.executor("again"):  # released on exit
         pass
     assert not (run.path / "executor.json").exists()
+
+
+def test_each_file_is_flushed_before_it_is_moved_into_place_and_the_move_after(tmp_path, monkeypatch):
+    import os
+
+    events = []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+                        or fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda a, b: events.append(("replace", str(a), str(b))) or replace(a, b))
+    run = Run.create(tmp_path, {"command": "test", "cells": []}, run_id="r1")
+    events.clear()
+    run.record(_cell("c1"), _blocks("c1", 2))
+    moves = [i for i, e in enumerate(events) if e[0] == "replace"]
+    assert len(moves) == 2  # the block rows, then the cell row
+    for i in moves:
+        tmp, dest = events[i][1], events[i][2]
+        assert events[i - 1] == ("fsync", tmp)  # the file's bytes are on disk before it takes the name
+        assert events[i + 1] == ("fsync", str(Path(dest).parent))  # and the new name is, once the folder is flushed
+
+
+def test_a_lock_that_cannot_be_taken_for_writing_is_an_error_not_a_lock_free_write(tmp_path):
+    """Reading needs no write access; writing without the lock would let two writers lose rows, so it is refused in
+    one line."""
+    from profiler.spec import InputError
+
+    run = Run.create(tmp_path, {"command": "test", "cells": [{"cell_id": "c1"}]}, run_id="r1")
+    run.record(_cell("c1"), _blocks("c1", 1))
+    (run.path / ".lock").unlink()
+    (run.path / ".lock").mkdir()  # something that cannot be opened for writing (root ignores permissions)
+    with pytest.raises(InputError, match="cannot lock .*/r1/.lock to write the run"):
+        run.record(_cell("c2"), [])
+    assert run.cells()["cell_id"].tolist() == ["c1"]  # still readable, and nothing was written
+    assert not (run.path / "cells" / "c2.parquet").exists()
+
+
+def test_a_run_is_its_folder_whatever_id_its_files_carry(tmp_path):
+    """A run copied or renamed (gathered from two machines) reads as its folder: its rows' run_id is the folder's
+    name, so two copies of one run are two runs."""
+    import shutil
+
+    run = Run.create(tmp_path, {"command": "test", "cells": [{"cell_id": "c1"}]}, run_id="r1")
+    run.record(_cell("c1"), _blocks("c1", 2))
+    run.compact()
+    shutil.copytree(run.path, tmp_path / "r1-h100copy")
+    copy = find_run(tmp_path, "r1-h100copy")
+    assert copy.manifest()["run_id"] == "r1" and copy.id == "r1-h100copy"
+    cells, blocks = copy.read()
+    assert set(cells["run_id"]) == {"r1-h100copy"} and set(blocks["run_id"]) == {"r1-h100copy"}
+    assert set(Run.open(run.path).cells()["run_id"]) == {"r1"}

@@ -1,6 +1,7 @@
 """The local executor: each group of cells in a worker subprocess (worker.py), or in this process. A worker that dies
-leaves its cell in flight as an `error` row (or `timeout`, when it was stopped for running past timeout_s) and a
-new worker carries on with the rest. On CUDA this process makes no CUDA context: it reads free memory and the
+in a cell leaves that cell as an `error` row (or `timeout`, when it was stopped for running past timeout_s), unless
+it recorded the cell's own row first; a worker that dies in a cell or between two cells is replaced by a new one
+that carries on with the rest. On CUDA this process makes no CUDA context: it reads free memory and the
 device through NVML and probes availability in a short-lived subprocess, so the workers get the whole budget."""
 from __future__ import annotations
 
@@ -60,10 +61,13 @@ def _in_process(flight, event: dict) -> None:
 
 
 def _run_in_workers(group: list[CellSpec], run, sweep, flight, extra: dict) -> None:
-    """Worker subprocesses for one group, until every cell of it is recorded."""
+    """Worker subprocesses for one group, until every cell of it is recorded. A worker that dies between two cells
+    is replaced by a new one for the rest; one that dies in a cell leaves that cell `error` (or `timeout`), unless
+    the cell's own row was recorded before the worker died, which is kept. A new worker that dies before starting
+    any cell means the environment is broken: that raises."""
     from .sweep import failed_in_flight
 
-    remaining = list(group)
+    remaining, progressed = list(group), True
     while remaining:
         job = {"run": str(run.path), "repeats": sweep.repeats, "warmup": sweep.warmup,
                "cells": [c.as_row() for c in remaining], "extra": {c.cell_id: extra.get(c.cell_id, {})
@@ -74,13 +78,13 @@ def _run_in_workers(group: list[CellSpec], run, sweep, flight, extra: dict) -> N
                                     stdout=subprocess.PIPE, stderr=err)
         proc.stdin.write(json.dumps(job).encode())
         proc.stdin.close()
-        in_flight = None
+        in_flight, started = None, False
         finished: set[str] = set()
         try:
             for line in _lines(proc, lambda: flight.started(proc.pid), sweep.timeout_s):
                 event = json.loads(line)
                 if event["event"] == "start":
-                    in_flight = event["cell_id"]
+                    in_flight, started = event["cell_id"], True
                     flight.start(proc.pid, event)
                 elif event["event"] == "done":
                     finished.add(event["cell_id"])
@@ -96,15 +100,17 @@ def _run_in_workers(group: list[CellSpec], run, sweep, flight, extra: dict) -> N
         remaining = [c for c in remaining if c.cell_id not in finished]
         if in_flight is not None:
             spec = next(c for c in remaining if c.cell_id == in_flight)
-            started = flight.started(proc.pid)
-            timed_out = bool(sweep.timeout_s and started and time.time() - started >= sweep.timeout_s)
-            words = _last_line(log) if code != -signal.SIGKILL else ""  # a SIGKILL leaves none
-            row = failed_in_flight(spec, timed_out, sweep.timeout_s, f"{exit_reason(code)}{words}")
-            run.record({**row, **extra.get(spec.cell_id, {})}, [])
+            began = flight.started(proc.pid)
+            if not run.recorded_since(spec.cell_id, began):  # its own row, if the worker recorded it, is kept
+                timed_out = bool(sweep.timeout_s and began and time.time() - began >= sweep.timeout_s)
+                words = _last_line(log) if code != -signal.SIGKILL else ""  # a SIGKILL leaves none
+                row = failed_in_flight(spec, timed_out, sweep.timeout_s, f"{exit_reason(code)}{words}")
+                run.record({**row, **extra.get(spec.cell_id, {})}, [])
             flight.end(proc.pid)
             remaining.remove(spec)
-        elif code != 0 and remaining:
+        elif remaining and not (started or progressed):
             raise RuntimeError(f"worker exited with {exit_reason(code)} before starting a cell{_last_line(log)}")
+        progressed = started  # a worker that died between cells is replaced; two that die at once are not
 
 
 def _lines(proc, started, timeout_s):

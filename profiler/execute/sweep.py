@@ -123,6 +123,8 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
             interrupted = True
         finally:
             flight.close()
+            done = run.done_cells()  # any cell not recorded (a stop, a crash of ours) leaves the run interrupted
+            interrupted = interrupted or any(c.cell_id not in done for c in cells)
             run.update_manifest(ended_at=now(), interrupted=interrupted)
             run.compact()
     return Outcome(run.path, interrupted)

@@ -5,6 +5,7 @@ import faulthandler
 import json
 import sys
 
+from .. import backends  # noqa: F401 (first: the plugins $ATTNPROF_PLUGINS names load before the sweep's modules)
 from ..spec import CellSpec
 
 

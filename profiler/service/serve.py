@@ -1,12 +1,16 @@
 """attnprof serve: a Ray head on this machine (or the cluster at --address) and the dashboard with its Queue page.
 
 The head is started with `ray start --head` and token authentication on (RAY_AUTH_MODE=token; the token in
-~/.ray/auth_token, made if missing); it outlives the dashboard, so queued jobs and their runs survive a restart of
-`attnprof serve`, which then finds the head already running. `ray stop` ends it. Everything binds to 127.0.0.1
-unless --host says otherwise."""
+~/.ray/auth_token, made if missing), in a session of its own: Ctrl-C in serve's terminal (SIGINT to the whole
+foreground process group) ends the dashboard only, and queued jobs and their runs survive a restart of `attnprof
+serve`, which then finds the head running. A head found running whose job server does not answer is restarted where
+this command started it, else named in one line with the fix. `ray stop` ends it. Everything binds to 127.0.0.1
+unless --host says otherwise; beyond the loopback address the Queue page asks for Ray's token before it queues,
+stops or shows logs."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -16,23 +20,53 @@ from ..spec import InputError
 
 
 def _answers(url: str) -> bool:
-    from .jobs import client
+    from .jobs import jobs
 
     try:
-        client(url).list_jobs()
+        jobs(url)
         return True
     except InputError:
         return False
 
 
-def start_head(host: str, ray_port: int, jobs_port: int, say=print) -> str:
-    """The job server of a Ray head on this machine, starting one if none answers; its URL."""
+def _listening(host: str, port: int) -> bool:
+    """Whether something accepts connections at host:port (a Ray head's GCS, for one)."""
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def _started_here(url: str) -> bool:
+    """Whether an earlier `attnprof serve` on this machine started the head whose job server is url."""
+    import json
+
+    from .jobs import SERVED
+
+    try:
+        return bool(json.loads(SERVED.read_text())[url]["started_head"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def start_head(host: str, ray_port: int, jobs_port: int, say=print) -> tuple[str, bool]:
+    """The job server of a Ray head on this machine, starting one if none answers: (its URL, whether this command
+    started it or an earlier serve did)."""
     client_host = "127.0.0.1" if host in ("127.0.0.1", "localhost", "0.0.0.0") else host
     url = f"http://{client_host}:{jobs_port}"
+    ray = str(Path(sys.executable).with_name("ray"))
     if _answers(url):
         say(f"attnprof serve: the Ray head already running here answers at {url}")
-        return url
-    ray = str(Path(sys.executable).with_name("ray"))
+        return url, _started_here(url)
+    if _listening(client_host, ray_port):  # a head runs, but its job server is gone
+        if not _started_here(url):
+            raise InputError(f"a Ray head runs at {client_host}:{ray_port} but no job server answers at {url}: stop "
+                             "it with ray stop, then run attnprof serve again (or give --address of a cluster whose "
+                             "job server answers)")
+        say(f"attnprof serve: the Ray head that attnprof serve started here no longer answers at {url}: restarting "
+            "it (ray stop, ray start --head)", flush=True)
+        subprocess.run([ray, "stop", "--force"], capture_output=True, start_new_session=True)
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     subprocess.run([ray, "get-auth-token", "--generate"], env=env, capture_output=True, check=False)
     cmd = [ray, "start", "--head", f"--port={ray_port}", f"--dashboard-host={host}", f"--dashboard-port={jobs_port}",
@@ -41,7 +75,8 @@ def start_head(host: str, ray_port: int, jobs_port: int, say=print) -> str:
         cmd.append("--node-ip-address=127.0.0.1")
     say(f"attnprof serve: starting a Ray head (ray start --head --port {ray_port}, jobs at {url}, token auth on)",
         flush=True)
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    # a session of its own: the terminal's Ctrl-C reaches serve's process group, never the head's processes
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, start_new_session=True)
     if p.returncode:
         lines = [ln for ln in (p.stderr + p.stdout).strip().splitlines() if ln.strip()]
         last = [ln for ln in lines if "rror" in ln][-1:] or lines[-1:] or ["no output"]
@@ -52,18 +87,21 @@ def start_head(host: str, ray_port: int, jobs_port: int, say=print) -> str:
         if time.time() > deadline:
             raise InputError(f"the Ray head started but its job server never answered at {url}: see ray status")
         time.sleep(1)
-    return url
+    return url, True
 
 
 def serve(results: str, address: str | None, port: int, host: str, ray_port: int, jobs_port: int) -> None:
     from . import jobs
 
-    url = jobs.address(address) if address else start_head(host, ray_port, jobs_port)
-    if address and not _answers(url):
-        jobs.client(url)  # raises the one-line error
+    if address:
+        url, started = jobs.address(address), False
+        jobs.jobs(url)  # one line if it does not answer
+    else:
+        url, started = start_head(host, ray_port, jobs_port)
+    folder = Path(results).resolve()
+    jobs.remember_served(url, folder, started)  # where attnprof submit on this machine lands runs by default
     print(f"attnprof serve: dashboard http://{host}:{port} (Queue page: submit and watch profiles), jobs at {url}, "
-          f"results {Path(results).resolve()}; Ctrl-C stops the dashboard, the Ray head keeps running (ray stop "
-          "ends it)", flush=True)
+          f"results {folder}; Ctrl-C stops the dashboard, the Ray head keeps running (ray stop ends it)", flush=True)
     dashboard(results, port, host, {"ATTNPROF_JOBS_ADDRESS": url,
                                     "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")})
 
