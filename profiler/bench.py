@@ -100,9 +100,9 @@ def _cell_rows(cid: str, calls: int = 140) -> tuple[dict, list[dict]]:
 def forward_planner(model: str = "sdxl-base") -> dict:
     """Seconds for the whole-forward plan of one backend (fake model included), of all backends, and for a fit."""
     from .plan.fit import fit
-    from .plan.forward import fake_unet, trace
+    from .plan.forward import fake_part, trace
 
-    fake_unet.cache_clear()
+    fake_part.cache_clear()
     t0 = time.perf_counter()
     trace(model, 1024, 1024, 1, "float16", "cuda", ["sdpa"])
     one = time.perf_counter() - t0

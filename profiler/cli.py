@@ -22,6 +22,28 @@ def _add_shape_args(p, sizes_default=("512x512",)):
     p.add_argument("--dtype", default="float16", help="float16 | bfloat16 | float32 (default float16)")
 
 
+def _add_settings_args(p):
+    """The model's settings (profiler.workload.SETTINGS) as flags: each applies to one kind of model."""
+    g = p.add_argument_group("model settings (a U-Net's; a VAE's)")
+    g.add_argument("--controlnet", action="store_true", default=None,
+                   help="U-Net: run its ControlNet beside it, as a pipeline step does")
+    g.add_argument("--ip-adapter-tokens", type=int, metavar="N",
+                   help="U-Net: IP-Adapter's image tokens in every cross-attention (4: IP-Adapter, 16: plus)")
+    g.add_argument("--tome", type=float, metavar="RATIO", help="U-Net: Token Merging at this ratio, e.g. 0.5")
+    g.add_argument("--vae-part", choices=["decoder", "encoder"], help="VAE: decoder (default) or encoder")
+    g.add_argument("--vae-tiling", action="store_true", default=None, help="VAE: tiled decode / encode")
+    g.add_argument("--vae-slicing", action="store_true", default=None, help="VAE: one image of the batch at a time")
+    g.add_argument("--vae-upcast", action=argparse.BooleanOptionalAction, default=None,
+                   help="VAE: compute in float32 (default: the config's force_upcast)")
+
+
+def _settings(args, model: str) -> tuple:
+    from .workload import SETTINGS, check_settings
+
+    given = {n: getattr(args, n) for n in SETTINGS if getattr(args, n, None) is not None}
+    return check_settings(model, given)
+
+
 def _shape(args, sizes_default=("512x512",)):
     sizes = [parse_size(s) for s in (args.size or sizes_default)]
     return sizes, parse_batch(args.batch), parse_dtype(args.dtype)
@@ -41,8 +63,10 @@ def cmd_plan(args) -> int:
         raise InputError("--memory-budget needs --backend NAME: the need depends on the backend")
     budget = parse_bytes(args.memory_budget, "--memory-budget") if args.memory_budget else None
     _gpu_arch(args)
+    settings = _settings(args, args.model)
     plans = [plan(args.model, w, h, batch, dtype, backend=args.backend, backend_options=options,
-                  memory_budget=budget, device=args.device, gpu_arch=args.gpu_arch) for w, h in sizes]
+                  memory_budget=budget, device=args.device, gpu_arch=args.gpu_arch, settings=settings)
+             for w, h in sizes]
     if args.json:
         json.dump(plans, sys.stdout, indent=1)
         print()
@@ -85,8 +109,16 @@ def _gpu_arch(args) -> None:
 def cmd_models(args) -> int:
     from . import models
 
-    for name, path in models.known_models().items():
-        print(f"{name:12s} {models.resolve(name).config.get('block_out_channels')}  {path}")
+    import yaml
+
+    from .fmt import table
+
+    rows = [{"name": name, "kind": models.resolve(name).kind,
+             "channels": str(models.resolve(name).config.get("block_out_channels")),
+             "description": (yaml.safe_load(path.read_text()) or {}).get("description", "")}
+            for name, path in models.known_models().items()]
+    print(table(rows, [(c, c) for c in ("name", "kind", "channels", "description")]))
+    print("\n(configs/models/*.yaml; --model also takes a diffusers U-Net folder or hub id)")
     return 0
 
 
@@ -134,9 +166,10 @@ def _sweep_from_args(args):
         value = getattr(args, key)
         if value < (1 if key == "repeats" else 0):
             raise InputError(f"--{key} {value} is too small: use {'1' if key == 'repeats' else '0'} or more")
+    settings = _settings(args, args.model)
     return Sweep(models=(args.model,), sizes=tuple(sizes), batch=(batch,), dtypes=(dtype,), backends=tuple(entries),
                  repeats=args.repeats, warmup=args.warmup, device=devices.parse(args.device, "--device"),
-                 out=args.out, timeout_s=args.timeout_s,
+                 out=args.out, timeout_s=args.timeout_s, model_settings=tuple((n, (v,)) for n, v in settings),
                  memory_budget=parse_bytes(args.memory_budget, "--memory-budget") if args.memory_budget else None)
 
 
@@ -317,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --backend: the device whose attention kernels the forward is traced with (default cuda)")
     p.add_argument("--gpu-arch", metavar="SM", help=GPU_ARCH_HELP)
     p.add_argument("--json", action="store_true", help="print a JSON array, one object per size")
+    _add_settings_args(p)
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("fit", help="the largest image whose forward fits a memory budget, per backend; no GPU",
@@ -360,6 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip cells predicted above this (bytes or e.g. 20GiB; default: free device memory)")
     p.add_argument("--timeout-s", type=float, help="stop a cell after this many seconds")
     _add_exec_args(p)
+    _add_settings_args(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("sweep", help="run a YAML sweep from configs/sweeps (resumable)",

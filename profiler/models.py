@@ -1,5 +1,6 @@
 """Model registry: named configs in configs/models/*.yaml, local diffusers folders and hub ids; meta, random or
-real-weight builds of diffusers' UNet2DConditionModel, and the example inputs of one forward."""
+real-weight builds, and the example inputs of one U-Net forward. A model is of one kind: `unet` (diffusers'
+UNet2DConditionModel), `vae` (AutoencoderKL) or `controlnet` (ControlNetModel.from_unet of a registry U-Net)."""
 from __future__ import annotations
 
 import json
@@ -16,17 +17,26 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "models"
 _REQUIRED = ("down_block_types", "up_block_types", "block_out_channels", "cross_attention_dim")
 
 
+KINDS = {"unet": "UNet2DConditionModel", "vae": "AutoencoderKL", "controlnet": "ControlNetModel"}
+
+
 @dataclass(frozen=True)
 class ModelSource:
     name: str  # what the user typed: a registry name, a folder or a hub id
-    config: dict  # the UNet2DConditionModel config
+    config: dict  # the model's diffusers config (a ControlNet's: its U-Net's)
     text_tokens: int = 77
     weights: str | None = None  # folder or hub id holding real weights; None for registry configs
     subfolder: str | None = None
+    kind: str = "unet"  # unet, vae or controlnet
+
+    @property
+    def levels(self) -> int:
+        """Resolution levels (downsamplings + 1): what a block's level counts from."""
+        return len(self.config["block_out_channels"])
 
 
 def known_models() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(CONFIG_DIR.glob("*.yaml"))}
+    return {p.stem: p for p in sorted(CONFIG_DIR.glob("*.yaml"), key=lambda p: p.stem)}
 
 
 def _check_unet_config(config, where: str) -> dict:
@@ -40,15 +50,30 @@ def _check_unet_config(config, where: str) -> dict:
     return {k: v for k, v in config.items() if not k.startswith("_")}
 
 
+_VAE_REQUIRED = ("down_block_types", "up_block_types", "block_out_channels", "latent_channels")
+
+
 def _read_yaml(path: Path) -> ModelSource:
     try:
         doc = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
         raise InputError(f"{path}: not valid YAML ({str(e).splitlines()[0]}): fix the file") from None
-    if not isinstance(doc, dict) or "unet" not in doc:
-        raise InputError(f"{path} does not describe a UNet2DConditionModel: expected a top-level 'unet:' mapping")
-    config = _check_unet_config(doc["unet"], str(path))
-    return ModelSource(doc.get("name", path.stem), config, int(doc.get("text_tokens", 77)))
+    kind = next((k for k in KINDS if isinstance(doc, dict) and k in doc), None)
+    if kind is None:
+        raise InputError(f"{path} describes no model: expected a top-level 'unet:', 'vae:' or 'controlnet:' mapping")
+    name, tokens = doc.get("name", path.stem), int(doc.get("text_tokens", 77))
+    if kind == "vae":
+        missing = [k for k in _VAE_REQUIRED if k not in (doc["vae"] or {})]
+        if missing:
+            raise InputError(f"{path} does not describe an AutoencoderKL (it lacks {', '.join(missing)})")
+        return ModelSource(name, dict(doc["vae"]), tokens, kind="vae")
+    if kind == "controlnet":  # built from a registry U-Net, as ControlNetModel.from_unet builds it
+        base = (doc["controlnet"] or {}).get("unet")
+        if base not in known_models() or base == path.stem:
+            raise InputError(f"{path}: controlnet.unet must name a U-Net of the registry, not {base!r}")
+        unet = resolve(base)
+        return ModelSource(name, unet.config, unet.text_tokens, kind="controlnet")
+    return ModelSource(name, _check_unet_config(doc["unet"], str(path)), tokens)
 
 
 def _read_folder(path: Path) -> ModelSource:
@@ -96,9 +121,20 @@ def _read_hub(repo_id: str) -> ModelSource:
     raise InputError(f"model {repo_id!r} is not a known name, a folder, or a reachable hub id ({first})")
 
 
+def _from_config(source: ModelSource) -> torch.nn.Module:
+    """The model of the source's kind, on the meta device."""
+    import diffusers
+
+    with torch.device("meta"):
+        if source.kind == "controlnet":
+            return diffusers.ControlNetModel.from_unet(diffusers.UNet2DConditionModel.from_config(source.config),
+                                                       load_weights_from_unet=False)
+        return getattr(diffusers, KINDS[source.kind]).from_config(source.config)
+
+
 def build(source: ModelSource | str, weights: str = "random", device: str = "cpu", dtype: str = "float32",
           seed: int = 0) -> torch.nn.Module:
-    """Build the U-Net. weights: 'meta' (shapes only, no memory), 'random' (fast seeded init) or 'pretrained'."""
+    """Build the model. weights: 'meta' (shapes only, no memory), 'random' (fast seeded init) or 'pretrained'."""
     from diffusers import UNet2DConditionModel
 
     if isinstance(source, str):
@@ -110,9 +146,7 @@ def build(source: ModelSource | str, weights: str = "random", device: str = "cpu
         unet = UNet2DConditionModel.from_pretrained(source.weights, subfolder=source.subfolder, use_safetensors=True,
                                                     low_cpu_mem_usage=False, torch_dtype=torch_dtype(dtype))
         return unet.to(device).eval()
-    with torch.device("meta"):
-        unet = UNet2DConditionModel.from_config(source.config)
-    unet = torch.nn.Module.to(unet, torch_dtype(dtype))  # on meta: no memory; diffusers' .to() warns about casts
+    unet = torch.nn.Module.to(_from_config(source), torch_dtype(dtype))  # on meta: no memory; diffusers' .to() warns about casts
     if weights == "meta":
         return unet.eval()
     if weights != "random":
@@ -164,6 +198,13 @@ def example_inputs(unet: torch.nn.Module, batch: int, width: int, height: int, t
         text_dim = cfg.projection_class_embeddings_input_dim - 6 * cfg.addition_time_embed_dim
         kwargs["added_cond_kwargs"] = {"text_embeds": make(batch, text_dim), "time_ids": make(batch, 6)}
     return kwargs
+
+
+def weights_bytes(model: torch.nn.Module) -> int:
+    """The bytes of the model's parameters and buffers, each storage once (a weight shared by two modules too)."""
+    storages = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in [*model.parameters(),
+                                                                                    *model.buffers()]}
+    return sum(storages.values())
 
 
 def param_counts(unet: torch.nn.Module) -> dict:

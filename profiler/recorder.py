@@ -1,5 +1,6 @@
-"""The recorder: wraps every Attention processor of a U-Net (through diffusers' attn_processors /
-set_attn_processor) and records one flat row per attention call, grouped by forward pass."""
+"""The recorder: wraps the processor of every diffusers Attention module of a model (a U-Net, a U-Net with its
+ControlNet, a VAE; through Attention.set_processor) and records one flat row per attention call, grouped by forward
+pass."""
 from __future__ import annotations
 
 from typing import Callable
@@ -13,29 +14,50 @@ _STAGES = {"down_blocks": "down", "mid_block": "mid", "up_blocks": "up"}
 
 
 def block_position(block: str, n_levels: int) -> tuple[str, int]:
-    """(stage, level) of a module path. Level = number of downsamplings above the block: down_blocks.i -> i,
-    mid -> n_levels - 1, up_blocks.i -> n_levels - 1 - i."""
+    """(stage, level) of a module path, under any prefix (controlnet., encoder., decoder.). Level = number of
+    downsamplings above the block: down_blocks.i -> i, mid -> n_levels - 1, up_blocks.i -> n_levels - 1 - i."""
     parts = block.split(".")
-    stage = _STAGES.get(parts[0], "other")
+    at = next((i for i, p in enumerate(parts) if p in _STAGES), None)
+    if at is None:
+        return "other", 0
+    stage = _STAGES[parts[at]]
     if stage == "down":
-        return stage, int(parts[1])
+        return stage, int(parts[at + 1])
     if stage == "up":
-        return stage, n_levels - 1 - int(parts[1])
+        return stage, n_levels - 1 - int(parts[at + 1])
     return stage, n_levels - 1
 
 
-def describe_call(attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None) -> dict:
+def attention_modules(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """Every diffusers Attention module of the model by the path the recorder reports: a wrapper's child (ToMe's
+    `merged`, IP-Adapter's `text`: profiler.adapters.WRAPPED) under its parent's path, a pipeline step's U-Net
+    (`unet.`) and a VAE part's VAE (`vae.`) under their own paths."""
+    from diffusers.models.attention_processor import Attention
+
+    from .adapters import WRAPPED
+
+    out = {}
+    for path, module in model.named_modules():
+        if isinstance(module, Attention):
+            for suffix in WRAPPED:
+                path = path.replace(suffix, "")
+            out[path.removeprefix("unet.").removeprefix("vae.")] = module
+    return out
+
+
+def describe_call(attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None,
+                  block: str = "") -> dict:
     """The shape figures of one attention call, from its inputs (works on the meta device)."""
     batch = hidden_states.shape[0]
     tokens_q = hidden_states.shape[1] if hidden_states.ndim == 3 else hidden_states.shape[2] * hidden_states.shape[3]
     tokens_k = tokens_q if encoder_hidden_states is None else encoder_hidden_states.shape[1]
     heads = attn.heads
-    head_dim = attn.to_q.out_features // heads
+    head_dim = attn.inner_dim // heads
     upcast = "attention" if getattr(attn, "upcast_attention", False) else \
         "softmax" if getattr(attn, "upcast_softmax", False) else ""  # diffusers' AttnProcessor's float32 upcast
     score_elements = batch * heads * tokens_q * tokens_k
     return {
-        "kind": "self" if encoder_hidden_states is None else "cross",
+        "kind": "self" if encoder_hidden_states is None else "image" if block.endswith(".image") else "cross",
         "batch": batch,
         "heads": heads,
         "head_dim": head_dim,
@@ -54,10 +76,12 @@ class RecordingProcessor:
     def __init__(self, inner, block: str, stage: str, level: int, recorder: "Recorder"):
         self.inner, self.block, self.stage, self.level, self.recorder = inner, block, stage, level, recorder
 
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, **kwargs):
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, **kwargs):
+        if temb is not None:  # a VAE's attention passes it (diffusers drops what a processor does not name)
+            kwargs["temb"] = temb
         row = {"pass_index": self.recorder.pass_index, "call_index": len(self.recorder.current_pass),
                "block": self.block, "stage": self.stage, "level": self.level}
-        row.update(describe_call(attn, hidden_states, encoder_hidden_states))
+        row.update(describe_call(attn, hidden_states, encoder_hidden_states, self.block))
         self.recorder.current_pass.append(row)
         self.recorder.rows.append(row)
 
@@ -68,15 +92,17 @@ class RecordingProcessor:
 
 
 class Recorder:
-    """Context manager: `with Recorder(unet, processor=factory, around=probe) as rec: unet(**inputs)`.
+    """Context manager: `with Recorder(model, processor=factory, around=probe) as rec: model(**inputs)`.
 
     processor: None keeps each module's own processor inside the wrapper; a callable returns a new processor per
-    module (a backend). around(row, call): runs the call and may add measured fields to the row. The original
-    processors are restored on exit, also when the forward raises."""
+    module (a backend). around(row, call): runs the call and may add measured fields to the row. levels: the
+    model's resolution levels (default: its config's block_out_channels). The original processors are restored on
+    exit, also when the forward raises. A new pass begins at every forward of the model."""
 
     def __init__(self, unet: torch.nn.Module, processor: Callable[[], object] | None = None,
-                 around: Around | None = None):
+                 around: Around | None = None, levels: int | None = None):
         self.unet, self.processor, self.around = unet, processor, around
+        self.levels = levels or len(unet.config.block_out_channels)
         self.rows: list[dict] = []
         self.current_pass: list[dict] = []
         self.pass_index = -1
@@ -84,15 +110,11 @@ class Recorder:
         self._hook = None
 
     def __enter__(self) -> "Recorder":
-        self._originals = self.unet.attn_processors
-        n_levels = len(self.unet.config.block_out_channels)
-        wrapped = {}
-        for key, original in self._originals.items():
-            block = key.removesuffix(".processor")
-            stage, level = block_position(block, n_levels)
-            inner = self.processor() if self.processor else original
-            wrapped[key] = RecordingProcessor(inner, block, stage, level, self)
-        self.unet.set_attn_processor(wrapped)
+        self._originals = {block: m.processor for block, m in attention_modules(self.unet).items()}
+        for block, module in attention_modules(self.unet).items():
+            stage, level = block_position(block, self.levels)
+            inner = self.processor() if self.processor else self._originals[block]
+            module.set_processor(RecordingProcessor(inner, block, stage, level, self))
         self._hook = self.unet.register_forward_pre_hook(self._new_pass)
         return self
 
@@ -102,7 +124,8 @@ class Recorder:
 
     def __exit__(self, *exc) -> None:
         self._hook.remove()
-        self.unet.set_attn_processor(self._originals)
+        for block, module in attention_modules(self.unet).items():
+            module.set_processor(self._originals[block])
 
     def passes(self) -> list[list[dict]]:
         grouped: dict[int, list[dict]] = {}

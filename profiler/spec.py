@@ -67,6 +67,7 @@ class CellSpec:
     backend: str
     device: str
     backend_options: tuple[tuple[str, object], ...] = field(default=())
+    settings: tuple[tuple[str, object], ...] = field(default=())  # the model's (workload.SETTINGS), non-default only
 
     @property
     def size(self) -> str:
@@ -74,7 +75,10 @@ class CellSpec:
 
     @property
     def cell_id(self) -> str:
-        blob = json.dumps(asdict(self), sort_keys=True, default=str)
+        spec = asdict(self)
+        if not self.settings:  # a cell with no settings keeps the id it had before settings existed
+            del spec["settings"]
+        blob = json.dumps(spec, sort_keys=True, default=str)
         return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
     @property
@@ -84,11 +88,14 @@ class CellSpec:
     @classmethod
     def from_row(cls, row: dict) -> "CellSpec":
         """The spec of a stored or sent row (as_row's inverse)."""
-        fields = {k: row[k] for k in cls.__dataclass_fields__ if k != "backend_options"}
-        return cls(**fields, backend_options=tuple(sorted(json.loads(row["backend_options"]).items())))
+        fields = {k: row[k] for k in cls.__dataclass_fields__ if k not in ("backend_options", "settings")}
+        settings = json.loads(row.get("settings") or "{}")
+        return cls(**fields, backend_options=tuple(sorted(json.loads(row["backend_options"]).items())),
+                   settings=tuple(sorted(settings.items())))
 
     def as_row(self) -> dict:
         row = asdict(self)
         row["backend_options"] = json.dumps(self.options, sort_keys=True)
+        row["settings"] = json.dumps(dict(self.settings), sort_keys=True)
         row["cell_id"] = self.cell_id
         return row

@@ -156,7 +156,7 @@ def test_a_sweeps_preflight_traces_each_shape_once_per_set_of_options_of_a_backe
                   backends=(("naive", ()), ("sliced", (("slice_size", 1),)), ("sliced", (("slice_size", 4),)),
                             ("split", (("budget_bytes", 2**24),))))
     calls = []
-    monkeypatch.setattr(forward, "trace", lambda *a: calls.append(a) or trace(*a))
+    monkeypatch.setattr(forward, "trace", lambda *a, **k: calls.append(a) or trace(*a, **k))
     predicted = S.predict(sweep.cells())[0]
     assert [sorted(c[6]) for c in calls] == [["naive", "sliced", "split"], ["sliced"]]
     for c in sweep.cells():

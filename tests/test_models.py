@@ -93,8 +93,10 @@ def test_config_only_model_has_no_real_weights():
 
 @pytest.mark.parametrize("content, message", [
     ("unet: {foo: 1}", "does not describe a UNet2DConditionModel"),
-    ("just text", "does not describe a UNet2DConditionModel"),
+    ("just text", "describes no model: expected a top-level 'unet:', 'vae:' or 'controlnet:' mapping"),
     ("unet: [1, 2", "not valid YAML"),
+    ("vae: {block_out_channels: [8]}", "does not describe an AutoencoderKL .it lacks down_block_types"),
+    ("controlnet: {unet: sd99}", "controlnet.unet must name a U-Net of the registry, not 'sd99'"),
 ])
 def test_bad_model_files(tmp_path, content, message):
     path = tmp_path / "m.yaml"

@@ -2,6 +2,7 @@
 the cells it makes."""
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -11,13 +12,16 @@ import yaml
 
 from .. import backends, devices, models
 from ..spec import CellSpec, InputError, parse_batch, parse_dtype, parse_size
+from ..workload import SETTINGS, _value, check_settings
 
-KEYS = {"models": "list of model names", "sizes": "list of WxH strings", "batch": "list of batch sizes",
-        "dtypes": "list of dtype names", "backends": "list of backend names or {name: {option: value}}",
-        "repeats": "timed forwards per cell", "warmup": "warm-up forwards per cell",
+GRID_KEYS = {"models": "list of model names", "sizes": "list of WxH strings", "batch": "list of batch sizes",
+             "dtypes": "list of dtype names", "backends": "list of backend names or {name: {option: value}}",
+             **{name: f"list of values ({takes})" for name, (_, _, takes) in SETTINGS.items()}}
+KEYS = {**GRID_KEYS, "repeats": "timed forwards per cell", "warmup": "warm-up forwards per cell",
         "device": "auto, cpu, cuda or cuda:N", "out": "results folder",
         "memory_budget": "bytes or a string such as 20GiB", "timeout_s": "seconds per cell",
-        "executor": "local or ray", "ray_address": "a Ray cluster's address (with executor: ray)"}
+        "executor": "local or ray", "ray_address": "a Ray cluster's address (with executor: ray)",
+        "also": "list of further grids, each a mapping of grid keys (the others as at the top)"}
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
           "tib": 2**40}
 
@@ -37,24 +41,39 @@ class Sweep:
     timeout_s: float | None = None
     executor: str = "local"  # local worker subprocesses, or ray
     ray_address: str | None = None  # None: the cluster this machine runs, else a local one
+    model_settings: tuple[tuple[str, tuple], ...] = ()  # setting -> its values: axes of the models they apply to
+    also: tuple["Sweep", ...] = ()  # further grids, each with every key set (the top's where it set none)
     source: str = field(default="command line", compare=False)
 
     def resolved_device(self) -> str:
         return devices.resolve(self.device)
 
     def cells(self, device: str | None = None) -> list[CellSpec]:
-        """The grid's cells on `device` (default: the sweep's device as this machine resolves it)."""
+        """The grid's cells (and its further grids', each cell once) on `device` (default: the sweep's device as
+        this machine resolves it). A setting multiplies only the cells of the models it applies to."""
         device = device or self.resolved_device()
-        return [CellSpec(m, w, h, b, dt, name, device, opts)
-                for m in self.models for dt in self.dtypes for (w, h) in self.sizes for b in self.batch
-                for name, opts in self.backends]
+        out: dict[str, CellSpec] = {}
+        for grid in (self, *self.also):
+            for m in grid.models:
+                kind = models.resolve(m).kind
+                axes = [(n, vals) for n, vals in grid.model_settings if SETTINGS[n][0] == kind]
+                for combo in itertools.product(*(vals for _, vals in axes)):
+                    settings = check_settings(m, dict(zip((n for n, _ in axes), combo)))
+                    for c in (CellSpec(m, w, h, b, dt, name, device, opts, settings) for dt in grid.dtypes
+                              for (w, h) in grid.sizes for b in grid.batch for name, opts in grid.backends):
+                        out.setdefault(c.cell_id, c)
+        return list(out.values())
 
-    def settings(self) -> dict:
+    def grid(self) -> dict:
+        """The grid keys as a config writes them."""
         return {"models": list(self.models), "sizes": [f"{w}x{h}" for w, h in self.sizes], "batch": list(self.batch),
                 "dtypes": list(self.dtypes), "backends": [[n, dict(o)] for n, o in self.backends],
-                "repeats": self.repeats, "warmup": self.warmup, "device": self.device,
+                **{n: list(v) for n, v in self.model_settings}}
+
+    def settings(self) -> dict:
+        return {**self.grid(), "repeats": self.repeats, "warmup": self.warmup, "device": self.device,
                 "memory_budget": self.memory_budget, "timeout_s": self.timeout_s, "executor": self.executor,
-                "ray_address": self.ray_address, "source": self.source}
+                "ray_address": self.ray_address, "also": [g.grid() for g in self.also], "source": self.source}
 
 
 def parse_bytes(value, where: str) -> int:
@@ -127,9 +146,34 @@ def loads(text: str, where: str) -> Sweep:
     unknown = [k for k in doc if k not in KEYS]
     if unknown:
         raise InputError(f"{where}: unknown key '{unknown[0]}': the keys are {', '.join(KEYS)}")
-    if "models" not in doc:
+    kw = {"source": where, **_grid(doc, where)}
+    also = doc.get("also", [])
+    if not isinstance(also, list) or not all(isinstance(g, dict) for g in also):
+        raise InputError(f"{where}: key 'also' must be a list of mappings of grid keys ({', '.join(GRID_KEYS)})")
+    for i, g in enumerate(also):
+        bad = [k for k in g if k not in GRID_KEYS]
+        if bad:
+            raise InputError(f"{where}: also[{i}]: key '{bad[0]}' is not a grid key: the grid keys are "
+                             f"{', '.join(GRID_KEYS)}; the others hold for every grid and go at the top")
+    top = {k: v for k, v in kw.items() if k in ("models", "sizes", "batch", "dtypes", "backends", "model_settings")}
+    kw["also"] = tuple(Sweep(**{**top, **_grid({"models": doc.get("models"), **g}, f"{where}: also[{i}]",
+                                              inherit=top)}) for i, g in enumerate(also))
+    sweep = Sweep(**kw, **_run_keys(doc, where))
+    for i, (grid, given) in enumerate(zip((sweep, *sweep.also), (doc, *also))):
+        kinds = {models.resolve(m).kind for m in grid.models}
+        for name in [n for n in SETTINGS if n in given]:  # a setting a grid inherits may apply to none of its models
+            if SETTINGS[name][0] not in kinds:
+                place = f"{where}: also[{i - 1}]" if i else where
+                raise InputError(f"{place}: key '{name}' is for {SETTINGS[name][0]} models and this grid has none: "
+                                 "add one to its models, or move the key to a grid that has one (also:)")
+    return sweep
+
+
+def _grid(doc: dict, where: str, inherit: dict | None = None) -> dict:
+    """The grid keys of a config (or of one of its further grids)."""
+    if doc.get("models") is None:
         raise InputError(f"{where}: key 'models' is missing: list one or more of {', '.join(models.known_models())}")
-    kw = {"source": where}
+    kw = {}
     kw["models"] = tuple(str(m) for m in _as_list(doc, "models", where))
     for m in kw["models"]:
         _checked(where, "models", models.resolve, m)
@@ -147,6 +191,20 @@ def loads(text: str, where: str) -> Sweep:
         kw["dtypes"] = tuple(_checked(where, "dtypes", parse_dtype, d) for d in _as_list(doc, "dtypes", where))
     if "backends" in doc:
         kw["backends"] = tuple(_backend_entry(b, where) for b in _as_list(doc, "backends", where))
+    axes = dict((inherit or {}).get("model_settings", ()))
+    for name in SETTINGS:
+        if name in doc:
+            values = doc[name] if isinstance(doc[name], list) else [doc[name]]
+            if not values:
+                raise InputError(f"{where}: key '{name}' must be a value or a non-empty list of values")
+            axes[name] = tuple(_checked(where, name, lambda v: _value(name, v), v) for v in values)
+    kw["model_settings"] = tuple(axes.items())
+    return kw
+
+
+def _run_keys(doc: dict, where: str) -> dict:
+    """The keys that hold for every grid of the config: how and where its cells run."""
+    kw = {}
     for key, minimum in (("repeats", 1), ("warmup", 0)):
         if key in doc:
             kw[key] = _positive_int(doc[key], where, key, minimum)
@@ -172,7 +230,7 @@ def loads(text: str, where: str) -> Sweep:
         if isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0:
             raise InputError(f"{where}: key 'timeout_s' must be a positive number of seconds, not {t!r}")
         kw["timeout_s"] = float(t)
-    return Sweep(**kw)
+    return kw
 
 
 def with_overrides(sweep: Sweep, **changes) -> Sweep:

@@ -15,7 +15,7 @@ from .grid import Sweep
 
 
 def predict(cells: list[CellSpec]) -> tuple[dict[str, dict], dict[str, tuple[int, ...]]]:
-    """Per cell, from one fake-tensor forward per shape (model, size, batch, dtype) and device type for all the
+    """Per cell, from one fake-tensor forward per shape (model, settings, size, batch, dtype) and device type for all the
     backends that share them, each with its own options (a backend asked with two sets of options takes a second
     forward): predicted_forward_peak_bytes (this model's weights, the inputs and the forward's transient,
     plan/forward.py) and predicted_need_bytes, what the preflight holds against the memory budget: the same
@@ -25,7 +25,7 @@ def predict(cells: list[CellSpec]) -> tuple[dict[str, dict], dict[str, tuple[int
     from ..plan.forward import trace
 
     def shape(c: CellSpec) -> tuple:
-        return c.model, c.width, c.height, c.batch, c.dtype, c.device.split(":")[0]  # cuda:1 traces as cuda
+        return c.model, c.width, c.height, c.batch, c.dtype, c.device.split(":")[0], c.settings  # cuda:1 as cuda
 
     groups: dict[tuple, list[dict[str, tuple]]] = {}  # shape -> forwards, each {backend: its options}
     for c in cells:
@@ -37,7 +37,7 @@ def predict(cells: list[CellSpec]) -> tuple[dict[str, dict], dict[str, tuple[int
     traced, dims = {}, {}
     for key, forwards in groups.items():
         for forward in forwards:
-            t = trace(*key, sorted(forward), {n: dict(o) for n, o in forward.items()})
+            t = trace(*key[:6], sorted(forward), {n: dict(o) for n, o in forward.items()}, settings=key[6])
             dims.setdefault(key[0], set()).update(r["head_dim"] for r in t["rows"])
             for name, options in forward.items():
                 peak = t["backends"].get(name, {}).get("predicted_forward_peak_bytes")
@@ -141,7 +141,9 @@ def _find_resumable(sweep: Sweep):
 
 
 def _same_grid(a: dict, b: dict) -> bool:
-    keys = ("models", "sizes", "batch", "dtypes", "backends", "repeats", "warmup", "device")
+    from .grid import GRID_KEYS
+
+    keys = (*GRID_KEYS, "repeats", "warmup", "device", "also")
     return all(a.get(k) == b.get(k) for k in keys)
 
 

@@ -12,6 +12,7 @@ from .. import backends, devices, models
 from .probes import CallProbe, CallTimer, NvmlSampler, summarize, trace_windows, traced
 from ..recorder import Recorder
 from ..spec import CellSpec
+from ..workload import Workload
 
 REFERENCE_BACKEND, REFERENCE_DTYPE = "sdpa", "float32"
 # max |out - ref| / max |ref| of the whole U-Net output that a backend may show in each dtype
@@ -28,29 +29,34 @@ class ReferenceFailed(Exception):
 
 
 class ModelCache:
-    """The built U-Nets by (model, dtype, device), and the fp32 reference outputs by (model, size, batch, device).
+    """The built models by (model, part, dtype, device) (a U-Net and its ControlNet are parts: a group's cells with
+    and without the ControlNet share the U-Net), and the fp32 reference outputs by (model, settings, size, batch,
+    device).
 
     Measure the backend, not the harness: the references of every shape the group will need (expect()) are
     computed first, by one fp32 model that is freed before the model under test is built, and kept on the CPU; so
-    nothing of ours sits on the device beside the model under test (a float32 group's model is its own reference).
-    Where the device cannot hold the fp32 model or its forward, the references are computed on the CPU, and the
-    cells say so in `reference`. A folder or hub id loads its real weights; a registry config gets seeded random
-    weights, the same values on every device. A reference that fails is tried once per shape: its failure is
-    kept and given to every cell that needs it."""
+    nothing of ours sits on the device beside the model under test (a model under test that computes in float32 is
+    its own reference). Where the device cannot hold the fp32 model or its forward, the references are computed on
+    the CPU, and the cells say so in `reference`. A folder or hub id loads its real weights; a registry config gets
+    seeded random weights, the same values on every device. A reference that fails is tried once per shape: its
+    failure is kept and given to every cell that needs it."""
 
     def __init__(self):
-        self._models: dict[tuple, tuple] = {}
+        self._parts: dict[tuple, torch.nn.Module] = {}
         self._refs: dict[tuple, tuple[torch.Tensor, str] | ReferenceFailed] = {}
         self._expected: set[tuple] = set()
         self.reference_forward_s = 0.0  # time in reference forwards not yet charged to a cell
 
-    def get(self, model: str, dtype: str, device: str):
-        key = (model, dtype, device)
-        if key not in self._models:
-            source = models.resolve(model)
-            weights = "pretrained" if source.weights else "random"
-            self._models[key] = (source, models.build(source, weights=weights, device=device, dtype=dtype))
-        return self._models[key]
+    def get(self, model: str, dtype: str, device: str, settings: tuple = ()) -> tuple[Workload, torch.nn.Module]:
+        """(the workload, the model under test) of a cell, built from the parts kept here."""
+        w = Workload(model, settings)
+        return w, w.build(lambda which: self._part(w, which, dtype, device))
+
+    def _part(self, w: Workload, which: str, dtype: str, device: str) -> torch.nn.Module:
+        key = (w.model, which, w.dtype(dtype), device)
+        if key not in self._parts:
+            self._parts[key] = w.make_part(which, "pretrained" if w.source.weights else "random", device, key[2])
+        return self._parts[key]
 
     def expect(self, cells: list[CellSpec]) -> None:
         """The cells that will ask for references: the first ask computes all of theirs with one fp32 model."""
@@ -61,7 +67,7 @@ class ModelCache:
         key = _ref_key(spec)
         if key not in self._refs:
             self._expected.add(key)
-            todo = sorted(k for k in self._expected if k not in self._refs and k[0] == key[0] and k[4] == key[4])
+            todo = sorted(k for k in self._expected if k not in self._refs and k[0] == key[0] and k[5] == key[5])
             self._references(todo, spec.dtype)
         ref = self._refs[key]
         if isinstance(ref, ReferenceFailed):
@@ -69,20 +75,18 @@ class ModelCache:
         return ref
 
     def _references(self, keys: list[tuple], dtype: str) -> None:
-        model, device = keys[0][0], keys[0][4]
-        t0, unet, where, why = time.perf_counter(), None, device, ""
+        device = keys[0][5]
+        t0, parts, where, why = time.perf_counter(), {}, device, ""
         try:
             for key in keys:
                 while key not in self._refs:
                     failure = None
                     try:
-                        if unet is None:
-                            unet = self._reference_model(model, dtype, device, where)
-                        self._refs[key] = (self._forward(unet, key), _reference_label(where, device, why))
+                        self._refs[key] = (self._forward(key, dtype, where, parts), _reference_label(where, device, why))
                     except Exception as e:  # kept as a message: the traceback would hold the failed tensors
                         failure = (devices.oom_message(e), _describe(e))
                     if failure:
-                        unet = None
+                        parts.clear()
                         devices.get(where).release()
                         oom, described = failure
                         if oom and where != "cpu":  # the device cannot hold it: this shape and the rest on the CPU
@@ -91,28 +95,34 @@ class ModelCache:
                         self._refs[key] = ReferenceFailed(f"the {REFERENCE_BACKEND}/{REFERENCE_DTYPE} reference "
                                                           f"forward failed: {oom or described}", oom is not None)
         finally:
-            del unet
+            parts.clear()
             devices.get(device).release()  # the fp32 model's memory goes back before the model under test comes
             self.reference_forward_s += time.perf_counter() - t0
 
-    def _reference_model(self, model: str, dtype: str, device: str, where: str):
-        if dtype == REFERENCE_DTYPE and where == device:  # a float32 model under test is its own reference
-            return self.get(model, dtype, device)[1]
-        source = models.resolve(model)
-        return models.build(source, weights="pretrained" if source.weights else "random", device=where,
-                            dtype=REFERENCE_DTYPE)
+    def _forward(self, key: tuple, dtype: str, where: str, parts: dict) -> torch.Tensor:
+        """The reference output of one shape: the cell's workload in float32 with the reference backend. A model
+        under test that computes in float32 on this device is used as it is; else float32 parts made here."""
+        model, settings, width, height, batch, device = key
+        w = Workload(model, settings)
+        if w.dtype(dtype) == REFERENCE_DTYPE and where == device:
+            module = self.get(model, dtype, device, settings)[1]
+        else:
+            weights = "pretrained" if w.source.weights else "random"
 
-    @staticmethod
-    def _forward(unet, key: tuple) -> torch.Tensor:
-        model, width, height, batch, _ = key
-        inputs = models.example_inputs(unet, batch, width, height, models.resolve(model).text_tokens)
-        with torch.no_grad(), devices.get(unet.device).guard(), \
-                Recorder(unet, processor=lambda: backends.make_processor(REFERENCE_BACKEND)):
-            return unet(**inputs).sample.float().cpu()
+            def part(which: str) -> torch.nn.Module:
+                if which not in parts:
+                    parts[which] = w.make_part(which, weights, where, REFERENCE_DTYPE)
+                return parts[which]
+
+            module = w.build(part)
+        inputs = w.inputs(module, batch, width, height)
+        with torch.no_grad(), devices.get(where).guard(), w.applied(module), \
+                Recorder(module, processor=lambda: backends.make_processor(REFERENCE_BACKEND)):
+            return w.forward(module, inputs).float().cpu()
 
 
 def _ref_key(spec: CellSpec) -> tuple:
-    return spec.model, spec.width, spec.height, spec.batch, spec.device
+    return spec.model, spec.settings, spec.width, spec.height, spec.batch, spec.device
 
 
 def _reference_label(where: str, device: str, why: str) -> str:
@@ -131,13 +141,14 @@ def measure_cell(spec: CellSpec, cache: ModelCache, repeats: int = 3, warmup: in
 def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev) -> tuple[dict, list[dict]]:
     reference, reference_label = cache.reference(spec)  # before the model under test is built: never beside it
     forwards_s, cache.reference_forward_s = cache.reference_forward_s, 0.0  # every forward charged to this cell
-    source, unet = cache.get(spec.model, spec.dtype, spec.device)
-    inputs = models.example_inputs(unet, spec.batch, spec.width, spec.height, source.text_tokens)
+    work, unet = cache.get(spec.model, spec.dtype, spec.device, spec.settings)
+    inputs = work.inputs(unet, spec.batch, spec.width, spec.height)
     factory = lambda: backends.make_processor(spec.backend, **spec.options)  # noqa: E731
     timer = CallTimer(dev)
     forward_ms, forward_peak, output = [], 0, None
     dev.begin_cell()
-    with torch.no_grad(), NvmlSampler(dev) as nvml:
+    with torch.no_grad(), NvmlSampler(dev) as nvml, work.applied(unet):
+        weights = models.weights_bytes(unet)  # with what the settings add (IP-Adapter's projections)
         with Recorder(unet, processor=factory, around=timer):
             for i in range(warmup + repeats):
                 dev.synchronize()
@@ -145,7 +156,7 @@ def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev) 
                 held = dev.allocated()
                 clock = dev.interval()
                 clock.start()
-                out = unet(**inputs).sample
+                out = work.forward(unet, inputs)
                 clock.stop()
                 timer.collect()  # synchronizes the device: the forward's clock can be read
                 elapsed = clock.ms()
@@ -162,7 +173,7 @@ def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev) 
         probe = CallProbe(dev)
         t0 = time.perf_counter()
         with Recorder(unet, processor=factory, around=probe) as probe_rec, traced(dev) as prof:
-            unet(**inputs)
+            work.forward(unet, inputs)
         forwards_s += time.perf_counter() - t0
     per_call, cpu_forward_peak = trace_windows(prof)
     if not dev.allocator:
@@ -182,7 +193,6 @@ def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev) 
             "kernel": seen.get("kernel", ""), "gpu_time_ms": seen.get("gpu_time_ms"),
             "status": "ok",
         })
-    weights = sum(t.untyped_storage().nbytes() for t in [*unet.parameters(), *unet.buffers()])
     held = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tree_leaves(inputs)
             if isinstance(t, torch.Tensor)}
     abs_err = float((output - reference).abs().max())

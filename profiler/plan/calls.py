@@ -3,6 +3,7 @@ device (shapes) or on fake tensors (memory: forward.py). No weights, no kernels,
 from __future__ import annotations
 
 import functools
+import json
 
 import torch
 
@@ -10,46 +11,49 @@ from .. import models
 from ..fmt import human_bytes, human_count, table
 from ..recorder import Recorder
 from ..spec import parse_dtype
+from ..workload import Workload
 
 
 def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "float16", backend: str | None = None,
          backend_options: dict | None = None, memory_budget: int | None = None, device: str = "cuda",
-         gpu_arch: str | None = None) -> dict:
-    """One size: {model, width, height, batch, dtype, backend, device, blocks: [row per attention call], totals}.
-    Without a backend, the calls' shapes from a meta-device forward. With one, the whole forward on fake tensors
-    (plan/forward.py): each call's traced transient beside its memory model's, and the forward's peak memory
-    (predicted_forward_peak_bytes); with a memory budget too, whether that fits. On CUDA the kernels are those of
-    the GPU target: this machine's GPU, else gpu_arch (e.g. sm89), else an assumed H100-class sm90."""
+         gpu_arch: str | None = None, settings: tuple = ()) -> dict:
+    """One size: {model, width, height, batch, dtype, settings, backend, device, blocks: [row per attention call],
+    totals}. Without a backend, the calls' shapes from a meta-device forward. With one, the whole forward on fake
+    tensors (plan/forward.py): each call's traced transient beside its memory model's, and the forward's peak
+    memory (predicted_forward_peak_bytes); with a memory budget too, whether that fits. On CUDA the kernels are
+    those of the GPU target: gpu_arch (e.g. sm89), else this machine's GPU, else an assumed H100-class sm90.
+    settings: the model's (workload.SETTINGS: a ControlNet, IP-Adapter tokens, ToMe; a VAE's part, tiling, ...)."""
     from ..spec import InputError
 
     dtype = parse_dtype(dtype)
-    source = models.resolve(model)
-    p = {"model": model, "width": width, "height": height, "batch": batch, "dtype": dtype, "backend": backend,
-         "device": device if backend else None}
+    p = {"model": model, "width": width, "height": height, "batch": batch, "dtype": dtype,
+         "settings": dict(settings), "backend": backend, "device": device if backend else None}
     if backend is None:
-        unet = meta_unet(model, dtype)
-        inputs = models.example_inputs(unet, batch, width, height, source.text_tokens)
+        w, module = meta_model(model, dtype, tuple(settings))
+        inputs = w.inputs(module, batch, width, height)
         from diffusers.models.attention_processor import AttnProcessor  # cheapest on meta: plain matmuls
 
-        with torch.no_grad(), Recorder(unet, processor=AttnProcessor) as rec:
-            unet(**inputs)
+        with torch.no_grad(), w.applied(module), Recorder(module, processor=AttnProcessor) as rec:
+            w.forward(module, inputs)
+            params = models.param_counts(module)
         blocks = [{k: v for k, v in row.items() if k != "pass_index"} for row in rec.rows]
-        return {**p, "blocks": blocks, "totals": totals(blocks, models.param_counts(unet))}
+        return {**p, "blocks": blocks, "totals": totals(blocks, params)}
+    from .. import devices
     from ..backends import check_options, predicted_peak_bytes
-    from .forward import LEFT_OUT, fake_unet, method_text, trace
+    from .forward import LEFT_OUT, fake_model, method_text, trace
 
     options = check_options(backend, backend_options or {})
-    from .. import devices
-
     gpu = devices.gpu_target(gpu_arch) if device == "cuda" else None
-    traced = trace(model, width, height, batch, dtype, device, [backend], {backend: options}, gpu=gpu)
+    traced = trace(model, width, height, batch, dtype, device, [backend], {backend: options}, gpu=gpu,
+                   settings=tuple(settings))
     if backend not in traced["backends"]:
         raise InputError(f"backend {backend!r} does not run on {device}: plan it for another device (--device)")
+    w, module = fake_model(model, dtype, tuple(settings))
     blocks = []
     for row in traced["rows"]:
-        blocks.append({**row, "predicted_peak_bytes": predicted_peak_bytes(backend, row, dtype, **options),
+        blocks.append({**row, "predicted_peak_bytes": predicted_peak_bytes(backend, row, w.dtype(dtype), **options),
                        "traced_peak_bytes": row["traced_peak_bytes"][backend]})
-    t = totals(blocks, models.param_counts(fake_unet(model, dtype)[1]))
+    t = totals(blocks, models.param_counts(module))
     b = traced["backends"][backend]
     t.update(weights_bytes=traced["weights_bytes"], inputs_bytes=traced["inputs_bytes"],
              forward_transient_peak_bytes=b["transient_peak_bytes"],
@@ -60,10 +64,16 @@ def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "floa
     return {**p, "blocks": blocks, "totals": t}
 
 
-@functools.lru_cache(maxsize=4)
-def meta_unet(model: str, dtype: str) -> torch.nn.Module:
-    """The U-Net on the meta device, built once per process (shapes only: nothing in it changes between plans)."""
-    return models.build(models.resolve(model), weights="meta", dtype=dtype)
+@functools.lru_cache(maxsize=8)
+def meta_part(model: str, which: str, dtype: str) -> torch.nn.Module:
+    """A part of a model on the meta device, built once per process (shapes only: nothing in it changes between
+    plans)."""
+    return Workload(model).make_part(which, "meta", "cpu", dtype)
+
+
+def meta_model(model: str, dtype: str, settings: tuple = ()) -> tuple[Workload, torch.nn.Module]:
+    w = Workload(model, settings)
+    return w, w.build(lambda which: meta_part(model, which, w.dtype(dtype)))
 
 
 def totals(blocks: list[dict], params: dict) -> dict:
@@ -103,8 +113,11 @@ def format_plan(p: dict) -> str:
                  model_h=_versus(r.get("predicted_peak_bytes"), r.get("traced_peak_bytes")))
             for r in p["blocks"]]
     t = p["totals"]
+    from ..workload import label
+
+    settings = label(json.dumps(p.get("settings") or {}))
     head = f"{p['model']} at {p['width']}x{p['height']} (latent {p['width'] // 8}x{p['height'] // 8}), " \
-           f"batch {p['batch']}, {p['dtype']}"
+           f"batch {p['batch']}, {p['dtype']}" + (f", {settings}" if settings else "")
     share = lambda k: f"{t['params_' + k] / 1e6:.2f}M ({100 * t['share_' + k]:.1f}%)"  # noqa: E731
     facts = [("calls per forward", f"{t['calls']} ({t['calls_self']} self, {t['calls_cross']} cross)"),
              ("largest score table", f"{human_count(t['largest_score_elements'])} scores, "

@@ -37,6 +37,7 @@ from torch.utils._pytree import tree_leaves
 
 from .. import backends, devices, models
 from ..recorder import Recorder
+from ..workload import Workload
 from ..spec import parse_dtype
 
 LEFT_OUT = ("the CUDA context (a few hundred MiB per process), cuBLAS / cuDNN workspaces (MiB to tens "
@@ -219,50 +220,64 @@ class _Trace:
         return self.kernels[key]
 
 
-@functools.lru_cache(maxsize=4)
-def fake_unet(model: str, dtype: str):
-    """(fake mode, U-Net with fake weights, source), built once per process: each meta parameter wrapped as a fake
-    CPU tensor (what a fake tensor is inside), three times faster than to_empty's empty_like per parameter."""
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+@functools.lru_cache(maxsize=1)
+def fake_mode():
+    """The one FakeTensorMode of the process: a model's parts (a U-Net and its ControlNet) must share a mode."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
-    source = models.resolve(model)
-    meta = models.build(source, weights="meta", dtype=dtype)
-    mode, cpu = FakeTensorMode(allow_non_fake_inputs=True), torch.device("cpu")
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+@functools.lru_cache(maxsize=8)
+def fake_part(model: str, which: str, dtype: str) -> torch.nn.Module:
+    """A part of a model (workload.Workload.make_part) with fake weights, built once per process: each meta
+    parameter wrapped as a fake CPU tensor (what a fake tensor is inside), three times faster than to_empty's
+    empty_like per parameter. IP-Adapter's projections, made on first use, stay with it."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    meta = Workload(model).make_part(which, "meta", "cpu", dtype)
+    mode, cpu = fake_mode(), torch.device("cpu")
     with mode:
-        unet = meta._apply(lambda t: FakeTensor(mode, t, cpu))
-    return mode, unet, source
+        return meta._apply(lambda t: FakeTensor(mode, t, cpu))
+
+
+def fake_model(model: str, dtype: str, settings: tuple = ()) -> tuple[Workload, torch.nn.Module]:
+    """(the workload, the model under test with fake weights) of a cell."""
+    w = Workload(model, settings)
+    return w, w.build(lambda which: fake_part(model, which, w.dtype(dtype)))
 
 
 def trace(model: str, width: int, height: int, batch: int = 1, dtype: str = "float16", device: str = "cuda",
           names: list[str] | None = None, options: dict[str, dict] | None = None, moments: bool = False,
-          gpu: devices.GpuTarget | None = None) -> dict:
+          gpu: devices.GpuTarget | None = None, settings: tuple = ()) -> dict:
     """The forward's peak memory under each backend, on `device` ('cuda' or 'cpu'; for CUDA, the kernels that the
-    GPU target `gpu` runs: default devices.gpu_target()). Returns {"rows": the attention calls (recorder rows,
-    each with traced_peak_bytes per backend and sdpa_kernel: what SDPA runs for it), "weights_bytes", "inputs_bytes",
-    "outside_peak_bytes", "backends": {name: {"transient_peak_bytes", "predicted_forward_peak_bytes", "how"}}}; a
-    backend that cannot run on the device is left out of "backends". With moments, also "moments": the bytes alive
-    after each op outside attention calls."""
-    dtype = parse_dtype(dtype)
+    GPU target `gpu` runs: default devices.gpu_target()), of the model with its settings (workload.SETTINGS).
+    Returns {"rows": the attention calls (recorder rows, each with traced_peak_bytes per backend and sdpa_kernel:
+    what SDPA runs for it), "weights_bytes", "inputs_bytes", "outside_peak_bytes", "backends": {name:
+    {"transient_peak_bytes", "predicted_forward_peak_bytes", "how"}}}; a backend that cannot run on the device is
+    left out of "backends". With moments, also "moments": the bytes alive after each op outside attention calls."""
     names = names if names is not None else backends.names()
     options = {n: backends.check_options(n, (options or {}).get(n, {})) for n in names}
+    w, module = fake_model(model, parse_dtype(dtype), settings)
+    dtype = w.dtype(parse_dtype(dtype))  # what the model computes in (an upcast VAE: float32)
     how = {n: how_traced(n, device, dtype) for n in names}
     gpu = (gpu or devices.gpu_target()) if device == "cuda" else None
-    mode, unet, source = fake_unet(model, dtype)
-    with mode:
+    with fake_mode(), torch.no_grad(), w.applied(module):
         processors = {n: (None if h == "memory model" else
                           _FusedOp(h, dtype, gpu) if h in ("flash", "efficient", "cudnn", "sdpa") else
                           backends.make_processor(n, **options[n])) for n, h in how.items() if h is not None}
         tr = _Trace(dtype, processors, options, device, gpu)
-        inputs = models.example_inputs(unet, batch, width, height, source.text_tokens)
-        held = [*unet.parameters(), *unet.buffers(), *(t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor))]
-        weights = sum(p.untyped_storage().nbytes() for p in [*unet.parameters(), *unet.buffers()])
+        inputs = w.inputs(module, batch, width, height)
+        held = [*module.parameters(), *module.buffers(),
+                *(t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor))]
+        weights = models.weights_bytes(module)
         tensors = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tree_leaves(inputs)
                    if isinstance(t, torch.Tensor)}
         tr.live = LiveBytes(held)
         tr.live.moments = [] if moments else None
-        with torch.no_grad(), Recorder(unet, processor=lambda: _EveryBackend(tr)) as rec, tr.live:
+        with Recorder(module, processor=lambda: _EveryBackend(tr)) as rec, tr.live:
             tr.recorder = rec
-            unet(**inputs)
+            w.forward(module, inputs)
             tr.outside = max(tr.outside, tr.live.peak)
         del inputs, held
     out = {"weights_bytes": weights, "inputs_bytes": sum(tensors.values()), "outside_peak_bytes": tr.outside,

@@ -1,0 +1,205 @@
+"""What one cell runs: its model with its settings, the inputs of one forward, and the forward itself. The measured
+run (measure/cell.py), its fp32 reference and the planner (plan/) all run a cell through here, so they see the same
+attention calls.
+
+Settings, per model kind (a cell's identity; stored as JSON in `settings`, only those that differ from the default):
+- unet: `controlnet` (true: the registry's ControlNet of the U-Net, ControlNetModel.from_unet, runs first and feeds
+  its residuals to the U-Net, as a pipeline step does), `ip_adapter_tokens` (IP-Adapter's image tokens in every
+  cross-attention: 4 for the base adapter, 16 for plus), `tome` (ToMe's merge ratio, 0 <= r < 1).
+- vae: `vae_part` (decoder, a pipeline's last step; or encoder, img2img's first), `vae_tiling` and `vae_slicing`
+  (AutoencoderKL.enable_tiling / enable_slicing), `vae_upcast` (the VAE in float32 whatever the cell's dtype, as a
+  pipeline with force_upcast runs it; default: the config's force_upcast).
+"""
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack, contextmanager
+
+import torch
+
+from . import models
+from .spec import InputError
+
+SETTINGS = {  # name: (the model kind it applies to, default, what it takes)
+    "controlnet": ("unet", False, "true or false"),
+    "ip_adapter_tokens": ("unet", 0, "a whole number of image tokens >= 0 (4: IP-Adapter, 16: IP-Adapter plus)"),
+    "tome": ("unet", 0.0, "a merge ratio from 0 up to (not including) 1, e.g. 0.5"),
+    "vae_part": ("vae", "decoder", "decoder or encoder"),
+    "vae_tiling": ("vae", False, "true or false"),
+    "vae_slicing": ("vae", False, "true or false"),
+    "vae_upcast": ("vae", None, "true or false (default: the VAE config's force_upcast)"),
+}
+
+
+def _value(name: str, value):
+    kind, default, takes = SETTINGS[name]
+    if isinstance(default, bool) or name == "vae_upcast":
+        if isinstance(value, bool):
+            return value
+        if str(value).lower() in ("true", "false"):
+            return str(value).lower() == "true"
+    elif name == "ip_adapter_tokens":
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0 or str(value).isdigit():
+            return int(value)
+    elif name == "tome":
+        try:
+            ratio = float(value)
+        except (TypeError, ValueError):
+            ratio = -1.0
+        if 0 <= ratio < 1 and not isinstance(value, bool):
+            return ratio
+    elif value in ("decoder", "encoder"):
+        return value
+    raise InputError(f"setting {name}={value!r}: use {takes}")
+
+
+def check_settings(model: str, settings: dict) -> tuple[tuple[str, object], ...]:
+    """The settings validated for the model's kind, those that differ from their default, sorted (a cell's key)."""
+    source = models.resolve(model)
+    out = {}
+    for name, value in settings.items():
+        if name not in SETTINGS:
+            raise InputError(f"unknown setting {name!r}: the settings are {', '.join(SETTINGS)}")
+        kind = SETTINGS[name][0]
+        value = _value(name, value)
+        if source.kind != kind:
+            raise InputError(f"setting {name} is for a {kind} model, not {model} (a {source.kind})")
+        if value != _default(source, name):
+            out[name] = value
+    return tuple(sorted(out.items()))
+
+
+def _default(source: models.ModelSource, name: str):
+    if name == "vae_upcast":
+        return bool(source.config.get("force_upcast", False))
+    return SETTINGS[name][1]
+
+
+def label(settings_json: str | None) -> str:
+    """A cell's settings as people read them: 'controlnet, ip-adapter 16 tokens, tome 0.5', or '' for none."""
+    s = json.loads(settings_json) if settings_json else {}
+    words = {"controlnet": lambda v: "controlnet" if v else "no controlnet",
+             "ip_adapter_tokens": lambda v: f"ip-adapter {v} tokens", "tome": lambda v: f"tome {v:g}",
+             "vae_part": lambda v: f"vae {v}", "vae_tiling": lambda v: "tiling" if v else "no tiling",
+             "vae_slicing": lambda v: "slicing" if v else "no slicing",
+             "vae_upcast": lambda v: "upcast to float32" if v else "no upcast"}
+    return ", ".join(words[k](v) for k, v in sorted(s.items()))
+
+
+class Step(torch.nn.Module):
+    """A pipeline's denoising step with a ControlNet: the ControlNet first (on the text tokens only), its residuals
+    into the U-Net."""
+
+    def __init__(self, unet: torch.nn.Module, controlnet: torch.nn.Module, text_tokens: int):
+        super().__init__()
+        self.unet, self.controlnet, self.text_tokens = unet, controlnet, text_tokens
+        self.config = unet.config
+
+    def forward(self, controlnet_cond, encoder_hidden_states, **inputs):
+        down, mid = self.controlnet(**inputs, controlnet_cond=controlnet_cond, return_dict=False,
+                                    encoder_hidden_states=encoder_hidden_states[:, :self.text_tokens])
+        return self.unet(**inputs, encoder_hidden_states=encoder_hidden_states, down_block_additional_residuals=down,
+                         mid_block_additional_residual=mid).sample
+
+
+class VaePart(torch.nn.Module):
+    """The VAE's decoder (latents to an image) or encoder (an image to the latents' mean), as a pipeline runs it."""
+
+    def __init__(self, vae: torch.nn.Module, part: str):
+        super().__init__()
+        self.vae, self.part = vae, part
+        self.config = vae.config
+
+    def forward(self, sample):
+        if self.part == "encoder":
+            return self.vae.encode(sample).latent_dist.mean
+        return self.vae.decode(sample).sample
+
+
+class Workload:
+    """A model with its settings: builds it (from parts a cache may keep), gives the inputs of one forward and runs
+    it, with the settings applied for the duration."""
+
+    def __init__(self, model: str, settings: tuple | dict = ()):
+        self.model, self.source = model, models.resolve(model)
+        given = dict(settings)
+        self.settings = {n: given.get(n, _default(self.source, n)) for n, (kind, _, _) in SETTINGS.items()
+                         if kind == self.source.kind}
+
+    def dtype(self, dtype: str) -> str:
+        """The dtype the model computes in: float32 for an upcast VAE, else the cell's."""
+        return "float32" if self.settings.get("vae_upcast") else dtype
+
+    def build(self, part) -> torch.nn.Module:
+        """The model under test, from part(which) -> a built model of this source ('model') or, for a U-Net cell
+        with a ControlNet, its ControlNet ('controlnet'): parts a cache may keep for the cells that follow."""
+        model = part("model")
+        if self.source.kind == "vae":
+            return VaePart(model, self.settings["vae_part"])
+        return Step(model, part("controlnet"), self.source.text_tokens) if self.settings.get("controlnet") else model
+
+    def unet(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The built model's own diffusers model (the U-Net of a step, the VAE of a part)."""
+        return model.unet if isinstance(model, Step) else model.vae if isinstance(model, VaePart) else model
+
+    def make_part(self, which: str, weights: str, device: str, dtype: str, seed: int = 0) -> torch.nn.Module:
+        """One part, built in `dtype` (give it self.dtype(the cell's)): the model, or its ControlNet (random
+        weights: no checkpoint holds one)."""
+        if which == "controlnet":
+            source = models.ModelSource(f"{self.model}-controlnet", self.source.config, kind="controlnet")
+            return models.build(source, weights="meta" if weights == "meta" else "random", device=device,
+                                dtype=dtype, seed=seed + 1)
+        return models.build(self.source, weights=weights, device=device, dtype=dtype, seed=seed)
+
+    def inputs(self, model: torch.nn.Module, batch: int, width: int, height: int, seed: int = 0) -> dict:
+        """Keyword arguments of one forward at an image of width x height pixels (a latent of 1/8)."""
+        unet = self.unet(model)
+        param = next(unet.parameters())
+        if self.source.kind == "vae":
+            encoder = self.settings["vae_part"] == "encoder"
+            shape = (batch, 3, height, width) if encoder else (batch, unet.config.latent_channels, height // 8,
+                                                               width // 8)
+            return {"sample": _randn(shape, param, _generator(param, seed))}
+        out = models.example_inputs(unet, batch, width, height, self.source.text_tokens, seed)
+        if self.settings.get("ip_adapter_tokens"):  # the image tokens after the text tokens
+            extra = _randn((batch, self.settings["ip_adapter_tokens"], out["encoder_hidden_states"].shape[-1]),
+                           param, _generator(param, seed + 1))
+            out["encoder_hidden_states"] = torch.cat([out["encoder_hidden_states"], extra], dim=1)
+        if self.source.kind == "controlnet" or self.settings.get("controlnet"):
+            out["controlnet_cond"] = _randn((batch, 3, height, width), param, _generator(param, seed + 2))
+        return out
+
+    @contextmanager
+    def applied(self, model: torch.nn.Module):
+        """The settings on the model for the duration: ToMe and IP-Adapter on the U-Net, tiling and slicing on the
+        VAE; each taken back on exit."""
+        from .adapters import applied
+
+        with ExitStack() as stack:
+            own = self.unet(model)
+            if self.source.kind == "unet":
+                stack.enter_context(applied(own, self.settings["tome"], self.settings["ip_adapter_tokens"]))
+            if self.source.kind == "vae":
+                tiling, slicing = own.use_tiling, own.use_slicing
+                own.use_tiling, own.use_slicing = self.settings["vae_tiling"], self.settings["vae_slicing"]
+                stack.callback(lambda: setattr(own, "use_tiling", tiling))
+                stack.callback(lambda: setattr(own, "use_slicing", slicing))
+            yield model
+
+    def forward(self, model: torch.nn.Module, inputs: dict) -> torch.Tensor:
+        """One forward (a call of the model: a recorder's pass begins there; apply the settings around it); the
+        output that the fp32 reference is compared with."""
+        out = model(**inputs)
+        if self.source.kind == "controlnet":
+            return out.mid_block_res_sample  # the mid block's residual
+        return out if isinstance(out, torch.Tensor) else out.sample
+
+
+def _generator(param: torch.Tensor, seed: int) -> torch.Generator:
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
+def _randn(shape: tuple, param: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    if param.device.type == "meta":
+        return torch.empty(*shape, device="meta", dtype=param.dtype)
+    return torch.randn(*shape, generator=gen).to(device=param.device, dtype=param.dtype)
