@@ -129,7 +129,8 @@ def runs_ui(index: pd.DataFrame) -> list[str]:
 
 
 def filters_ui(cells: pd.DataFrame) -> dict[str, list]:
-    return {c: multi_ui(c.capitalize(), T.options(cells, c), c) for c in T.FILTERS}
+    names = {"settings_label": "Settings (ControlNet, IP-Adapter, ToMe; a VAE's part, tiling)"}
+    return {c: multi_ui(names.get(c, c.capitalize()), T.options(cells, c), c) for c in T.FILTERS}
 
 
 # ---- pieces of layout
@@ -169,7 +170,11 @@ def run_page(cells: pd.DataFrame, blocks: pd.DataFrame, cell: str | None, colour
         layout, unit = T.with_mem_unit(layout, ["peak_mem_bytes", "predicted_peak_bytes"])
         if field == "peak_mem_bytes":
             field, title = f"peak_mem_{unit}", f"peak memory ({unit})"
-        st.subheader("The U-Net: down, mid and up by level; each tile one attention call (self | cross)")
+        if layout["block"].str.match(r"(en|de)coder\.").all():
+            st.subheader("The VAE: its mid block's attention (one tile per call: a tiled decode calls it per tile)")
+        else:
+            st.subheader("The U-Net (and its ControlNet): down, mid and up by level; each tile one attention call "
+                         "(self | cross | image: IP-Adapter's image tokens)")
         chart(layout, C.unet_map(field, title, unit))
         left, right = st.columns(2)
         for where, x, xtitle in ((left, "time_ms", "time per call (ms)"),

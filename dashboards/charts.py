@@ -20,7 +20,7 @@ def unet_map(field: str, title: str, unit: str) -> dict:
     return {"mark": {"type": "rect", "stroke": "white", "tooltip": True}, "height": 260, "encoding": {
         "x": {"field": "group_label", "type": "ordinal", "sort": {"field": "column"},
               "title": "transformer block, down -> mid -> up", "axis": {"labelAngle": -40}},
-        "xOffset": {"field": "kind", "sort": ["self", "cross"]},
+        "xOffset": {"field": "kind", "sort": ["self", "cross", "image"]},
         "y": {"field": "level_label", "type": "ordinal", "sort": {"field": "level"}, "title": None},
         "yOffset": {"field": "layer", "type": "ordinal"},
         "color": {"field": field, "type": "quantitative", "title": title, "scale": {"scheme": "viridis"}},

@@ -11,8 +11,9 @@ from profiler import backends
 from profiler.fmt import human_bytes
 from profiler.report.show import UNREADABLE, runs_index as load_index  # noqa: F401 (the Runs page's table)
 from profiler.store import DONE_STATUSES, Run  # noqa: F401 (DONE_STATUSES: the app's status columns)
+from profiler.workload import label
 
-FILTERS = ("model", "backend", "dtype", "size")
+FILTERS = ("model", "settings_label", "backend", "dtype", "size")
 GiB, MiB = 2**30, 2**20
 UNITS = {"MiB": MiB, "GiB": GiB}
 
@@ -34,6 +35,7 @@ def _derive(df: pd.DataFrame) -> pd.DataFrame:
     df["size"] = df["width"].astype(str) + "x" + df["height"].astype(str)
     df["pixels"] = df["width"] * df["height"]
     df["backend_label"] = [backends.label(b, o) for b, o in zip(df["backend"], df["backend_options"])]
+    df["settings_label"] = [label(s) or "none" for s in (df["settings"] if "settings" in df else [None] * len(df))]
     df["family"] = df["backend"].map(family)
     if {"forward_peak_total_bytes", "predicted_forward_peak_bytes"} <= set(df):  # measured beside predicted
         df["forward_peak_ratio"] = df["forward_peak_total_bytes"] / df["predicted_forward_peak_bytes"]
@@ -76,12 +78,15 @@ def unet_layout(blocks: pd.DataFrame) -> pd.DataFrame:
     if blocks["cell_id"].nunique() > 1:
         raise ValueError("unet_layout draws one cell: filter the blocks to one cell_id first")
     b = blocks.sort_values("call_index").reset_index(drop=True)
-    parts = b["block"].str.extract(r"^(?P<group>.+?)\.transformer_blocks\.(?P<layer>\d+)\.[^.]+$")
-    b["group"] = parts["group"].fillna(b["block"].str.rsplit(".", n=1).str[0])
+    parts = b["block"].str.extract(r"^(?P<group>.+?)\.transformer_blocks\.(?P<layer>\d+)\.attn\d(?:\.image)?$")
+    b["group"] = parts["group"].fillna(b["block"])  # a VAE's mid-block attention is its own group
     b["layer"] = parts["layer"].fillna(0).astype(int)
+    repeated = b.groupby(["group", "kind", "layer"]).cumcount()  # a tiled VAE calls one block once per tile
+    b["layer"] = b["layer"] + repeated
     b["column"] = b["group"].map({g: i for i, g in enumerate(dict.fromkeys(b["group"]))})
-    b["group_label"] = b["group"].str.replace(r"^(\w+?)_?blocks?\.(\d+)\.attentions\.(\d+)$", r"\1 \2.\3",
-                                              regex=True).str.replace(r"^mid_block\.attentions\.0$", "mid", regex=True)
+    b["group_label"] = b["group"].str.replace(r"^(?:(\w+)\.)?mid_block\.attentions\.\d+$", r"\1 mid", regex=True) \
+        .str.replace(r"^(?:(\w+)\.)?(down|up)_blocks\.(\d+)\.attentions\.(\d+)$", r"\1 \2 \3.\4", regex=True) \
+        .str.strip()  # down 1.0, up 2.1, mid; controlnet down 0.0; decoder mid
     tokens = b[b["kind"] == "self"].groupby("level")["tokens_q"].first()
     b["level_label"] = b["level"].map(lambda lv: f"level {lv}: {tokens.get(lv, '?')} tokens")
     b["tokens"] = b["tokens_q"].astype(str) + " x " + b["tokens_k"].astype(str)
@@ -94,7 +99,7 @@ def unet_layout(blocks: pd.DataFrame) -> pd.DataFrame:
 def compare_table(cells: pd.DataFrame, baseline: str) -> pd.DataFrame:
     """Every cell with its attention time and peak as a ratio to the baseline backend's cell of the same run, model,
     dtype, batch and size (NaN where either did not end ok)."""
-    key = ["run_id", "model", "dtype", "batch", "width", "height"]
+    key = ["run_id", "model", "settings_label", "dtype", "batch", "width", "height"]
     measured = ["attention_time_ms", "attention_peak_mem_bytes"]
     base = cells[(cells["backend_label"] == baseline) & (cells["status"] == "ok")][key + measured]
     base = base.drop_duplicates(key).rename(columns={m: f"baseline_{m}" for m in measured})
@@ -102,7 +107,8 @@ def compare_table(cells: pd.DataFrame, baseline: str) -> pd.DataFrame:
     ok = out["status"] == "ok"
     out["time_ratio"] = (out["attention_time_ms"] / out["baseline_attention_time_ms"]).where(ok)
     out["peak_ratio"] = (out["attention_peak_mem_bytes"] / out["baseline_attention_peak_mem_bytes"]).where(ok)
-    columns = ["run_id", "model", "dtype", "batch", "size", "pixels", "backend_label", "family", "status",
+    columns = ["run_id", "model", "settings_label", "dtype", "batch", "size", "pixels", "backend_label", "family",
+               "status",
                "attention_time_ms", "attention_peak_mem_bytes", "time_ratio", "peak_ratio", "forward_time_ms",
                "forward_peak_mem_bytes", "max_rel_err", "noisy", "error"]
     return out[[c for c in columns if c in out]].sort_values(["model", "dtype", "batch", "pixels"], kind="stable")
@@ -112,7 +118,7 @@ def largest_ok(cells: pd.DataFrame) -> pd.DataFrame:
     """Per backend (and run, model, dtype, batch): the largest size that ended ok, and the smallest size above it
     that did not, with its status."""
     rows = []
-    key = ["run_id", "model", "dtype", "batch", "backend_label", "family"]
+    key = ["run_id", "model", "settings_label", "dtype", "batch", "backend_label", "family"]
     for values, g in cells.groupby(key, sort=False):
         ok = g[g["status"] == "ok"].sort_values("pixels", kind="stable")
         top = ok.iloc[-1] if len(ok) else None
@@ -126,7 +132,8 @@ def largest_ok(cells: pd.DataFrame) -> pd.DataFrame:
 
 
 # The cells table of the Run page and of the report: what a cell is, how it ended, its figures beside the planner's.
-CELL_COLUMNS = ("run_id", "model", "size", "batch", "dtype", "backend_label", "family", "status", "error",
+CELL_COLUMNS = ("run_id", "model", "settings_label", "size", "batch", "dtype", "backend_label", "family", "status",
+                "error",
                 "attention_time_ms", "iqr_ms", "attention_peak_mem_bytes", "predicted_peak_bytes",
                 "forward_peak_total_bytes", "predicted_forward_peak_bytes", "forward_peak_ratio", "forward_time_ms",
                 "noisy", "max_rel_err", "kernel")
@@ -173,15 +180,18 @@ def best_backends(cells: pd.DataFrame, budget_bytes: int) -> pd.DataFrame:
         return pd.DataFrame()
     if "device_name" not in ok:
         ok["device_name"] = ok["device"]
+    if "settings_label" not in ok:
+        ok["settings_label"] = "none"
     need = ok["forward_peak_total_bytes"] if "forward_peak_total_bytes" in ok else ok["attention_peak_mem_bytes"]
     ok["fits"] = need.fillna(ok["attention_peak_mem_bytes"]) <= budget_bytes
     rows = []
-    for (device, model, dtype, batch, size), g in ok.groupby(["device_name", "model", "dtype", "batch", "size"],
-                                                             sort=False):
+    for (device, model, settings, dtype, batch, size), g in ok.groupby(
+            ["device_name", "model", "settings_label", "dtype", "batch", "size"], sort=False):
         fast, small = g.loc[g["attention_time_ms"].idxmin()], g.loc[g["attention_peak_mem_bytes"].idxmin()]
         fitting = g[g["fits"]]
         best = fitting.loc[fitting["attention_time_ms"].idxmin()] if len(fitting) else None
-        rows.append({"device_name": device, "model": model, "dtype": dtype, "batch": batch, "size": size,
+        rows.append({"device_name": device, "model": model, "settings_label": settings, "dtype": dtype,
+                     "batch": batch, "size": size,
                      "pixels": int(g["pixels"].iloc[0]), "fastest": fast["backend_label"],
                      "fastest_time_ms": fast["attention_time_ms"], "smallest": small["backend_label"],
                      "smallest_peak_bytes": small["attention_peak_mem_bytes"],
@@ -196,7 +206,8 @@ def best_backends(cells: pd.DataFrame, budget_bytes: int) -> pd.DataFrame:
 def scaling_table(blocks: pd.DataFrame) -> pd.DataFrame:
     """Per cell that ran: the finest level's tokens, the largest score table, the attention time (sum of the calls'
     medians) and the largest call's peak memory, measured beside the memory model's prediction."""
-    key = ["run_id", "model", "dtype", "batch", "backend_label", "family", "size", "width", "height", "pixels"]
+    key = ["run_id", "model", "settings_label", "dtype", "batch", "backend_label", "family", "size", "width",
+           "height", "pixels"]
     ok = blocks[blocks["status"] == "ok"]
     out = ok.groupby(key, as_index=False).agg(
         tokens_max=("tokens_q", "max"), score_elements_max=("score_elements", "max"),

@@ -80,18 +80,37 @@ def cmd_fit(args) -> int:
     from .execute.grid import parse_bytes
     from .plan.fit import fit, format_fit, parse_aspect
 
-    models.resolve(args.model)
+    if (args.model is None) == (args.pipeline is None):
+        raise InputError("give --model NAME (one model's forward) or --pipeline sd15|sdxl (a whole generation)")
+    budget, dtype, batch = parse_bytes(args.budget, "--budget"), parse_dtype(args.dtype), parse_batch(args.batch)
+    aspect = parse_aspect(args.aspect)
     _gpu_arch(args)
     say = (lambda line: None) if args.quiet else (lambda line: print(f"attnprof fit: {line}", file=sys.stderr,
                                                                      flush=True))
-    result = fit(args.model, parse_bytes(args.budget, "--budget"), args.backend, parse_dtype(args.dtype),
-                 parse_batch(args.batch), parse_aspect(args.aspect), args.buckets, args.device, say=say,
-                 gpu_arch=args.gpu_arch)
+    if args.pipeline:
+        from .plan.pipeline import fit_pipeline, format_pipeline
+
+        if args.backend and len(args.backend) > 1:
+            raise InputError("--pipeline takes one --backend (every phase runs it; default sdpa)")
+        vae = [f"--vae-{n}" for n in ("part", "slicing", "upcast") if getattr(args, f"vae_{n}") is not None]
+        if vae:
+            raise InputError(f"{vae[0]} is for --model NAME-vae: a pipeline decodes as its VAE config says "
+                             "(give --vae-tiling for a tiled decode)")
+        result = fit_pipeline(args.pipeline, budget, (args.backend or ["sdpa"])[0], dtype, batch, args.cfg,
+                              args.offload, bool(args.vae_tiling), bool(args.controlnet),
+                              args.ip_adapter_tokens or 0, args.tome or 0.0, aspect, args.buckets, args.device,
+                              args.gpu_arch, say)
+        text = format_pipeline(result)
+    else:
+        models.resolve(args.model)
+        result = fit(args.model, budget, args.backend, dtype, batch, aspect, args.buckets, args.device, say=say,
+                     gpu_arch=args.gpu_arch, settings=_settings(args, args.model))
+        text = format_fit(result)
     if args.json:
         json.dump(result, sys.stdout, indent=1)
         print()
     else:
-        print(format_fit(result))
+        print(text)
     return 0
 
 
@@ -353,13 +372,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings_args(p)
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("fit", help="the largest image whose forward fits a memory budget, per backend; no GPU",
-                       description="For each backend, the largest image whose whole forward (weights, inputs and "
-                                   "activations, traced on fake tensors) fits the budget: square sizes (or --aspect) "
-                                   "at 64-pixel steps, every step screened and the answer traced exactly; or, with "
-                                   "--buckets, the verdict for each of SDXL's trained aspect buckets. A pipeline "
-                                   "with classifier-free guidance runs the U-Net at batch 2: give --batch 2 for it.")
-    p.add_argument("--model", required=True, help="registry name (attnprof models), diffusers folder or hub id")
+    p = sub.add_parser("fit", help="the largest image whose forward (--model) or whole generation (--pipeline) "
+                                   "fits a memory budget; no GPU",
+                       description="With --model: for each backend, the largest image whose whole forward (weights, "
+                                   "inputs and activations, traced on fake tensors) fits the budget: square sizes (or "
+                                   "--aspect) at 64-pixel steps, every step screened and the answer traced exactly; "
+                                   "or, with --buckets, the verdict for each of SDXL's trained aspect buckets (for a "
+                                   "U-Net under classifier-free guidance give --batch 2). With --pipeline: the "
+                                   "largest image whose every phase of a generation fits (text encoding, denoising "
+                                   "under CFG, VAE decode), each with what the offload leaves resident, and which "
+                                   "phase sets the limit.")
+    p.add_argument("--model", help="registry name (attnprof models), diffusers folder or hub id")
+    p.add_argument("--pipeline", choices=["sd15", "sdxl"], help="a whole generation instead of one model")
+    p.add_argument("--cfg", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --pipeline: classifier-free guidance, the U-Net and text at twice the batch (default on)")
+    p.add_argument("--offload", choices=["none", "model", "sequential"], default="none",
+                   help="with --pipeline: what stays on the device (diffusers: none, enable_model_cpu_offload, "
+                        "enable_sequential_cpu_offload; default none)")
     p.add_argument("--budget", required=True, help="memory budget: bytes or e.g. 12GiB")
     p.add_argument("--backend", action="append", help="backend, repeatable (default: every one)")
     p.add_argument("--dtype", default="float16", help="float16 | bfloat16 | float32 (default float16)")
@@ -371,6 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-arch", metavar="SM", help=GPU_ARCH_HELP)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _add_settings_args(p)
     p.set_defaults(func=cmd_fit)
 
     p = sub.add_parser("models", help="list the models in configs/models")

@@ -72,7 +72,7 @@ class Context:
     def default_sweep(self) -> Sweep:
         default = load(REPO / "configs" / "sweeps" / "default.yaml")
         return replace(default, models=tuple(self.models or default.models), sizes=tuple((s, s) for s in self.sizes),
-                       repeats=3, warmup=1, device=self.device, out=str(self.out / "sweep"),
+                       repeats=3, warmup=1, device=self.device, out=str(self.out / "sweep"), also=(),
                        dtypes=default.dtypes if self.device.startswith("cuda") else ("float32",))
 
     def sweep(self) -> tuple[Run, pd.DataFrame, pd.DataFrame]:

@@ -77,7 +77,7 @@ def _default(source: models.ModelSource, name: str):
 
 def label(settings_json: str | None) -> str:
     """A cell's settings as people read them: 'controlnet, ip-adapter 16 tokens, tome 0.5', or '' for none."""
-    s = json.loads(settings_json) if settings_json else {}
+    s = json.loads(settings_json) if isinstance(settings_json, str) and settings_json else {}
     words = {"controlnet": lambda v: "controlnet" if v else "no controlnet",
              "ip_adapter_tokens": lambda v: f"ip-adapter {v} tokens", "tome": lambda v: f"tome {v:g}",
              "vae_part": lambda v: f"vae {v}", "vae_tiling": lambda v: "tiling" if v else "no tiling",

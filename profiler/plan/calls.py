@@ -82,6 +82,7 @@ def totals(blocks: list[dict], params: dict) -> dict:
         "calls": len(blocks),
         "calls_self": sum(r["kind"] == "self" for r in blocks),
         "calls_cross": sum(r["kind"] == "cross" for r in blocks),
+        "calls_image": sum(r["kind"] == "image" for r in blocks),
         "largest_score_elements": largest["score_elements"],
         "largest_score_bytes": largest["score_bytes"],
         "largest_score_block": largest["block"],
@@ -119,7 +120,8 @@ def format_plan(p: dict) -> str:
     head = f"{p['model']} at {p['width']}x{p['height']} (latent {p['width'] // 8}x{p['height'] // 8}), " \
            f"batch {p['batch']}, {p['dtype']}" + (f", {settings}" if settings else "")
     share = lambda k: f"{t['params_' + k] / 1e6:.2f}M ({100 * t['share_' + k]:.1f}%)"  # noqa: E731
-    facts = [("calls per forward", f"{t['calls']} ({t['calls_self']} self, {t['calls_cross']} cross)"),
+    image = f", {t['calls_image']} image" if t.get("calls_image") else ""
+    facts = [("calls per forward", f"{t['calls']} ({t['calls_self']} self, {t['calls_cross']} cross{image})"),
              ("largest score table", f"{human_count(t['largest_score_elements'])} scores, "
                                      f"{human_bytes(t['largest_score_bytes'])} ({t['largest_score_block']})"),
              ("attention FLOPs", human_count(t["flops_total"]))]

@@ -19,6 +19,7 @@ import numpy as np
 from .. import backends, devices
 from ..fmt import human_bytes, table
 from ..spec import InputError, parse_dtype
+from ..workload import Workload
 from .forward import LEFT_OUT, how_traced, method_text, trace
 
 # SDXL's trained aspect buckets (width x height), about 1024^2 pixels each
@@ -52,14 +53,15 @@ def grid(aspect: tuple[int, int], limit: int) -> list[tuple[int, int]]:
 class _Exact:
     """Exact needs by size (one trace gives every backend), and the sizes traced."""
 
-    def __init__(self, model, batch, dtype, device, names, say, gpu):
+    def __init__(self, model, batch, dtype, device, names, say, gpu, settings=()):
         self.args, self.names, self.say, self.cache, self.gpu = (model, batch, dtype, device), names, say, {}, gpu
+        self.settings = settings
         self.how: dict[str, str] = {}  # how each backend's calls were traced, as the trace says
 
     def __call__(self, size: tuple[int, int]) -> dict[str, int]:
         if size not in self.cache:
             model, batch, dtype, device = self.args
-            t = trace(model, size[0], size[1], batch, dtype, device, self.names, gpu=self.gpu)
+            t = trace(model, size[0], size[1], batch, dtype, device, self.names, gpu=self.gpu, settings=self.settings)
             self.cache[size] = {n: b["predicted_forward_peak_bytes"] for n, b in t["backends"].items()}
             for n, b in t["backends"].items():  # "processor, chunks" where any size needed the memory model
                 self.how[n] = b["how"] if self.how.get(n) != "processor, chunks" else self.how[n]
@@ -92,27 +94,31 @@ def _rows_at(rows: list[dict], p_ref: int, pixels: int) -> list[dict]:
 
 def fit(model: str, budget: int, names: list[str] | None = None, dtype: str = "float16", batch: int = 1,
         aspect: tuple[int, int] = (1, 1), buckets: bool = False, device: str = "cuda", limit: int = 8192,
-        say=lambda line: None, gpu_arch: str | None = None) -> dict:
+        say=lambda line: None, gpu_arch: str | None = None, settings: tuple = ()) -> dict:
     """{"model", "budget_bytes", ..., "backends": [{"backend", "method", "largest": [w, h] or None,
     "largest_need_bytes", "next": [w, h] or None, "next_need_bytes"} (with --buckets: {"backend", "method",
     "buckets": [{"width", "height", "need_bytes", "fits"}]})], "sizes_screened", "sizes_traced"}"""
-    return fit_many(model, [budget], names, dtype, batch, aspect, buckets, device, limit, True, say, gpu_arch)[0]
+    return fit_many(model, [budget], names, dtype, batch, aspect, buckets, device, limit, True, say, gpu_arch,
+                    settings)[0]
 
 
 def fit_many(model: str, budgets: list[int], names: list[str] | None = None, dtype: str = "float16",
              batch: int = 1, aspect: tuple[int, int] = (1, 1), buckets: bool = False, device: str = "cuda",
-             limit: int = 8192, verify: bool = True, say=lambda line: None, gpu_arch: str | None = None) -> list[dict]:
+             limit: int = 8192, verify: bool = True, say=lambda line: None, gpu_arch: str | None = None,
+             settings: tuple = ()) -> list[dict]:
     """fit() for several budgets, sharing the traces. verify=False stops at the screen (step 2 of the module's
     search; the dashboard's table of common GPU sizes), each answer then marked "screened"."""
     dtype = parse_dtype(dtype)
     names = names or backends.names()
     for n in names:
         backends.check_backend_name(n)
-    runs = [n for n in names if how_traced(n, device, dtype) is not None]
+    compute = Workload(model, settings).dtype(dtype)  # what the model computes in (an upcast VAE: float32)
+    runs = [n for n in names if how_traced(n, device, compute) is not None]
     gpu = devices.gpu_target(gpu_arch) if device == "cuda" else None
-    exact = _Exact(model, batch, dtype, device, runs, say, gpu)
+    exact = _Exact(model, batch, dtype, device, runs, say, gpu, settings)
     base = {"model": model, "dtype": dtype, "batch": batch, "device": device, "aspect": f"{aspect[0]}:{aspect[1]}",
-            "buckets": buckets, "verified": verify, "gpu": gpu.describe() if gpu else None}
+            "buckets": buckets, "verified": verify, "gpu": gpu.describe() if gpu else None,
+            "settings": dict(settings)}
     if buckets:
         needs = {(w, h): exact((w, h)) for w, h in BUCKETS}
         return [{**base, "budget_bytes": budget, "sizes_traced": [f"{w}x{h}" for w, h in exact.cache],
@@ -125,7 +131,8 @@ def fit_many(model: str, budgets: list[int], names: list[str] | None = None, dty
     r1 = min(sizes, key=lambda s: abs(s[0] - 512))
     r2 = min((s for s in sizes if s[0] * s[1] != r1[0] * r1[1]), key=lambda s: abs(s[0] - 1024))
     say(f"screening {len(sizes)} sizes from {sizes[0][0]}x{sizes[0][1]} to {sizes[-1][0]}x{sizes[-1][1]}")
-    t1, t2 = (trace(model, *r, batch, dtype, device, runs[:1], moments=True, gpu=gpu) for r in (r1, r2))
+    t1, t2 = (trace(model, *r, batch, dtype, device, runs[:1], moments=True, gpu=gpu, settings=settings)
+              for r in (r1, r2))
     p1, p2 = r1[0] * r1[1], r2[0] * r2[1]
     (ma, mb), (sa, sb), (ia, ib) = _affine(t1, t2, p1, p2)
     screened = {}
@@ -134,7 +141,7 @@ def fit_many(model: str, budgets: list[int], names: list[str] | None = None, dty
         screened[n] = []
         for w, h in sizes:
             pix = w * h
-            calls = [backends.predicted_peak_bytes(n, r, dtype, **options) for r in _rows_at(t1["rows"], p1, pix)]
+            calls = [backends.predicted_peak_bytes(n, r, compute, **options) for r in _rows_at(t1["rows"], p1, pix)]
             transient = max(float((ma * pix + mb).max()), float((sa * pix + sb + np.array(calls)).max()))
             screened[n].append(t1["weights_bytes"] + ia * pix + ib + transient)
     results = []

@@ -20,7 +20,7 @@ import pandas as pd
 from ..backends import label
 from ..fmt import human_bytes, table
 
-KEY = ["model", "width", "height", "batch", "dtype", "backend", "backend_options"]
+KEY = ["model", "settings", "width", "height", "batch", "dtype", "backend", "backend_options"]
 REGRESSION, IMPROVEMENT, SAME = "regression", "improvement", "within noise"
 PEAK_FLOOR = 2**20
 
@@ -60,6 +60,8 @@ def peak_verdict(a: float, b: float, threshold: float) -> tuple[float, str]:
 
 def compare(a: pd.DataFrame, b: pd.DataFrame, threshold: float = 0.05) -> dict[str, pd.DataFrame]:
     """{"matched": one row per cell in both runs, "only_a": cells only in A, "only_b": cells only in B}."""
+    a, b = (df if "settings" in df else df.assign(settings="{}") for df in (a, b))  # runs before settings existed
+    a, b = (df.assign(settings=df["settings"].fillna("{}")) for df in (a, b))
     key = lambda df: df[KEY].astype(str).agg("|".join, axis=1)  # noqa: E731
     a, b = a.assign(_key=key(a)), b.assign(_key=key(b))
     by_key = b.drop_duplicates("_key").set_index("_key")

@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 
 from ..fmt import human_bytes, table
 from ..store import BLOCKS, CELLS, DONE_STATUSES, Run, list_runs
+from ..workload import label
 
 UNREADABLE = (OSError, ValueError, KeyError, TypeError)  # JSON, Arrow (ValueError) and missing-key errors
 
@@ -101,7 +102,8 @@ def format_run(run: Run) -> str:
     for c in cells.to_dict("records"):
         ok = c["status"] == "ok"
         rows.append({
-            "model": c["model"], "size": f"{c['width']}x{c['height']}", "batch": c["batch"], "dtype": c["dtype"],
+            "model": c["model"], "settings": label(c.get("settings")) or "-",
+            "size": f"{c['width']}x{c['height']}", "batch": c["batch"], "dtype": c["dtype"],
             "backend": c["backend"], "status": c["status"],
             "forward": f"{c['forward_time_ms']:.1f} ms" if ok else "-",
             "attention": f"{c['attention_time_ms']:.1f} ms" if ok else "-",
@@ -114,7 +116,8 @@ def format_run(run: Run) -> str:
             "noisy": "noisy" if ok and c["noisy"] else "",
             "note": "" if ok else str(c["error"])[:90],
         })
-    cols = ["model", "size", "batch", "dtype", "backend", "status", "forward", "attention", "attn peak",
+    cols = ["model"] + (["settings"] if any(r["settings"] != "-" for r in rows) else []) + [
+            "size", "batch", "dtype", "backend", "status", "forward", "attention", "attn peak",
             "predicted", "fwd peak", "fwd predicted", "ratio", "rel err", "noisy", "note"]
     lines.append(table(rows, [(c, c) for c in cols]))
     lines += ["", "attn peak: the largest call's measured transient; predicted: its memory model. fwd peak: the "

@@ -1,0 +1,222 @@
+"""attnprof fit --pipeline: the largest image a whole generation fits, phase by phase.
+
+A Stable Diffusion generation runs three phases, each with what stays resident on the device beside it:
+- text: the text encoders (CLIP-L; for SDXL also OpenCLIP bigG), built from their real classes (transformers) on
+  fake tensors, at 77 tokens, twice the batch under classifier-free guidance (the prompt and the negative prompt);
+- denoise: the U-Net (with its ControlNet, IP-Adapter tokens, ToMe as asked), twice the batch under CFG;
+- decode: the VAE's decoder at the batch (one image at a time with slicing), in float32 where the VAE's config
+  forces an upcast (SDXL's), tiled where asked.
+What is resident follows the offload (diffusers' names): none keeps every model on the device (its default);
+model (enable_model_cpu_offload) keeps only the phase's own models; sequential (enable_sequential_cpu_offload)
+streams the phase's weights one module at a time, so about its largest module is resident.
+
+A phase's need at a size is what is resident beside its model plus its forward's peak (plan/forward.py, the same
+fake-tensor trace as attnprof plan). The largest image is found per phase with attnprof fit's search (every 64-pixel
+step screened, the answer traced exactly), against the budget less what the other phases leave resident, and the
+smallest of those is the answer; a tiled decode (whose ops change with the size) is traced exactly at that answer
+and a step at a time below it. Left out: the CUDA context and library workspaces (as for attnprof plan), the
+scheduler's and the latents' few MiB, IP-Adapter's image encoder.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .. import models
+from ..fmt import human_bytes, table
+from ..spec import InputError
+from .fit import BUCKETS, grid
+from .fit import fit as fit_one
+from .forward import LEFT_OUT, LiveBytes, fake_mode, trace
+
+PIPELINES = {
+    "sd15": {"unet": "sd15", "vae": "sd15-vae", "controlnet": "sd15-controlnet", "text": ("clip-l",)},
+    "sdxl": {"unet": "sdxl-base", "vae": "sdxl-vae", "controlnet": "sdxl-controlnet",
+             "text": ("clip-l", "openclip-bigg")},
+}
+# ../shared/reference/pipeline_configs.json: text_encoders
+TEXT_ENCODERS = {
+    "clip-l": ("CLIPTextModel", dict(hidden_size=768, intermediate_size=3072, num_attention_heads=12,
+                                     num_hidden_layers=12, max_position_embeddings=77, vocab_size=49408,
+                                     projection_dim=768, hidden_act="quick_gelu")),
+    "openclip-bigg": ("CLIPTextModelWithProjection", dict(hidden_size=1280, intermediate_size=5120,
+                                                          num_attention_heads=20, num_hidden_layers=32,
+                                                          max_position_embeddings=77, vocab_size=49408,
+                                                          projection_dim=1280, hidden_act="gelu")),
+}
+OFFLOADS = ("none", "model", "sequential")
+
+
+@functools.lru_cache(maxsize=4)
+def text_encoder(name: str, dtype: str) -> torch.nn.Module:
+    """A text encoder from its real class and config, with fake weights."""
+    import transformers
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    cls, config = TEXT_ENCODERS[name]
+    with torch.device("meta"):
+        model = getattr(transformers, cls)(transformers.CLIPTextConfig(**config))
+    model = torch.nn.Module.to(model, models.torch_dtype(dtype))
+    mode = fake_mode()
+    with mode:
+        return model._apply(lambda t: FakeTensor(mode, t, torch.device("cpu"))).eval()
+
+
+def text_phase(names: tuple[str, ...], dtype: str, batch: int) -> dict:
+    """The text encoders' weights and the highest transient of their forwards (one after another), on fake
+    tensors."""
+    weights = transient = 0
+    for name in names:
+        model = text_encoder(name, dtype)
+        weights += models.weights_bytes(model)
+        with fake_mode(), torch.no_grad():
+            ids = torch.zeros(batch, 77, dtype=torch.int64)
+            live = LiveBytes([*model.parameters(), *model.buffers(), ids])
+            with live:
+                model(input_ids=ids)
+        transient = max(transient, live.peak)
+    return {"weights_bytes": weights, "transient_bytes": transient}
+
+
+def _largest_module(model: torch.nn.Module) -> int:
+    """The bytes of the model's largest leaf module's own weights: what sequential offload holds at a time."""
+    return max((models.weights_bytes(m) for m in model.modules() if not list(m.children())), default=0)
+
+
+def fit_pipeline(pipeline: str, budget: int, backend: str = "sdpa", dtype: str = "float16", batch: int = 1,
+                 cfg: bool = True, offload: str = "none", vae_tiling: bool = False, controlnet: bool = False,
+                 ip_adapter_tokens: int = 0, tome: float = 0.0, aspect: tuple[int, int] = (1, 1),
+                 buckets: bool = False, device: str = "cuda", gpu_arch: str | None = None,
+                 say=lambda line: None) -> dict:
+    """The largest image (square, or of the aspect; or each of SDXL's buckets) whose every phase fits the budget:
+    {"pipeline", ..., "phases": [{"phase", "models", "resident_bytes", "need_bytes", "next_need_bytes"}],
+    "largest", "next", "limited_by"} (with buckets: "buckets": [{"width", "height", "needs": {phase: bytes},
+    "fits"}])."""
+    from ..workload import check_settings
+
+    if pipeline not in PIPELINES:
+        raise InputError(f"unknown pipeline {pipeline!r}: use {' or '.join(PIPELINES)}")
+    if offload not in OFFLOADS:
+        raise InputError(f"--offload {offload!r}: use none, model or sequential")
+    p = PIPELINES[pipeline]
+    unet_settings = check_settings(p["unet"], {"controlnet": controlnet, "ip_adapter_tokens": ip_adapter_tokens,
+                                               "tome": tome})
+    vae_settings = check_settings(p["vae"], {"vae_tiling": vae_tiling})
+    step_batch = batch * (2 if cfg else 1)
+    say(f"text encoders {', '.join(p['text'])}")
+    text = text_phase(p["text"], dtype, step_batch)
+    weights = {"text": text["weights_bytes"], "denoise": _weights(p["unet"], dtype, unet_settings),
+               "decode": _weights(p["vae"], dtype, vae_settings)}
+    largest = {"text": text["weights_bytes"],
+               "denoise": _largest_module(_meta(p["unet"], dtype, unet_settings)),
+               "decode": _largest_module(_meta(p["vae"], dtype, vae_settings))}
+
+    def beside(phase: str) -> int:
+        """What the other phases leave resident on the device while this one runs."""
+        return 0 if offload != "none" else sum(w for k, w in weights.items() if k != phase)
+
+    def own(phase: str) -> int:  # the phase's own weights, as its trace counts them, less what offload streams
+        return weights[phase] - largest[phase] if offload == "sequential" else 0
+
+    def need(phase: str, size: tuple[int, int]) -> int:
+        if phase == "text":
+            return beside("text") + text["weights_bytes"] + text["transient_bytes"] - own("text")
+        model, settings, b = (p["unet"], unet_settings, step_batch) if phase == "denoise" else \
+            (p["vae"], vae_settings, batch)
+        t = trace(model, size[0], size[1], b, dtype, device, [backend], settings=settings,
+                  gpu=_gpu(device, gpu_arch))
+        if backend not in t["backends"]:
+            raise InputError(f"backend {backend!r} does not run on {device}: choose another (--backend)")
+        return beside(phase) + t["backends"][backend]["predicted_forward_peak_bytes"] - own(phase)
+
+    base = {"pipeline": pipeline, "budget_bytes": budget, "backend": backend, "dtype": dtype, "batch": batch,
+            "cfg": cfg, "offload": offload, "vae_tiling": vae_tiling, "controlnet": controlnet,
+            "ip_adapter_tokens": ip_adapter_tokens, "tome": tome, "device": device,
+            "models": {"text": list(p["text"]), "denoise": [p["unet"]] + ([p["controlnet"]] if controlnet else []),
+                       "decode": [p["vae"]]}}
+    if buckets:
+        rows = []
+        for w, h in BUCKETS:
+            needs = {ph: need(ph, (w, h)) for ph in ("text", "denoise", "decode")}
+            rows.append({"width": w, "height": h, "needs": needs, "fits": max(needs.values()) <= budget})
+            say(f"bucket {w}x{h}")
+        return {**base, "buckets": rows}
+    sizes = grid(aspect, 8192)
+    found = {}
+    for phase, model, settings, b in (("denoise", p["unet"], unet_settings, step_batch),
+                                      ("decode", p["vae"], vae_settings, batch)):
+        if phase == "decode" and vae_tiling:
+            continue  # a tiled decode is checked exactly at the others' answer, below
+        say(f"the {phase} phase ({model})")
+        room = budget - beside(phase) + own(phase)
+        f = fit_one(model, room, [backend], dtype, b, aspect, False, device, 8192, say, gpu_arch, settings)
+        found[phase] = f["backends"][0]["largest"]
+    text_fits = need("text", sizes[0]) <= budget
+    index = {tuple(s): i for i, s in enumerate(sizes)}
+    i = min((index[tuple(v)] if v else -1 for v in found.values()), default=len(sizes) - 1) if text_fits else -1
+    if vae_tiling:
+        while i >= 0 and need("decode", sizes[i]) > budget:
+            i -= 1
+    answer = sizes[i] if i >= 0 else None
+    nxt = sizes[i + 1] if i + 1 < len(sizes) else None
+    phases = []
+    for phase in ("text", "denoise", "decode"):
+        phases.append({"phase": phase, "models": base["models"][phase],
+                       "resident_bytes": beside(phase) + weights[phase] - own(phase),
+                       "need_bytes": need(phase, answer) if answer else None,
+                       "next_need_bytes": need(phase, nxt) if nxt else None})
+    over = [ph for ph in phases if ph["next_need_bytes"] is not None and ph["next_need_bytes"] > budget]
+    limited = max(over, key=lambda ph: ph["next_need_bytes"])["phase"] if over else None
+    return {**base, "largest": list(answer) if answer else None, "next": list(nxt) if nxt else None,
+            "phases": phases, "limited_by": "text" if not text_fits else limited, "not_counted": LEFT_OUT +
+            "; the scheduler's and the latents' few MiB; IP-Adapter's image encoder"}
+
+
+def _weights(model: str, dtype: str, settings: tuple) -> int:
+    w, module = _meta_workload(model, dtype, settings)
+    with w.applied(module):
+        return models.weights_bytes(module)
+
+
+def _meta(model: str, dtype: str, settings: tuple) -> torch.nn.Module:
+    return _meta_workload(model, dtype, settings)[1]
+
+
+def _meta_workload(model: str, dtype: str, settings: tuple):
+    from .calls import meta_model
+
+    return meta_model(model, dtype, settings)
+
+
+def _gpu(device: str, gpu_arch: str | None):
+    from .. import devices
+
+    return devices.gpu_target(gpu_arch) if device == "cuda" else None
+
+
+def format_pipeline(f: dict) -> str:
+    how = (f"{f['pipeline']} pipeline, {f['dtype']}, batch {f['batch']}"
+           f"{' (classifier-free guidance: the U-Net at batch ' + str(2 * f['batch']) + ')' if f['cfg'] else ''}, "
+           f"offload {f['offload']}, {f['backend']} attention on {f['device']}"
+           + "".join(f", {x}" for x, on in (("ControlNet", f["controlnet"]), ("VAE tiling", f["vae_tiling"]),
+                                           (f"IP-Adapter {f['ip_adapter_tokens']} tokens", f["ip_adapter_tokens"]),
+                                           (f"ToMe {f['tome']:g}", f["tome"])) if on))
+    if "buckets" in f:
+        rows = [{"bucket": f"{b['width']}x{b['height']}", **{ph: human_bytes(n) for ph, n in b["needs"].items()},
+                 "fits": "yes" if b["fits"] else "NO"} for b in f["buckets"]]
+        return "\n".join([f"{how}: each phase's need in SDXL's aspect buckets against {human_bytes(f['budget_bytes'])}",
+                          table(rows, [(c, c) for c in ("bucket", "text", "denoise", "decode", "fits")])])
+    size = lambda s: f"{s[0]}x{s[1]}" if s else "-"  # noqa: E731
+    head = (f"{how}: the largest image whose every phase fits {human_bytes(f['budget_bytes'])} is "
+            f"{size(f['largest']) if f['largest'] else 'none'}")
+    rows = [{"phase": ph["phase"], "models": ", ".join(ph["models"]), "resident": human_bytes(ph["resident_bytes"]),
+             f"needs at {size(f['largest'])}": human_bytes(ph["need_bytes"]),
+             f"at {size(f['next'])}": human_bytes(ph["next_need_bytes"])} for ph in f["phases"]]
+    cols = ["phase", "models", "resident", f"needs at {size(f['largest'])}", f"at {size(f['next'])}"]
+    limit = (f"limited by: the {f['limited_by']} phase (the next step, {size(f['next'])}, needs more than the budget "
+             "there)" if f["limited_by"] else "limited by: no phase below 8192 pixels")
+    return "\n".join([head, table(rows, [(c, c) for c in cols]), "", limit,
+                      "resident: the weights on the device while the phase runs (its own included)",
+                      f"not counted: {f['not_counted']}"])
+

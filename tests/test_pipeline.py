@@ -1,0 +1,199 @@
+"""Beyond the bare U-Net: the VAE, the ControlNet, IP-Adapter and ToMe as cell settings, and the largest image a
+whole generation fits (attnprof fit --pipeline)."""
+import json
+
+import pytest
+import torch
+
+from profiler.cli import main
+from profiler.execute.grid import Sweep, loads
+from profiler.execute.sweep import execute
+from profiler.plan import plan
+from profiler.plan.forward import trace
+from profiler.store import Run
+
+MiB, GiB = 2**20, 2**30
+
+
+def _plan_json(capsys, *args) -> dict:
+    assert main(["plan", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)[0]
+
+
+def test_the_vae_decoders_attention_at_1024(capsys):
+    """One mid-block self-attention over the latent pixels: 16384 tokens, 1 head of 512, its softmax upcast to
+    float32, so a 1 GiB score table though the VAE runs in float16; naive's forward holds two of them."""
+    p = _plan_json(capsys, "--model", "sd15-vae", "--size", "1024x1024")
+    (call,) = p["blocks"]
+    assert (call["block"], call["kind"], call["stage"]) == ("decoder.mid_block.attentions.0", "self", "mid")
+    assert (call["tokens_q"], call["tokens_k"], call["heads"], call["head_dim"]) == (16384, 16384, 1, 512)
+    assert call["score_bytes"] == 2**30 and call["upcast"] == "softmax"
+    assert p["totals"]["params_total"] == 83_653_863
+    naive = _plan_json(capsys, "--model", "sd15-vae", "--size", "1024x1024", "--backend", "naive")["totals"]
+    assert naive["predicted_forward_peak_bytes"] > naive["weights_bytes"] + 2 * GiB
+    encoder = _plan_json(capsys, "--model", "sd15-vae", "--size", "1024x1024", "--vae-part", "encoder")
+    assert [b["block"] for b in encoder["blocks"]] == ["encoder.mid_block.attentions.0"]
+
+
+def test_the_tiny_vaes_measured_decode_peak_is_its_prediction(tmp_path):
+    """tiny-vae decoding 512x512 on the CPU with naive attention: the measured forward peak (weights + inputs + the
+    allocation trace's peak) within 3% of the planner's; the output within float32 tolerance of the reference."""
+    sweep = Sweep(models=("tiny-vae",), sizes=((512, 512),), dtypes=("float32",), device="cpu", repeats=1, warmup=0,
+                  backends=(("naive", ()),), out=str(tmp_path))
+    cell = Run.open(execute(sweep, workers=False, progress=False).run_path).cells().iloc[0]
+    assert cell["status"] == "ok" and cell["error_ok"] and cell["calls"] == 1
+    ratio = cell["forward_peak_total_bytes"] / cell["predicted_forward_peak_bytes"]
+    assert 0.97 <= ratio <= 1.03, ratio
+    assert cell["forward_peak_mem_bytes"] > 2 * 4096 * 4096 * 4  # two float32 score tables of 4096 tokens
+
+
+def test_ip_adapter_and_tome_in_the_plan(capsys):
+    """IP-Adapter plus: each of SD 1.5's 16 cross-attentions gains an image-token call of 16 keys. ToMe 0.5: the
+    finest level's self-attentions see 2048 tokens, every other call is as it was."""
+    plain = _plan_json(capsys, "--model", "sd15", "--size", "512x512")["blocks"]
+    ip = _plan_json(capsys, "--model", "sd15", "--size", "512x512", "--ip-adapter-tokens", "16")["blocks"]
+    image = [b for b in ip if b["kind"] == "image"]
+    assert len(image) == 16 and {b["tokens_k"] for b in image} == {16}
+    assert [b["block"] for b in image] == [b["block"] + ".image" for b in plain if b["kind"] == "cross"]
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "call_index"} for r in rows]  # noqa: E731
+    assert strip([b for b in ip if b["kind"] != "image"]) == strip(plain)  # the image calls come between
+    tome = _plan_json(capsys, "--model", "sd15", "--size", "512x512", "--tome", "0.5")["blocks"]
+    for before, after in zip(plain, tome, strict=True):
+        merged = before["level"] == 0 and before["kind"] == "self"
+        assert (after["tokens_q"], after["tokens_k"]) == ((2048, 2048) if merged else (before["tokens_q"],
+                                                                                        before["tokens_k"]))
+
+
+def test_tome_merges_and_unmerges_exactly_where_tokens_agree():
+    """Tokens equal within each 2x2 cell merge without loss: unmerge(merge(x)) is x; N - r tokens are kept."""
+    from profiler.adapters import _Merge
+
+    cell = torch.randn(1, 8, 8, 1, 16).expand(1, 8, 8, 4, 16)  # one value per 2x2 cell
+    x = cell.reshape(1, 8, 8, 2, 2, 16).permute(0, 1, 3, 2, 4, 5).reshape(1, 256, 16)  # a 16 x 16 grid
+    m = _Merge(x, 16, 16, 128, torch.Generator().manual_seed(0))
+    merged = m.merge(x)
+    assert merged.shape == (1, 128, 16)
+    assert torch.allclose(m.unmerge(merged), x)
+
+
+def test_settings_cells_measure_ok_and_meet_their_predictions(tmp_path):
+    """tiny-sd15 with IP-Adapter (4 tokens) and ToMe, and with its ControlNet; each measured on the CPU within the
+    fp32 tolerance, its calls recorded (the ControlNet's under controlnet.), its forward peak as predicted (the
+    ControlNet with naive at 256, where attention sets the peak: at 128 its conditioning convolutions at full image
+    resolution do, with the CPU's convolution workspaces, which no fake tensor shows)."""
+    text = """models: [tiny-sd15]
+sizes: [128x128]
+dtypes: [float32]
+backends: [naive, sdpa]
+repeats: 1
+warmup: 0
+device: cpu
+ip_adapter_tokens: [4]
+tome: [0.5]
+also:
+  - {controlnet: [true], ip_adapter_tokens: [0], tome: [0], backends: [naive], sizes: [256x256]}
+"""
+    sweep = loads(text, "test")
+    sweep = Sweep(**{**sweep.__dict__, "out": str(tmp_path)})
+    run = Run.open(execute(sweep, workers=False, progress=False).run_path)
+    cells, blocks = run.read()
+    assert len(cells) == 3 and set(cells["status"]) == {"ok"} and cells["error_ok"].all()
+    by = {json.loads(c["settings"]).get("controlnet", False): c for c in cells.to_dict("records")}
+    assert by[True]["calls"] == 32 + 14 and by[False]["calls"] == 32 + 16
+    for c in cells.to_dict("records"):
+        gap = abs(c["forward_peak_total_bytes"] - c["predicted_forward_peak_bytes"])
+        assert gap <= max(0.03 * c["predicted_forward_peak_bytes"], MiB), (c["settings"], c["backend"], gap)
+    mine = blocks[blocks["cell_id"] == by[True]["cell_id"]]
+    assert mine["block"].str.startswith("controlnet.").sum() == 14
+    ip = blocks[(blocks["cell_id"] == cells["cell_id"].iloc[0]) & (blocks["kind"] == "image")]
+    assert len(ip) == 16 and set(ip["tokens_k"]) == {4}
+
+
+def test_bad_settings_are_one_line(capsys, tmp_path):
+    for argv, message in ((["plan", "--model", "sd15-vae", "--tome", "0.5"], "setting tome is for a unet model"),
+                          (["plan", "--model", "sd15", "--tome", "1.5"], "setting tome=1.5: use a merge ratio"),
+                          (["plan", "--model", "sd15", "--vae-tiling"], "setting vae_tiling is for a vae model")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+    with pytest.raises(Exception, match="key 'vae_tiling' is for vae models and this grid has none"):
+        loads("models: [tiny-sd15]\nvae_tiling: [true]\n", "test")
+
+
+def test_fit_a_whole_generation_names_the_phase_that_limits(capsys):
+    """SD 1.5 under classifier-free guidance in 4 GiB: every phase's need at the answer fits, the next step does not
+    for the phase named; at the answer, the denoise phase's need is the planner's for the U-Net at batch 2 plus the
+    other models' weights."""
+    assert main(["fit", "--pipeline", "sd15", "--budget", "4GiB", "--json", "--quiet"]) == 0
+    f = json.loads(capsys.readouterr().out)
+    needs = {ph["phase"]: ph for ph in f["phases"]}
+    assert set(needs) == {"text", "denoise", "decode"} and f["limited_by"] in needs
+    assert all(ph["need_bytes"] <= 4 * GiB for ph in f["phases"])
+    assert needs[f["limited_by"]]["next_need_bytes"] > 4 * GiB
+    w, h = f["largest"]
+    unet = plan("sd15", w, h, 2, "float16", backend="sdpa")["totals"]
+    others = needs["denoise"]["resident_bytes"] - unet["weights_bytes"]
+    assert needs["denoise"]["need_bytes"] == unet["predicted_forward_peak_bytes"] + others
+    assert main(["fit", "--pipeline", "sd15", "--budget", "4GiB", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert f"is {w}x{h}" in out and f"limited by: the {f['limited_by']} phase" in out
+
+
+def test_sdxl_tiled_decode_needs_less_at_2048():
+    """SDXL's VAE (float32, as its config forces) at 2048x2048: tiled, the decode phase needs far less."""
+    tiled, whole = (trace("sdxl-vae", 2048, 2048, 1, "float16", "cuda", ["sdpa"], settings=s)
+                    for s in ((("vae_tiling", True),), ()))
+    need = lambda t: t["backends"]["sdpa"]["predicted_forward_peak_bytes"]  # noqa: E731
+    assert need(tiled) < need(whole) / 2 and len(tiled["rows"]) > 1 == len(whole["rows"])
+    assert whole["weights_bytes"] == 83_653_863 * 4  # float32: force_upcast
+
+
+@pytest.mark.slow
+def test_fit_the_sdxl_pipeline_in_12_gib(capsys):
+    assert main(["fit", "--pipeline", "sdxl", "--budget", "12GiB", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "limited by: the " in out and all(ph in out for ph in ("text ", "denoise ", "decode "))
+
+
+@pytest.fixture(scope="module")
+def pipeline_results(tmp_path_factory):
+    """One run with a tiny VAE decode, tiny-sd15 with IP-Adapter and ToMe, and tiny-sd15 with its ControlNet."""
+    root = tmp_path_factory.mktemp("pipeline") / "results"
+    sweep = loads("""models: [tiny-vae]
+sizes: [128x128]
+dtypes: [float32]
+backends: [naive, sdpa]
+repeats: 1
+warmup: 0
+device: cpu
+also:
+  - {models: [tiny-sd15], ip_adapter_tokens: [4], tome: [0.5]}
+  - {models: [tiny-sd15], controlnet: [true], backends: [sdpa]}
+""", "test")
+    execute(Sweep(**{**sweep.__dict__, "out": str(root)}), workers=False, progress=False)
+    return root
+
+
+def test_the_dashboard_filters_by_settings_and_maps_the_vae_and_the_image_calls(pipeline_results, monkeypatch):
+    """The settings are a filter; the Run page draws a VAE cell as the VAE (one tile), an IP-Adapter cell with its
+    image calls beside the cross-attentions, a ControlNet cell with its own columns; Compare matches within
+    settings."""
+    pytest.importorskip("streamlit", reason="the dashboard needs streamlit")
+    from tests.test_dashboard_app import _app, _charts, _table
+
+    at = _app(pipeline_results, monkeypatch, page="Run", settings_label="none")
+    spec, layout = _charts(at)[0]
+    assert list(layout["group_label"].unique()) == ["decoder mid"] and len(layout) == 1
+    assert any("The VAE" in h.value for h in at.subheader)
+    at = _app(pipeline_results, monkeypatch, page="Run", settings_label="ip-adapter 4 tokens, tome 0.5")
+    _, layout = _charts(at)[0]
+    assert sorted(layout["kind"].unique()) == ["cross", "image", "self"] and len(layout) == 48
+    assert layout.groupby("group_label")["kind"].nunique().max() == 3  # image beside cross and self, per block
+    at = _app(pipeline_results, monkeypatch, page="Run", settings_label="controlnet")
+    _, layout = _charts(at)[0]
+    assert layout["group_label"].str.startswith("controlnet ").sum() == 14
+    at = _app(pipeline_results, monkeypatch, page="Compare", by="backend", baseline="naive")
+    table = next(_table(at, i) for i in range(len(at.dataframe)) if "time_ratio" in _table(at, i))
+    assert set(table["settings_label"]) == {"none", "ip-adapter 4 tokens, tome 0.5", "controlnet"}
+    controlnet = table[table["settings_label"] == "controlnet"]
+    assert (controlnet["time_ratio"] == "-").all()  # no naive cell with a ControlNet: no baseline across settings
