@@ -83,6 +83,13 @@ def load_largest(model: str, batch: int, dtype: str) -> list[dict]:
     return fit_many(model, [g * T.GiB for g in T.GPU_SIZES_GIB], None, dtype, batch, verify=False)
 
 
+@st.cache_data(show_spinner="Screening each phase of a generation for each GPU size...", max_entries=8)
+def load_pipeline(pipeline: str, batch: int, dtype: str) -> list[dict]:
+    from profiler.plan.pipeline import pipeline_by_budget
+
+    return pipeline_by_budget(pipeline, [g * T.GiB for g in T.GPU_SIZES_GIB], dtype=dtype, batch=batch)
+
+
 def load_selected(root: Path, run_ids: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
     tables = [load_run(str(root / r), _stamp(root / r)) for r in run_ids]
     cells = [c for c, _, _ in tables if len(c)]
@@ -312,7 +319,7 @@ def planner_page(model: str, size: str, batch: str, dtype: str, budget: str) -> 
     plan = T.planner_table(traced, limit)
     shown, unit = T.with_mem_unit(plan, ["need_bytes", "budget_bytes"])
     fits = int(plan["fits"].sum())
-    st.caption(f"{model} at {width}x{height}, batch {n} (2 under classifier-free guidance), {dtype}, on a CUDA GPU: "
+    st.caption(f"{model} at {width}x{height}, batch {n}, {dtype}, on a CUDA GPU: "
                f"{fits} of {len(plan)} backends fit in {T.human_bytes(limit)}. Need = the whole forward's peak: "
                "weights, inputs and every activation, traced on fake tensors (no GPU and no run needed). Not "
                f"counted: {LEFT_OUT}.")
@@ -330,6 +337,13 @@ def planner_page(model: str, size: str, batch: str, dtype: str, budget: str) -> 
     st.caption("Every 64-pixel step screened (the activations from two traced forwards, each attention call from its "
                "memory model); attnprof fit --model ... --budget ... traces the answer exactly.")
     table(T.largest_table(load_largest(model, n, dtype)), "largest")
+    pipeline = choice_ui("A whole generation", ["sd15", "sdxl"], "plan_pipeline", "sd15", horizontal=True)
+    st.subheader(f"Largest square image a whole {pipeline} generation fits, by GPU memory (sdpa, {dtype}, "
+                 f"batch {n}, classifier-free guidance, every model resident)")
+    st.caption("Every phase must fit: the text encoders, the U-Net at twice the batch, the VAE decode (float32 where "
+               "its config forces it); screened as above; attnprof fit --pipeline ... traces the answer exactly, "
+               "and takes offload, tiling, ControlNet, IP-Adapter and ToMe.")
+    table(T.pipeline_table(load_pipeline(pipeline, n, dtype)), "pipeline")
     with st.expander("Per-call figures (tokens, score tables, FLOPs, traced peaks)"):
         table(pd.DataFrame([{k: v for k, v in r.items() if k != "traced_peak_bytes"} for r in traced["rows"]]),
               "planner-blocks")

@@ -201,6 +201,15 @@ def best_backends(cells: pd.DataFrame, budget_bytes: int) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values(["device_name", "model", "pixels"], kind="stable").reset_index(drop=True)
 
 
+def pipeline_table(rows: list[dict]) -> pd.DataFrame:
+    """One row per GPU size: the largest square image a whole generation fits, the phase that sets it, and each
+    phase's own largest (plan/pipeline.py's pipeline_by_budget)."""
+    size = lambda s: f"{s[0]}x{s[1]}" if s else "none"  # noqa: E731
+    return pd.DataFrame([{"gpu_memory_gib": r["budget_bytes"] // GiB, "largest": size(r["largest"]),
+                          "limited_by": r["limited_by"], **{f"{ph}_alone": size(v) for ph, v in r["phases"].items()}}
+                         for r in rows])
+
+
 # ---- the Scaling page
 
 def scaling_table(blocks: pd.DataFrame) -> pd.DataFrame:

@@ -221,6 +221,11 @@ def test_planner_page_needs_no_run(tmp_path, monkeypatch):
     side = lambda size: int(size.split("x")[0])  # noqa: E731
     assert side(largest.loc["naive", "8 GiB"]) < side(largest.loc["sdpa", "8 GiB"])  # the score tables cost pixels
     assert side(largest.loc["naive", "8 GiB"]) <= side(largest.loc["naive", "24 GiB"])
+    pipeline = _table(at, 2).set_index("gpu_memory_gib")  # a whole SD 1.5 generation, per GPU size
+    assert list(pipeline.index) == [8, 12, 16, 24, 40, 48, 80, 141]
+    assert set(pipeline["limited_by"]) <= {"text", "denoise", "decode"}
+    for gib, row in pipeline.iterrows():  # no larger than its most demanding phase alone
+        assert side(row["largest"]) == min(side(row["denoise_alone"]), side(row["decode_alone"])), gib
     at.text_input(key="plan_size").set_value("500x500").run()
     assert "multiple of 8" in at.error[0].value
 

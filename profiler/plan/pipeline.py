@@ -173,6 +173,38 @@ def fit_pipeline(pipeline: str, budget: int, backend: str = "sdpa", dtype: str =
             "; the scheduler's and the latents' few MiB; IP-Adapter's image encoder"}
 
 
+def pipeline_by_budget(pipeline: str, budgets: list[int], backend: str = "sdpa", dtype: str = "float16",
+                       batch: int = 1, cfg: bool = True, offload: str = "none", device: str = "cuda") -> list[dict]:
+    """Per budget, the largest square image whose every phase fits, from the screen alone (fit_many with
+    verify=False; no exact trace at the answers): [{"budget_bytes", "largest", "limited_by", "phases": {phase:
+    largest square}}]: the dashboard's table of common GPU sizes. No tiling, ControlNet or settings."""
+    from .fit import fit_many
+
+    p = PIPELINES[pipeline]
+    step_batch = batch * (2 if cfg else 1)
+    text = text_phase(p["text"], dtype, step_batch)
+    weights = {"text": text["weights_bytes"], "denoise": _weights(p["unet"], dtype, ()),
+               "decode": _weights(p["vae"], dtype, ())}
+    largest = {"text": text["weights_bytes"], "denoise": _largest_module(_meta(p["unet"], dtype, ())),
+               "decode": _largest_module(_meta(p["vae"], dtype, ()))}
+    beside = {ph: 0 if offload != "none" else sum(w for k, w in weights.items() if k != ph) for ph in weights}
+    own = {ph: weights[ph] - largest[ph] if offload == "sequential" else 0 for ph in weights}
+    found = {}
+    for phase, model, b in (("denoise", p["unet"], step_batch), ("decode", p["vae"], batch)):
+        rooms = [budget - beside[phase] + own[phase] for budget in budgets]
+        found[phase] = [r["backends"][0]["largest"] for r in fit_many(model, rooms, [backend], dtype, b,
+                                                                        device=device, verify=False)]
+    rows = []
+    for i, budget in enumerate(budgets):
+        text_fits = beside["text"] + text["weights_bytes"] + text["transient_bytes"] - own["text"] <= budget
+        limits = {ph: found[ph][i] for ph in found}
+        width = lambda s: s[0] if s else 0  # noqa: E731
+        limited = "text" if not text_fits else min(limits, key=lambda ph: width(limits[ph]))
+        rows.append({"budget_bytes": budget, "largest": None if not text_fits else limits[limited],
+                     "limited_by": limited, "phases": limits})
+    return rows
+
+
 def _weights(model: str, dtype: str, settings: tuple) -> int:
     w, module = _meta_workload(model, dtype, settings)
     with w.applied(module):
