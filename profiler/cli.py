@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -442,13 +443,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whose output pipe was closed
+
+
 def main(argv=None) -> int:
     from .execute import stop_on_sigterm
 
     stop_on_sigterm()
     try:
         args = build_parser().parse_args(argv)
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a reader that went away shows here, not at the interpreter's exit
+        return code
+    except BrokenPipeError:  # attnprof show | head: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush stays quiet
+        return CLOSED_PIPE
     except InputError as e:
         print(f"attnprof: error: {e}", file=sys.stderr)
         return 2
