@@ -139,3 +139,14 @@ def test_show_latest_piped_to_head(dashboard_results):
                        text=True, cwd=REPO, timeout=120)
     assert p.stdout.startswith("run ") and p.stdout.count("\n") == 1
     assert "Traceback" not in p.stderr and p.stderr.strip() in ("0", "141"), p.stderr  # 0 when it all fit the pipe
+
+
+def test_plan_names_the_backend_with_its_options(capsys):
+    argv = ["plan", "--model", "tiny-sd15", "--size", "64x64", "--backend", "sliced", "--option", "slice_size=4",
+            "--device", "cpu"]
+    code, out, _ = run(capsys, *argv)
+    assert code == 0 and "peak (sliced(slice_size=4))" in out.splitlines()[1]
+    assert "\nlargest call, sliced(slice_size=4): " in out and "\nparams_total:                       3.22M" in out
+    code, out, _ = run(capsys, *argv, "--json")
+    p = json.loads(out)[0]
+    assert (p["backend_options"], p["backend_label"]) == ({"slice_size": 4}, "sliced(slice_size=4)")

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import backends
 from ..spec import CellSpec
 from .grid import Sweep
 
@@ -209,7 +210,7 @@ def run_group(cells: list[CellSpec], run, repeats: int, warmup: int, emit, extra
 
 
 def label(c: CellSpec) -> str:
-    return f"{c.model} {c.size} b{c.batch} {c.dtype} {c.backend}"
+    return f"{c.model} {c.size} b{c.batch} {c.dtype} {backends.label(c.backend, c.backend_options)}"
 
 
 def failed_in_flight(spec: CellSpec, timed_out: bool, timeout_s: float | None, reason: str) -> dict:

@@ -117,7 +117,8 @@ def format_diff(run_a: str, run_b: str, result: dict, threshold: float) -> str:
              f"{s['within_noise']} within noise"]
     for side, name in (("only_a", run_a), ("only_b", run_b)):
         if len(result[side]):
-            cells = ", ".join(f"{r['model']} {r['width']}x{r['height']} b{r['batch']} {r['dtype']} {r['backend']}"
+            cells = ", ".join(f"{r['model']} {r['width']}x{r['height']} b{r['batch']} {r['dtype']} "
+                              f"{label(r['backend'], r['backend_options'])}"
                               for r in result[side].to_dict("records"))
             lines.append(f"left out, only in {name}: {cells}")
     return "\n".join(lines)
