@@ -239,7 +239,7 @@ def compare_backends(cells: pd.DataFrame, baseline: str, sizes: list[str]) -> No
 def compare_runs(cells: pd.DataFrame, by: str, baseline: str, sizes: list[str]) -> None:
     """Runs side by side: each backend's time per size, a series per run (or environment value), and each other
     run judged against the baseline run cell by cell with the noise rule (profiler.report.compare)."""
-    from profiler.report.compare import compare, summary
+    from profiler.report.compare import compare, rule_text, summary, summary_text
 
     ok = cells[cells["status"] == "ok"]
     st.subheader(f"Attention time per backend and size, side by side by {by}")
@@ -247,11 +247,8 @@ def compare_runs(cells: pd.DataFrame, by: str, baseline: str, sizes: list[str]) 
     base = cells[cells["run_id"] == baseline]
     for run_id in [r for r in dict.fromkeys(cells["run_id"]) if r != baseline]:
         result = compare(base, cells[cells["run_id"] == run_id])
-        s = summary(result)
         st.subheader(f"{run_id} against {baseline}")
-        st.caption(f"{s['matched']} cells matched: {s['regressions']} regressions, {s['improvements']} improvements, "
-                   f"{s['within_noise']} within noise. A change counts past 5% and only where the two runs' "
-                   "interquartile ranges do not overlap (attnprof diff applies the same rule).")
+        st.caption(f"{summary_text(summary(result))}. As attnprof diff judges: {rule_text(0.05)}.")
         table(result["matched"], f"diff-{run_id}")
         for side, name in (("only_a", baseline), ("only_b", run_id)):
             if len(result[side]):

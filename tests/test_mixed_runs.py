@@ -54,3 +54,23 @@ def test_the_sweeps_progress_label_names_the_options():
 
     cell = CellSpec("tiny-sd15", 64, 64, 1, "float32", "sliced", "cpu", (("slice_size", 4),))
     assert label(cell) == "tiny-sd15 64x64 b1 float32 sliced(slice_size=4)"
+
+
+def test_diff_of_two_one_repeat_runs_judges_nothing_and_says_why(mixed_results, capsys):
+    root, a, b = str(mixed_results.root), mixed_results.bf16, mixed_results.again
+    assert main(["diff", a, b, "--results", root]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("tiny-sd15")]
+    assert len(rows) == 2 and all(line.endswith("within noise  too few samples: 1 in A, 1 in B") for line in rows)
+    assert out.rstrip().endswith("2 cells matched: 0 regressions, 0 improvements, 2 within noise; the time of 2 "
+                                 "could not be judged: too few samples (a verdict needs 3 per cell in each run: "
+                                 "repeats 3 or more)")
+    assert "each run holding at least 3 samples of the cell" in out.splitlines()[0]
+    assert main(["diff", a, b, "--results", root, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["summary"]["too_few_samples"] == 2 and data["summary"]["regressions"] == 0
+    assert {m["time_verdict"] for m in data["matched"]} == {"within noise"}
+    assert {m["time_note"] for m in data["matched"]} == {"too few samples: 1 in A, 1 in B"}
+    times = [(m["time_a_ms"], m["time_b_ms"]) for m in data["matched"]]
+    assert all(x != y for x, y in times)  # real, different timings: only the rule keeps them from a verdict
+    assert find_run(mixed_results.root, a).cells()["attention_time_samples_ms"].map(len).tolist() == [1, 1]
