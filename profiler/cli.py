@@ -10,6 +10,13 @@ from pathlib import Path
 from .spec import InputError, parse_batch, parse_dtype, parse_size
 
 
+NO_CELL_OK = 1  # run, sweep, profile: the run holds no cell that ended ok
+EXIT_CODES = (f"exit codes: 0 when at least one cell ended ok, {NO_CELL_OK} when none did, 2 on bad input (nothing "
+              "run or written), 130 when interrupted (the cells recorded so far are kept)")
+RETRY_HELP = "run again the cells of the latest run of this config that did not end ok (implies --resume)"
+CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whose output pipe was closed
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line instead of usage + message
         raise InputError(f"{message} (see {self.prog} --help)")
@@ -182,13 +189,19 @@ def _execute(sweep, args) -> int:
                       force=args.force, workers=not args.in_process, progress=not args.quiet,
                       command=" ".join(["attnprof"] + sys.argv[1:]))  # as the user would type it again
 
-    print(status_table(Run.open(outcome.run_path)))
+    run = Run.open(outcome.run_path)
+    print(status_table(run))
     print(f"\nresults: {outcome.run_path}")
     print(f"  summary:   attnprof show {outcome.run_path.name} --results {outcome.run_path.parent}")
     print(f"  dashboard: make dashboard  (or attnprof dashboard --results {outcome.run_path.parent})")
     if outcome.interrupted:
         print("interrupted: the cells recorded so far are kept; run again with --resume to finish", file=sys.stderr)
         return 130
+    cells = run.cells()
+    if not len(cells) or not (cells["status"] == "ok").any():
+        print(f"attnprof: no cell ended ok: see the errors with attnprof show {run.id} --results {run.path.parent}",
+              file=sys.stderr, flush=True)
+        return NO_CELL_OK
     return 0
 
 
@@ -352,7 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_backends)
 
     p = sub.add_parser("run", help="measure per-block time and memory for each backend; writes a run",
-                       description="Measure attention per block: the cartesian product of sizes and backends.")
+                       description="Measure attention per block: the cartesian product of sizes and backends.",
+                       epilog=EXIT_CODES)
     _add_shape_args(p)
     p.add_argument("--backend", action="append", help="backend, repeatable (default sdpa; see attnprof backends)")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="backend option, e.g. slice_size=4")
@@ -366,16 +380,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("sweep", help="run a YAML sweep from configs/sweeps (resumable)",
-                       description="Run a sweep config; see README for the keys.")
+                       description="Run a sweep config; see README for the keys.", epilog=EXIT_CODES)
     p.add_argument("config", help="a YAML file, e.g. configs/sweeps/default.yaml")
     p.add_argument("--resume", action="store_true", help="continue the latest run of this config")
-    p.add_argument("--retry-failed", action="store_true", help="with --resume: run again cells that did not end ok")
+    p.add_argument("--retry-failed", action="store_true", help=RETRY_HELP)
     _add_exec_args(p, out_default=None)
     p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser("profile", help="run the built-in default sweep (GPU: default.yaml, CPU: cpu-default.yaml)")
+    p = sub.add_parser("profile", help="run the built-in default sweep (GPU: default.yaml, CPU: cpu-default.yaml)",
+                       epilog=EXIT_CODES)
     p.add_argument("--resume", action="store_true", help="continue the latest default run")
-    p.add_argument("--retry-failed", action="store_true", help="with --resume: run again cells that did not end ok")
+    p.add_argument("--retry-failed", action="store_true", help=RETRY_HELP)
     _add_exec_args(p, out_default=None)
     p.set_defaults(func=cmd_profile)
 
@@ -444,9 +459,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.set_defaults(func=cmd_dashboard)
     return parser
-
-
-CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whose output pipe was closed
 
 
 def main(argv=None) -> int:

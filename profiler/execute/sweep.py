@@ -80,8 +80,9 @@ class Outcome:
 def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, force: bool = False,
             workers: bool = True, progress: bool = True, command: str = "") -> Outcome:
     """Run the sweep's cells (or, with resume, those the latest run of the same grid lacks) and record each as it
-    ends. The executor is the sweep's: local worker subprocesses (in this process with workers=False), or Ray.
-    One process runs a run at a time: a second one gets store.RunBusy naming the first."""
+    ends. retry_failed implies resume: it runs again the cells of that run that did not end ok. The executor is the
+    sweep's: local worker subprocesses (in this process with workers=False), or Ray. One process runs a run at a
+    time: a second one gets store.RunBusy naming the first."""
     from ..store import Run, now
 
     if sweep.executor == "ray":
@@ -95,7 +96,7 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
     device = executor.device(sweep.device)
     cells = sweep.cells(device)
     budget = sweep.memory_budget or executor.free_memory(device)
-    run = _find_resumable(sweep) if resume else None
+    run = _find_resumable(sweep) if resume or retry_failed else None
     resumed, job_id = run is not None, os.environ.get("ATTNPROF_JOB_ID")  # set in a queued job (attnprof submit)
     if not resumed:
         run = Run.create(Path(sweep.out), {
