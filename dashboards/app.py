@@ -175,12 +175,7 @@ def run_page(cells: pd.DataFrame, blocks: pd.DataFrame, cell: str | None, colour
         for where, x, xtitle in ((left, "time_ms", "time per call (ms)"),
                                  (right, f"peak_mem_{unit}", f"peak memory per call ({unit})")):
             with where:
-                chart(layout, {"mark": {"type": "bar", "tooltip": True}, "height": 18 * len(layout) + 40,
-                               "encoding": {"y": {"field": "block", "type": "nominal", "sort": {"field": "call_index"},
-                                                  "title": None, "axis": {"labelLimit": 320, "labelOverlap": False}},
-                                            "x": {"field": x, "type": "quantitative", "title": xtitle},
-                                            "color": {"field": "stage", "sort": ["down", "mid", "up"]},
-                                            "tooltip": C.call_tooltip(unit)}})
+                chart(layout, C.call_bars(x, xtitle, unit, len(layout)))
         table(layout[["call_index", "block", "stage", "level", "kind", "heads", "head_dim", "tokens_q", "tokens_k",
                       "score_elements", "score_bytes", "flops", "time_ms", "iqr_ms", "noisy", "peak_mem_bytes",
                       "predicted_peak_bytes", "kernel"]], "blocks")
@@ -215,21 +210,14 @@ def compare_page(cells: pd.DataFrame, envs: pd.DataFrame, by: str, baseline: str
 
 def compare_backends(cells: pd.DataFrame, baseline: str, sizes: list[str]) -> None:
     cmp, unit = T.with_mem_unit(T.compare_table(cells, baseline), ["attention_peak_mem_bytes"])
-    ok = cmp[cmp["status"] == "ok"]
-    tooltip = ["backend_label", "family", "size", {"field": "attention_time_ms", "format": ".2f"},
-               {"field": f"attention_peak_mem_{unit}", "format": ".2f"}, {"field": "time_ratio", "format": ".2f"}]
+    ok, legend = T.labelled(cmp[cmp["status"] == "ok"], T.CELL_SERIES)
     st.subheader("Time against peak memory, per size")
-    chart(ok, C.time_against_peak(sizes, unit), stretch=False)
+    chart(ok, C.time_against_peak(sizes, unit, legend), stretch=False)
     st.subheader(f"Ratio to {baseline} (below 1: faster or smaller)")
     left, right = st.columns(2)
     for where, y, title in ((left, "time_ratio", "time ratio"), (right, "peak_ratio", "peak memory ratio")):
         with where:
-            chart(ok, {"layer": [
-                {"mark": {"type": "point", "filled": True, "size": 120, "tooltip": True}, "encoding": {
-                    "x": {"field": "size", "type": "ordinal", "sort": sizes, "title": "size (pixels)"},
-                    "xOffset": {"field": "backend_label"}, "y": C.log_axis(y, f"{title} (x {baseline})"),
-                    "color": {"field": "backend_label", "title": "backend"}, "tooltip": tooltip}},
-                {"mark": {"type": "rule", "strokeDash": [4, 4]}, "encoding": {"y": {"datum": 1}}}]})
+            chart(ok, C.ratio_to_baseline(y, title, baseline, sizes, legend))
     st.subheader("Largest size that ran, per backend")
     table(T.largest_ok(cells), "largest")
     st.subheader("All cells")
@@ -241,9 +229,9 @@ def compare_runs(cells: pd.DataFrame, by: str, baseline: str, sizes: list[str]) 
     run judged against the baseline run cell by cell with the noise rule (profiler.report.compare)."""
     from profiler.report.compare import compare, rule_text, summary, summary_text
 
-    ok = cells[cells["status"] == "ok"]
-    st.subheader(f"Attention time per backend and size, side by side by {by}")
-    chart(ok, C.side_by_side(sizes, "series", by), stretch=False)
+    ok, title = T.labelled(cells[cells["status"] == "ok"], T.CELL_SERIES[:-1])  # the runs: side by side
+    st.subheader(f"Attention time per {title} and size, side by side by {by}")
+    chart(ok, C.side_by_side(sizes, by, title), stretch=False)
     base = cells[cells["run_id"] == baseline]
     for run_id in [r for r in dict.fromkeys(cells["run_id"]) if r != baseline]:
         result = compare(base, cells[cells["run_id"] == run_id])
@@ -259,22 +247,10 @@ def compare_runs(cells: pd.DataFrame, by: str, baseline: str, sizes: list[str]) 
 def scaling_page(blocks: pd.DataFrame) -> None:
     st.header("Scaling")
     scale = T.scaling_table(blocks)
-    scale_mem, unit = T.with_mem_unit(scale, ["score_table_max_bytes"])
-    long, peak_unit = T.with_mem_unit(T.scaling_long(scale), ["peak_bytes"])
-    x = C.log_axis("pixels", "image size (pixels = width x height)")
-    line = {"type": "line", "point": True, "tooltip": True}
-    per_model = scale_mem.drop_duplicates(["model", "size"])  # tokens and score tables do not depend on the backend
     left, right = st.columns(2)
-    with left:
-        chart(per_model, {"mark": line, "title": "tokens at the finest level", "encoding": {
-            "x": x, "y": C.log_axis("tokens_max", "tokens (count)"), "color": {"field": "model"},
-            "tooltip": ["size", "model", "tokens_max"]}})
-        chart(scale, C.scaling_time())
-    with right:
-        chart(per_model, {"mark": line, "title": "largest score table", "encoding": {
-            "x": x, "y": C.log_axis(f"score_table_max_{unit}", f"score table ({unit})"), "color": {"field": "model"},
-            "tooltip": ["size", "model", {"field": f"score_table_max_{unit}", "format": ".2f"}]}})
-        chart(long, C.scaling_peak(peak_unit))
+    for i, (_, spec, data) in enumerate(C.scaling_charts(scale)):  # tokens | score tables, then time | peaks
+        with left if i % 2 == 0 else right:
+            chart(data, spec)
     table(scale, "scaling")
 
 
@@ -308,15 +284,7 @@ def planner_page(model: str, size: str, batch: str, dtype: str, budget: str) -> 
                f"{fits} of {len(plan)} backends fit in {T.human_bytes(limit)}. Need = the whole forward's peak: "
                "weights, inputs and every activation, traced on fake tensors (no GPU and no run needed). Not "
                f"counted: {LEFT_OUT}.")
-    chart(shown, {"layer": [
-        {"mark": {"type": "bar", "tooltip": True}, "encoding": {
-            "y": {"field": "backend", "type": "nominal", "sort": None, "title": None},
-            "x": {"field": f"need_{unit}", "type": "quantitative", "title": f"predicted need ({unit})"},
-            "color": {"field": "fits", "type": "nominal", "scale": {"domain": [True, False],
-                                                                     "range": ["#2a9d8f", "#e76f51"]}},
-            "tooltip": ["backend", "family", "largest_call", {"field": f"need_{unit}", "format": ".2f"}]}},
-        {"mark": {"type": "rule", "color": "black", "strokeDash": [4, 4]},
-         "encoding": {"x": {"datum": limit / T.UNITS[unit]}}}]})
+    chart(shown, C.planner_needs(unit, limit / T.UNITS[unit]))
     table(plan, "planner")
     st.subheader(f"Largest square image per backend, by GPU memory ({model}, batch {n}, {dtype})")
     st.caption("Every 64-pixel step screened (the activations from two traced forwards, each attention call from its "

@@ -34,8 +34,9 @@ def _few_threads():
 @pytest.fixture(scope="session")
 def dashboard_results(tmp_path_factory):
     """A results folder with one run written by the real profiler, for the dashboard's tests: tiny-sd15 at 64x64 and
-    128x128, float32 on the CPU, in process; naive, sdpa and subquad measured, xformers unavailable (CUDA only),
-    and naive at 128x128 skipped by a memory budget set between its predicted need and subquad's."""
+    128x128, float32 on the CPU, in process, three repeats (what a diff verdict needs); naive, sdpa and subquad
+    measured, xformers unavailable (CUDA only), and naive at 128x128 skipped by a memory budget set between its
+    predicted need and subquad's."""
     from dataclasses import replace
 
     from profiler.execute.grid import Sweep
@@ -43,7 +44,7 @@ def dashboard_results(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("dashboard") / "results"
     sweep = Sweep(models=("tiny-sd15",), sizes=((64, 64), (128, 128)), dtypes=("float32",),
-                  backends=(("naive", ()), ("sdpa", ()), ("subquad", ()), ("xformers", ())), repeats=2, warmup=0,
+                  backends=(("naive", ()), ("sdpa", ()), ("subquad", ()), ("xformers", ())), repeats=3, warmup=0,
                   device="cpu", out=str(root))
     cells = [c for c in sweep.cells() if c.width == 128]
     predicted = predict(cells)[0]

@@ -121,6 +121,7 @@ def test_report_bad_input_gets_one_line_and_no_traceback(dashboard_results, tmp_
     out = tmp_path / "r.html"
     assert main(["report", run_id, *args, str(out)]) == 0
     text = out.read_text()
-    assert 'data-charts="4"' in text and text.count('<table class="cells">') == 1 and run_id in text
+    assert 'data-charts="6"' in text  # the U-Net, Compare, Scaling's tokens, score tables, time and peaks
+    assert text.count('<table class="cells">') == 1 and run_id in text
     assert "<script src" not in text and "<link" not in text  # nothing to fetch
     assert not [p for p in tmp_path.rglob(".*.part")]  # no partial file left

@@ -184,7 +184,8 @@ def test_scaling_page_measured_beside_predicted_on_log_axes(dashboard_results, m
     tokens = charts[0][1].set_index("size")["tokens_max"]
     assert tokens.to_dict() == {"64x64": 64, "128x128": 256}
     peak_spec, peaks = charts[3]
-    assert peak_spec["encoding"]["strokeDash"]["field"] == "source"
+    assert peak_spec["layer"][0]["encoding"]["strokeDash"]["field"] == "source"  # the lines' dash, not the points'
+    assert peak_spec["layer"][0]["encoding"]["strokeDash"]["legend"]["symbolType"] == "stroke"
     assert sorted(peaks["source"].unique()) == ["measured", "predicted"]
     assert len(peaks) == 2 * 5  # five cells ran, each measured and predicted
     assert "MiB" in peak_spec["encoding"]["y"]["title"] and "ms" in charts[1][0]["encoding"]["y"]["title"]
@@ -316,3 +317,4 @@ def test_100_runs_of_10000_rows_open_in_a_few_seconds(tmp_path, monkeypatch):
     assert not at.exception and len(_table(at, 1)) == 313
     assert first < 8.0, f"index + Run page took {first:.1f} s"
     assert again < 3.0, f"a cached rerun took {again:.1f} s"
+

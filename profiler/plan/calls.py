@@ -124,8 +124,9 @@ def format_plan(p: dict) -> str:
             facts.insert(-1, ("GPU planned for", t["gpu"]))
     if "fits" in t:
         verdict = "yes" if t["fits"] else "NO"
-        facts.append(("fits the budget", f"{verdict}: the forward peak {human_bytes(t['predicted_forward_peak_bytes'])}"
-                                         f" of {human_bytes(t['memory_budget_bytes'])}"))
+        facts.append(("fits the budget", f"{verdict}: the forward peak "
+                                         f"{human_bytes(t['predicted_forward_peak_bytes'])} of "
+                                         f"{human_bytes(t['memory_budget_bytes'])}"))
     facts += [("params_total", f"{t['params_total'] / 1e6:.2f}M"),
               ("params_transformer_blocks", share("transformer_blocks")), ("params_attention", share("attention"))]
     width = max(len(k) for k, _ in facts) + 2  # the longest name, its colon and a space
