@@ -93,9 +93,15 @@ def load_selected(root: Path, run_ids: list[str]) -> tuple[pd.DataFrame, pd.Data
 
 # ---- widgets: each returns plain values and starts from the URL's query parameter on a session's first run
 
+NOT_HERE = "_not_here"  # what the link named that is not here, by widget key (link_warnings says it once)
+
+
 def _seed(key: str, valid, default, multi: bool = False) -> None:
     if key not in st.session_state:
-        url = [v for v in st.query_params.get_all(key) if valid(v)]
+        asked = st.query_params.get_all(key)
+        url = [v for v in asked if valid(v)]
+        if len(url) < len(asked):
+            st.session_state.setdefault(NOT_HERE, {})[key] = [v for v in asked if not valid(v)]
         st.session_state[key] = (url or list(default)) if multi else (url[0] if url else default)
     elif multi:
         st.session_state[key] = [v for v in st.session_state[key] if valid(v)]
@@ -120,8 +126,20 @@ def text_ui(label: str, key: str, default: str, where=None) -> str:
     return (where or st).text_input(label, key=key)
 
 
+def link_warnings(root: Path) -> None:
+    """Say what a shared link named that is not here (a run not in the results folder, a size not in the chosen
+    runs, ...) and what is shown instead, rather than switch silently."""
+    for key, missing in st.session_state.pop(NOT_HERE, {}).items():
+        shown = st.session_state.get(key)
+        shown = ", ".join(map(str, shown)) if isinstance(shown, list) else shown
+        where = (f"in the results folder {root}" if key == "run" else "among the chosen runs' values"
+                 if key in (*T.FILTERS, "cell", "baseline") else "one of the choices")
+        st.warning(f"The link names {key} {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not "
+                   f"{where}: showing {shown or 'all'} instead.")
+
+
 def runs_ui(index: pd.DataFrame) -> list[str]:
-    readable = index[index["readable"]]
+    readable = index[index["readable"].astype(bool)]  # a bool mask also when empty (else: a column selection)
     recorded = readable[readable[list(T.DONE_STATUSES)].sum(axis=1) > 0]  # the default: the latest run with cells
     latest = list((recorded if len(recorded) else readable)["run_id"].tail(1))
     label = dict(zip(index["run_id"], index["run_id"] + "  " + index["models"].fillna("")))
@@ -266,6 +284,13 @@ def planner_ui() -> tuple:
     return model, size, batch, dtype, budget
 
 
+def guidance(batch: int) -> str:
+    """What the batch means for a pipeline with classifier-free guidance, which runs the U-Net at batch 2 an image."""
+    if batch == 1:
+        return " (a pipeline with classifier-free guidance runs batch 2 for one image: set Batch to 2 for it)"
+    return " (one image under classifier-free guidance)" if batch == 2 else ""
+
+
 def planner_page(model: str, size: str, batch: str, dtype: str, budget: str) -> None:
     from profiler.execute.grid import parse_bytes
     from profiler.plan.forward import LEFT_OUT
@@ -280,7 +305,7 @@ def planner_page(model: str, size: str, batch: str, dtype: str, budget: str) -> 
     plan = T.planner_table(traced, limit)
     shown, unit = T.with_mem_unit(plan, ["need_bytes", "budget_bytes"])
     fits = int(plan["fits"].sum())
-    st.caption(f"{model} at {width}x{height}, batch {n} (2 under classifier-free guidance), {dtype}, on a CUDA GPU: "
+    st.caption(f"{model} at {width}x{height}, batch {n}{guidance(n)}, {dtype}, on a CUDA GPU: "
                f"{fits} of {len(plan)} backends fit in {T.human_bytes(limit)}. Need = the whole forward's peak: "
                "weights, inputs and every activation, traced on fake tensors (no GPU and no run needed). Not "
                f"counted: {LEFT_OUT}.")
@@ -412,20 +437,23 @@ def main() -> None:
         st.header("Planner")
         values = planner_ui()
         mirror(dict(zip(("page", "plan_model", "plan_size", "plan_batch", "plan_dtype", "budget"), (page, *values))))
+        link_warnings(root)
         return planner_page(*values)
     if page == "Queue":
         st.header("Queue")
         st.caption(f"Profiles queued as Ray Jobs at {jobs_address()}; their runs land in `{root.resolve()}`.")
         text = queue_ui()
         mirror({"page": page})
+        link_warnings(root)
         return queue_page(text, root.resolve())
-    chosen = runs_ui(index) if len(index) else []
+    chosen = runs_ui(index)
     cells, blocks, problems = load_selected(root, chosen)
     filters = filters_ui(cells) if len(cells) else {}
     if filters:
         cells, blocks = T.apply_filters(cells, filters), T.apply_filters(blocks, filters)
     choices = page_ui(page, cells)
     mirror({"page": page, "run": chosen, **filters, **{k: v for k, v in choices.items() if k != "envs"}})
+    link_warnings(root)
 
     unreadable = index[~index["readable"]]["run_id"].tolist() if len(index) else []
     if unreadable and page != "Runs":
