@@ -309,7 +309,7 @@ def planner_page(model: str, size: str, batch: str, dtype: str, budget: str) -> 
                f"{fits} of {len(plan)} backends fit in {T.human_bytes(limit)}. Need = the whole forward's peak: "
                "weights, inputs and every activation, traced on fake tensors (no GPU and no run needed). Not "
                f"counted: {LEFT_OUT}.")
-    chart(shown, C.planner_needs(unit, limit / T.UNITS[unit]))
+    chart(shown, C.planner_needs(unit, limit / T.UNITS[unit], len(shown)))
     table(plan, "planner")
     st.subheader(f"Largest square image per backend, by GPU memory ({model}, batch {n}, {dtype})")
     st.caption("Every 64-pixel step screened (the activations from two traced forwards, each attention call from its "

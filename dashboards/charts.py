@@ -140,21 +140,25 @@ def scaling_time(legend: str) -> dict:
 
 
 def scaling_peak(unit: str, legend: str) -> dict:
-    """The largest call's peak, measured (solid line) beside predicted (dashed): the legend draws the two lines."""
-    sources = ["measured", "predicted"]
+    """The largest call's peak, measured (solid line, filled points) beside predicted (dashed, hollow): only the
+    lines encode the source, so that its legend draws a solid and a dashed line (a legend shared with the points'
+    draws dots)."""
+    tooltip = [tip("label", legend), tip("size", "size"), tip("run_id", "run"), tip("source", "source"),
+               num(f"peak_{unit}", f"peak ({unit})")]
+
+    def points(source: str, filled: bool) -> dict:
+        return {"transform": [{"filter": {"field": "source", "equal": source}}],
+                "mark": {"type": "point", "filled": filled, "tooltip": True}, "encoding": {"tooltip": tooltip}}
+
     return {"title": "largest call's peak memory, measured and predicted",
             "encoding": {"x": log_axis("pixels", SIZE_X), "y": log_axis(f"peak_{unit}", f"peak memory ({unit})"),
                          "color": colour("label", legend)},
-            "layer": [  # the lines alone carry the dash, so that its legend draws lines (with points: two dots)
-                {"mark": "line", "encoding": {"strokeDash": {
-                    "field": "source", "type": "nominal", "title": None,
-                    "scale": {"domain": sources, "range": [[1, 0], [6, 4]]},
-                    "legend": {"orient": "top", "symbolType": "stroke", "symbolSize": 400, "symbolStrokeWidth": 2,
-                               "symbolStrokeColor": "black"}}}},
-                {"mark": {"type": "point", "filled": True, "tooltip": True}, "encoding": {
-                    "shape": {"field": "source", "type": "nominal", "legend": None},  # no scale: not merged
-                    "tooltip": [tip("label", legend), tip("size", "size"), tip("run_id", "run"),
-                                tip("source", "source"), num(f"peak_{unit}", f"peak ({unit})")]}}]}
+            "layer": [{"mark": "line", "encoding": {"strokeDash": {
+                          "field": "source", "type": "nominal", "title": None,
+                          "scale": {"domain": ["measured", "predicted"], "range": [[1, 0], [6, 4]]},
+                          "legend": {"orient": "top", "symbolType": "stroke", "symbolSize": 400,
+                                     "symbolStrokeWidth": 2, "symbolStrokeColor": "black"}}}},
+                      points("measured", True), points("predicted", False)]}
 
 
 def scaling_charts(scale: pd.DataFrame) -> list[tuple[str, dict, pd.DataFrame]]:
@@ -177,9 +181,10 @@ def scaling_charts(scale: pd.DataFrame) -> list[tuple[str, dict, pd.DataFrame]]:
 
 # ---- the Planner page (transforms.planner_table)
 
-def planner_needs(unit: str, budget: float) -> dict:
-    """Each backend's predicted need as a bar, coloured by whether it fits, and the budget as a dashed line."""
-    return {"layer": [
+def planner_needs(unit: str, budget: float, backends: int) -> dict:
+    """Each backend's predicted need as a bar, coloured by whether it fits, and the budget as a dashed line. The
+    height is given (not a step per bar), so that a chart fitted to its container keeps it."""
+    return {"height": 24 * backends + 20, "layer": [
         {"mark": {"type": "bar", "tooltip": True}, "encoding": {
             "y": {"field": "backend", "type": "nominal", "sort": None, "title": None},
             "x": {"field": f"need_{unit}", "type": "quantitative", "title": f"predicted need ({unit})"},

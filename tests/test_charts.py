@@ -24,9 +24,12 @@ OUT = Path(__file__).resolve().parent.parent / "test-output" / "charts-e2e"
 
 
 def _units(spec: dict, data: pd.DataFrame, encoding: dict | None = None):
-    """(mark, encoding, data) of each single-view part of a spec, a layer inheriting its parent's encoding."""
+    """(mark, encoding, data) of each single-view part of a spec, a layer inheriting its parent's encoding and data
+    (filtered by its own transforms)."""
     encoding = {**(encoding or {}), **spec.get("encoding", {})}
     data = pd.DataFrame(spec["data"]["values"]) if "values" in spec.get("data", {}) else data
+    for step in spec.get("transform", []):  # the field predicates the specs use
+        data = data[data[step["filter"]["field"]] == step["filter"]["equal"]]
     if "layer" in spec:
         for layer in spec["layer"]:
             yield from _units(layer, data, encoding)
