@@ -245,7 +245,7 @@ def compare_backends(cells: pd.DataFrame, baseline: str, sizes: list[str]) -> No
 def compare_runs(cells: pd.DataFrame, by: str, baseline: str, sizes: list[str]) -> None:
     """Runs side by side: each backend's time per size, a series per run (or environment value), and each other
     run judged against the baseline run cell by cell with the noise rule (profiler.report.compare)."""
-    from profiler.report.compare import compare, rule_text, summary, summary_text
+    from profiler.report.compare import THRESHOLD, compare, rule_text, summary, summary_text
 
     ok, title = T.labelled(cells[cells["status"] == "ok"], T.CELL_SERIES[:-1])  # the runs: side by side
     st.subheader(f"Attention time per {title} and size, side by side by {by}")
@@ -254,7 +254,7 @@ def compare_runs(cells: pd.DataFrame, by: str, baseline: str, sizes: list[str]) 
     for run_id in [r for r in dict.fromkeys(cells["run_id"]) if r != baseline]:
         result = compare(base, cells[cells["run_id"] == run_id])
         st.subheader(f"{run_id} against {baseline}")
-        st.caption(f"{summary_text(summary(result))}. As attnprof diff judges: {rule_text(0.05)}.")
+        st.caption(f"{summary_text(summary(result))}. As attnprof diff judges: {rule_text(THRESHOLD)}.")
         table(result["matched"], f"diff-{run_id}")
         for side, name in (("only_a", baseline), ("only_b", run_id)):
             if len(result[side]):

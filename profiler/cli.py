@@ -318,7 +318,7 @@ GPU_ARCH_HELP = ("on cuda, the GPU whose SDPA kernel choice to follow, as a comp
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .report.compare import rule_text
+    from .report.compare import THRESHOLD, rule_text
 
     parser = _Parser(prog="attnprof", description="Profile the attention blocks of Stable Diffusion U-Nets.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -437,13 +437,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("diff", help="run B against run A, cell by cell; exit 1 on a regression (for CI)",
                        description="Cells matched on model, size, batch, dtype and backend with options; per cell the "
                                    "time and peak-memory ratio of B to A and a verdict, regression or improvement by "
-                                   f"the noise rule: {rule_text(0.05).replace('5%', '--threshold')}; anything else "
+                                   f"the noise rule: {rule_text()}; anything else "
                                    "is within noise. "
                                    "Exit code 1 when any regression is found, else 0.")
     p.add_argument("run_a", metavar="RUN_A", help="the baseline: run id, unique prefix, 'latest' or a folder")
     p.add_argument("run_b", metavar="RUN_B", help="the run judged against it")
     p.add_argument("--results", default="results", help="results folder (default results)")
-    p.add_argument("--threshold", type=float, default=0.05, help="smallest relative change that counts (0.05)")
+    p.add_argument("--threshold", type=float, default=THRESHOLD,
+                   help=f"smallest relative change that counts ({THRESHOLD})")
     p.add_argument("--json", action="store_true", help="print JSON: summary, matched, only_a, only_b")
     p.set_defaults(func=cmd_diff)
 

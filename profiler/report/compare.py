@@ -25,15 +25,16 @@ from ..fmt import human_bytes, table
 KEY = ["model", "width", "height", "batch", "dtype", "backend", "backend_options"]
 REGRESSION, IMPROVEMENT, SAME = "regression", "improvement", "within noise"
 PEAK_FLOOR = 2**20
+THRESHOLD = 0.05  # the default smallest relative change that counts
 MIN_SAMPLES = 3  # timed forwards per cell, in each run, before its time gets a verdict (the default repeats)
 
 
-def rule_text(threshold: float) -> str:
-    """The noise rule in one sentence, as attnprof diff and the dashboard state it."""
-    return (f"a time change counts past {100 * threshold:g}% and only where the interquartile ranges of the two "
-            f"runs' samples do not overlap, each run holding at least {MIN_SAMPLES} samples of the cell (repeats "
-            f"{MIN_SAMPLES} or more); a peak change counts past {100 * threshold:g}% and "
-            f"{human_bytes(PEAK_FLOOR)}")
+def rule_text(threshold: float | str = "--threshold") -> str:
+    """The noise rule in one sentence, as attnprof diff (its output and --help) and the dashboard state it."""
+    past = threshold if isinstance(threshold, str) else f"{100 * threshold:g}%"
+    return (f"a time change counts past {past} and only where the interquartile ranges of the two runs' samples do "
+            f"not overlap, each run holding at least {MIN_SAMPLES} samples of the cell (repeats {MIN_SAMPLES} or "
+            f"more); a peak change counts past {past} and {human_bytes(PEAK_FLOOR)}")
 
 
 def time_samples(cell: dict) -> list[float]:
@@ -71,7 +72,7 @@ def peak_verdict(a: float, b: float, threshold: float) -> tuple[float, str]:
     return ratio, REGRESSION if ratio > 1 + threshold else IMPROVEMENT if ratio < 1 - threshold else SAME
 
 
-def compare(a: pd.DataFrame, b: pd.DataFrame, threshold: float = 0.05) -> dict[str, pd.DataFrame]:
+def compare(a: pd.DataFrame, b: pd.DataFrame, threshold: float = THRESHOLD) -> dict[str, pd.DataFrame]:
     """{"matched": one row per cell in both runs, "only_a": cells only in A, "only_b": cells only in B}."""
     key = lambda df: df[KEY].astype(str).agg("|".join, axis=1)  # noqa: E731
     a, b = a.assign(_key=key(a)), b.assign(_key=key(b))
