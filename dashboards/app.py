@@ -100,9 +100,15 @@ def load_selected(root: Path, run_ids: list[str]) -> tuple[pd.DataFrame, pd.Data
 
 # ---- widgets: each returns plain values and starts from the URL's query parameter on a session's first run
 
+NOT_HERE = "_not_here"  # what the link named that is not here, by widget key (link_warnings says it once)
+
+
 def _seed(key: str, valid, default, multi: bool = False) -> None:
     if key not in st.session_state:
-        url = [v for v in st.query_params.get_all(key) if valid(v)]
+        asked = st.query_params.get_all(key)
+        url = [v for v in asked if valid(v)]
+        if len(url) < len(asked):
+            st.session_state.setdefault(NOT_HERE, {})[key] = [v for v in asked if not valid(v)]
         st.session_state[key] = (url or list(default)) if multi else (url[0] if url else default)
     elif multi:
         st.session_state[key] = [v for v in st.session_state[key] if valid(v)]
@@ -127,8 +133,20 @@ def text_ui(label: str, key: str, default: str, where=None) -> str:
     return (where or st).text_input(label, key=key)
 
 
+def link_warnings(root: Path) -> None:
+    """Say what a shared link named that is not here (a run not in the results folder, a size not in the chosen
+    runs, ...) and what is shown instead, rather than switch silently."""
+    for key, missing in st.session_state.pop(NOT_HERE, {}).items():
+        shown = st.session_state.get(key)
+        shown = ", ".join(map(str, shown)) if isinstance(shown, list) else shown
+        where = (f"in the results folder {root}" if key == "run" else "among the chosen runs' values"
+                 if key in (*T.FILTERS, "cell", "baseline") else "one of the choices")
+        st.warning(f"The link names {key} {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not "
+                   f"{where}: showing {shown or 'all'} instead.")
+
+
 def runs_ui(index: pd.DataFrame) -> list[str]:
-    readable = index[index["readable"]]
+    readable = index[index["readable"].astype(bool)]  # a bool mask also when empty (else: a column selection)
     recorded = readable[readable[list(T.DONE_STATUSES)].sum(axis=1) > 0]  # the default: the latest run with cells
     latest = list((recorded if len(recorded) else readable)["run_id"].tail(1))
     label = dict(zip(index["run_id"], index["run_id"] + "  " + index["models"].fillna("")))
@@ -187,12 +205,7 @@ def run_page(cells: pd.DataFrame, blocks: pd.DataFrame, cell: str | None, colour
         for where, x, xtitle in ((left, "time_ms", "time per call (ms)"),
                                  (right, f"peak_mem_{unit}", f"peak memory per call ({unit})")):
             with where:
-                chart(layout, {"mark": {"type": "bar", "tooltip": True}, "height": 18 * len(layout) + 40,
-                               "encoding": {"y": {"field": "block", "type": "nominal", "sort": {"field": "call_index"},
-                                                  "title": None, "axis": {"labelLimit": 320, "labelOverlap": False}},
-                                            "x": {"field": x, "type": "quantitative", "title": xtitle},
-                                            "color": {"field": "stage", "sort": ["down", "mid", "up"]},
-                                            "tooltip": C.call_tooltip(unit)}})
+                chart(layout, C.call_bars(x, xtitle, unit, len(layout)))
         table(layout[["call_index", "block", "stage", "level", "kind", "heads", "head_dim", "tokens_q", "tokens_k",
                       "score_elements", "score_bytes", "flops", "time_ms", "iqr_ms", "noisy", "peak_mem_bytes",
                       "predicted_peak_bytes", "kernel"]], "blocks")
@@ -227,21 +240,14 @@ def compare_page(cells: pd.DataFrame, envs: pd.DataFrame, by: str, baseline: str
 
 def compare_backends(cells: pd.DataFrame, baseline: str, sizes: list[str]) -> None:
     cmp, unit = T.with_mem_unit(T.compare_table(cells, baseline), ["attention_peak_mem_bytes"])
-    ok = cmp[cmp["status"] == "ok"]
-    tooltip = ["backend_label", "family", "size", {"field": "attention_time_ms", "format": ".2f"},
-               {"field": f"attention_peak_mem_{unit}", "format": ".2f"}, {"field": "time_ratio", "format": ".2f"}]
+    ok, legend = T.labelled(cmp[cmp["status"] == "ok"], T.CELL_SERIES)
     st.subheader("Time against peak memory, per size")
-    chart(ok, C.time_against_peak(sizes, unit), stretch=False)
+    chart(ok, C.time_against_peak(sizes, unit, legend), stretch=False)
     st.subheader(f"Ratio to {baseline} (below 1: faster or smaller)")
     left, right = st.columns(2)
     for where, y, title in ((left, "time_ratio", "time ratio"), (right, "peak_ratio", "peak memory ratio")):
         with where:
-            chart(ok, {"layer": [
-                {"mark": {"type": "point", "filled": True, "size": 120, "tooltip": True}, "encoding": {
-                    "x": {"field": "size", "type": "ordinal", "sort": sizes, "title": "size (pixels)"},
-                    "xOffset": {"field": "backend_label"}, "y": C.log_axis(y, f"{title} (x {baseline})"),
-                    "color": {"field": "backend_label", "title": "backend"}, "tooltip": tooltip}},
-                {"mark": {"type": "rule", "strokeDash": [4, 4]}, "encoding": {"y": {"datum": 1}}}]})
+            chart(ok, C.ratio_to_baseline(y, title, baseline, sizes, legend))
     st.subheader("Largest size that ran, per backend")
     table(T.largest_ok(cells), "largest")
     st.subheader("All cells")
@@ -251,19 +257,16 @@ def compare_backends(cells: pd.DataFrame, baseline: str, sizes: list[str]) -> No
 def compare_runs(cells: pd.DataFrame, by: str, baseline: str, sizes: list[str]) -> None:
     """Runs side by side: each backend's time per size, a series per run (or environment value), and each other
     run judged against the baseline run cell by cell with the noise rule (profiler.report.compare)."""
-    from profiler.report.compare import compare, summary
+    from profiler.report.compare import THRESHOLD, compare, rule_text, summary, summary_text
 
-    ok = cells[cells["status"] == "ok"]
-    st.subheader(f"Attention time per backend and size, side by side by {by}")
-    chart(ok, C.side_by_side(sizes, "series", by), stretch=False)
+    ok, title = T.labelled(cells[cells["status"] == "ok"], T.CELL_SERIES[:-1])  # the runs: side by side
+    st.subheader(f"Attention time per {title} and size, side by side by {by}")
+    chart(ok, C.side_by_side(sizes, by, title), stretch=False)
     base = cells[cells["run_id"] == baseline]
     for run_id in [r for r in dict.fromkeys(cells["run_id"]) if r != baseline]:
         result = compare(base, cells[cells["run_id"] == run_id])
-        s = summary(result)
         st.subheader(f"{run_id} against {baseline}")
-        st.caption(f"{s['matched']} cells matched: {s['regressions']} regressions, {s['improvements']} improvements, "
-                   f"{s['within_noise']} within noise. A change counts past 5% and only where the two runs' "
-                   "interquartile ranges do not overlap (attnprof diff applies the same rule).")
+        st.caption(f"{summary_text(summary(result))}. As attnprof diff judges: {rule_text(THRESHOLD)}.")
         table(result["matched"], f"diff-{run_id}")
         for side, name in (("only_a", baseline), ("only_b", run_id)):
             if len(result[side]):
@@ -274,22 +277,10 @@ def compare_runs(cells: pd.DataFrame, by: str, baseline: str, sizes: list[str]) 
 def scaling_page(blocks: pd.DataFrame) -> None:
     st.header("Scaling")
     scale = T.scaling_table(blocks)
-    scale_mem, unit = T.with_mem_unit(scale, ["score_table_max_bytes"])
-    long, peak_unit = T.with_mem_unit(T.scaling_long(scale), ["peak_bytes"])
-    x = C.log_axis("pixels", "image size (pixels = width x height)")
-    line = {"type": "line", "point": True, "tooltip": True}
-    per_model = scale_mem.drop_duplicates(["model", "size"])  # tokens and score tables do not depend on the backend
     left, right = st.columns(2)
-    with left:
-        chart(per_model, {"mark": line, "title": "tokens at the finest level", "encoding": {
-            "x": x, "y": C.log_axis("tokens_max", "tokens (count)"), "color": {"field": "model"},
-            "tooltip": ["size", "model", "tokens_max"]}})
-        chart(scale, C.scaling_time())
-    with right:
-        chart(per_model, {"mark": line, "title": "largest score table", "encoding": {
-            "x": x, "y": C.log_axis(f"score_table_max_{unit}", f"score table ({unit})"), "color": {"field": "model"},
-            "tooltip": ["size", "model", {"field": f"score_table_max_{unit}", "format": ".2f"}]}})
-        chart(long, C.scaling_peak(peak_unit))
+    for i, (_, spec, data) in enumerate(C.scaling_charts(scale)):  # tokens | score tables, then time | peaks
+        with left if i % 2 == 0 else right:
+            chart(data, spec)
     table(scale, "scaling")
 
 
@@ -303,6 +294,13 @@ def planner_ui() -> tuple:
     dtype = choice_ui("Dtype", ["float16", "bfloat16", "float32"], "plan_dtype", "float16", where=d)
     budget = text_ui("Memory budget", "budget", "24GiB", where=e)
     return model, size, batch, dtype, budget
+
+
+def guidance(batch: int) -> str:
+    """What the batch means for a pipeline with classifier-free guidance, which runs the U-Net at batch 2 an image."""
+    if batch == 1:
+        return " (a pipeline with classifier-free guidance runs batch 2 for one image: set Batch to 2 for it)"
+    return " (one image under classifier-free guidance)" if batch == 2 else ""
 
 
 def planner_page(model: str, size: str, batch: str, dtype: str, budget: str) -> None:
@@ -319,19 +317,11 @@ def planner_page(model: str, size: str, batch: str, dtype: str, budget: str) -> 
     plan = T.planner_table(traced, limit)
     shown, unit = T.with_mem_unit(plan, ["need_bytes", "budget_bytes"])
     fits = int(plan["fits"].sum())
-    st.caption(f"{model} at {width}x{height}, batch {n}, {dtype}, on a CUDA GPU: "
+    st.caption(f"{model} at {width}x{height}, batch {n}{guidance(n)}, {dtype}, on a CUDA GPU: "
                f"{fits} of {len(plan)} backends fit in {T.human_bytes(limit)}. Need = the whole forward's peak: "
                "weights, inputs and every activation, traced on fake tensors (no GPU and no run needed). Not "
                f"counted: {LEFT_OUT}.")
-    chart(shown, {"layer": [
-        {"mark": {"type": "bar", "tooltip": True}, "encoding": {
-            "y": {"field": "backend", "type": "nominal", "sort": None, "title": None},
-            "x": {"field": f"need_{unit}", "type": "quantitative", "title": f"predicted need ({unit})"},
-            "color": {"field": "fits", "type": "nominal", "scale": {"domain": [True, False],
-                                                                     "range": ["#2a9d8f", "#e76f51"]}},
-            "tooltip": ["backend", "family", "largest_call", {"field": f"need_{unit}", "format": ".2f"}]}},
-        {"mark": {"type": "rule", "color": "black", "strokeDash": [4, 4]},
-         "encoding": {"x": {"datum": limit / T.UNITS[unit]}}}]})
+    chart(shown, C.planner_needs(unit, limit / T.UNITS[unit], len(shown)))
     table(plan, "planner")
     st.subheader(f"Largest square image per backend, by GPU memory ({model}, batch {n}, {dtype})")
     st.caption("Every 64-pixel step screened (the activations from two traced forwards, each attention call from its "
@@ -505,6 +495,7 @@ def main() -> None:
         st.header("Planner")
         values = planner_ui()
         mirror(dict(zip(("page", "plan_model", "plan_size", "plan_batch", "plan_dtype", "budget"), (page, *values))))
+        link_warnings(root)
         return planner_page(*values)
     if page == "Queue":
         st.header("Queue")
@@ -512,14 +503,16 @@ def main() -> None:
                    "unless the sweep names another folder (out:).")
         text = queue_ui()
         mirror({"page": page})
+        link_warnings(root)
         return queue_page(text, root.resolve())
-    chosen = runs_ui(index) if len(index) else []
+    chosen = runs_ui(index)
     cells, blocks, problems = load_selected(root, chosen)
     filters = filters_ui(cells) if len(cells) else {}
     if filters:
         cells, blocks = T.apply_filters(cells, filters), T.apply_filters(blocks, filters)
     choices = page_ui(page, cells)
     mirror({"page": page, "run": chosen, **filters, **{k: v for k, v in choices.items() if k != "envs"}})
+    link_warnings(root)
 
     unreadable = index[~index["readable"]]["run_id"].tolist() if len(index) else []
     if unreadable and page != "Runs":

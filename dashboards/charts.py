@@ -1,18 +1,55 @@
 """Vega-Lite specs of the charts that the dashboard (app.py) and the HTML report (report.py) share: data in, spec
-out (the dashboard passes the data beside the spec, the report embeds it)."""
+out (the dashboard passes the data beside the spec, the report embeds it).
+
+Two rules hold for every spec here (tests/test_charts.py checks each function on real runs): every tooltip entry is
+a field definition with its type and title, and every series a chart draws is split by every field that varies in
+its data: where a chart's colour tells series apart it colours by `label`, which transforms.labelled builds from
+those fields (backend, model, dtype, batch, aspect, run) whose values vary."""
 from __future__ import annotations
 
 import pandas as pd
+
+from dashboards import transforms as T
+
+SCHEMA = "https://vega.github.io/schema/vega-lite/v6.json"  # the version vl-convert's bundle and Streamlit draw with
+SIZE_X = "image size (pixels = width x height)"
+
+
+def tip(field: str, title: str, kind: str = "nominal", fmt: str | None = None) -> dict:
+    """One tooltip entry: a field definition, as Vega-Lite wants it (a bare name is dropped with a warning)."""
+    return {"field": field, "type": kind, "title": title, **({"format": fmt} if fmt else {})}
+
+
+def num(field: str, title: str, fmt: str = ".2f") -> dict:
+    return tip(field, title, "quantitative", fmt)
 
 
 def log_axis(field: str, title: str, **extra) -> dict:
     return {"field": field, "type": "quantitative", "scale": {"type": "log"}, "title": title, **extra}
 
 
+def colour(field: str, title: str, **extra) -> dict:
+    """A nominal colour whose legend shows labels whole (a label names backend, model, dtype, ... where they vary)."""
+    return {"field": field, "type": "nominal", "title": title, "legend": {"labelLimit": 480}, **extra}
+
+
+def _facet(sizes: list[str]) -> dict:
+    return {"field": "size", "type": "ordinal", "sort": sizes, "columns": 3, "title": None}
+
+
+def _rule(**encoding) -> dict:
+    """A dashed reference line drawn once (its own one-row data, not once per row of the chart's)."""
+    return {"data": {"values": [{}]}, "mark": {"type": "rule", "color": "black", "strokeDash": [4, 4]},
+            "encoding": encoding}
+
+
+# ---- the Run page: one cell's attention calls
+
 def call_tooltip(unit: str) -> list:
-    """What hovering over one attention call shows."""
-    return ["block", "kind", "tokens", "score_table", {"field": "time_ms", "title": "time (ms)", "format": ".3f"},
-            {"field": f"peak_mem_{unit}", "title": f"peak ({unit})", "format": ".2f"}]
+    """What hovering over one attention call shows: which block it is first."""
+    return [tip("block", "block"), tip("kind", "kind"), tip("tokens", "tokens (query x key)"),
+            tip("score_table", "score table"), num("time_ms", "time (ms)", ".3f"),
+            num(f"peak_mem_{unit}", f"peak ({unit})")]
 
 
 def unet_map(field: str, title: str, unit: str) -> dict:
@@ -20,65 +57,144 @@ def unet_map(field: str, title: str, unit: str) -> dict:
     return {"mark": {"type": "rect", "stroke": "white", "tooltip": True}, "height": 260, "encoding": {
         "x": {"field": "group_label", "type": "ordinal", "sort": {"field": "column"},
               "title": "transformer block, down -> mid -> up", "axis": {"labelAngle": -40}},
-        "xOffset": {"field": "kind", "sort": ["self", "cross", "image"]},
+        "xOffset": {"field": "kind", "type": "nominal", "sort": ["self", "cross", "image"]},
         "y": {"field": "level_label", "type": "ordinal", "sort": {"field": "level"}, "title": None},
         "yOffset": {"field": "layer", "type": "ordinal"},
         "color": {"field": field, "type": "quantitative", "title": title, "scale": {"scheme": "viridis"}},
         "tooltip": call_tooltip(unit)}}
 
 
-def time_against_peak(sizes: list[str], unit: str, series: str = "backend_label", title: str = "backend") -> dict:
-    """Attention time against peak memory, a panel per size, a colour per series (backend, run, GPU, ...)."""
-    peak = f"attention_peak_mem_{unit}"
-    tooltip = list(dict.fromkeys(["backend_label", "family", "size", series])) + [
-        {"field": "attention_time_ms", "format": ".2f"}, {"field": peak, "format": ".2f"}]
+def call_bars(x: str, title: str, unit: str, calls: int) -> dict:
+    """One bar per attention call of one cell, in call order, coloured by stage."""
+    return {"mark": {"type": "bar", "tooltip": True}, "height": 18 * calls + 40, "encoding": {
+        "y": {"field": "block", "type": "nominal", "sort": {"field": "call_index"}, "title": None,
+              "axis": {"labelLimit": 320, "labelOverlap": False}},
+        "x": {"field": x, "type": "quantitative", "title": title},
+        "color": colour("stage", "stage", sort=["down", "mid", "up"]),
+        "tooltip": call_tooltip(unit)}}
+
+
+# ---- the Compare page
+
+def cell_tooltip(unit: str) -> list:
+    """What hovering over one cell's point shows."""
+    return [tip("backend_label", "backend"), tip("model", "model"), tip("dtype", "dtype"),
+            tip("batch", "batch", "ordinal"), tip("size", "size"), tip("run_id", "run"),
+            num("attention_time_ms", "attention time (ms)"), num(f"attention_peak_mem_{unit}", f"peak ({unit})")]
+
+
+def time_against_peak(sizes: list[str], unit: str, title: str) -> dict:
+    """Attention time against peak memory, a panel per size, a colour per `label` (transforms.labelled over the
+    cells' backend, model, dtype, batch and run), a shape per family."""
     return {"mark": {"type": "point", "filled": True, "size": 100, "tooltip": True}, "width": 260, "height": 220,
-            "encoding": {"facet": {"field": "size", "sort": sizes, "columns": 3, "title": None},
-                         "x": log_axis(peak, f"attention peak memory ({unit})"),
+            "encoding": {"facet": _facet(sizes),
+                         "x": log_axis(f"attention_peak_mem_{unit}", f"attention peak memory ({unit})"),
                          "y": log_axis("attention_time_ms", "attention time (ms)"),
-                         "color": {"field": series, "title": title},
-                         "shape": {"field": "family" if series == "backend_label" else "backend_label",
-                                   "title": "family" if series == "backend_label" else "backend"},
-                         "tooltip": tooltip}}
+                         "color": colour("label", title), "shape": colour("family", "family"),
+                         "tooltip": cell_tooltip(unit)}}
 
 
-def side_by_side(sizes: list[str], series: str, title: str) -> dict:
-    """Each backend's attention time per size, one point per series value next to each other."""
+def ratio_to_baseline(y: str, title: str, baseline: str, sizes: list[str], legend: str) -> dict:
+    """Each cell's time or peak as a ratio to the baseline backend's cell (transforms.compare_table), a point per
+    `label` side by side at each size, and the line at 1."""
+    return {"layer": [
+        {"mark": {"type": "point", "filled": True, "size": 120, "tooltip": True}, "encoding": {
+            "x": {"field": "size", "type": "ordinal", "sort": sizes, "title": "size (pixels)"},
+            "xOffset": {"field": "label", "type": "nominal"}, "y": log_axis(y, f"{title} (x {baseline})"),
+            "color": colour("label", legend),
+            "tooltip": [tip("label", legend), tip("size", "size"), num("attention_time_ms", "attention time (ms)"),
+                        num("time_ratio", "time ratio"), num("peak_ratio", "peak ratio")]}},
+        _rule(y={"datum": 1})]}
+
+
+def side_by_side(sizes: list[str], by: str, title: str) -> dict:
+    """Each `label`'s attention time per size (transforms.labelled over backend, model, dtype and batch), one point
+    per `series` (a run, or an environment value: transforms.with_series) next to each other."""
     return {"mark": {"type": "point", "filled": True, "size": 110, "tooltip": True}, "width": 260, "height": 220,
-            "encoding": {"facet": {"field": "size", "sort": sizes, "columns": 3, "title": None},
-                         "x": {"field": "backend_label", "type": "nominal", "title": None},
-                         "xOffset": {"field": series, "type": "nominal"},
+            "encoding": {"facet": _facet(sizes),
+                         "x": {"field": "label", "type": "nominal", "title": title},
+                         "xOffset": {"field": "series", "type": "nominal"},
                          "y": log_axis("attention_time_ms", "attention time (ms)"),
-                         "color": {"field": series, "type": "nominal", "title": title},
-                         "tooltip": ["backend_label", "size", series, {"field": "attention_time_ms", "format": ".2f"},
-                                     {"field": "iqr_ms", "format": ".2f"}]}}
+                         "color": colour("series", by),
+                         "tooltip": [tip("label", title), tip("size", "size"), tip("series", by),
+                                     tip("run_id", "run"), num("attention_time_ms", "attention time (ms)"),
+                                     num("forward_iqr_ms", "forward time IQR (ms)")]}}
 
 
-def scaling_time() -> dict:
+# ---- the Scaling page (transforms.scaling_table, scaling_long, shape_table)
+
+def scaling_shape(y: str, title: str, legend: str) -> dict:
+    """What depends on the shape alone (tokens; score tables), against image size: a line per `label`."""
+    return {"mark": {"type": "line", "point": True, "tooltip": True}, "title": title,
+            "encoding": {"x": log_axis("pixels", SIZE_X), "y": log_axis(y, title), "color": colour("label", legend),
+                         "tooltip": [tip("label", legend), tip("size", "size"), num(y, title)]}}
+
+
+def scaling_time(legend: str) -> dict:
     return {"mark": {"type": "line", "point": True, "tooltip": True},
             "title": "attention time (sum of the calls' medians)",
-            "encoding": {"x": log_axis("pixels", "image size (pixels = width x height)"),
-                         "y": log_axis("attention_time_ms", "time (ms)"),
-                         "color": {"field": "backend_label", "title": "backend"},
-                         "detail": {"field": "run_id"},  # a line per run: two runs at one size are not joined
-                         "tooltip": ["size", "backend_label", "run_id",
-                                     {"field": "attention_time_ms", "format": ".2f"}]}}
+            "encoding": {"x": log_axis("pixels", SIZE_X), "y": log_axis("attention_time_ms", "time (ms)"),
+                         "color": colour("label", legend),
+                         "tooltip": [tip("label", legend), tip("size", "size"), tip("run_id", "run"),
+                                     num("attention_time_ms", "attention time (ms)")]}}
 
 
-def scaling_peak(unit: str) -> dict:
-    return {"mark": {"type": "line", "point": True, "tooltip": True},
-            "title": "largest call's peak memory, measured (solid) and predicted (dashed)",
-            "encoding": {"x": log_axis("pixels", "image size (pixels = width x height)"),
-                         "y": log_axis(f"peak_{unit}", f"peak memory ({unit})"),
-                         "color": {"field": "backend_label", "title": "backend"},
-                         "strokeDash": {"field": "source", "sort": ["measured", "predicted"],
-                                        "legend": {"orient": "top", "title": None}},
-                         "detail": {"field": "run_id"},
-                         "tooltip": ["size", "backend_label", "run_id", "source",
-                                     {"field": f"peak_{unit}", "format": ".2f"}]}}
+def scaling_peak(unit: str, legend: str) -> dict:
+    """The largest call's peak, measured (solid line, filled points) beside predicted (dashed, hollow): only the
+    lines encode the source, so that its legend draws a solid and a dashed line (a legend shared with the points'
+    draws dots)."""
+    tooltip = [tip("label", legend), tip("size", "size"), tip("run_id", "run"), tip("source", "source"),
+               num(f"peak_{unit}", f"peak ({unit})")]
+
+    def points(source: str, filled: bool) -> dict:
+        return {"transform": [{"filter": {"field": "source", "equal": source}}],
+                "mark": {"type": "point", "filled": filled, "tooltip": True}, "encoding": {"tooltip": tooltip}}
+
+    return {"title": "largest call's peak memory, measured and predicted",
+            "encoding": {"x": log_axis("pixels", SIZE_X), "y": log_axis(f"peak_{unit}", f"peak memory ({unit})"),
+                         "color": colour("label", legend)},
+            "layer": [{"mark": "line", "encoding": {"strokeDash": {
+                          "field": "source", "type": "nominal", "title": None,
+                          "scale": {"domain": ["measured", "predicted"], "range": [[1, 0], [6, 4]]},
+                          "legend": {"orient": "top", "symbolType": "stroke", "symbolSize": 400,
+                                     "symbolStrokeWidth": 2, "symbolStrokeColor": "black"}}}},
+                      points("measured", True), points("predicted", False)]}
+
+
+def scaling_charts(scale: pd.DataFrame) -> list[tuple[str, dict, pd.DataFrame]]:
+    """(title, spec, data) of the Scaling page's and the report's four charts, from transforms.scaling_table: what
+    the shape sets (tokens, score tables), then what was measured (time, peaks)."""
+    tokens, by_model = T.labelled(T.shape_table(scale, "tokens_max", ("model", "aspect")))
+    by_shape = ("model", "dtype", "batch", "aspect")  # a score table's bytes: its shape and the compute dtype
+    scores, unit = T.with_mem_unit(T.shape_table(scale, "score_table_max_bytes", by_shape), ["score_table_max_bytes"])
+    scores, by_shape = T.labelled(scores)
+    time, legend = T.labelled(scale)
+    peaks, peak_unit = T.with_mem_unit(T.scaling_long(time), ["peak_bytes"])
+    return [("Scaling: tokens at the finest level against image size",
+             scaling_shape("tokens_max", "tokens at the finest level", by_model), tokens),
+            ("Scaling: the largest score table", scaling_shape(f"score_table_max_{unit}",
+                                                               f"largest score table ({unit})", by_shape), scores),
+            ("Scaling: attention time against image size", scaling_time(legend), time),
+            ("Scaling: the largest call's peak memory, measured and predicted", scaling_peak(peak_unit, legend),
+             peaks)]
+
+
+# ---- the Planner page (transforms.planner_table)
+
+def planner_needs(unit: str, budget: float, backends: int) -> dict:
+    """Each backend's predicted need as a bar, coloured by whether it fits, and the budget as a dashed line. The
+    height is given (not a step per bar), so that a chart fitted to its container keeps it."""
+    return {"height": 24 * backends + 20, "layer": [
+        {"mark": {"type": "bar", "tooltip": True}, "encoding": {
+            "y": {"field": "backend", "type": "nominal", "sort": None, "title": None},
+            "x": {"field": f"need_{unit}", "type": "quantitative", "title": f"predicted need ({unit})"},
+            "color": colour("fits", "fits", scale={"domain": [True, False], "range": ["#2a9d8f", "#e76f51"]}),
+            "tooltip": [tip("backend", "backend"), tip("family", "family"), tip("largest_call", "largest call"),
+                        num(f"need_{unit}", f"need ({unit})")]}},
+        _rule(x={"datum": budget})]}
 
 
 def with_data(spec: dict, data: pd.DataFrame) -> dict:
     """The spec with its data inline (for a page with no server): NaN as null."""
     records = data.astype(object).where(data.notna(), None).to_dict("records")
-    return {"$schema": "https://vega.github.io/schema/vega-lite/v5.json", **spec, "data": {"values": records}}
+    return {"$schema": SCHEMA, **spec, "data": {"values": records}}

@@ -50,16 +50,13 @@ def _charts_and_sections(cells: pd.DataFrame, blocks: pd.DataFrame, runs: list[R
             C.unet_map("time_ms", "time (ms)", unit), layout,
             "down, mid and up by level; each tile one attention call (self | cross), coloured by its median time")
     if len(ok):
-        series, title = ("run_id", "run") if len(runs) > 1 else ("backend_label", "backend")
         cmp, unit = T.with_mem_unit(ok, ["attention_peak_mem_bytes"])
+        cmp, legend = T.labelled(cmp, T.CELL_SERIES)
         add("Compare: attention time against peak memory, per size",
-            C.time_against_peak(T.options(ok, "size"), unit, series, title), cmp)
-    if len(blocks):
-        scale = T.scaling_table(blocks)
-        if len(scale):
-            add("Scaling: attention time against image size", C.scaling_time(), scale)
-            long, unit = T.with_mem_unit(T.scaling_long(scale), ["peak_bytes"])
-            add("Scaling: the largest call's peak memory", C.scaling_peak(unit), long)
+            C.time_against_peak(T.options(ok, "size"), unit, legend), cmp)
+    scale = T.scaling_table(blocks) if len(blocks) else pd.DataFrame()
+    for title, spec, data in C.scaling_charts(scale) if len(scale) else []:
+        add(title, spec, data)
     return specs, sections
 
 

@@ -3,6 +3,7 @@
 Tables keep raw numbers with units in the column names (for CSV); display() turns them into MiB / GiB and ms."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -34,6 +35,7 @@ def _derive(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
     df["size"] = df["width"].astype(str) + "x" + df["height"].astype(str)
     df["pixels"] = df["width"] * df["height"]
+    df["aspect"] = [f"{w // math.gcd(w, h)}:{h // math.gcd(w, h)}" for w, h in zip(df["width"], df["height"])]
     df["backend_label"] = [backends.label(b, o) for b, o in zip(df["backend"], df["backend_options"])]
     df["settings_label"] = [label(s) or "none" for s in (df["settings"] if "settings" in df else [None] * len(df))]
     df["family"] = df["backend"].map(family)
@@ -44,6 +46,25 @@ def _derive(df: pd.DataFrame) -> pd.DataFrame:
 
 def family(name: str) -> str:
     return backends.BACKENDS[name].family if name in backends.BACKENDS else "other"
+
+
+# ---- what tells one series of a chart from another
+
+SERIES = ("backend_label", "model", "dtype", "batch", "aspect", "run_id")
+CELL_SERIES = ("backend_label", "model", "dtype", "batch", "run_id")  # for charts with a panel per size
+_NAMES = {"backend_label": ("backend", "{}"), "batch": ("batch", "batch {}"), "aspect": ("aspect", "aspect {}"),
+          "run_id": ("run", "{}")}
+
+
+def labelled(df: pd.DataFrame, fields=SERIES) -> tuple[pd.DataFrame, str]:
+    """(df with `label`, its title): each row's values of those of `fields` that vary in df, e.g.
+    'sdpa tiny-sdxl float32' and 'backend, model, dtype'; the first field alone where none varies. A chart that
+    colours by `label` splits its series by everything that differs between them (dashboards/charts.py)."""
+    present = [f for f in fields if f in df]
+    varying = [f for f in present if df[f].nunique(dropna=False) > 1] or present[:1]
+    labels = [" ".join(_NAMES.get(f, (f, "{}"))[1].format(v) for f, v in zip(varying, row))
+              for row in df[varying].itertuples(index=False)]
+    return df.assign(label=labels), ", ".join(_NAMES.get(f, (f,))[0] for f in varying)
 
 
 # ---- filters
@@ -160,7 +181,8 @@ def differing(envs: pd.DataFrame) -> list[str]:
 
 
 def with_series(cells: pd.DataFrame, envs: pd.DataFrame, by: str) -> pd.DataFrame:
-    """cells with `series`: the backend, the run, or an environment field's value of the cell's run."""
+    """cells with `series`: the backend, the run, or an environment field's value of the cell's run (with the run's
+    id where runs share the value, so that no two runs' points fall on one spot)."""
     if by == "backend":
         return cells.assign(series=cells["backend_label"])
     if by == "run":
@@ -169,7 +191,9 @@ def with_series(cells: pd.DataFrame, envs: pd.DataFrame, by: str) -> pd.DataFram
     if by in cells:  # also recorded per cell (torch_threads): the cell's own value where it has one
         own = cells[by].map(lambda v: None if v is None or v != v else str(int(v) if isinstance(v, float) else v))
         values = own.where(own.notna(), values)
-    return cells.assign(series=f"{by}=" + values.astype(str))
+    series = f"{by}=" + values.astype(str)
+    shared = cells.groupby(series)["run_id"].transform("nunique") > 1
+    return cells.assign(series=series.where(~shared, series + " (" + cells["run_id"] + ")"))
 
 
 def best_backends(cells: pd.DataFrame, budget_bytes: int) -> pd.DataFrame:
@@ -216,7 +240,7 @@ def scaling_table(blocks: pd.DataFrame) -> pd.DataFrame:
     """Per cell that ran: the finest level's tokens, the largest score table, the attention time (sum of the calls'
     medians) and the largest call's peak memory, measured beside the memory model's prediction."""
     key = ["run_id", "model", "settings_label", "dtype", "batch", "backend_label", "family", "size", "width",
-           "height", "pixels"]
+           "height", "pixels", "aspect"]
     ok = blocks[blocks["status"] == "ok"]
     out = ok.groupby(key, as_index=False).agg(
         tokens_max=("tokens_q", "max"), score_elements_max=("score_elements", "max"),
@@ -232,6 +256,13 @@ def scaling_long(table: pd.DataFrame) -> pd.DataFrame:
                       value_name="peak_bytes")
     long["source"] = long["source"].map({"peak_mem_bytes": "measured", "predicted_peak_bytes": "predicted"})
     return long
+
+
+def shape_table(table: pd.DataFrame, value: str, depends_on: tuple[str, ...]) -> pd.DataFrame:
+    """One row per shape that `value` depends on (tokens: model and aspect; score tables: also dtype and batch) and
+    size, from scaling_table: what does not depend on the backend or the run, drawn once."""
+    keep = [*depends_on, "size", "pixels", value]
+    return table[keep].drop_duplicates([*depends_on, "size"]).reset_index(drop=True)
 
 
 # ---- the Planner page

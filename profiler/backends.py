@@ -75,9 +75,11 @@ def names() -> list[str]:
     return list(BACKENDS)
 
 
-def label(name: str, options_json: str | None) -> str:
-    """The backend's name, with its options where they differ from the defaults: 'sliced(slice_size=4)'."""
-    options = json.loads(options_json) if options_json else {}
+def label(name: str, options=None) -> str:
+    """The backend's name, with its options where they differ from the defaults: 'sliced(slice_size=4)'. Every
+    text that names a measured backend uses it. options: as stored (JSON), a dict, or a cell spec's (key, value)
+    pairs."""
+    options = dict(json.loads(options) if isinstance(options, str) and options else options or {})
     defaults = BACKENDS[name].options if name in BACKENDS else {}
     changed = {k: v for k, v in sorted(options.items()) if defaults.get(k) != v}
     return name + (f"({','.join(f'{k}={v}' for k, v in changed.items())})" if changed else "")

@@ -3,10 +3,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from .spec import InputError, parse_batch, parse_dtype, parse_size
+
+
+NO_CELL_OK = 1  # run, sweep, profile: the run holds no cell that ended ok
+EXIT_CODES = (f"exit codes: 0 when at least one cell ended ok, {NO_CELL_OK} when none did, 2 on bad input (nothing "
+              "run or written), 130 when interrupted (the cells recorded so far are kept)")
+RETRY_HELP = "run again the cells of the latest run of this config that did not end ok (implies --resume)"
+CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whose output pipe was closed
 
 
 class _Parser(argparse.ArgumentParser):
@@ -233,13 +241,19 @@ def _execute(sweep, args) -> int:
                       force=args.force, workers=not args.in_process, progress=not args.quiet,
                       command=" ".join(["attnprof"] + sys.argv[1:]))  # as the user would type it again
 
-    print(status_table(Run.open(outcome.run_path)))
+    run = Run.open(outcome.run_path)
+    print(status_table(run))
     print(f"\nresults: {outcome.run_path}")
     print(f"  summary:   attnprof show {outcome.run_path.name} --results {outcome.run_path.parent}")
     print(f"  dashboard: make dashboard  (or attnprof dashboard --results {outcome.run_path.parent})")
     if outcome.interrupted:
         print("interrupted: the cells recorded so far are kept; run again with --resume to finish", file=sys.stderr)
         return 130
+    cells = run.cells()
+    if not len(cells) or not (cells["status"] == "ok").any():
+        print(f"attnprof: no cell ended ok: see the errors with attnprof show {run.id} --results {run.path.parent}",
+              file=sys.stderr, flush=True)
+        return NO_CELL_OK
     return 0
 
 
@@ -356,6 +370,8 @@ GPU_ARCH_HELP = ("on cuda, the GPU whose SDPA kernel choice to follow, as a comp
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .report.compare import THRESHOLD, rule_text
+
     parser = _Parser(prog="attnprof", description="Profile the attention blocks of Stable Diffusion U-Nets.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -413,7 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_backends)
 
     p = sub.add_parser("run", help="measure per-block time and memory for each backend; writes a run",
-                       description="Measure attention per block: the cartesian product of sizes and backends.")
+                       description="Measure attention per block: the cartesian product of sizes and backends.",
+                       epilog=EXIT_CODES)
     _add_shape_args(p)
     p.add_argument("--backend", action="append", help="backend, repeatable (default sdpa; see attnprof backends)")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="backend option, e.g. slice_size=4")
@@ -428,16 +445,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("sweep", help="run a YAML sweep from configs/sweeps (resumable)",
-                       description="Run a sweep config; see README for the keys.")
+                       description="Run a sweep config; see README for the keys.", epilog=EXIT_CODES)
     p.add_argument("config", help="a YAML file, e.g. configs/sweeps/default.yaml")
     p.add_argument("--resume", action="store_true", help="continue the latest run of this config")
-    p.add_argument("--retry-failed", action="store_true", help="with --resume: run again cells that did not end ok")
+    p.add_argument("--retry-failed", action="store_true", help=RETRY_HELP)
     _add_exec_args(p, out_default=None)
     p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser("profile", help="run the built-in default sweep (GPU: default.yaml, CPU: cpu-default.yaml)")
+    p = sub.add_parser("profile", help="run the built-in default sweep (GPU: default.yaml, CPU: cpu-default.yaml)",
+                       epilog=EXIT_CODES)
     p.add_argument("--resume", action="store_true", help="continue the latest default run")
-    p.add_argument("--retry-failed", action="store_true", help="with --resume: run again cells that did not end ok")
+    p.add_argument("--retry-failed", action="store_true", help=RETRY_HELP)
     _add_exec_args(p, out_default=None)
     p.set_defaults(func=cmd_profile)
 
@@ -483,13 +501,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("diff", help="run B against run A, cell by cell; exit 1 on a regression (for CI)",
                        description="Cells matched on model, size, batch, dtype and backend with options; per cell the "
-                                   "time and peak-memory ratio of B to A and a verdict: a regression or an improvement "
-                                   "only past --threshold and where the interquartile ranges of the stored samples "
-                                   "do not overlap. Exit code 1 when any regression is found, else 0.")
+                                   "time and peak-memory ratio of B to A and a verdict, regression or improvement by "
+                                   f"the noise rule: {rule_text()}; anything else "
+                                   "is within noise. "
+                                   "Exit code 1 when any regression is found, else 0.")
     p.add_argument("run_a", metavar="RUN_A", help="the baseline: run id, unique prefix, 'latest' or a folder")
     p.add_argument("run_b", metavar="RUN_B", help="the run judged against it")
     p.add_argument("--results", default="results", help="results folder (default results)")
-    p.add_argument("--threshold", type=float, default=0.05, help="smallest relative change that counts (0.05)")
+    p.add_argument("--threshold", type=float, default=THRESHOLD,
+                   help=f"smallest relative change that counts ({THRESHOLD})")
     p.add_argument("--json", action="store_true", help="print JSON: summary, matched, only_a, only_b")
     p.set_defaults(func=cmd_diff)
 
@@ -513,7 +533,12 @@ def main(argv=None) -> int:
     stop_on_sigterm()
     try:
         args = build_parser().parse_args(argv)
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a reader that went away shows here, not at the interpreter's exit
+        return code
+    except BrokenPipeError:  # attnprof show | head: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush stays quiet
+        return CLOSED_PIPE
     except InputError as e:
         print(f"attnprof: error: {e}", file=sys.stderr)
         return 2

@@ -393,7 +393,8 @@ def backend_table(cells: pd.DataFrame) -> str:
         ok = c["status"] == "ok"
         ratio = c.get("forward_peak_total_bytes", 0) / c["predicted_forward_peak_bytes"] \
             if ok and c.get("predicted_forward_peak_bytes") else None
-        rows.append({"model": c["model"], "size": f"{c['width']}x{c['height']}", "backend": c["backend"],
+        rows.append({"model": c["model"], "size": f"{c['width']}x{c['height']}",
+                     "backend": backends.label(c["backend"], c.get("backend_options")),
                      "status": c["status"] if ok else f"{c['status']}: {str(c['error'])[:60]}",
                      "forward": f"{c['forward_time_ms']:.1f} ms" if ok else "-",
                      "attention": f"{c['attention_time_ms']:.1f} ms" if ok else "-",

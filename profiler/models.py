@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from .spec import InputError, torch_dtype
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "models"
 _REQUIRED = ("down_block_types", "up_block_types", "block_out_channels", "cross_attention_dim")
+WEIGHTS = "diffusion_pytorch_model"  # diffusers' file name of a model's weights
+_SAFETENSORS = re.compile(rf"{WEIGHTS}(?:\.(\w+))?\.safetensors|{WEIGHTS}\.safetensors\.index(?:\.(\w+))?\.json")
 
 
 KINDS = {"unet": "UNet2DConditionModel", "vae": "AutoencoderKL", "controlnet": "ControlNetModel"}
@@ -28,6 +31,7 @@ class ModelSource:
     weights: str | None = None  # folder or hub id holding real weights; None for registry configs
     subfolder: str | None = None
     kind: str = "unet"  # unet, vae or controlnet
+    variant: str | None = None  # the weights file's variant ('fp16': diffusion_pytorch_model.fp16.safetensors)
 
     @property
     def levels(self) -> int:
@@ -84,8 +88,24 @@ def _read_folder(path: Path) -> ModelSource:
                 config = json.loads(cfg_path.read_text())
             except json.JSONDecodeError as e:
                 raise InputError(f"{cfg_path}: not valid JSON ({e}): fix the file") from None
-            return ModelSource(str(path), _check_unet_config(config, str(cfg_path)), weights=str(path), subfolder=sub)
+            config = _check_unet_config(config, str(cfg_path))
+            return ModelSource(str(path), config, weights=str(path), subfolder=sub,
+                               variant=_weights_variant(cfg_path.parent))
     raise InputError(f"{path} holds no config.json nor unet/config.json: point at a diffusers model folder")
+
+
+def _weights_variant(folder: Path) -> str | None:
+    """The variant of the U-Net's safetensors weights in a folder (None: the plain file; else 'fp16' where there is
+    one, or the first by name); an InputError naming what the folder holds where it has none."""
+    names = sorted(p.name for p in folder.iterdir() if p.is_file())
+    variants = {m.group(1) or m.group(2) for m in map(_SAFETENSORS.fullmatch, names) if m}
+    if variants:
+        return None if None in variants else "fp16" if "fp16" in variants else sorted(variants)[0]
+    found = [n for n in names if n.endswith((".bin", ".safetensors", ".ckpt", ".pt", ".pth"))]
+    raise InputError(f"model folder {folder} holds {'only ' + ', '.join(found) if found else 'no weights'}: attnprof "
+                     f"loads the U-Net's weights from {WEIGHTS}.safetensors (or a variant such as "
+                     f"{WEIGHTS}.fp16.safetensors); re-save the model with save_pretrained(folder, "
+                     "safe_serialization=True)")
 
 
 def resolve(name: str) -> ModelSource:
@@ -144,9 +164,10 @@ def build(source: ModelSource | str, weights: str = "random", device: str = "cpu
             raise InputError(f"model {source.name!r} is a config only: "
                              "give a diffusers folder or hub id for real weights")
         unet = UNet2DConditionModel.from_pretrained(source.weights, subfolder=source.subfolder, use_safetensors=True,
-                                                    low_cpu_mem_usage=False, torch_dtype=torch_dtype(dtype))
+                                                    variant=source.variant, low_cpu_mem_usage=False,
+                                                    torch_dtype=torch_dtype(dtype))
         return unet.to(device).eval()
-    unet = torch.nn.Module.to(_from_config(source), torch_dtype(dtype))  # on meta: no memory; diffusers' .to() warns about casts
+    unet = torch.nn.Module.to(_from_config(source), torch_dtype(dtype))  # on meta (no memory): diffusers' .to() warns
     if weights == "meta":
         return unet.eval()
     if weights != "random":

@@ -34,8 +34,9 @@ def _few_threads():
 @pytest.fixture(scope="session")
 def dashboard_results(tmp_path_factory):
     """A results folder with one run written by the real profiler, for the dashboard's tests: tiny-sd15 at 64x64 and
-    128x128, float32 on the CPU, in process; naive, sdpa and subquad measured, xformers unavailable (CUDA only),
-    and naive at 128x128 skipped by a memory budget set between its predicted need and subquad's."""
+    128x128, float32 on the CPU, in process, three repeats (what a diff verdict needs); naive, sdpa and subquad
+    measured, xformers unavailable (CUDA only), and naive at 128x128 skipped by a memory budget set between its
+    predicted need and subquad's."""
     from dataclasses import replace
 
     from profiler.execute.grid import Sweep
@@ -43,7 +44,7 @@ def dashboard_results(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("dashboard") / "results"
     sweep = Sweep(models=("tiny-sd15",), sizes=((64, 64), (128, 128)), dtypes=("float32",),
-                  backends=(("naive", ()), ("sdpa", ()), ("subquad", ()), ("xformers", ())), repeats=2, warmup=0,
+                  backends=(("naive", ()), ("sdpa", ()), ("subquad", ()), ("xformers", ())), repeats=3, warmup=0,
                   device="cpu", out=str(root))
     cells = [c for c in sweep.cells() if c.width == 128]
     predicted = predict(cells)[0]
@@ -56,3 +57,49 @@ def dashboard_results(tmp_path_factory):
     finally:
         torch.set_num_threads(threads)
     return root
+
+
+MIXED_SWEEP = """\
+models: [tiny-sd15, tiny-sdxl]
+sizes: [64x64, 128x128]
+dtypes: [float32]
+backends: [sdpa, {sliced: {slice_size: 1}}, {sliced: {slice_size: 4}}]
+repeats: 1
+warmup: 0
+device: cpu
+"""
+BF16_RUN = ["run", "--model", "tiny-sd15", "--size", "64x64", "--size", "128x128", "--dtype", "bfloat16",
+            "--backend", "sliced", "--option", "slice_size=4", "--device", "cpu", "--repeats", "1", "--warmup", "0",
+            "--in-process", "--quiet"]
+
+
+@pytest.fixture(scope="session")
+def mixed_results(tmp_path_factory):
+    """Three real one-repeat runs, made through the command line as a user makes them (issue 20): `mixed`, a sweep
+    holding two models and one backend with two sets of options (its closing output in `sweep_output`); `bf16` and
+    `again`, one bfloat16 grid run twice. Together their cells vary in run, model, dtype and backend options."""
+    import contextlib
+    import io
+    import types
+
+    from profiler.cli import main
+    from profiler.store import list_runs
+
+    root = tmp_path_factory.mktemp("mixed") / "results"
+    config = root.parent / "mixed.yaml"
+    config.write_text(MIXED_SWEEP + f"out: {root}\n")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the timings do not matter here
+    outputs = []
+    try:
+        for argv in (["sweep", str(config), "--in-process", "--quiet"], [*BF16_RUN, "--out", str(root)],
+                     [*BF16_RUN, "--out", str(root)]):
+            with contextlib.redirect_stdout(io.StringIO()) as out:
+                assert main(argv) == 0
+            outputs.append(out.getvalue())
+    finally:
+        torch.set_num_threads(threads)
+    mixed, bf16, again = (next(line for line in o.splitlines() if line.startswith("results:")).split("/")[-1]
+                          for o in outputs)
+    assert sorted((mixed, bf16, again)) == sorted(p.name for p in list_runs(root))
+    return types.SimpleNamespace(root=root, mixed=mixed, bf16=bf16, again=again, sweep_output=outputs[0])

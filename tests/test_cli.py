@@ -117,3 +117,36 @@ def test_no_profiler_chatter_reaches_the_terminal(tmp_path, argv):
     assert p.returncode == 0, p.stderr
     assert "USDT" not in p.stdout + p.stderr
     assert "sdpa     ok" in p.stdout or "ratio" in p.stdout  # it ran and printed its result
+
+
+@pytest.mark.parametrize("argv", [["show", "latest"], ["runs"], ["diff", "latest", "latest"], ["models"],
+                                  ["plan", "--model", "tiny-sd15", "--size", "64x64"]],
+                         ids=["show", "runs", "diff", "models", "plan"])
+def test_every_command_survives_a_closed_pipe(dashboard_results, argv):
+    """The reader closes the pipe before the command writes (as `| head` does once it has its lines): no traceback,
+    no 'Exception ignored' at exit, the closed pipe's exit code."""
+    results = ["--results", str(dashboard_results)] if argv[0] in ("show", "runs", "diff") else []
+    p = subprocess.Popen([sys.executable, "-m", "profiler", *argv, *results], cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    p.stdout.close()  # long before the command has imported torch and written anything
+    err = p.stderr.read()
+    assert p.wait(timeout=120) == 141 and err == "", err
+
+
+def test_show_latest_piped_to_head(dashboard_results):
+    p = subprocess.run(f"{sys.executable} -m profiler show latest --results {dashboard_results} | head -1; "
+                       "echo ${PIPESTATUS[0]} >&2", shell=True, executable="/bin/bash", capture_output=True,
+                       text=True, cwd=REPO, timeout=120)
+    assert p.stdout.startswith("run ") and p.stdout.count("\n") == 1
+    assert "Traceback" not in p.stderr and p.stderr.strip() in ("0", "141"), p.stderr  # 0 when it all fit the pipe
+
+
+def test_plan_names_the_backend_with_its_options(capsys):
+    argv = ["plan", "--model", "tiny-sd15", "--size", "64x64", "--backend", "sliced", "--option", "slice_size=4",
+            "--device", "cpu"]
+    code, out, _ = run(capsys, *argv)
+    assert code == 0 and "peak (sliced(slice_size=4))" in out.splitlines()[1]
+    assert "\nlargest call, sliced(slice_size=4): " in out and "\nparams_total:                       3.22M" in out
+    code, out, _ = run(capsys, *argv, "--json")
+    p = json.loads(out)[0]
+    assert (p["backend_options"], p["backend_label"]) == ({"slice_size": 4}, "sliced(slice_size=4)")

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from profiler.cli import main
-from profiler.report.compare import (IMPROVEMENT, REGRESSION, SAME, compare, peak_verdict, quartiles, summary,
-                                     time_verdict)
+from profiler.report.compare import (IMPROVEMENT, MIN_SAMPLES, REGRESSION, SAME, compare, peak_verdict, quartiles,
+                                     summary, time_verdict)
 from profiler.store import Run, list_runs
 
 MiB = 2**20
@@ -36,8 +36,17 @@ def test_quartiles_of_the_samples():
     ([10.0, 10.1, 10.2], [8.0, 8.08, 8.16], 0.8, IMPROVEMENT),
 ])
 def test_the_noise_rule(a, b, ratio, verdict):
-    got_ratio, got = time_verdict(a, b, 0.05)
-    assert got_ratio == pytest.approx(ratio) and got == verdict
+    got_ratio, got, note = time_verdict(a, b, 0.05)
+    assert got_ratio == pytest.approx(ratio) and got == verdict and note == ""
+
+
+@pytest.mark.parametrize("a, b", [([10.0], [5.0]), ([10.0], [20.0]), ([10.0, 10.1], [20.0, 20.1]),
+                                  ([10.0, 10.1, 10.2], [20.0, 20.1])])
+def test_too_few_samples_are_within_noise_and_say_so(a, b):
+    """One sample has an interquartile range of zero, so any change would pass the rule: a CI gate would flap."""
+    ratio, verdict, note = time_verdict(a, b, 0.05)
+    assert ratio == pytest.approx(sum(b) / len(b) / (sum(a) / len(a))) and verdict == SAME
+    assert note == f"too few samples: {len(a)} in A, {len(b)} in B" and MIN_SAMPLES == 3
 
 
 @pytest.mark.parametrize("a, b, verdict", [
@@ -73,8 +82,8 @@ def test_cells_are_matched_on_their_spec_and_the_unmatched_are_listed():
                                                                                            IMPROVEMENT]
     assert r["only_a"]["backend_options"].tolist() == ['{"slice_size": 1}']
     assert r["only_b"]["backend_options"].tolist() == ['{"slice_size": 4}']
-    assert summary(r) == {"matched": 5, "regressions": 3, "improvements": 2, "within_noise": 0, "only_a": 1,
-                          "only_b": 1}
+    assert summary(r) == {"matched": 5, "regressions": 3, "improvements": 2, "within_noise": 0,
+                          "too_few_samples": 1, "only_a": 1, "only_b": 1}  # naive 1024: two samples
 
 
 def _run(root, run_id, cells):
@@ -112,6 +121,7 @@ def test_report_bad_input_gets_one_line_and_no_traceback(dashboard_results, tmp_
     out = tmp_path / "r.html"
     assert main(["report", run_id, *args, str(out)]) == 0
     text = out.read_text()
-    assert 'data-charts="4"' in text and text.count('<table class="cells">') == 1 and run_id in text
+    assert 'data-charts="6"' in text  # the U-Net, Compare, Scaling's tokens, score tables, time and peaks
+    assert text.count('<table class="cells">') == 1 and run_id in text
     assert "<script src" not in text and "<link" not in text  # nothing to fetch
     assert not [p for p in tmp_path.rglob(".*.part")]  # no partial file left

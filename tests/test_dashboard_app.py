@@ -184,7 +184,8 @@ def test_scaling_page_measured_beside_predicted_on_log_axes(dashboard_results, m
     tokens = charts[0][1].set_index("size")["tokens_max"]
     assert tokens.to_dict() == {"64x64": 64, "128x128": 256}
     peak_spec, peaks = charts[3]
-    assert peak_spec["encoding"]["strokeDash"]["field"] == "source"
+    assert peak_spec["layer"][0]["encoding"]["strokeDash"]["field"] == "source"  # the lines' dash, not the points'
+    assert peak_spec["layer"][0]["encoding"]["strokeDash"]["legend"]["symbolType"] == "stroke"
     assert sorted(peaks["source"].unique()) == ["measured", "predicted"]
     assert len(peaks) == 2 * 5  # five cells ran, each measured and predicted
     assert "MiB" in peak_spec["encoding"]["y"]["title"] and "ms" in charts[1][0]["encoding"]["y"]["title"]
@@ -321,3 +322,36 @@ def test_100_runs_of_10000_rows_open_in_a_few_seconds(tmp_path, monkeypatch):
     assert not at.exception and len(_table(at, 1)) == 313
     assert first < 8.0, f"index + Run page took {first:.1f} s"
     assert again < 3.0, f"a cached rerun took {again:.1f} s"
+
+
+def test_a_link_naming_a_run_or_size_that_is_not_here_says_so(dashboard_results, monkeypatch):
+    run_id = _run_id(dashboard_results)
+    at = _app(dashboard_results, monkeypatch, page="Run", run=["20990101-000000-gone"], size=["64x64", "999x999"])
+    warnings = [w.value for w in at.warning]
+    assert warnings == [f"The link names run 20990101-000000-gone, which is not in the results folder "
+                        f"{dashboard_results}: showing {run_id} instead.",
+                        "The link names size 999x999, which is not among the chosen runs' values: showing 64x64 "
+                        "instead."]
+    assert _qp(at, "run") == [run_id] and _qp(at, "size") == ["64x64"]  # what is shown, as the warning says
+    at.sidebar.radio(key="color").set_value("peak memory").run()
+    assert not at.warning  # said once, not on every change after it
+    at = _app(dashboard_results, monkeypatch, page="Nowhere")
+    assert [w.value for w in at.warning] == ["The link names page Nowhere, which is not one of the choices: showing "
+                                             "Runs instead."]
+
+
+def test_a_link_naming_a_run_in_an_empty_results_folder_says_so(tmp_path, monkeypatch):
+    at = _app(tmp_path / "results", monkeypatch, run="20990101-000000-gone")
+    assert [w.value for w in at.warning] == [f"The link names run 20990101-000000-gone, which is not in the results "
+                                             f"folder {tmp_path / 'results'}: showing all instead."]
+    assert "make profile" in at.info[0].value
+
+
+@pytest.mark.parametrize("batch, says", [
+    ("1", "batch 1 (a pipeline with classifier-free guidance runs batch 2 for one image: set Batch to 2 for it), "),
+    ("2", "batch 2 (one image under classifier-free guidance), "), ("3", "batch 3, ")])
+def test_the_planners_caption_says_what_the_batch_is(tmp_path, monkeypatch, batch, says):
+    at = _app(tmp_path, monkeypatch, page="Planner", plan_model="tiny-sd15", plan_size="64x64", plan_batch=batch)
+    caption = at.caption[0].value
+    assert caption.startswith(f"tiny-sd15 at 64x64, {says}float16, on a CUDA GPU: ") and caption.count("guidance") \
+        == says.count("guidance")

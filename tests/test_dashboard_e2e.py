@@ -96,6 +96,8 @@ def test_chart_renders_and_a_filter_changes_the_url(server, dashboard_results):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
+            messages = []
+            page.on("console", lambda m: messages.append(m.text))
             page.goto(server + "/?page=Run")
             unet = page.get_by_test_id("stVegaLiteChart").first
             unet.locator("canvas, svg").first.wait_for(state="visible", timeout=90_000)
@@ -122,6 +124,7 @@ def test_chart_renders_and_a_filter_changes_the_url(server, dashboard_results):
             assert [r["backend_label"] for r in rows] == ["sdpa", "sdpa"]
             assert {r["size"] for r in rows} == {"64x64", "128x128"} and {r["status"] for r in rows} == {"ok"}
             assert float(rows[0]["attention_peak_mem_bytes"]) > 0  # raw bytes in the CSV, units in the names
+            assert [m for m in messages if "Dropping" in m] == []  # every tooltip entry and channel kept
         finally:
             browser.close()
     assert (OUT / "run-page-sdpa.png").stat().st_size > 10_000

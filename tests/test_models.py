@@ -86,6 +86,33 @@ def test_real_checkpoint_loads_from_a_saved_folder(tmp_path, tiny_sd15, sub):
     assert plan(str(tmp_path), 512, 512)["totals"]["calls"] == 32
 
 
+def test_a_folder_holding_only_the_fp16_variant_loads_it(tmp_path, tiny_sd15):
+    half = models.build("tiny-sd15", weights="random", dtype="float16")
+    half.save_pretrained(tmp_path / "unet", safe_serialization=True, variant="fp16")
+    assert sorted(p.name for p in (tmp_path / "unet").iterdir()) == ["config.json",
+                                                                     "diffusion_pytorch_model.fp16.safetensors"]
+    assert models.resolve(str(tmp_path)).variant == "fp16"
+    loaded = models.build(str(tmp_path), weights="pretrained", dtype="float32")
+    for (name, p), (_, q) in zip(loaded.named_parameters(), tiny_sd15.named_parameters(), strict=True):
+        assert p.dtype == torch.float32 and torch.equal(p, q.half().float()), name  # the fp16 file's values
+    tiny_sd15.save_pretrained(tmp_path / "unet", safe_serialization=True)  # beside it, the plain file wins
+    assert models.resolve(str(tmp_path)).variant is None
+
+
+@pytest.mark.parametrize("save, found", [({"safe_serialization": False}, "holds only diffusion_pytorch_model.bin"),
+                                         (None, "holds no weights")])
+def test_a_folder_without_safetensors_weights_is_refused_naming_what_it_holds(tmp_path, tiny_sd15, save, found):
+    if save:
+        tiny_sd15.save_pretrained(tmp_path, **save)
+    else:
+        tiny_sd15.save_config(tmp_path)
+    with pytest.raises(InputError) as e:
+        models.resolve(str(tmp_path))
+    assert str(e.value) == (f"model folder {tmp_path} {found}: attnprof loads the U-Net's weights from "
+                            "diffusion_pytorch_model.safetensors (or a variant such as diffusion_pytorch_model.fp16"
+                            ".safetensors); re-save the model with save_pretrained(folder, safe_serialization=True)")
+
+
 def test_config_only_model_has_no_real_weights():
     with pytest.raises(InputError, match="config only"):
         models.build("sd15", weights="pretrained")

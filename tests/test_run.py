@@ -4,7 +4,7 @@ import torch
 import pytest
 
 from profiler.cli import main
-from profiler.store import Run
+from profiler.store import Run, list_runs
 from profiler.execute.grid import Sweep
 from profiler.execute.sweep import execute
 from tests.rss import fresh_process_peak_rss
@@ -129,3 +129,44 @@ def test_a_checkpoint_folder_is_measured_with_its_real_weights(tmp_path):
     _, unet = ModelCache().get(str(tmp_path / "ckpt"), "float32", "cpu")
     for (name, p), (_, q) in zip(unet.named_parameters(), saved.named_parameters(), strict=True):
         assert torch.equal(p, q), name
+
+
+def test_a_folder_with_only_bin_weights_is_one_line_and_exit_2_before_anything_runs(tmp_path, capsys, tiny_sd15):
+    folder = tmp_path / "ckpt"
+    tiny_sd15.save_pretrained(folder / "unet", safe_serialization=False)
+    results = tmp_path / "results"
+    config = tmp_path / "sweep.yaml"
+    config.write_text(f"models: [{folder}]\nsizes: [64x64]\ndtypes: [float32]\ndevice: cpu\nout: {results}\n")
+    for argv in (["run", "--model", str(folder), "--size", "64x64", "--dtype", "float32", "--device", "cpu",
+                  "--in-process", "--out", str(results)], ["sweep", str(config), "--in-process"],
+                 ["plan", "--model", str(folder), "--size", "64x64"]):
+        code = main(argv)
+        out, err = capsys.readouterr()
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (argv, err)
+        assert f"model folder {folder / 'unet'} holds only diffusion_pytorch_model.bin" in err
+        assert "diffusion_pytorch_model.safetensors" in err and "Traceback" not in err
+        assert not results.exists()  # nothing written
+
+
+def test_a_run_in_which_no_cell_ended_ok_exits_1(tmp_path, capsys):
+    code = main(["run", "--model", "tiny-sd15", "--size", "64x64", "--dtype", "float32", "--device", "cpu",
+                 "--backend", "xformers", "--in-process", "--quiet", "--out", str(tmp_path / "results")])
+    out, err = capsys.readouterr()
+    assert code == 1 and "unavailable" in out  # the status table still prints
+    assert err.startswith("attnprof: no cell ended ok: see the errors with attnprof show ") and err.count("\n") == 1
+
+
+def test_retry_failed_alone_resumes_the_latest_run_of_the_config(tmp_path, capsys):
+    config = tmp_path / "sweep.yaml"
+    config.write_text(f"models: [tiny-sd15]\nsizes: [64x64]\ndtypes: [float32]\nbackends: [sdpa, xformers]\n"
+                      f"repeats: 1\nwarmup: 0\ndevice: cpu\nout: {tmp_path / 'results'}\n")
+    assert main(["sweep", str(config), "--in-process", "--quiet"]) == 0
+    first = Run.open(list_runs(tmp_path / "results")[0]).cells().set_index("backend")
+    assert main(["sweep", str(config), "--retry-failed", "--in-process", "--quiet"]) == 0
+    assert len(list_runs(tmp_path / "results")) == 1  # no new run of every cell
+    second = Run.open(list_runs(tmp_path / "results")[0]).cells().set_index("backend")
+    assert second.loc["sdpa", "recorded_at"] == first.loc["sdpa", "recorded_at"]  # ok: kept
+    assert second.loc["xformers", "recorded_at"] != first.loc["xformers", "recorded_at"]  # not ok: run again
+    with pytest.raises(SystemExit):
+        main(["sweep", "--help"])
+    assert "did not end ok (implies --resume)" in " ".join(capsys.readouterr().out.split())

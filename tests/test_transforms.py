@@ -253,3 +253,28 @@ def test_best_backend_per_device_and_size_within_a_budget():
         "sdpa", "split", "sdpa"]  # the oom cell, though "fastest", is not a candidate
     assert best.loc[("gpu-y", "512x512"), ["fastest", "fastest_that_fits"]].tolist() == ["naive", "sdpa"]
     assert best.loc[("cpu-x", "1024x1024"), "fastest_that_fits"] == "none"
+
+
+def test_runs_sharing_an_environment_value_keep_their_own_series():
+    envs = pd.DataFrame([{"run_id": r, "python": v} for r, v in (("a", "3.11"), ("b", "3.11"), ("c", "3.12"))])
+    cells = pd.DataFrame({"run_id": ["a", "b", "b", "c"], "backend_label": ["sdpa"] * 4})
+    assert T.with_series(cells, envs, "python")["series"].tolist() == [
+        "python=3.11 (a)", "python=3.11 (b)", "python=3.11 (b)", "python=3.12"]
+
+
+def test_a_label_names_what_varies_and_only_that():
+    cells = T._derive(pd.DataFrame({
+        "width": [512, 512, 832, 1216], "height": [512, 512, 1216, 832], "backend": ["sliced"] * 4,
+        "backend_options": ['{"slice_size": 1}', '{"slice_size": 4}', "{}", "{}"], "model": ["sd15"] * 4,
+        "dtype": ["float16", "float16", "float16", "bfloat16"], "batch": [1, 1, 2, 2], "run_id": ["r"] * 4}))
+    assert cells["aspect"].tolist() == ["1:1", "1:1", "13:19", "19:13"]
+    out, title = T.labelled(cells)
+    assert title == "backend, dtype, batch, aspect"
+    assert out["label"].tolist() == ["sliced float16 batch 1 aspect 1:1", "sliced(slice_size=4) float16 batch 1 "
+                                     "aspect 1:1", "sliced float16 batch 2 aspect 13:19",
+                                     "sliced bfloat16 batch 2 aspect 19:13"]
+    out, title = T.labelled(cells.iloc[:1])
+    assert (title, out["label"].tolist()) == ("backend", ["sliced"])  # nothing varies: the backend alone
+    shapes = T.shape_table(cells.assign(tokens_max=[4096, 4096, 2 * 4096, 2 * 4096]), "tokens_max",
+                           ("model", "aspect"))
+    assert shapes["size"].tolist() == ["512x512", "832x1216", "1216x832"]  # once per shape, whatever the backend

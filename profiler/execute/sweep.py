@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import backends
 from ..spec import CellSpec
 from .grid import Sweep
 
@@ -79,8 +80,9 @@ class Outcome:
 def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, force: bool = False,
             workers: bool = True, progress: bool = True, command: str = "") -> Outcome:
     """Run the sweep's cells (or, with resume, those the latest run of the same grid lacks) and record each as it
-    ends. The executor is the sweep's: local worker subprocesses (in this process with workers=False), or Ray.
-    One process runs a run at a time: a second one gets store.RunBusy naming the first."""
+    ends. retry_failed implies resume: it runs again the cells of that run that did not end ok. The executor is the
+    sweep's: local worker subprocesses (in this process with workers=False), or Ray. One process runs a run at a
+    time: a second one gets store.RunBusy naming the first."""
     from ..store import Run, now
 
     if sweep.executor == "ray":
@@ -94,7 +96,7 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
     device = executor.device(sweep.device)
     cells = sweep.cells(device)
     budget = sweep.memory_budget or executor.free_memory(device)
-    run = _find_resumable(sweep) if resume else None
+    run = _find_resumable(sweep) if resume or retry_failed else None
     resumed, job_id = run is not None, os.environ.get("ATTNPROF_JOB_ID")  # set in a queued job (attnprof submit)
     if not resumed:
         run = Run.create(Path(sweep.out), {
@@ -213,7 +215,7 @@ def run_group(cells: list[CellSpec], run, repeats: int, warmup: int, emit, extra
 
 
 def label(c: CellSpec) -> str:
-    return f"{c.model} {c.size} b{c.batch} {c.dtype} {c.backend}"
+    return f"{c.model} {c.size} b{c.batch} {c.dtype} {backends.label(c.backend, c.backend_options)}"
 
 
 def failed_in_flight(spec: CellSpec, timed_out: bool, timeout_s: float | None, reason: str) -> dict:

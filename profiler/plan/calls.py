@@ -26,8 +26,12 @@ def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "floa
     from ..spec import InputError
 
     dtype = parse_dtype(dtype)
+    from ..backends import check_options, label, predicted_peak_bytes
+
+    options = check_options(backend, backend_options or {}) if backend else {}
     p = {"model": model, "width": width, "height": height, "batch": batch, "dtype": dtype,
-         "settings": dict(settings), "backend": backend, "device": device if backend else None}
+         "settings": dict(settings), "backend": backend, "backend_options": options,
+         "backend_label": label(backend, options) if backend else None, "device": device if backend else None}
     if backend is None:
         w, module = meta_model(model, dtype, tuple(settings))
         inputs = w.inputs(module, batch, width, height)
@@ -39,10 +43,8 @@ def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "floa
         blocks = [{k: v for k, v in row.items() if k != "pass_index"} for row in rec.rows]
         return {**p, "blocks": blocks, "totals": totals(blocks, params)}
     from .. import devices
-    from ..backends import check_options, predicted_peak_bytes
     from .forward import LEFT_OUT, fake_model, method_text, trace
 
-    options = check_options(backend, backend_options or {})
     gpu = devices.gpu_target(gpu_arch) if device == "cuda" else None
     traced = trace(model, width, height, batch, dtype, device, [backend], {backend: options}, gpu=gpu,
                    settings=tuple(settings))
@@ -108,7 +110,7 @@ def format_plan(p: dict) -> str:
             ("hdim", "head_dim"), ("tokens_q", "tokens_q"), ("tokens_k", "tokens_k"), ("scores", "scores"),
             ("score table", "score_h"), ("FLOPs", "flops_h")]
     if p["backend"]:
-        cols += [(f"peak ({p['backend']})", "peak_h"), ("model", "model_h")]
+        cols += [(f"peak ({p['backend_label']})", "peak_h"), ("model", "model_h")]
     rows = [dict(r, scores=human_count(r["score_elements"]), score_h=human_bytes(r["score_bytes"]),
                  flops_h=human_count(r["flops"]), peak_h=human_bytes(r.get("traced_peak_bytes")),
                  model_h=_versus(r.get("predicted_peak_bytes"), r.get("traced_peak_bytes")))
@@ -126,7 +128,7 @@ def format_plan(p: dict) -> str:
                                      f"{human_bytes(t['largest_score_bytes'])} ({t['largest_score_block']})"),
              ("attention FLOPs", human_count(t["flops_total"]))]
     if "predicted_forward_peak_bytes" in t:
-        facts += [(f"largest call, {p['backend']}",
+        facts += [(f"largest call, {p['backend_label']}",
                    f"{human_bytes(t['traced_peak_bytes_max'])} traced over what is held when the call begins "
                    f"(memory model: {human_bytes(t['predicted_peak_bytes_max'])})"),
                   (f"forward peak on {p['device']}",
@@ -138,9 +140,11 @@ def format_plan(p: dict) -> str:
             facts.insert(-1, ("GPU planned for", t["gpu"]))
     if "fits" in t:
         verdict = "yes" if t["fits"] else "NO"
-        facts.append(("fits the budget", f"{verdict}: the forward peak {human_bytes(t['predicted_forward_peak_bytes'])}"
-                                         f" of {human_bytes(t['memory_budget_bytes'])}"))
+        facts.append(("fits the budget", f"{verdict}: the forward peak "
+                                         f"{human_bytes(t['predicted_forward_peak_bytes'])} of "
+                                         f"{human_bytes(t['memory_budget_bytes'])}"))
     facts += [("params_total", f"{t['params_total'] / 1e6:.2f}M"),
               ("params_transformer_blocks", share("transformer_blocks")), ("params_attention", share("attention"))]
-    lines = [head, table(rows, cols), ""] + [f"{k + ':':27s}{v}" for k, v in facts]
+    width = max(len(k) for k, _ in facts) + 2  # the longest name, its colon and a space
+    lines = [head, table(rows, cols), ""] + [f"{k + ':':{width}s}{v}" for k, v in facts]
     return "\n".join(lines)

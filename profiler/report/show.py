@@ -6,9 +6,10 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
+from ..backends import label
 from ..fmt import human_bytes, table
 from ..store import BLOCKS, CELLS, DONE_STATUSES, Run, list_runs
-from ..workload import label
+from ..workload import label as settings_label
 
 UNREADABLE = (OSError, ValueError, KeyError, TypeError)  # JSON, Arrow (ValueError) and missing-key errors
 
@@ -30,7 +31,7 @@ def _index_row(path: Path) -> dict:
         row.update(created=str(m.get("created_at", ""))[:16].replace("T", " "),
                    models=", ".join(sweep.get("models", [])),
                    device=f"{env.get('device')} ({env.get('device_name')})",
-                   backends=", ".join(b[0] for b in sweep.get("backends", [])), cells=len(m.get("cells", [])),
+                   backends=", ".join(label(*b) for b in sweep.get("backends", [])), cells=len(m.get("cells", [])),
                    versions=f"torch {env.get('torch')}, diffusers {env.get('diffusers')}, python {env.get('python')}",
                    git=str(env.get("git_revision") or "")[:12])
         for name in (CELLS, BLOCKS):  # the footer is enough to tell a truncated file
@@ -68,7 +69,8 @@ def status_table(run: Run) -> str:
     cells = run.cells()
     if not len(cells):
         return "no cells recorded"
-    cells = cells.assign(size=cells["width"].astype(str) + "x" + cells["height"].astype(str))
+    cells = cells.assign(size=cells["width"].astype(str) + "x" + cells["height"].astype(str),
+                         backend=[label(b, o) for b, o in zip(cells["backend"], cells["backend_options"])])
     sizes = list(dict.fromkeys(cells["size"]))
     rows = []
     for backend, group in cells.groupby("backend", sort=False):
@@ -102,9 +104,9 @@ def format_run(run: Run) -> str:
     for c in cells.to_dict("records"):
         ok = c["status"] == "ok"
         rows.append({
-            "model": c["model"], "settings": label(c.get("settings")) or "-",
+            "model": c["model"], "settings": settings_label(c.get("settings")) or "-",
             "size": f"{c['width']}x{c['height']}", "batch": c["batch"], "dtype": c["dtype"],
-            "backend": c["backend"], "status": c["status"],
+            "backend": label(c["backend"], c["backend_options"]), "status": c["status"],
             "forward": f"{c['forward_time_ms']:.1f} ms" if ok else "-",
             "attention": f"{c['attention_time_ms']:.1f} ms" if ok else "-",
             "attn peak": human_bytes(c["attention_peak_mem_bytes"]) if ok else "-",
@@ -128,7 +130,8 @@ def format_run(run: Run) -> str:
         top = ok.sort_values("peak_mem_bytes", ascending=False).head(5)
         lines += ["", "largest measured per-call peaks:"]
         lines.append(table([{
-            "backend": b["backend"], "size": f"{b['width']}x{b['height']}", "block": b["block"],
+            "backend": label(b["backend"], b["backend_options"]), "size": f"{b['width']}x{b['height']}",
+            "block": b["block"],
             "tokens": f"{b['tokens_q']}x{b['tokens_k']}", "time": f"{b['time_ms']:.2f} ms",
             "peak": human_bytes(b["peak_mem_bytes"]), "predicted": human_bytes(b["predicted_peak_bytes"]),
             "kernel": b["kernel"]} for b in top.to_dict("records")],

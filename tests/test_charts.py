@@ -1,0 +1,210 @@
+"""Issue 20: every chart spec of dashboards/charts.py, as the dashboard and the report really draw it over real runs
+that differ in run, model, dtype and backend options (conftest's mixed_results), against the Vega-Lite rules that
+matter: the schema, every tooltip entry a field definition with its type and title, and every series a chart draws
+split by every field that varies in its data. Then the report in Chromium: no Vega warning in the console, a U-Net
+tile's tooltip names its block, and the Scaling legend draws a solid and a dashed line."""
+import inspect
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+pytest.importorskip("streamlit", reason="the dashboard needs streamlit (not on the lent GPU machine)")
+
+from dashboards import charts as C  # noqa: E402
+from tests.test_dashboard_app import _app, _charts  # noqa: E402
+from tests.test_dashboard_e2e import _MISSING, CHROMIUM, CHROMIUM_ARGS, sync_playwright  # noqa: E402
+
+# Fields that say which measured thing a row is: rows that differ in one of them must not be drawn as one series.
+IDENTITY = ("run_id", "model", "dtype", "batch", "backend", "backend_label", "aspect", "source", "block")
+NOT_SPECS = {"tip", "num", "log_axis", "colour", "call_tooltip", "cell_tooltip", "with_data", "scaling_charts"}
+OUT = Path(__file__).resolve().parent.parent / "test-output" / "charts-e2e"
+
+
+def _units(spec: dict, data: pd.DataFrame, encoding: dict | None = None):
+    """(mark, encoding, data) of each single-view part of a spec, a layer inheriting its parent's encoding and data
+    (filtered by its own transforms)."""
+    encoding = {**(encoding or {}), **spec.get("encoding", {})}
+    data = pd.DataFrame(spec["data"]["values"]) if "values" in spec.get("data", {}) else data
+    for step in spec.get("transform", []):  # the field predicates the specs use
+        data = data[data[step["filter"]["field"]] == step["filter"]["equal"]]
+    if "layer" in spec:
+        for layer in spec["layer"]:
+            yield from _units(layer, data, encoding)
+    else:
+        mark = spec["mark"]["type"] if isinstance(spec["mark"], dict) else spec["mark"]
+        yield mark, encoding, data
+
+
+def violations(spec: dict, data: pd.DataFrame) -> list[str]:
+    """What in a spec breaks the rules, given the data drawn with it."""
+    found = []
+    for mark, encoding, rows in _units(spec, data):
+        for entry in encoding.get("tooltip", []):
+            if not isinstance(entry, dict) or not {"field", "type", "title"} <= set(entry):
+                found.append(f"{mark}: tooltip entry {entry!r} is not a field definition with type and title")
+        fields = {ch: d for ch, d in encoding.items() if ch != "tooltip" and isinstance(d, dict) and "field" in d}
+        for ch, d in [*fields.items(), *((f"tooltip {t.get('field')}", t) for t in encoding.get("tooltip", [])
+                                          if isinstance(t, dict))]:
+            if "type" not in d:
+                found.append(f"{mark}: {ch} has no type")
+            if d.get("field") not in rows:
+                found.append(f"{mark}: {ch}'s field {d.get('field')!r} is not in the data")
+        if not len(rows) or any(d["field"] not in rows for d in fields.values()):
+            continue
+        # What tells one drawn series from another: every channel but the measured (quantitative) positions.
+        split = sorted({d["field"] for d in fields.values() if d.get("type") != "quantitative"})
+        groups = rows.groupby(split, dropna=False) if split else [((), rows)]
+        for key, group in groups:
+            mixed = [f for f in IDENTITY if f in group and group[f].nunique(dropna=False) > 1]
+            if mixed:
+                found.append(f"{mark}: the series {dict(zip(split, key))} mixes rows of different {mixed}")
+            if mark == "line" and group[fields["x"]["field"]].duplicated().any():
+                found.append(f"{mark}: the line {dict(zip(split, key))} has two points at one x")
+    return found
+
+
+def _same(made: dict, shown: dict) -> bool:
+    """Whether a spec a function made is the one Streamlit shows (which adds keys of its own)."""
+    return all(shown.get(k) == v for k, v in json.loads(json.dumps(made)).items())
+
+
+@pytest.fixture(scope="module")
+def schema():
+    import altair
+    import jsonschema
+
+    path = Path(altair.__file__).parent / "vegalite" / "v6" / "schema" / "vega-lite-schema.json"
+    return jsonschema.Draft7Validator(json.loads(path.read_text()))
+
+
+@pytest.fixture(scope="module")
+def drawn(mixed_results):
+    """(spec function, spec, data) of every chart the report and the dashboard's pages draw over the mixed runs."""
+    pytest.importorskip("vl_convert", reason="the report embeds vl-convert-python's Vega bundle")
+    from dashboards.report import _charts_and_sections
+    from dashboards import transforms as T
+    from profiler.store import Run
+
+    calls = []
+    originals = {n: f for n, f in inspect.getmembers(C, inspect.isfunction) if f.__module__ == C.__name__
+                 and not n.startswith("_") and n not in NOT_SPECS}
+
+    def recording(name, fn):
+        def wrapper(*args, **kwargs):
+            spec = fn(*args, **kwargs)
+            if isinstance(spec, dict) and ("mark" in spec or "layer" in spec):
+                calls.append((name, spec))
+            return spec
+        return wrapper
+
+    mp = pytest.MonkeyPatch()
+    for name, fn in originals.items():
+        mp.setattr(C, name, recording(name, fn))
+    out = []
+    try:
+        root, runs = mixed_results.root, [mixed_results.mixed, mixed_results.bf16, mixed_results.again]
+        loaded = [T.load_run(root / r) for r in runs]
+        cells = pd.concat([c for c, _ in loaded], ignore_index=True)
+        blocks = pd.concat([b for _, b in loaded], ignore_index=True)
+        calls.clear()
+        specs, _ = _charts_and_sections(cells, blocks, [Run.open(root / r) for r in runs])
+        assert len(calls) == len(specs)
+        out += [(name, spec, pd.DataFrame(s["data"]["values"])) for (name, spec), s in zip(calls, specs)]
+        sdxl = cells[(cells["model"] == "tiny-sdxl") & (cells["status"] == "ok")].iloc[0]
+        pages = [dict(page="Run", run=runs, cell=f"{sdxl['run_id']}/{sdxl['cell_id']}"),
+                 dict(page="Run", run=runs, color="peak memory"), dict(page="Compare", run=runs, by="backend"),
+                 dict(page="Compare", run=runs, by="run"), dict(page="Compare", run=runs, by="torch_threads"),
+                 dict(page="Scaling", run=runs),
+                 dict(page="Planner", plan_model="tiny-sd15", plan_size="128x128", plan_dtype="float32")]
+        for params in pages:
+            calls.clear()
+            at = _app(root, mp, **params)
+            shown = _charts(at)
+            assert shown, params
+            for spec, data in shown:  # each chart on the page, with the function that made its spec
+                name = next(n for n, s in calls if _same(s, spec))
+                out.append((name, spec, data))
+    finally:
+        mp.undo()
+    return out
+
+
+def test_every_spec_function_is_drawn_and_keeps_the_rules(drawn, schema):
+    spec_functions = {n for n, f in inspect.getmembers(C, inspect.isfunction)
+                      if f.__module__ == C.__name__ and not n.startswith("_")} - NOT_SPECS
+    assert {name for name, _, _ in drawn} == spec_functions  # a new spec function must be drawn here too
+    for name, spec, data in drawn:
+        assert violations(spec, data) == [], name
+        errors = [e.message[:200] for e in schema.iter_errors(C.with_data(spec, data))]
+        assert errors == [], (name, errors)
+
+
+def test_the_data_really_varies_so_the_rules_bite(drawn):
+    """The series rule is empty on data where nothing varies: here the charts that compare cells hold several runs,
+    models, dtypes and backend options."""
+    for name in ("time_against_peak", "scaling_time", "scaling_peak", "ratio_to_baseline"):
+        data = next(d for n, _, d in drawn if n == name)
+        assert {f: data[f].nunique() > 1 for f in ("run_id", "model", "dtype", "backend_label")} == dict.fromkeys(
+            ("run_id", "model", "dtype", "backend_label"), True), name
+        assert "sliced(slice_size=4)" in set(data["backend_label"]) and "sliced" in set(data["backend_label"])
+    legend = next(s for n, s, _ in drawn if n == "scaling_time")["encoding"]["color"]["title"]
+    assert legend == "backend, model, dtype, run"
+
+
+def test_the_rules_catch_what_issue_20_found(drawn):
+    """The specs as they were: bare tooltip names, and Scaling's lines split by backend and run only."""
+    name, spec, data = next(d for d in drawn if d[0] == "scaling_time")
+    old = {"mark": {"type": "line", "point": True, "tooltip": True}, "encoding": {
+        "x": C.log_axis("pixels", "pixels"), "y": C.log_axis("attention_time_ms", "time (ms)"),
+        "color": {"field": "backend_label", "type": "nominal", "title": "backend"},
+        "detail": {"field": "run_id", "type": "nominal"}, "tooltip": ["size", "backend_label", "run_id"]}}
+    found = violations(old, data)
+    assert "line: tooltip entry 'size' is not a field definition with type and title" in found
+    assert any("mixes rows of different ['model']" in f for f in found), found  # two models on one line
+    unet = next(d for d in drawn if d[0] == "unet_map")
+    old_unet = {**unet[1], "encoding": {**unet[1]["encoding"], "tooltip": ["block", "kind"]}}
+    assert len(violations(old_unet, unet[2])) == 2
+
+
+@pytest.mark.skipif(_MISSING and sync_playwright is None, reason="playwright is not installed: pip install playwright")
+@pytest.mark.skipif(_MISSING and not os.access(CHROMIUM, os.X_OK), reason=f"no {CHROMIUM}: apt-get install chromium")
+def test_the_report_draws_without_warnings_and_its_tooltips_and_legends_say_what_they_show(mixed_results):
+    pytest.importorskip("vl_convert", reason="the report embeds vl-convert-python's Vega bundle")
+    from profiler.cli import main
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    out = OUT / "report.html"
+    assert main(["report", mixed_results.mixed, mixed_results.bf16, "--results", str(mixed_results.root),
+                 "--html", str(out)]) == 0
+    messages = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("console", lambda m: messages.append(f"{m.type}: {m.text}"))
+            page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file://")
+                       else route.abort())
+            page.goto(out.as_uri())
+            page.wait_for_function("document.body.dataset.rendered === document.body.dataset.charts", timeout=60_000)
+            assert int(page.locator("body").get_attribute("data-charts")) == 7  # 2 U-Nets, Compare, 4 Scaling
+            page.locator("#chart0 svg .mark-rect path").first.hover()
+            tooltip = page.locator("#vg-tooltip-element")
+            tooltip.wait_for(state="visible", timeout=10_000)
+            lines = tooltip.inner_text().split()
+            assert lines[0] == "block" and lines[1].startswith("down_blocks.") and lines[1].endswith(".attn1")
+            assert "kind" in lines and "tokens" in lines and "time" in lines
+            dash = page.evaluate("""() => {
+                const legends = Array.from(document.querySelectorAll('.chart svg .role-legend'));
+                const mine = legends.find(l => l.textContent.includes('measured'));
+                return Array.from(mine.querySelectorAll('.role-legend-symbol path')).map(p => [
+                    p.getAttribute('d'), p.getAttribute('stroke'), p.getAttribute('stroke-dasharray')]);
+            }""")
+            assert [(d.startswith("M-") and "L" in d and "A" not in d, stroke, dashes) for d, stroke, dashes in dash] \
+                == [(True, "black", "1,0"), (True, "black", "6,4")]  # a solid and a dashed line, not two dots
+            page.screenshot(path=str(OUT / "report.png"), full_page=True)
+        finally:
+            browser.close()
+    assert messages == []  # no 'Dropping ... from channel "tooltip"', no version mismatch, nothing
