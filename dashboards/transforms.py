@@ -50,10 +50,10 @@ def family(name: str) -> str:
 
 # ---- what tells one series of a chart from another
 
-SERIES = ("backend_label", "model", "dtype", "batch", "aspect", "run_id")
-CELL_SERIES = ("backend_label", "model", "dtype", "batch", "run_id")  # for charts with a panel per size
+SERIES = ("backend_label", "model", "settings_label", "dtype", "batch", "aspect", "run_id")
+CELL_SERIES = ("backend_label", "model", "settings_label", "dtype", "batch", "run_id")  # a panel per size
 _NAMES = {"backend_label": ("backend", "{}"), "batch": ("batch", "batch {}"), "aspect": ("aspect", "aspect {}"),
-          "run_id": ("run", "{}")}
+          "run_id": ("run", "{}"), "settings_label": ("settings", "({})")}
 
 
 def labelled(df: pd.DataFrame, fields=SERIES) -> tuple[pd.DataFrame, str]:

@@ -15,9 +15,10 @@ def test_label_takes_options_in_every_stored_form():
 
 def test_the_sweeps_status_table_names_each_backend_with_its_options(mixed_results):
     lines = mixed_results.sweep_output.splitlines()
-    rows = {line.split()[0]: line.split()[1:] for line in lines[2:5]}
+    rows = {" ".join(line.split()[:2]): line.split()[2:] for line in lines[2:8]}  # two models: each row names its
     assert lines[0].split() == ["backend", "64x64", "128x128"]
-    assert rows == {"sdpa": ["ok", "x2"] * 2, "sliced": ["ok", "x2"] * 2, "sliced(slice_size=4)": ["ok", "x2"] * 2}
+    assert rows == {f"{m} {b}": ["ok"] * 2 for m in ("tiny-sd15", "tiny-sdxl")
+                    for b in ("sdpa", "sliced", "sliced(slice_size=4)")}
 
 
 def test_show_and_runs_name_backends_with_their_options(mixed_results, capsys):

@@ -65,12 +65,19 @@ def format_runs(root: Path) -> str:
 
 
 def status_table(run: Run) -> str:
-    """Statuses per backend (rows) and size (columns): the closing table of a run or sweep."""
+    """Statuses per backend (rows) and size (columns): the closing table of a run or sweep. Where a run holds more
+    than one model or setting, each row names them too."""
     cells = run.cells()
     if not len(cells):
         return "no cells recorded"
+    settings = cells["settings"] if "settings" in cells else [None] * len(cells)
+    what = [f"{m}{' (' + settings_label(s) + ')' if settings_label(s) else ''}" for m, s in zip(cells["model"],
+                                                                                             settings)]
     cells = cells.assign(size=cells["width"].astype(str) + "x" + cells["height"].astype(str),
-                         backend=[label(b, o) for b, o in zip(cells["backend"], cells["backend_options"])])
+                         backend=[label(b, o) for b, o in zip(cells["backend"], cells["backend_options"])],
+                         what=what)
+    if cells["what"].nunique() > 1:
+        cells["backend"] = cells["what"] + " " + cells["backend"]
     sizes = list(dict.fromkeys(cells["size"]))
     rows = []
     for backend, group in cells.groupby("backend", sort=False):
