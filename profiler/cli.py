@@ -163,25 +163,30 @@ def cmd_profile(args) -> int:
 
 
 def _with_exec_args(sweep, args):
-    """The sweep with the command line's --out and --ray over its own settings."""
+    """The sweep with the command line's --out, --trace and --ray over its own settings."""
     from .execute.grid import with_overrides
 
     ray = {} if args.ray is None else {"executor": "ray", "ray_address": args.ray or None}
     if ray and args.in_process:
         raise InputError("--ray and --in-process exclude each other: choose where the cells run")
-    return with_overrides(with_overrides(sweep, out=args.out), **ray)
+    return with_overrides(with_overrides(sweep, out=args.out, trace=args.trace or None), **ray)
 
 
 def _execute(sweep, args) -> int:
+    from .execute.sweep import execute
+    from .report.findings import findings, format_findings
     from .report.show import status_table
     from .store import Run
-    from .execute.sweep import execute
 
     outcome = execute(sweep, resume=getattr(args, "resume", False), retry_failed=getattr(args, "retry_failed", False),
                       force=args.force, workers=not args.in_process, progress=not args.quiet,
                       command=" ".join(["attnprof"] + sys.argv[1:]))  # as the user would type it again
 
-    print(status_table(Run.open(outcome.run_path)))
+    run = Run.open(outcome.run_path)
+    print(status_table(run))
+    found = findings(*run.read())
+    if found:
+        print(f"\nfindings:\n{format_findings(found)}")
     print(f"\nresults: {outcome.run_path}")
     print(f"  summary:   attnprof show {outcome.run_path.name} --results {outcome.run_path.parent}")
     print(f"  dashboard: make dashboard  (or attnprof dashboard --results {outcome.run_path.parent})")
@@ -296,6 +301,9 @@ def _add_exec_args(p, out_default="results"):
     p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
                    help="run the cells as Ray tasks, one GPU each: on the cluster at ADDRESS ('auto': the one this "
                         "machine runs), or without ADDRESS on this machine's cluster or a new local one")
+    p.add_argument("--trace", action="store_true",
+                   help="per cell, a Chrome / Perfetto trace of one forward (each attention call a range named by its "
+                        "block) and on CUDA a memory snapshot, in the run folder's traces/ (large; overrides trace:)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

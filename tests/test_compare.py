@@ -112,6 +112,8 @@ def test_report_bad_input_gets_one_line_and_no_traceback(dashboard_results, tmp_
     out = tmp_path / "r.html"
     assert main(["report", run_id, *args, str(out)]) == 0
     text = out.read_text()
-    assert 'data-charts="4"' in text and text.count('<table class="cells">') == 1 and run_id in text
+    assert 'data-charts="5"' in text and text.count('<table class="cells">') == 1 and run_id in text
+    assert "<h3>Roofline: each call against the device&#x27;s measured limits</h3>" in text
+    assert "<h2>Findings</h2>" in text and "was the fastest" in text  # the run's findings, as attnprof show states
     assert "<script src" not in text and "<link" not in text  # nothing to fetch
     assert not [p for p in tmp_path.rglob(".*.part")]  # no partial file left

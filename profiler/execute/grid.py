@@ -17,7 +17,8 @@ KEYS = {"models": "list of model names", "sizes": "list of WxH strings", "batch"
         "repeats": "timed forwards per cell", "warmup": "warm-up forwards per cell",
         "device": "auto, cpu, cuda or cuda:N", "out": "results folder",
         "memory_budget": "bytes or a string such as 20GiB", "timeout_s": "seconds per cell",
-        "executor": "local or ray", "ray_address": "a Ray cluster's address (with executor: ray)"}
+        "executor": "local or ray", "ray_address": "a Ray cluster's address (with executor: ray)",
+        "trace": "true or false: a Chrome / Perfetto trace of each cell's probe forward"}
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
           "tib": 2**40}
 
@@ -37,6 +38,7 @@ class Sweep:
     timeout_s: float | None = None
     executor: str = "local"  # local worker subprocesses, or ray
     ray_address: str | None = None  # None: the cluster this machine runs, else a local one
+    trace: bool = False  # per cell, a trace of the probe forward (and on CUDA a memory snapshot) in the run folder
     source: str = field(default="command line", compare=False)
 
     def resolved_device(self) -> str:
@@ -54,7 +56,7 @@ class Sweep:
                 "dtypes": list(self.dtypes), "backends": [[n, dict(o)] for n, o in self.backends],
                 "repeats": self.repeats, "warmup": self.warmup, "device": self.device,
                 "memory_budget": self.memory_budget, "timeout_s": self.timeout_s, "executor": self.executor,
-                "ray_address": self.ray_address, "source": self.source}
+                "ray_address": self.ray_address, "trace": self.trace, "source": self.source}
 
 
 def parse_bytes(value, where: str) -> int:
@@ -167,6 +169,10 @@ def loads(text: str, where: str) -> Sweep:
             raise InputError(f"{where}: key 'ray_address' must be an address such as 10.0.0.1:6379 or auto, "
                              f"not {doc['ray_address']!r}")
         kw["ray_address"] = doc["ray_address"].strip()
+    if "trace" in doc:
+        if not isinstance(doc["trace"], bool):
+            raise InputError(f"{where}: key 'trace' must be true or false, not {doc['trace']!r}")
+        kw["trace"] = doc["trace"]
     if doc.get("timeout_s") is not None:
         t = doc["timeout_s"]
         if isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0:
