@@ -6,6 +6,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
+from .. import backends
 from ..fmt import human_bytes, human_count, table
 from ..store import BLOCKS, CELLS, DONE_STATUSES, Run, list_runs
 
@@ -25,7 +26,7 @@ def _index_row(path: Path) -> dict:
     try:
         run = Run.open(path)
         m = run.manifest()
-        env, sweep = m.get("environment") or {}, m.get("sweep") or {}
+        env, sweep = m.get("environment") or {}, m.get("sweep") or m.get("replay") or {}
         row.update(created=str(m.get("created_at", ""))[:16].replace("T", " "),
                    models=", ".join(sweep.get("models", [])),
                    device=f"{env.get('device')} ({env.get('device_name')})",
@@ -163,3 +164,43 @@ def format_run(run: Run) -> str:
                               "kernel")]))
     return "\n".join(lines)
 
+
+def format_replay(run: Run) -> str:
+    """attnprof replay's output: per cell, each distinct shape's kernel alone (time, TFLOP/s, place on the
+    roofline, peak memory) and, for a run's replay, beside the same calls inside the model and the gap."""
+    from ..measure.replay import SHAPE
+
+    m = run.manifest()
+    env, source = m.get("environment") or {}, (m.get("replay") or {}).get("source")
+    cells, blocks = run.read()
+    lines = [f"replay {run.id} of {source} on {env.get('device')} ({env.get('device_name')}): each distinct attention "
+             "shape, the backend's kernel alone on random Q, K, V (projections handed in), median of the timed "
+             "calls", *_limits_line(m)]
+    for c in cells.to_dict("records"):
+        head = f"{c['model']} {c['width']}x{c['height']} batch {c['batch']} {c['dtype']} " \
+               f"{backends.label(c['backend'], c['backend_options'])}"
+        if c["status"] != "ok":
+            lines += ["", f"{head}: {c['status']}: {c['error']}"]
+            continue
+        mine = blocks[blocks["cell_id"] == c["cell_id"]].assign(upcast=lambda d: d["upcast"].fillna(""))
+        rows, inside_total = [], 0.0
+        for _, g in mine.groupby(list(SHAPE), sort=False):
+            b, inside = g.iloc[0], g["in_model_time_ms"].dropna() if "in_model_time_ms" in g else pd.Series([])
+            inside_total += float(inside.sum())
+            rows.append({"kind": b["kind"], "heads": b["heads"], "hdim": b["head_dim"],
+                         "tokens": f"{b['tokens_q']}x{b['tokens_k']}", "calls": len(g),
+                         "time": f"{b['time_ms']:.3f} ms", "iqr": f"{b['iqr_ms']:.3f} ms",
+                         "n": len(b["time_samples_ms"]), "TFLOP/s": f"{b['achieved_flops_per_s'] / 1e12:.3g}",
+                         "of peak": _of_peak(b.get("pct_of_peak"), b.get("roofline_bound")),
+                         "peak mem": human_bytes(b["peak_mem_bytes"]), "noisy": "noisy" if b["noisy"] else "",
+                         "in model": f"{inside.median():.3f} ms" if len(inside) else "-",
+                         "gap": f"{inside.median() - b['time_ms']:+.3f} ms" if len(inside) else "-"})
+        alone = f"attention {c['attention_time_ms']:.1f} ms per forward alone"
+        versus = f", {inside_total:.1f} ms inside the model" if inside_total else ""
+        lines += ["", f"{head}: {c['calls']} calls, {len(rows)} distinct shapes; {alone}{versus}",
+                  table(rows, [(k, k) for k in rows[0]])]
+    lines += ["", "n: timed calls (at least --repeats, more until the IQR is within 10% of the median); gap: the "
+              "call inside the model (projections, launches, copies) less the kernel alone.",
+              f"stored: {run.path}  (attnprof show {run.id} --results {run.path.parent}; the dashboard and attnprof "
+              "diff read it)"]
+    return "\n".join(lines)
