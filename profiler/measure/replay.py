@@ -71,23 +71,28 @@ def measure_shape(shape: dict, spec: CellSpec, repeats: int, warmup: int) -> dic
         for _ in range(warmup):
             call()
         dev.synchronize()
-        timer, t0 = CallTimer(dev), time.perf_counter()
-        while True:
+        timer, t0, samples = CallTimer(dev), time.perf_counter(), []
+        while not _enough(samples, repeats, time.perf_counter() - t0):
             timer(row, call)
             timer.collect()
             samples = timer.samples[0]
-            if len(samples) >= repeats and (not summarize(samples)["noisy"] or len(samples) >= 5 * repeats
-                                            or time.perf_counter() - t0 >= MAX_S):
-                break
         probe = CallProbe(dev)
         with traced(dev) as prof:
             probe(row, call)
         seen = trace_windows(prof, probe.ranges)[0].get(0, {})
         del attn, hidden, context
         dev.release()
-    return {**summarize(samples), "time_samples_ms": samples, "peak_mem_bytes": probe.peak.get(0, seen.get(
-                "peak_mem_bytes")), "kernel": seen.get("kernel", ""),
+    peak = probe.peak.get(0, seen.get("peak_mem_bytes"))  # the allocator's (CUDA), else the allocation timeline's
+    return {**summarize(samples), "time_samples_ms": samples, "peak_mem_bytes": peak, "kernel": seen.get("kernel", ""),
             "sdpa_kernel": seen.get("sdpa_kernel") if backends.uses_sdpa(spec.backend) else None}
+
+
+def _enough(samples: list[float], repeats: int, timed_s: float) -> bool:
+    """The repeat rule: at least `repeats` samples, then more until their IQR is within 10% of their median, or
+    5 x repeats samples, or MAX_S seconds of timing."""
+    if len(samples) < repeats:
+        return False
+    return not summarize(samples)["noisy"] or len(samples) >= 5 * repeats or timed_s >= MAX_S
 
 
 def targets_of_plan(model: str, sizes, batch: int, dtype: str) -> list[tuple[dict, list[dict], dict]]:
@@ -109,12 +114,15 @@ def targets_of_run(cells: pd.DataFrame, blocks: pd.DataFrame) -> list[tuple[dict
         mine = blocks[blocks["cell_id"].isin(group["cell_id"])]
         in_model = {(backends.label(b, o), blk): t for b, o, blk, t in
                     zip(mine["backend"], mine["backend_options"], mine["block"], mine["time_ms"])}
-        out.append(({k: (int(v) if k != "model" and k != "dtype" else v) for k, v in zip(keys, key)}, rows, in_model))
+        target = dict(zip(keys, key))
+        target.update({k: int(target[k]) for k in ("width", "height", "batch")})  # numpy ints would change cell ids
+        out.append((target, rows, in_model))
     return out
 
 
 def shape_of(row: dict) -> tuple:
-    return tuple(row.get(k) or "" if k == "upcast" else row[k] for k in SHAPE)
+    """A call's shape: what its kernel's cost depends on (a stored row's missing upcast is none)."""
+    return tuple((row.get(k) or "") if k == "upcast" else row[k] for k in SHAPE)
 
 
 def replay(targets, chosen: list[tuple[str, dict]], device: str, repeats: int, warmup: int, out, command: str,
