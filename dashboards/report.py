@@ -22,10 +22,17 @@ def _bundle() -> str:
     return vl_convert.javascript_bundle()  # sets window.vegaEmbed
 
 
+def _cell(v) -> str:
+    """A table cell's text: empty for a missing value; a list (trace_files) as its items."""
+    if hasattr(v, "__len__") and not isinstance(v, str):
+        return ", ".join(map(str, v))
+    return "" if v is None or v != v else str(v)
+
+
 def _table(df: pd.DataFrame, cls: str = "") -> str:
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape('' if v is None or v != v else str(v))}</td>" for v in row)
-                   + "</tr>" for row in df.itertuples(index=False))
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>"
+                   for row in df.itertuples(index=False))
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
