@@ -178,16 +178,25 @@ def empty_page(root: Path) -> None:
             f"--dtype float32 --out {root}\n```\nThe Planner page needs no run.")
 
 
-def runs_page(index: pd.DataFrame) -> None:
+def findings_ui(found: dict[str, list[str]]) -> None:
+    """The chosen runs' headline findings (profiler.report.findings: what attnprof show says first)."""
+    for run_id, sentences in found.items():
+        if sentences:
+            st.markdown(f"**Findings, {run_id}**\n\n" + "\n".join(f"- {s}" for s in sentences))
+
+
+def runs_page(index: pd.DataFrame, found: dict[str, list[str]]) -> None:
     st.header("Runs")
+    findings_ui(found)
     for row in index[index["warning"] != ""].itertuples():
         st.warning(f"{row.run_id}: {row.warning}")
     st.caption("One row per run; cells by status. Pick runs in the sidebar.")
     table(index, "runs")
 
 
-def run_page(cells: pd.DataFrame, blocks: pd.DataFrame, cell: str | None, colour: str) -> None:
+def run_page(cells: pd.DataFrame, blocks: pd.DataFrame, cell: str | None, colour: str, root: Path) -> None:
     st.header("Run")
+    findings_ui(T.run_findings(cells, blocks))
     if cell is not None:
         run_id, cell_id = cell.split("/")
         layout = T.unet_layout(blocks[(blocks["run_id"] == run_id) & (blocks["cell_id"] == cell_id)])
@@ -206,15 +215,50 @@ def run_page(cells: pd.DataFrame, blocks: pd.DataFrame, cell: str | None, colour
                                  (right, f"peak_mem_{unit}", f"peak memory per call ({unit})")):
             with where:
                 chart(layout, C.call_bars(x, xtitle, unit, len(layout)))
-        table(layout[["call_index", "block", "stage", "level", "kind", "heads", "head_dim", "tokens_q", "tokens_k",
-                      "score_elements", "score_bytes", "flops", "time_ms", "iqr_ms", "noisy", "peak_mem_bytes",
-                      "predicted_peak_bytes", "kernel"]], "blocks")
+        table(layout[[c for c in ("call_index", "block", "stage", "level", "kind", "heads", "head_dim", "tokens_q",
+                                  "tokens_k", "score_elements", "score_bytes", "flops", "time_ms", "iqr_ms", "noisy",
+                                  "peak_mem_bytes", "predicted_peak_bytes", "bytes_moved", "arithmetic_intensity",
+                                  "achieved_flops_per_s", "pct_of_peak", "roofline_bound", "kernel") if c in layout]],
+              "blocks")
+        traces_ui(cells, run_id, cell_id, root)
     else:
         st.info("No cell of the chosen runs and filters ended ok: nothing to draw. The cells and their errors:")
+    roofline_ui(cells, blocks)
     st.subheader("Cells")
     st.caption("forward peak total: measured, counted as the planner counts it (weights + inputs + the forward's "
                "transient); predicted forward peak: the planner's, from fake tensors; ratio: measured / predicted.")
     table(cells[[c for c in T.CELL_COLUMNS if c in cells]], "cells")
+
+
+def roofline_ui(cells: pd.DataFrame, blocks: pd.DataFrame) -> None:
+    points = T.roofline_points(blocks)
+    lines = T.roofline_lines(cells, points)
+    st.subheader("Roofline: each call against the device's measured limits")
+    if not len(lines):
+        st.info("No call of the chosen cells has a place on the roofline (runs recorded before the device's limits "
+                "were measured have none).")
+        return
+    st.caption("Each point one attention call of the chosen cells: its FLOPs (QK^T and PV) over its median time, "
+               "against its FLOPs per byte moved in its backend's model. Dashed: the device's memory bandwidth and "
+               "compute peak as the run measured them; a call below the lines leaves the device idle part of the time "
+               "(the call's time includes its projections).")
+    chart(points, C.roofline(lines))
+
+
+def traces_ui(cells: pd.DataFrame, run_id: str, cell_id: str, root: Path) -> None:
+    """The drawn cell's trace files (attnprof run --trace) as downloads: a Chrome / Perfetto trace of its probe
+    forward, and on CUDA the allocator's memory snapshot."""
+    row = cells[(cells["run_id"] == run_id) & (cells["cell_id"] == cell_id)]
+    files = row["trace_files"].iloc[0] if len(row) and "trace_files" in row else None
+    if not hasattr(files, "__len__") or not len(files):  # none, or a cell recorded without --trace (NaN)
+        return
+    st.caption("Traces of this cell's probe forward: open the .json in ui.perfetto.dev or chrome://tracing (each "
+               "attention call a range named by its block); the .pickle in pytorch.org/memory_viz.")
+    for i, name in enumerate(files):
+        path = root / run_id / name
+        if path.is_file():
+            st.download_button(f"Download {Path(name).name}", path.read_bytes(), file_name=Path(name).name,
+                               key=f"trace-{i}", on_click="ignore")
 
 
 def compare_page(cells: pd.DataFrame, envs: pd.DataFrame, by: str, baseline: str, budget: str) -> None:
@@ -507,6 +551,7 @@ def main() -> None:
         return queue_page(text, root.resolve())
     chosen = runs_ui(index)
     cells, blocks, problems = load_selected(root, chosen)
+    found = T.run_findings(cells, blocks) if page == "Runs" else {}  # of the whole runs, before any filter
     filters = filters_ui(cells) if len(cells) else {}
     if filters:
         cells, blocks = T.apply_filters(cells, filters), T.apply_filters(blocks, filters)
@@ -522,11 +567,11 @@ def main() -> None:
     if not len(index):
         return empty_page(root)
     if page == "Runs":
-        return runs_page(index)
+        return runs_page(index, found)
     if not len(cells):
         return st.info("No cells match: pick a run and widen the filters in the sidebar.")
     if page == "Run":
-        run_page(cells, blocks, choices.get("cell"), choices["color"])
+        run_page(cells, blocks, choices.get("cell"), choices["color"], root)
         report_button(root, chosen)
     elif page == "Compare":
         compare_page(cells, choices["envs"], choices["by"], choices["baseline"], choices["budget"])

@@ -22,10 +22,17 @@ def _bundle() -> str:
     return vl_convert.javascript_bundle()  # sets window.vegaEmbed
 
 
+def _cell(v) -> str:
+    """A table cell's text: empty for a missing value; a list (trace_files) as its items."""
+    if hasattr(v, "__len__") and not isinstance(v, str):
+        return ", ".join(map(str, v))
+    return "" if v is None or v != v else str(v)
+
+
 def _table(df: pd.DataFrame, cls: str = "") -> str:
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape('' if v is None or v != v else str(v))}</td>" for v in row)
-                   + "</tr>" for row in df.itertuples(index=False))
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>"
+                   for row in df.itertuples(index=False))
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
@@ -54,6 +61,12 @@ def _charts_and_sections(cells: pd.DataFrame, blocks: pd.DataFrame, runs: list[R
         cmp, legend = T.labelled(cmp, T.CELL_SERIES)
         add("Compare: attention time against peak memory, per size",
             C.time_against_peak(T.options(ok, "size"), unit, legend), cmp)
+    points = T.roofline_points(blocks)
+    lines = T.roofline_lines(cells, points)
+    if len(lines):
+        add("Roofline: each call against the device's measured limits", C.roofline(lines), points,
+            "each point one attention call: its FLOPs over its median time against its FLOPs per byte moved (the "
+            "backend's model); dashed, the device's memory bandwidth and compute peak as the run measured them")
     scale = T.scaling_table(blocks) if len(blocks) else pd.DataFrame()
     for title, spec, data in C.scaling_charts(scale) if len(scale) else []:
         add(title, spec, data)
@@ -76,6 +89,8 @@ def render(paths: list[Path]) -> str:
                           "ended": r.manifest().get("ended_at"), "command": r.manifest().get("command")}
                          for r in runs])
     specs, sections = _charts_and_sections(cells, blocks, runs)
+    found = "".join(f"<h3>{html.escape(run)}</h3><ul>{''.join(f'<li>{html.escape(s)}</li>' for s in sentences)}</ul>"
+                    for run, sentences in T.run_findings(cells, blocks).items() if sentences)
     shown = T.display(cells[[c for c in T.CELL_COLUMNS if c in cells]]) if len(cells) else pd.DataFrame()
     names = ", ".join(r.id for r in runs)
     embeds = "\n".join(f'vegaEmbed("#chart{i}", {_json(s)}, {{actions: false, renderer: "svg"}}).then(() => done());'
@@ -93,6 +108,7 @@ th {{ background: #f3f3f3; }} .chart {{ margin-bottom: 1.5rem; }} p {{ color: #5
 <p>Runs {html.escape(names)}; written {dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")} by attnprof
 report. Times are medians of the timed forwards; peaks are each call's transient peak over what was held when it
 began. Everything, the chart library included, is in this file: it needs no server and no network.</p>
+<h2>Findings</h2>{found or "<p>No cells recorded.</p>"}
 <h2>Runs and environment</h2>{_table(meta)}{_table(env, "env")}
 <h2>Charts</h2>{"".join(sections) or "<p>No cell ended ok: nothing to draw.</p>"}
 <h2>Cells</h2>{_table(shown, "cells") if len(shown) else "<p>No cells recorded.</p>"}

@@ -152,12 +152,60 @@ def largest_ok(cells: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=key + ["sizes_tried", "largest_ok_size", "largest_ok_pixels", "failed_above"])
 
 
+def roofline_points(blocks: pd.DataFrame) -> pd.DataFrame:
+    """The ok calls that have a place on the roofline (achieved FLOP/s and FLOPs per byte moved; runs recorded
+    before these fields have none), one row each."""
+    need = {"achieved_flops_per_s", "arithmetic_intensity"}
+    if not len(blocks) or not need <= set(blocks):
+        return pd.DataFrame()
+    ok = blocks[(blocks["status"] == "ok") & blocks["achieved_flops_per_s"].gt(0)
+                & blocks["arithmetic_intensity"].gt(0)]
+    return ok.assign(tokens=ok["tokens_q"].astype(str) + " x " + ok["tokens_k"].astype(str))
+
+
+def roofline_lines(cells: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
+    """The device's two limits as lines over the points' range of intensity, per (device, dtype) of the ok cells:
+    the memory-bandwidth line (FLOP/s = bandwidth x intensity) up to the ridge point, then the compute peak; each
+    line's `limit` names it with its figure, and its first point carries it as a `label`."""
+    limits = ["device_peak_flops_per_s", "device_peak_bytes_per_s"]
+    if not len(points) or not set(limits) <= set(cells):
+        return pd.DataFrame()
+    ok = cells[(cells["status"] == "ok")].dropna(subset=limits)
+    if "device_name" not in ok:
+        ok = ok.assign(device_name=ok["device"])
+    lo, hi = points["arithmetic_intensity"].min() / 2, points["arithmetic_intensity"].max() * 2
+    rows = []
+    for (device, dtype, peak, bandwidth), _ in ok.groupby(["device_name", "dtype", *limits], sort=False):
+        ridge = peak / bandwidth
+        x0, x1 = min(lo, ridge / 2), max(hi, ridge * 2)
+        memory = f"{device}: memory {human_bytes(bandwidth)}/s"
+        compute = f"{device}: {dtype} compute {peak / 1e12:.3g} TFLOP/s" if peak >= 1e12 else \
+            f"{device}: {dtype} compute {peak / 1e9:.3g} GFLOP/s"
+        rows += [{"limit": memory, "arithmetic_intensity": x0, "achieved_flops_per_s": bandwidth * x0, "label": memory},
+                 {"limit": memory, "arithmetic_intensity": ridge, "achieved_flops_per_s": peak, "label": None},
+                 {"limit": compute, "arithmetic_intensity": ridge, "achieved_flops_per_s": peak, "label": compute},
+                 {"limit": compute, "arithmetic_intensity": x1, "achieved_flops_per_s": peak, "label": None}]
+    return pd.DataFrame(rows).drop_duplicates()
+
+
 # The cells table of the Run page and of the report: what a cell is, how it ended, its figures beside the planner's.
 CELL_COLUMNS = ("run_id", "model", "settings_label", "size", "batch", "dtype", "backend_label", "family", "status",
                 "error",
                 "attention_time_ms", "iqr_ms", "attention_peak_mem_bytes", "predicted_peak_bytes",
                 "forward_peak_total_bytes", "predicted_forward_peak_bytes", "forward_peak_ratio", "forward_time_ms",
-                "noisy", "max_rel_err", "kernel")
+                "attention_achieved_flops_per_s", "attention_pct_of_peak", "attention_roofline_bound", "noisy",
+                "max_rel_err", "kernel", "trace_files")
+
+
+def run_findings(cells: pd.DataFrame, blocks: pd.DataFrame) -> dict[str, list[str]]:
+    """Each run's headline findings (profiler.report.findings, as attnprof show states them), by run id."""
+    from profiler.report.findings import findings
+
+    if not len(cells):
+        return {}
+    return {run: findings(cells[cells["run_id"] == run],
+                          blocks[blocks["run_id"] == run] if len(blocks) else blocks)
+            for run in dict.fromkeys(cells["run_id"])}
 
 
 # ---- runs against runs (profiler.report.compare holds the matching and the noise rule)

@@ -398,6 +398,14 @@ def _scores_phase(ns: int, row: dict, e: int, up: str, held: int) -> int:
     return max(moments)
 
 
+def _modelled(name: str, options: dict) -> tuple[str, dict]:
+    """The built-in whose models a backend uses (itself, or a registered backend's memory_like), with its options."""
+    opts = check_options(name, options)
+    if BACKENDS[name].memory_like:
+        return BACKENDS[name].memory_like, check_options(BACKENDS[name].memory_like, {})
+    return name, opts
+
+
 def predicted_peak_bytes(name: str, row: dict, dtype: str, **options) -> int:
     """Transient peak of one processor call over what was allocated when it began (the output counts), following
     the processor op by op as it allocates and frees (tests/test_forward.py holds it to the fake-tensor trace of
@@ -408,9 +416,7 @@ def predicted_peak_bytes(name: str, row: dict, dtype: str, **options) -> int:
     CUDA follows the kernel named in row["sdpa_kernel"] (the planner's and the measurement's). Left out: the CPU
     flash kernel's per-thread tiles (~0.5 MiB per thread), kernel workspaces other than the mem-efficient
     kernel's float32 accumulator (head_dim > 128 in float16 / bfloat16), and the mask diffusers repeats per head."""
-    opts = check_options(name, options)
-    if BACKENDS[name].memory_like:
-        name, opts = BACKENDS[name].memory_like, check_options(BACKENDS[name].memory_like, {})
+    name, opts = _modelled(name, options)
     e = torch_dtype(dtype).itemsize
     b, n, d, tq, tk = row["batch"], row["batch"] * row["heads"], row["head_dim"], row["tokens_q"], row["tokens_k"]
     sb = row["score_bytes"] // row["score_elements"]
@@ -447,6 +453,36 @@ def predicted_peak_bytes(name: str, row: dict, dtype: str, **options) -> int:
         acc = n * tq * d * 4 if kernel == "efficient" and d > 128 and e < 4 else 0
         core = a_q + n * tq * 4 + acc
     return int(a_q + 2 * a_k + max(core, 2 * a_q))  # every processor ends holding its merged output and to_out's
+
+
+# ---- bytes moved: the x axis of the roofline (measure/limits.py places each call against the device's limits)
+
+def bytes_moved(name: str, row: dict, dtype: str, **options) -> int:
+    """The bytes one call's attention reads and writes in the backend's own model: the part that `flops` counts
+    (QK^T, softmax, PV; the projections left out of both). A fused kernel reads Q, K and V and writes O once. A
+    backend that materialises the score table writes it, the softmax reads it and writes the probabilities, and PV
+    reads them: four passes over the table (naive, sliced; sdpa-math and sdpa running its math kernel do so in
+    float32, after copying Q, K and V to float32 and before casting O back). The chunked backends pass over their
+    chunks' tables the same way and read K and V again for each query chunk; subquad also reads and rewrites its
+    float32 accumulator for each key chunk. Tables take row["score_bytes"] (4 bytes a score where diffusers
+    upcasts). A model of traffic to memory: tables small enough to stay in a cache move less."""
+    name, opts = _modelled(name, options)
+    e = torch_dtype(dtype).itemsize
+    n, d, tq, tk = row["batch"] * row["heads"], row["head_dim"], row["tokens_q"], row["tokens_k"]
+    a_q, a_k, table = n * tq * d * e, n * tk * d * e, row["score_bytes"]
+    if name in ("naive", "sliced"):
+        return 2 * a_q + 2 * a_k + 4 * table
+    if name == "split":
+        query_chunks = chunks(name, row, dtype, **opts)
+        return 2 * a_q + 2 * a_k * query_chunks + 4 * table
+    if name == "subquad":
+        query_chunks, key_chunks = -(-tq // opts["query_chunk"]), -(-tk // opts["key_chunk"])
+        return 2 * a_q + 2 * a_k * query_chunks + 4 * table + key_chunks * 2 * n * tq * d * 4
+    if name == "sdpa-math" or (name == "sdpa" and row.get("sdpa_kernel") == "math"):
+        f = 4 / e  # float32 operands
+        casts = (a_q + 2 * a_k) * (1 + f) + a_q * (f + 1) if e < 4 else 0  # in: read, write f32; out: the reverse
+        return int(f * (2 * a_q + 2 * a_k) + 4 * n * tq * tk * 4 + casts)
+    return 2 * a_q + 2 * a_k  # fused kernels: Q, K and V read once, O written once
 
 
 _load_plugins()

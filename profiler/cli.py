@@ -223,19 +223,20 @@ def cmd_profile(args) -> int:
 
 
 def _with_exec_args(sweep, args):
-    """The sweep with the command line's --out and --ray over its own settings."""
+    """The sweep with the command line's --out, --trace and --ray over its own settings."""
     from .execute.grid import with_overrides
 
     ray = {} if args.ray is None else {"executor": "ray", "ray_address": args.ray or None}
     if ray and args.in_process:
         raise InputError("--ray and --in-process exclude each other: choose where the cells run")
-    return with_overrides(with_overrides(sweep, out=args.out), **ray)
+    return with_overrides(with_overrides(sweep, out=args.out, trace=args.trace or None), **ray)
 
 
 def _execute(sweep, args) -> int:
+    from .execute.sweep import execute
+    from .report.findings import findings, format_findings
     from .report.show import status_table
     from .store import Run
-    from .execute.sweep import execute
 
     outcome = execute(sweep, resume=getattr(args, "resume", False), retry_failed=getattr(args, "retry_failed", False),
                       force=args.force, workers=not args.in_process, progress=not args.quiet,
@@ -243,6 +244,9 @@ def _execute(sweep, args) -> int:
 
     run = Run.open(outcome.run_path)
     print(status_table(run))
+    found = findings(*run.read())
+    if found:
+        print(f"\nfindings:\n{format_findings(found)}")
     print(f"\nresults: {outcome.run_path}")
     print(f"  summary:   attnprof show {outcome.run_path.name} --results {outcome.run_path.parent}")
     print(f"  dashboard: make dashboard  (or attnprof dashboard --results {outcome.run_path.parent})")
@@ -254,6 +258,45 @@ def _execute(sweep, args) -> int:
         print(f"attnprof: no cell ended ok: see the errors with attnprof show {run.id} --results {run.path.parent}",
               file=sys.stderr, flush=True)
         return NO_CELL_OK
+    return 0
+
+
+def cmd_replay(args) -> int:
+    from . import backends, devices, models
+    from .measure.replay import replay, targets_of_plan, targets_of_run
+    from .report.show import format_replay
+    from .store import find_run
+
+    if (args.run is None) == (args.model is None):
+        raise InputError("replay takes a run (RUN) or a plan (--model M --size WxH), one of the two")
+    if args.repeats < 1 or args.warmup < 0:
+        raise InputError("--repeats must be 1 or more and --warmup 0 or more")
+    device = devices.resolve(devices.parse(args.device, "--device"))
+    options = _backend_options(args.option)
+    if args.run is not None:
+        if args.size or args.batch or args.dtype:
+            raise InputError("--size, --batch and --dtype go with --model: a run's cells give them")
+        run = find_run(args.results, args.run)
+        targets = targets_of_run(*run.read())
+        if not targets:
+            raise InputError(f"run {run.id} has no ok cell to replay: give another run, or --model and --size")
+        ok = run.cells().query("status == 'ok'")
+        chosen = list(dict.fromkeys((b, o) for b, o in zip(ok["backend"], ok["backend_options"])))
+        chosen = [(b, json.loads(o)) for b, o in chosen]
+        source = f"run {run.id}"
+    else:
+        models.resolve(args.model)
+        sizes = [parse_size(s) for s in (args.size or ["512x512"])]
+        targets = targets_of_plan(args.model, sizes, parse_batch(args.batch or "1"), parse_dtype(args.dtype or
+                                                                                                    "float16"))
+        chosen, source = [("sdpa", {})], f"a plan of {args.model}"
+    if args.backend:
+        chosen = [(name, backends.check_options(name, options)) for name in args.backend]
+    say = (lambda line: None) if args.quiet else (lambda line: print(f"attnprof replay: {line}", file=sys.stderr,
+                                                                     flush=True))
+    result = replay(targets, [(n, backends.check_options(n, o)) for n, o in chosen], device, args.repeats,
+                    args.warmup, Path(args.out), " ".join(["attnprof"] + sys.argv[1:]), source, say)
+    print(format_replay(result))
     return 0
 
 
@@ -362,6 +405,9 @@ def _add_exec_args(p, out_default="results"):
     p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
                    help="run the cells as Ray tasks, one GPU each: on the cluster at ADDRESS ('auto': the one this "
                         "machine runs), or without ADDRESS on this machine's cluster or a new local one")
+    p.add_argument("--trace", action="store_true",
+                   help="per cell, a Chrome / Perfetto trace of one forward (each attention call a range named by its "
+                        "block) and on CUDA a memory snapshot, in the run folder's traces/ (large; overrides trace:)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -458,6 +504,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retry-failed", action="store_true", help=RETRY_HELP)
     _add_exec_args(p, out_default=None)
     p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("replay", help="each distinct attention shape of a run or a plan, its kernel alone; a run",
+                       description="Time each distinct attention shape of a run's ok cells (RUN) or of a plan "
+                                   "(--model, --size) with the backend's kernel alone on random Q, K, V: no U-Net "
+                                   "built, no weights. Per shape: time, TFLOP/s, peak memory and, for a run, the gap "
+                                   "to the same calls inside the model. Stored as a run (show, diff, the dashboard).")
+    p.add_argument("run", nargs="?", metavar="RUN", help="a run id, unique prefix, 'latest' or folder (or --model)")
+    p.add_argument("--model", help="plan this model instead of replaying a run (attnprof models)")
+    p.add_argument("--size", action="append", metavar="WxH", help="with --model: image size, repeatable (512x512)")
+    p.add_argument("--batch", help="with --model: batch size (default 1)")
+    p.add_argument("--dtype", help="with --model: float16 | bfloat16 | float32 (default float16)")
+    p.add_argument("--backend", action="append", help="backend, repeatable (default: the run's, or sdpa)")
+    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="backend option, e.g. slice_size=4")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    p.add_argument("--repeats", type=int, default=5, help="timed calls per shape, at least (default 5; more, up to "
+                                                          "5x, until the IQR is within 10%% of the median)")
+    p.add_argument("--warmup", type=int, default=1, help="warm-up calls per shape (default 1)")
+    p.add_argument("--results", default="results", help="where RUN is (default results)")
+    p.add_argument("--out", default="results", help="results folder for the replay's run (default results)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("runs", help="list the runs under the results folder")
     p.add_argument("--results", default="results", help="results folder (default results)")

@@ -93,6 +93,9 @@ class Cpu:
 
     allocator = False  # no allocator statistics: per-call memory comes from the profiler trace
     profile_memory = True  # the profiler's allocation timeline is the CPU's memory probe
+    matmul_max = 4096  # the device limits' largest square matmul (measure/limits.py)
+    copy_bytes = 256 * 2**20  # and the buffer its bandwidth copy moves (a large memcpy)
+    memory_snapshot = False  # no allocator history to dump: --trace writes the profiler trace only
 
     def __init__(self, device: torch.device):
         self.torch = device
@@ -130,6 +133,9 @@ class Cpu:
     def profiler_activities(self) -> list:
         return [torch.profiler.ProfilerActivity.CPU]
 
+    def memory_history(self, path: Path | None):
+        return contextlib.nullcontext()
+
     def identity(self) -> dict:
         return {"host": socket.gethostname(), "device_name": cpu_name(), "device_uuid": None, "pci_bus_id": None}
 
@@ -140,6 +146,9 @@ class Cuda:
 
     allocator = True
     profile_memory = False  # the allocator measures; the trace is only for kernel names
+    matmul_max = 8192
+    copy_bytes = 2**30  # a device-to-device copy
+    memory_snapshot = True  # the caching allocator's history, for PyTorch's memory_viz
 
     def __init__(self, device: torch.device):
         self.torch = torch.device("cuda", device.index if device.index is not None else 0)
@@ -182,6 +191,20 @@ class Cuda:
 
     def profiler_activities(self) -> list:
         return [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+
+    @contextlib.contextmanager
+    def memory_history(self, path: Path | None):
+        """With a path: the allocator's history (every alloc and free, with stacks) recorded on this device over
+        the block and dumped there as a snapshot that PyTorch's memory_viz reads (pytorch.org/memory_viz)."""
+        if path is None:
+            yield
+            return
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000, device=self.torch)
+        try:
+            yield
+            torch.cuda.memory._dump_snapshot(str(path))
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None, device=self.torch)
 
     def identity(self) -> dict:
         return {"host": socket.gethostname(), **describe_cuda(self.torch.index)}

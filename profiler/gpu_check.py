@@ -214,7 +214,7 @@ def check_kernels_credited_to_their_call(ctx: Context) -> str:
         probe = CallProbe(dev)
         with torch.no_grad(), Recorder(unet, processor=factory, around=probe) as rec, traced(dev) as prof:
             unet(**inputs)
-        per_call, _ = trace_windows(prof)
+        per_call, _ = trace_windows(prof, probe.ranges)
         by_block = dict(zip([k.removesuffix(".processor") for k in unet.attn_processors], chosen))
         for row in rec.rows:
             backend, call = by_block[row["block"]], per_call[row["call_index"]]

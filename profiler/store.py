@@ -6,6 +6,7 @@
                                               blocks_version, so that a cell recorded again never mixes versions)
     results/<run-id>/cells.parquet, blocks.parquet   the compacted form: what a finished sweep folds the per-cell
                                               files into (and the whole layout of runs written before per-cell files)
+    results/<run-id>/traces/<cell_id>.*       with --trace: the cell's trace files, listed in its row (trace_files)
 
 Every file is written to a temporary name in its folder and moved into place (os.replace): a reader sees the old or
 the new file, never half of one. Recording a cell writes its own two files under the run's lock (.lock, held for
@@ -32,7 +33,7 @@ import pyarrow.parquet as pq
 from .spec import InputError
 
 MANIFEST, BLOCKS, CELLS = "manifest.json", "blocks.parquet", "cells.parquet"
-CELL_DIR, BLOCK_DIR, LOCK, EXECUTOR_LOCK = "cells", "blocks", ".lock", ".executor.lock"
+CELL_DIR, BLOCK_DIR, TRACE_DIR, LOCK, EXECUTOR_LOCK = "cells", "blocks", "traces", ".lock", ".executor.lock"
 DONE_STATUSES = ("ok", "oom", "skipped", "unavailable", "error", "timeout")
 REPO = Path(__file__).resolve().parent.parent
 
@@ -197,13 +198,19 @@ class Run:
             finally:
                 holder_file.unlink(missing_ok=True)
 
-    def record(self, cell: dict, blocks: list[dict]) -> None:
-        """Store a finished cell: its block rows, then its cell row (which names the blocks' version), then drop
-        the blocks of the version it replaces. A cell recorded again replaces its rows. Nothing here lists a
-        folder, so the cost does not grow with the run."""
+    def record(self, cell: dict, blocks: list[dict], files: dict[str, bytes] | None = None) -> None:
+        """Store a finished cell: its files (traces: name -> content, stored under traces/ and listed in the row's
+        trace_files), its block rows, then its cell row (which names the blocks' version), then drop the blocks of
+        the version it replaces. A cell recorded again replaces its rows. Nothing here lists a folder, so the cost
+        does not grow with the run."""
         cid, version = cell["cell_id"], secrets.token_hex(6) if blocks else ""
         cell = {"run_id": self.id, **cell, "recorded_at": dt.datetime.now(dt.timezone.utc).isoformat(),
                 "blocks_version": version}
+        if files:  # each file whole before the row that lists it
+            (self.path / TRACE_DIR).mkdir(exist_ok=True)
+            for name, data in files.items():
+                _atomic_write(self.path / TRACE_DIR / Path(name).name, lambda tmp, data=data: tmp.write_bytes(data))
+            cell["trace_files"] = sorted(f"{TRACE_DIR}/{Path(name).name}" for name in files)
         cell_file = self.path / CELL_DIR / f"{cid}.parquet"
         with _flock(self.path / LOCK):
             (self.path / CELL_DIR).mkdir(exist_ok=True)

@@ -1,7 +1,14 @@
+import os
+import tempfile
+
 import pytest
 import torch
 
 from profiler import models
+
+# The device limits (profiler/measure/limits.py) are measured once per test session, into a cache of its own that
+# the sweep workers and subprocesses the tests start share; never the user's ~/.cache/attnprof.
+os.environ["ATTNPROF_CACHE"] = tempfile.mkdtemp(prefix="attnprof-test-cache-")
 
 
 @pytest.fixture(scope="session")
@@ -103,3 +110,22 @@ def mixed_results(tmp_path_factory):
                           for o in outputs)
     assert sorted((mixed, bf16, again)) == sorted(p.name for p in list_runs(root))
     return types.SimpleNamespace(root=root, mixed=mixed, bf16=bf16, again=again, sweep_output=outputs[0])
+
+
+@pytest.fixture(scope="session")
+def traced_results(tmp_path_factory):
+    """A results folder with one run of `attnprof run ... --trace` (worker subprocesses, as the CLI runs by default):
+    tiny-sd15 at 64x64, float32 on the CPU, naive and sdpa; and what the command printed."""
+    import contextlib
+    import io
+
+    from profiler.cli import main
+
+    root = tmp_path_factory.mktemp("traced") / "results"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["run", "--model", "tiny-sd15", "--size", "64x64", "--dtype", "float32", "--device", "cpu",
+                     "--backend", "naive", "--backend", "sdpa", "--repeats", "1", "--warmup", "0", "--trace",
+                     "--quiet", "--out", str(root)])
+    assert code == 0, printed.getvalue()
+    return root, printed.getvalue()

@@ -99,8 +99,8 @@ def _arm_worker_deaths() -> None:
             if event["event"] == "done":
                 _die_once(backend[event["cell_id"]], "after-done")
 
-    def dying_record(self, cell, blocks):
-        record(self, cell, blocks)
+    def dying_record(self, cell, blocks, *args, **kwargs):
+        record(self, cell, blocks, *args, **kwargs)
         _recorded_in.append(self.path)
         _die_once(cell["backend"], "after-record")
 

@@ -121,7 +121,19 @@ def test_report_bad_input_gets_one_line_and_no_traceback(dashboard_results, tmp_
     out = tmp_path / "r.html"
     assert main(["report", run_id, *args, str(out)]) == 0
     text = out.read_text()
-    assert 'data-charts="6"' in text  # the U-Net, Compare, Scaling's tokens, score tables, time and peaks
+    assert 'data-charts="7"' in text  # the U-Net, Compare, the roofline, Scaling's tokens, score tables, time, peaks
     assert text.count('<table class="cells">') == 1 and run_id in text
+    assert "<h3>Roofline: each call against the device&#x27;s measured limits</h3>" in text
+    assert "<h2>Findings</h2>" in text and "was the fastest" in text  # the run's findings, as attnprof show states
     assert "<script src" not in text and "<link" not in text  # nothing to fetch
     assert not [p for p in tmp_path.rglob(".*.part")]  # no partial file left
+
+
+def test_report_tables_show_a_cells_list_of_trace_files():
+    """A CUDA cell run with --trace lists two files; a NaN (a cell without) is an empty cell."""
+    import numpy as np
+
+    from dashboards.report import _table
+
+    df = pd.DataFrame({"trace_files": [np.array(["traces/a.trace.json", "traces/a.memory.pickle"]), float("nan")]})
+    assert "<td>traces/a.trace.json, traces/a.memory.pickle</td>" in _table(df) and "<td></td>" in _table(df)

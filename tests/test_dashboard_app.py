@@ -64,7 +64,7 @@ def test_runs_page_lists_the_run_with_its_cells_by_status(dashboard_results, mon
 def test_run_page_draws_the_unet_coloured_by_time_then_by_memory(dashboard_results, monkeypatch):
     at = _app(dashboard_results, monkeypatch, page="Run")
     charts = _charts(at)
-    assert len(charts) == 3  # the U-Net, time per call, peak per call
+    assert len(charts) == 4  # the U-Net, time per call, peak per call, the roofline
     spec, unet = charts[0]
     assert spec["mark"]["type"] == "rect" and spec["encoding"]["color"]["field"] == "time_ms"
     assert len(unet) == 32 and unet["column"].nunique() == 16  # SD1.5: 16 Transformer2DModels, 32 calls
@@ -73,6 +73,17 @@ def test_run_page_draws_the_unet_coloured_by_time_then_by_memory(dashboard_resul
     assert set(finest["tokens"]) == {"64 x 64"} and set(finest["score_table"]) == {"128.0 KiB"}  # 8 heads, fp32
     assert spec["encoding"]["x"]["title"] and "ms" in charts[1][0]["encoding"]["x"]["title"]
     assert "MiB" in charts[2][0]["encoding"]["x"]["title"]
+    roofline, points = charts[3]  # every ok call of the chosen cells a point, the device's limits as lines
+    assert len(points) == 5 * 32 and points["arithmetic_intensity"].gt(0).all()
+    manifest = json.loads((list_runs(dashboard_results)[0] / "manifest.json").read_text())
+    lines = pd.DataFrame(roofline["layer"][1]["data"]["values"])
+    compute = lines[lines["limit"].str.contains("compute")]
+    memory = lines[lines["limit"].str.contains("memory")]
+    assert (compute["achieved_flops_per_s"] == manifest["device_peak_flops"]["float32"]).all()
+    assert np.allclose(memory["achieved_flops_per_s"] / memory["arithmetic_intensity"],
+                       manifest["device_peak_bytes_per_s"])
+    assert roofline["layer"][0]["encoding"]["x"]["scale"]["type"] == "log"
+    assert any(m.value.startswith("**Findings, ") and "was the fastest" in m.value for m in at.markdown)
     first = _qp(at, "cell")
     at.sidebar.radio(key="color").set_value("peak memory").run()
     assert _charts(at)[0][0]["encoding"]["color"]["field"] == "peak_mem_MiB"
@@ -84,6 +95,20 @@ def test_run_page_draws_the_unet_coloured_by_time_then_by_memory(dashboard_resul
     assert cells[cells["status"] == "unavailable"]["error"].str.contains("xformers").all()
     assert len(at.dataframe) == 2 and [b.label for b in at.download_button] == [
         "Download blocks.csv", "Download cells.csv", "Download report.html (self-contained, opens with no network)"]
+
+
+def test_runs_page_states_the_runs_findings_first(dashboard_results, monkeypatch):
+    at = _app(dashboard_results, monkeypatch)
+    found = at.markdown[0].value
+    assert found.startswith(f"**Findings, {_run_id(dashboard_results)}**") and "- At 64x64 " in found
+    assert "naive stopped fitting at 128x128" in found
+
+
+def test_run_page_offers_the_cells_traces_for_download(traced_results, monkeypatch):
+    root, _ = traced_results
+    at = _app(root, monkeypatch, page="Run", backend="sdpa")
+    cell_id = _qp(at, "cell")[0].split("/")[1]
+    assert f"Download {cell_id}.trace.json" in [b.label for b in at.download_button]
 
 
 def test_run_page_cell_comes_from_the_url(dashboard_results, monkeypatch):
@@ -257,7 +282,7 @@ def test_a_run_whose_blocks_break_after_listing_is_skipped_with_a_warning(dashbo
     good = list_runs(dashboard_results)[0]
     shutil.copytree(good, tmp_path / good.name)
     at = _app(tmp_path, monkeypatch, page="Run")
-    assert len(_charts(at)) == 3
+    assert len(_charts(at)) == 4
     blocks = tmp_path / good.name / "blocks.parquet"
     blocks.write_bytes(blocks.read_bytes()[:200])  # a new mtime: the cached load is not reused
     at.run()

@@ -98,6 +98,22 @@ def test_every_cuda_call_names_the_cells_device(monkeypatch):
     assert devices.get("cuda").torch == torch.device("cuda", 0)
 
 
+def test_the_memory_snapshot_is_recorded_on_the_cells_device_and_stopped_after(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history",
+                        lambda enabled="all", device=None, **kw: calls.append(("record", enabled, device)))
+    monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", lambda path: calls.append(("dump", path, None)))
+    dev = devices.get("cuda:1")
+    with dev.memory_history(tmp_path / "c.memory.pickle"):
+        calls.append(("forward", None, None))
+    cuda1 = torch.device("cuda", 1)
+    assert calls == [("record", "all", cuda1), ("forward", None, None), ("dump", str(tmp_path / "c.memory.pickle"),
+                                                                          None), ("record", None, cuda1)]
+    with dev.memory_history(None):  # no --trace: nothing recorded
+        pass
+    assert len(calls) == 4 and dev.memory_snapshot and not devices.get("cpu").memory_snapshot
+
+
 def test_reserved_peak_of_the_cell_survives_every_reset(monkeypatch):
     _Recorder(monkeypatch, reserved=iter([5 * GiB, 2 * GiB, 1 * GiB, 3 * GiB, 7]))
     dev = devices.get("cuda:0")
@@ -193,6 +209,10 @@ def test_an_nvml_error_in_the_sampler_thread_is_reported(monkeypatch):
     assert r["nvml_samples"] == 2 and r["nvml_device_used_max_bytes"] == 10 * GiB
 
 
+B0, B1 = (f"down_blocks.0.attentions.0.transformer_blocks.0.attn{i}" for i in (1, 2))
+CALLS = {B0: 0, B1: 1}  # each call's range, named by its block path (probes.CallProbe)
+
+
 class Ev:
     """A kineto event as trace_windows reads it."""
 
@@ -213,7 +233,7 @@ def test_gpu_kernels_are_credited_to_the_call_that_launched_them():
     """Call 0 launches a flash kernel that runs on the GPU during call 1's window (GPU work is asynchronous); call 1
     launches a mem-efficient kernel that runs after both windows."""
     events = [
-        Ev("attnprof.call.0", 100, 200), Ev("attnprof.call.1", 200, 300),
+        Ev(B0, 100, 200), Ev(B1, 200, 300),
         Ev("gpu_user_annotation", 0, 10**6, device="cuda", linked=0),  # kineto's GPU twin of a range: not a window
         Ev("aten::_scaled_dot_product_flash_attention", 110, 150, corr=11),
         Ev("aten::_scaled_dot_product_efficient_attention", 210, 250, corr=12),
@@ -222,7 +242,7 @@ def test_gpu_kernels_are_credited_to_the_call_that_launched_them():
         Ev("fmha_cutlassF_f16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<>::Params)", 400, 500,
            device="cuda", corr=902, linked=12),
     ]
-    per_call, _ = attribute(events)
+    per_call, _ = attribute(events, CALLS)
     assert per_call[0]["kernel"] == "aten::_scaled_dot_product_flash_attention,pytorch_flash::flash_fwd_kernel"
     assert per_call[1]["kernel"] == ("aten::_scaled_dot_product_efficient_attention,"
                                      "fmha_cutlassF_f16_aligned_64x64_rf_sm80")
@@ -276,7 +296,7 @@ def test_only_gpu_kernels_name_a_calls_gpu_kernels_and_their_time():
     """A CPU op named like an extension (xformers::, flash_attn::) is no GPU kernel: a call that launched none has
     no gpu_kernels, and its GPU time sums only what ran on the GPU."""
     events = [
-        Ev("attnprof.call.0", 100, 200), Ev("attnprof.call.1", 200, 300),
+        Ev(B0, 100, 200), Ev(B1, 200, 300),
         Ev("xformers::efficient_attention_forward_cutlass", 110, 190, corr=0),
         Ev("flash_attn::_flash_attn_forward", 210, 220, corr=0),
         Ev("aten::_scaled_dot_product_cudnn_attention", 230, 240, corr=13),
@@ -284,11 +304,12 @@ def test_only_gpu_kernels_name_a_calls_gpu_kernels_and_their_time():
         Ev(KERNEL_NAMES[0][0], 400, 2400, device="cuda", corr=903, linked=13),  # 2 us
         Ev("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n", 2500, 3500, device="cuda", corr=904, linked=14),  # 1 us
     ]
-    per_call, _ = attribute(events)
+    per_call, _ = attribute(events, CALLS)
     assert per_call[0]["gpu_kernels"] == [] and per_call[0]["gpu_time_ms"] is None
     assert per_call[1]["gpu_kernels"] == [KERNEL_NAMES[0][0]] and per_call[1]["sdpa_kernel"] == "cudnn"
     assert per_call[1]["gpu_time_ms"] == pytest.approx(0.003)  # both of its kernels, the gemm too
-    cpu = attribute([Ev("attnprof.call.0", 0, 10), Ev("aten::_scaled_dot_product_flash_attention_for_cpu", 1, 9)])[0]
+    cpu = attribute([Ev(B0, 0, 10), Ev("aten::_scaled_dot_product_flash_attention_for_cpu", 1, 9)],
+                    CALLS)[0]
     assert cpu[0]["sdpa_kernel"] == "flash" and cpu[0]["gpu_time_ms"] is None
 
 

@@ -42,7 +42,7 @@ def _sweep(tmp_path, **kw) -> Sweep:
 
 def test_a_sweep_through_ray_records_the_cells_the_local_executor_does(tmp_path, local_ray, faults):
     local = Run.open(execute(_sweep(tmp_path, out=str(tmp_path / "local")), progress=False).run_path).cells()
-    through_ray = Run.open(execute(_sweep(tmp_path, executor="ray"), progress=False).run_path)
+    through_ray = Run.open(execute(_sweep(tmp_path, executor="ray", trace=True), progress=False).run_path)
     cells = through_ray.cells()
     assert cells["cell_id"].tolist() == local["cell_id"].tolist()
     assert cells["status"].tolist() == local["status"].tolist()
@@ -53,6 +53,11 @@ def test_a_sweep_through_ray_records_the_cells_the_local_executor_does(tmp_path,
     assert through_ray.manifest()["environment"]["executor"] == "ray"
     assert through_ray.blocks().groupby("cell_id").size().eq(32).all()
     assert not (through_ray.path / "progress.json").exists()
+    manifest = through_ray.manifest()  # the device's limits, measured by a Ray task (as on a GPU: not the driver)
+    assert manifest["device_peak_flops"]["float32"] > 0 and manifest["device_peak_bytes_per_s"] > 0
+    ok = cells[cells["status"] == "ok"]  # each ok cell's trace, sent back by its task and stored by the driver
+    assert [list(f) for f in ok["trace_files"]] == [[f"traces/{c}.trace.json"] for c in ok["cell_id"]]
+    assert all((through_ray.path / f[0]).stat().st_size > 1000 for f in ok["trace_files"])
 
 
 def test_killing_the_ray_worker_of_a_cell_leaves_it_error_and_the_rest_ok(tmp_path, local_ray):

@@ -1,7 +1,10 @@
 """A measured run of tiny-sd15 at 512x512 on the CPU: every field filled, memory against its model and against an
 independent check, errors within tolerance, unavailable backends as rows; the store's round trip; CLI errors."""
-import torch
+import re
+
+import numpy as np
 import pytest
+import torch
 
 from profiler.cli import main
 from profiler.store import Run, list_runs
@@ -31,6 +34,7 @@ def test_one_row_per_call_per_cell_with_every_field(run):
     assert blocks[BLOCK_FIELDS].notna().all().all()
     assert (blocks["time_ms"] > 0).all() and blocks["time_samples_ms"].map(len).eq(2).all()
     assert set(blocks["status"]) == {"ok"}
+    assert not (run.path / "traces").exists() and "trace_files" not in run.cells()  # --trace is off by default
     kernels = blocks.groupby("backend")["kernel"].first().to_dict()
     assert kernels["naive"] == "aten::baddbmm,aten::bmm"
     assert kernels["sdpa-flash"] == "aten::_scaled_dot_product_flash_attention_for_cpu"
@@ -80,6 +84,29 @@ def test_cells_errors_within_tolerance_and_unavailable_rows(run):
     assert env["torch"].startswith("2.13") and env["diffusers"] and env["git_revision"] is not None
 
 
+def test_each_call_is_placed_against_the_devices_measured_limits(run):
+    """The manifest holds the peaks measured at the start of the run; every ok call its achieved FLOP/s, the bytes
+    its backend's model moves, its intensity and the percent of the roofline bound that applies."""
+    m = run.manifest()
+    peak, bandwidth = m["device_peak_flops"]["float32"], m["device_peak_bytes_per_s"]
+    assert peak > 1e8 and bandwidth > 1e8 and m["device_limits"]["cache"].endswith("device-limits.json")
+    cells, b = run.read()
+    ok = cells[cells["status"] == "ok"]
+    assert (ok["device_peak_flops_per_s"] == peak).all() and (ok["device_peak_bytes_per_s"] == bandwidth).all()
+    assert b[["achieved_flops_per_s", "bytes_moved", "arithmetic_intensity", "pct_of_peak"]].gt(0).all().all()
+    assert np.allclose(b["achieved_flops_per_s"], b["flops"] / (b["time_ms"] / 1e3))
+    assert np.allclose(b["arithmetic_intensity"], b["flops"] / b["bytes_moved"])
+    bound = np.minimum(peak, b["arithmetic_intensity"] * bandwidth)
+    assert np.allclose(b["pct_of_peak"], 100 * b["achieved_flops_per_s"] / bound)
+    assert (b["roofline_bound"] == np.where(b["arithmetic_intensity"] * bandwidth < peak, "memory", "compute")).all()
+    first = b[b["block"] == "down_blocks.0.attentions.0.transformer_blocks.0.attn1"].set_index("backend")
+    assert (first["level"] == 0).all() and (first["kind"] == "self").all()
+    # naive writes and reads its 512 MiB score table four times; flash reads Q, K, V and writes O once
+    assert first.loc["naive", "bytes_moved"] == 4 * 8 * 4096 * 4 * 4 + 4 * 8 * 4096 * 4096 * 4
+    assert first.loc["naive", "arithmetic_intensity"] < first.loc["sdpa-flash", "arithmetic_intensity"] / 100
+    assert (ok["attention_pct_of_peak"] > 0).all()
+
+
 def test_bfloat16_cells_on_the_cpu_are_judged_by_the_bfloat16_tolerance(tmp_path):
     """The reference is float32: a bfloat16 forward differs from it by more than float32's tolerance (1e-3) and less
     than bfloat16's (6e-2), so the per-dtype tolerance is what decides error_ok."""
@@ -115,6 +142,8 @@ def test_show_and_runs_print_the_run(run, capsys):
     assert main(["show", run.id, "--results", str(run.path.parent)]) == 0
     out = capsys.readouterr().out
     assert "sdpa-flash" in out and "xformers is not installed" in out and "1.0 GiB" in out
+    assert "of peak" in out and re.search(r"\d+\.\d% of (memory|compute)", out)  # the bound that applies
+    assert "device limits (measured):" in out
     assert main(["runs", "--results", str(run.path.parent)]) == 0
     assert "2 ok, 1 unavailable" in capsys.readouterr().out
     assert main(["show", "nope", "--results", str(run.path.parent)]) == 2

@@ -21,7 +21,8 @@ KEYS = {**GRID_KEYS, "repeats": "timed forwards per cell", "warmup": "warm-up fo
         "device": "auto, cpu, cuda or cuda:N", "out": "results folder",
         "memory_budget": "bytes or a string such as 20GiB", "timeout_s": "seconds per cell",
         "executor": "local or ray", "ray_address": "a Ray cluster's address (with executor: ray)",
-        "also": "list of further grids, each a mapping of grid keys (the others as at the top)"}
+        "also": "list of further grids, each a mapping of grid keys (the others as at the top)",
+        "trace": "true or false: a Chrome / Perfetto trace of each cell's probe forward"}
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
           "tib": 2**40}
 
@@ -43,6 +44,7 @@ class Sweep:
     ray_address: str | None = None  # None: the cluster this machine runs, else a local one
     model_settings: tuple[tuple[str, tuple], ...] = ()  # setting -> its values: axes of the models they apply to
     also: tuple["Sweep", ...] = ()  # further grids, each with every key set (the top's where it set none)
+    trace: bool = False  # per cell, a trace of the probe forward (and on CUDA a memory snapshot) in the run folder
     source: str = field(default="command line", compare=False)
 
     def resolved_device(self) -> str:
@@ -73,7 +75,7 @@ class Sweep:
     def settings(self) -> dict:
         return {**self.grid(), "repeats": self.repeats, "warmup": self.warmup, "device": self.device,
                 "memory_budget": self.memory_budget, "timeout_s": self.timeout_s, "executor": self.executor,
-                "ray_address": self.ray_address, "also": [g.grid() for g in self.also], "source": self.source}
+                "ray_address": self.ray_address, "also": [g.grid() for g in self.also], "trace": self.trace, "source": self.source}
 
 
 def parse_bytes(value, where: str) -> int:
@@ -225,6 +227,10 @@ def _run_keys(doc: dict, where: str) -> dict:
             raise InputError(f"{where}: key 'ray_address' must be an address such as 10.0.0.1:6379 or auto, "
                              f"not {doc['ray_address']!r}")
         kw["ray_address"] = doc["ray_address"].strip()
+    if "trace" in doc:
+        if not isinstance(doc["trace"], bool):
+            raise InputError(f"{where}: key 'trace' must be true or false, not {doc['trace']!r}")
+        kw["trace"] = doc["trace"]
     if doc.get("timeout_s") is not None:
         t = doc["timeout_s"]
         if isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0:

@@ -36,12 +36,15 @@ class LocalExecutor:
         """(ok, reason) per (backend, device, dtype, head dims): here, or on CUDA in a subprocess of its own."""
         if not (self.workers and any(dev.startswith("cuda") for _, dev, _, _ in asks)):
             return [backends.availability(*a) for a in asks]
-        proc = subprocess.run([sys.executable, "-m", "profiler.execute.worker", "--probe"], input=json.dumps(asks),
-                              text=True, capture_output=True)
-        if proc.returncode:
-            tail = "; ".join(proc.stderr.strip().splitlines()[-3:])
-            raise RuntimeError(f"the availability probe exited with {exit_reason(proc.returncode)}: {tail}")
-        return [tuple(r) for r in json.loads(proc.stdout.strip().splitlines()[-1])]
+        return [tuple(r) for r in _subprocess("--probe", asks, "the availability probe")]
+
+    def limits(self, device: str, dtypes: list[str]) -> dict:
+        """The device's measured limits (measure/limits.py): here, or on CUDA in a subprocess of its own."""
+        if self.workers and device.startswith("cuda"):
+            return _subprocess("--limits", [device, dtypes], "the device limits' measurement")
+        from ..measure.limits import device_limits
+
+        return device_limits(device, dtypes)
 
     def run(self, groups: list[list[CellSpec]], run, sweep, flight, extra: dict) -> None:
         from .sweep import run_group
@@ -50,7 +53,18 @@ class LocalExecutor:
             if self.workers:
                 _run_in_workers(group, run, sweep, flight, extra)
             else:
-                run_group(group, run, sweep.repeats, sweep.warmup, lambda event: _in_process(flight, event), extra)
+                run_group(group, run, sweep.repeats, sweep.warmup, lambda event: _in_process(flight, event), extra,
+                          sweep.trace)
+
+
+def _subprocess(flag: str, payload, what: str):
+    """A short-lived worker (worker.py FLAG) that makes the CUDA context this process must not: its JSON answer."""
+    proc = subprocess.run([sys.executable, "-m", "profiler.execute.worker", flag], input=json.dumps(payload),
+                          text=True, capture_output=True)
+    if proc.returncode:
+        tail = "; ".join(proc.stderr.strip().splitlines()[-3:])
+        raise RuntimeError(f"{what} exited with {exit_reason(proc.returncode)}: {tail}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _in_process(flight, event: dict) -> None:
@@ -69,7 +83,7 @@ def _run_in_workers(group: list[CellSpec], run, sweep, flight, extra: dict) -> N
 
     remaining, progressed = list(group), True
     while remaining:
-        job = {"run": str(run.path), "repeats": sweep.repeats, "warmup": sweep.warmup,
+        job = {"run": str(run.path), "repeats": sweep.repeats, "warmup": sweep.warmup, "trace": sweep.trace,
                "cells": [c.as_row() for c in remaining], "extra": {c.cell_id: extra.get(c.cell_id, {})
                                                                    for c in remaining}}
         log = run.path / "worker.log"  # the workers' stderr: library warnings, profiler chatter, crashes

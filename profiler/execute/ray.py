@@ -66,11 +66,19 @@ def _availability(asks: list) -> list:
 
 
 @ray.remote(max_retries=0)
-def _group(rows: list[dict], repeats: int, warmup: int, extra: dict):
-    """A Ray generator task: one chunk of cells with one model build, as group_events yields them."""
+def _limits(device: str, dtypes: list[str]) -> dict:
+    from ..measure.limits import device_limits
+
+    return device_limits(device, dtypes)
+
+
+@ray.remote(max_retries=0)
+def _group(rows: list[dict], repeats: int, warmup: int, extra: dict, trace: bool):
+    """A Ray generator task: one chunk of cells with one model build, as group_events yields them (with trace,
+    each done event carries the cell's trace files: the driver stores them, so no disk need be shared)."""
     from .sweep import group_events
 
-    yield from group_events([CellSpec.from_row(r) for r in rows], repeats, warmup, extra)
+    yield from group_events([CellSpec.from_row(r) for r in rows], repeats, warmup, extra, trace)
 
 
 def split(groups: list[list[CellSpec]], slots: int) -> list[list[CellSpec]]:
@@ -114,6 +122,10 @@ class RayExecutor:
         return {**self.survey(device)["environment"], "executor": "ray", "ray_address": self.address,
                 "ray_version": ray.__version__, "ray_nodes": len(nodes), "ray_gpus": int(res.get("GPU", 0)),
                 "ray_cpus": int(res.get("CPU", 0))}
+
+    def limits(self, device: str, dtypes: list[str]) -> dict:
+        """Measured on a GPU (or CPU) of the cluster, as its cells run: on a cluster of mixed devices, one of them."""
+        return ray.get(_limits.options(**_resources(device)).remote(device, dtypes))
 
     def availability(self, asks: list[tuple]) -> list[tuple[bool, str]]:
         if not asks:
@@ -159,7 +171,7 @@ class _Tasks:
     def submit(self, cells: list[CellSpec], retry: int = 0) -> None:
         gen = _group.options(**_resources(cells[0].device)).remote(
             [c.as_row() for c in cells], self.sweep.repeats, self.sweep.warmup,
-            {c.cell_id: self.extra.get(c.cell_id, {}) for c in cells})
+            {c.cell_id: self.extra.get(c.cell_id, {}) for c in cells}, self.sweep.trace)
         self.active[gen] = {"cells": list(cells), "in_flight": None, "cancelled": False, "retry": retry}
 
     def step(self, gen) -> None:
@@ -191,7 +203,7 @@ class _Tasks:
         elif event["event"] == "end":
             self.seconds.append(event["seconds"])
         else:
-            self.run.record(event["cell"], event["blocks"])
+            self.run.record(event["cell"], event["blocks"], event["files"])
             state["cells"] = [c for c in state["cells"] if c.cell_id != event["cell_id"]]
             state["in_flight"] = None
             self.flight.end(id(gen))

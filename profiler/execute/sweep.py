@@ -3,14 +3,17 @@
 Where the groups run is the executor's business: worker subprocesses here (local.py) or Ray tasks (ray.py)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import backends
+from ..measure.limits import cell_peaks
 from ..spec import CellSpec
 from .grid import Sweep
 
@@ -98,18 +101,20 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
     budget = sweep.memory_budget or executor.free_memory(device)
     run = _find_resumable(sweep) if resume or retry_failed else None
     resumed, job_id = run is not None, os.environ.get("ATTNPROF_JOB_ID")  # set in a queued job (attnprof submit)
+    limits = _limits(run.manifest() if resumed else {}, executor, device, sweep.dtypes)
     if not resumed:
         run = Run.create(Path(sweep.out), {
             "command": command, "sweep": sweep.settings(), "memory_budget_bytes": budget,
             "job_ids": [job_id] if job_id else [],
-            "cells": [c.as_row() for c in cells], "environment": executor.environment(device)})
+            "cells": [c.as_row() for c in cells], "environment": executor.environment(device), **limits})
     with run.executor(command or "attnprof"):
         if resumed:
             jobs = run.manifest().get("job_ids", []) + ([job_id] if job_id else [])
-            run.update_manifest(resumed_at=now(), ended_at=None, memory_budget_bytes=budget, job_ids=jobs)
+            run.update_manifest(resumed_at=now(), ended_at=None, memory_budget_bytes=budget, job_ids=jobs, **limits)
         done = run.done_cells()
         pending = [c for c in cells if c.cell_id not in done or (retry_failed and done[c.cell_id] != "ok")]
         pre, predicted = preflight(pending, budget, force, executor.availability)
+        extra = {c.cell_id: {**predicted[c.cell_id], **cell_peaks(limits, c.dtype)} for c in pending}
         flight = InFlight(run, _progress(len(cells), len(cells) - len(pending), progress))
         interrupted = False
         try:
@@ -120,7 +125,7 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
             for c in pending:
                 if c.cell_id not in pre:
                     groups.setdefault((c.model, c.dtype, c.device), []).append(c)
-            executor.run(list(groups.values()), run, sweep, flight, predicted)
+            executor.run(list(groups.values()), run, sweep, flight, extra)
         except KeyboardInterrupt:
             interrupted = True
         finally:
@@ -130,6 +135,16 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
             run.update_manifest(ended_at=now(), interrupted=interrupted)
             run.compact()
     return Outcome(run.path, interrupted)
+
+
+def _limits(manifest: dict, executor, device: str, dtypes) -> dict:
+    """The device's measured limits for the run's dtypes (measure/limits.py): a resumed run's own where its manifest
+    has them all, else asked of the executor, which measures where the cells run (never a CUDA context here)."""
+    have = manifest.get("device_peak_flops") or {}
+    if manifest.get("device_peak_bytes_per_s") and all(d in have for d in dtypes):
+        return {k: manifest[k] for k in ("device_peak_flops", "device_peak_bytes_per_s", "device_limits")
+                if k in manifest}
+    return executor.limits(device, list(dtypes))
 
 
 def _find_resumable(sweep: Sweep):
@@ -191,26 +206,32 @@ class InFlight:
         self.bar.close()
 
 
-def group_events(cells: list[CellSpec], repeats: int, warmup: int, extra: dict | None = None):
+def group_events(cells: list[CellSpec], repeats: int, warmup: int, extra: dict | None = None, trace: bool = False):
     """Run cells that share one (model, dtype, device) with one model build: a start event before each cell, a done
-    event with its rows after it, and an end event with the group's seconds. Every executor runs groups so."""
+    event with its rows (and with trace, its trace files: name -> bytes) after it, and an end event with the group's
+    seconds. Every executor runs groups so. extra: per cell, the sweep's predictions and the device's limits."""
     from ..measure.cell import ModelCache, run_cell
 
     t0, cache, host = time.perf_counter(), ModelCache(), socket.gethostname()
     cache.expect(cells)  # the group's fp32 references come first, with one model freed before the first cell's
     for c in cells:
         yield {"event": "start", "cell_id": c.cell_id, "label": label(c), "pid": os.getpid(), "host": host}
-        cell, blocks = run_cell(c, cache, repeats, warmup)
-        cell.update((extra or {}).get(c.cell_id, {}))  # the sweep's predictions for the cell
-        yield {"event": "done", "cell_id": c.cell_id, "status": cell["status"], "cell": cell, "blocks": blocks}
+        more = (extra or {}).get(c.cell_id, {})
+        with tempfile.TemporaryDirectory(prefix="attnprof-trace-") if trace else contextlib.nullcontext() as tmp:
+            cell, blocks = run_cell(c, cache, repeats, warmup, more, Path(tmp) if tmp else None)
+            files = {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir())} if tmp else {}
+        cell.update(more)
+        yield {"event": "done", "cell_id": c.cell_id, "status": cell["status"], "cell": cell, "blocks": blocks,
+               "files": files}
     yield {"event": "end", "seconds": time.perf_counter() - t0}  # the group's time, model build included
 
 
-def run_group(cells: list[CellSpec], run, repeats: int, warmup: int, emit, extra: dict | None = None) -> None:
+def run_group(cells: list[CellSpec], run, repeats: int, warmup: int, emit, extra: dict | None = None,
+              trace: bool = False) -> None:
     """group_events with each cell recorded where it ran (in this process, or in a local worker)."""
-    for event in group_events(cells, repeats, warmup, extra):
+    for event in group_events(cells, repeats, warmup, extra, trace):
         if event["event"] == "done":
-            run.record(event.pop("cell"), event.pop("blocks"))
+            run.record(event.pop("cell"), event.pop("blocks"), event.pop("files"))
         emit(event)
 
 

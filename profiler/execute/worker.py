@@ -1,6 +1,7 @@
 """A sweep worker: reads one job (JSON) on stdin, runs its cells, prints one JSON event per line on stdout.
-With --probe: reads a JSON list of (backend, device, dtype, head dims) and prints one JSON list of (ok, reason), so
-that the sweep's parent never makes a CUDA context of its own."""
+With --probe: reads a JSON list of (backend, device, dtype, head dims) and prints one JSON list of (ok, reason); with
+--limits: reads [device, dtypes] and prints the device's measured limits; so that the sweep's parent never makes a
+CUDA context of its own."""
 import faulthandler
 import json
 import sys
@@ -17,6 +18,11 @@ def main() -> None:
         asks = json.loads(sys.stdin.read())
         print(json.dumps([availability(name, dev, dtype, tuple(dims)) for name, dev, dtype, dims in asks]))
         return
+    if sys.argv[1:] == ["--limits"]:
+        from ..measure.limits import device_limits
+
+        print(json.dumps(device_limits(*json.loads(sys.stdin.read()))))
+        return
     from ..store import Run
     from .sweep import run_group
 
@@ -29,7 +35,7 @@ def main() -> None:
 
     sys.stdout = sys.stderr  # anything else printed goes to stderr, not into the event stream
     run_group([CellSpec.from_row(r) for r in job["cells"]], Run.open(job["run"]), job["repeats"], job["warmup"], emit,
-              job["extra"])
+              job["extra"], job["trace"])
 
 
 if __name__ == "__main__":

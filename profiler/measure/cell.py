@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import time
 import traceback
+from pathlib import Path
 
 import torch
 from torch.utils._pytree import tree_leaves
 
 from .. import backends, devices, models
+from .limits import place
 from .probes import CallProbe, CallTimer, NvmlSampler, summarize, trace_windows, traced
 from ..recorder import Recorder
 from ..spec import CellSpec
@@ -130,15 +132,19 @@ def _reference_label(where: str, device: str, why: str) -> str:
     return label if where == device else f"{label} on the CPU: {device} could not hold it ({why[:160]})"
 
 
-def measure_cell(spec: CellSpec, cache: ModelCache, repeats: int = 3, warmup: int = 1) -> tuple[dict, list[dict]]:
+def measure_cell(spec: CellSpec, cache: ModelCache, repeats: int = 3, warmup: int = 1, peaks: dict | None = None,
+                 trace_dir: Path | None = None) -> tuple[dict, list[dict]]:
     """Run one cell on its device (made current for the whole cell); return (cell row, block rows). Raises on
-    failure: the caller turns that into a status."""
+    failure: the caller turns that into a status. peaks: the device's limits for the cell (limits.cell_peaks),
+    against which each call is placed; trace_dir: where the probe forward's Chrome / Perfetto trace goes (and on
+    CUDA the allocator's memory snapshot of it), as <cell_id>.trace.json and <cell_id>.memory.pickle."""
     dev = devices.get(spec.device)
     with dev.guard():
-        return _measure(spec, cache, repeats, warmup, dev)
+        return _measure(spec, cache, repeats, warmup, dev, peaks or {}, trace_dir)
 
 
-def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev) -> tuple[dict, list[dict]]:
+def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev, peaks: dict,
+             trace_dir: Path | None) -> tuple[dict, list[dict]]:
     reference, reference_label = cache.reference(spec)  # before the model under test is built: never beside it
     forwards_s, cache.reference_forward_s = cache.reference_forward_s, 0.0  # every forward charged to this cell
     work, unet = cache.get(spec.model, spec.dtype, spec.device, spec.settings)
@@ -171,11 +177,16 @@ def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev) 
                     output = out.float().cpu()
                 del out
         probe = CallProbe(dev)
+        snapshot = trace_dir / f"{spec.cell_id}.memory.pickle" if trace_dir and dev.memory_snapshot else None
         t0 = time.perf_counter()
-        with Recorder(unet, processor=factory, around=probe) as probe_rec, traced(dev) as prof:
+        with Recorder(unet, processor=factory, around=probe) as probe_rec, dev.memory_history(snapshot), \
+                traced(dev) as prof:
             work.forward(unet, inputs)
         forwards_s += time.perf_counter() - t0
-    per_call, cpu_forward_peak = trace_windows(prof)
+    if trace_dir:
+        prof.export_chrome_trace(str(trace_dir / f"{spec.cell_id}.trace.json"))
+    per_call, cpu_forward_peak = trace_windows(prof, probe.ranges)
+    roof = (peaks.get("device_peak_flops_per_s"), peaks.get("device_peak_bytes_per_s"))
     if not dev.allocator:
         forward_peak = cpu_forward_peak
 
@@ -185,12 +196,15 @@ def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev) 
         seen = per_call.get(key, {})
         row = {**{k: v for k, v in row.items() if k != "pass_index"},  # the SDPA kernel PyTorch ran, where it did
                "sdpa_kernel": seen.get("sdpa_kernel") if backends.uses_sdpa(spec.backend) else None}
+        timing = summarize(timer.samples.get(key, []))
+        moved = backends.bytes_moved(spec.backend, row, spec.dtype, **spec.options)
         blocks.append({
-            **spec.as_row(), **row, **summarize(timer.samples.get(key, [])),
+            **spec.as_row(), **row, **timing,
             "time_samples_ms": timer.samples.get(key, []),
             "peak_mem_bytes": probe.peak.get(key, seen.get("peak_mem_bytes")),
             "predicted_peak_bytes": backends.predicted_peak_bytes(spec.backend, row, spec.dtype, **spec.options),
             "kernel": seen.get("kernel", ""), "gpu_time_ms": seen.get("gpu_time_ms"),
+            "bytes_moved": moved, **place(row["flops"], moved, timing["time_ms"], *roof),
             "status": "ok",
         })
     held = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tree_leaves(inputs)
@@ -204,12 +218,7 @@ def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev) 
         "forward_time_samples_ms": forward_ms, "forward_peak_mem_bytes": int(forward_peak),
         "weights_bytes": weights, "inputs_bytes": sum(held.values()),
         "forward_peak_total_bytes": weights + sum(held.values()) + int(forward_peak),
-        "attention_time_ms": sum(b["time_ms"] for b in blocks),
-        "attention_time_samples_ms": [sum(samples) for samples in zip(*(b["time_samples_ms"] for b in blocks))],
-        "attention_peak_mem_bytes": max(b["peak_mem_bytes"] for b in blocks),
-        "predicted_peak_bytes": max(b["predicted_peak_bytes"] for b in blocks),
-        "calls": len(blocks), "kernel": _common_kernel(blocks),
-        "sdpa_kernel": ",".join(dict.fromkeys(b["sdpa_kernel"] for b in blocks if b["sdpa_kernel"])) or None,
+        **attention_summary(blocks, roof),
         "allocator_reserved_max_bytes": dev.reserved_max(), "allocator_allocated_max_bytes": dev.allocated_max(),
         "max_abs_err": abs_err, "max_rel_err": rel_err, "error_ok": rel_err <= TOLERANCE[spec.dtype],
         "reference": reference_label, "forwards_total_s": forwards_s,
@@ -218,8 +227,18 @@ def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev) 
     return cell, blocks
 
 
-def _common_kernel(blocks: list[dict]) -> str:
-    return " | ".join(dict.fromkeys(b["kernel"] for b in blocks))
+def attention_summary(blocks: list[dict], roof: tuple) -> dict:
+    """A cell's attention figures from its calls' rows (a measured cell's or a replay's): times summed over the
+    calls (per timed round for the samples), the largest call's peaks, the kernels, and the calls together on the
+    roofline against roof = (peak FLOP/s, peak bytes/s)."""
+    totals = (sum(b[k] for b in blocks) for k in ("flops", "bytes_moved", "time_ms"))
+    return {"attention_time_ms": sum(b["time_ms"] for b in blocks),
+            "attention_time_samples_ms": [sum(samples) for samples in zip(*(b["time_samples_ms"] for b in blocks))],
+            "attention_peak_mem_bytes": max(b["peak_mem_bytes"] for b in blocks),
+            "predicted_peak_bytes": max(b["predicted_peak_bytes"] for b in blocks),
+            "calls": len(blocks), "kernel": " | ".join(dict.fromkeys(b["kernel"] for b in blocks)),
+            "sdpa_kernel": ",".join(dict.fromkeys(b["sdpa_kernel"] for b in blocks if b["sdpa_kernel"])) or None,
+            **{f"attention_{k}": v for k, v in place(*totals, *roof).items()}}
 
 
 def failed_cell(spec: CellSpec, status: str, message: str, **extra) -> dict:
@@ -232,13 +251,14 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}{where}"
 
 
-def run_cell(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int) -> tuple[dict, list[dict]]:
+def run_cell(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, peaks: dict | None = None,
+             trace_dir: Path | None = None) -> tuple[dict, list[dict]]:
     """measure_cell with failures turned into rows: `oom` for every allocation failure (with the size asked for),
     else `error`. Unavailable backends never get here: the sweep's preflight records them."""
     started = time.time()
     dev = devices.get(spec.device)
     try:
-        cell, blocks = measure_cell(spec, cache, repeats, warmup)
+        cell, blocks = measure_cell(spec, cache, repeats, warmup, peaks, trace_dir)
     except ReferenceFailed as e:
         cell, blocks = failed_cell(spec, "oom" if e.oom else "error", str(e)), []
     except Exception as e:  # any failure of one cell becomes its row; the run goes on

@@ -69,16 +69,20 @@ class CallTimer:
 
 
 class CallProbe:
-    """`around` for the probe pass: marks each call for the profiler trace and, where the device has an allocator
-    with statistics (CUDA), reads the call's peak over what was allocated when it began."""
+    """`around` for the probe pass: marks each call for the profiler trace as a range named by its block path (what
+    a Chrome / Perfetto trace of the pass shows; `ranges` maps the names back to call indices) and, where the device
+    has an allocator with statistics (CUDA), reads the call's peak over what was allocated when it began."""
 
     def __init__(self, device: devices.Cpu | devices.Cuda):
         self.device = device
         self.peak: dict[int, int] = {}
+        self.ranges: dict[str, int] = {}
 
     def __call__(self, row: dict, call):
         key, dev = row["call_index"], self.device
-        with torch.profiler.record_function(f"attnprof.call.{key}"):
+        name = row["block"] if row["block"] not in self.ranges else f"{row['block']} (call {key})"
+        self.ranges[name] = key
+        with torch.profiler.record_function(name):
             if not dev.allocator:
                 return call()
             dev.synchronize()
@@ -151,15 +155,15 @@ def _short(name: str) -> str:
     return re.split(r"[<(]", name, maxsplit=1)[0].strip() or name
 
 
-def trace_windows(prof) -> tuple[dict[int, dict], int]:
+def trace_windows(prof, ranges: dict[str, int]) -> tuple[dict[int, dict], int]:
     """Per call ({call_index: {"peak_mem_bytes", "kernel", "gpu_kernels", "sdpa_kernel", "gpu_time_ms"}}) and the
-    whole traced block's CPU peak, from the profiler's raw events. Memory events are summed in time order (alloc +,
-    free -) within each call's window. CPU ops are credited to the window they ran in; GPU kernels to the window of
-    the CPU op that launched them."""
-    return attribute(list(prof.profiler.kineto_results.events()))
+    whole traced block's CPU peak, from the profiler's raw events; `ranges` names each call's range (CallProbe's).
+    Memory events are summed in time order (alloc +, free -) within each call's window. CPU ops are credited to the
+    window they ran in; GPU kernels to the window of the CPU op that launched them."""
+    return attribute(list(prof.profiler.kineto_results.events()), ranges)
 
 
-def attribute(events) -> tuple[dict[int, dict], int]:
+def attribute(events, ranges: dict[str, int]) -> tuple[dict[int, dict], int]:
     """trace_windows on a list of kineto events (name, start_ns, end_ns, device_type, correlation_id,
     linked_correlation_id, nbytes), separate so that tests can hand it events whose GPU times overlap.
 
@@ -173,8 +177,8 @@ def attribute(events) -> tuple[dict[int, dict], int]:
             launched_at[e.correlation_id()] = e.start_ns()
     for e in events:
         name, dtype = e.name(), e.device_type()
-        if dtype == _CPU and name.startswith("attnprof.call."):
-            windows.append((int(name.rsplit(".", 1)[1]), e.start_ns(), e.end_ns()))
+        if dtype == _CPU and name in ranges:
+            windows.append((ranges[name], e.start_ns(), e.end_ns()))
         elif name == "[memory]":
             if dtype == _CPU:
                 mem.append((e.start_ns(), e.nbytes()))
@@ -212,7 +216,7 @@ def cpu_peak_bytes(fn) -> tuple[object, int]:
     """Run fn() once under the allocation trace; return its result and its transient CPU peak in bytes."""
     with traced(devices.get("cpu")) as prof:
         result = fn()
-    return result, trace_windows(prof)[1]
+    return result, trace_windows(prof, {})[1]
 
 
 class NvmlSampler:

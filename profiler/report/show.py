@@ -6,8 +6,9 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
+from .. import backends
 from ..backends import label
-from ..fmt import human_bytes, table
+from ..fmt import human_bytes, human_count, table
 from ..store import BLOCKS, CELLS, DONE_STATUSES, Run, list_runs
 from ..workload import label as settings_label
 
@@ -27,7 +28,7 @@ def _index_row(path: Path) -> dict:
     try:
         run = Run.open(path)
         m = run.manifest()
-        env, sweep = m.get("environment") or {}, m.get("sweep") or {}
+        env, sweep = m.get("environment") or {}, m.get("sweep") or m.get("replay") or {}
         row.update(created=str(m.get("created_at", ""))[:16].replace("T", " "),
                    models=", ".join(sweep.get("models", [])),
                    device=f"{env.get('device')} ({env.get('device_name')})",
@@ -89,22 +90,47 @@ def status_table(run: Run) -> str:
     return table(rows, [("backend", "backend")] + [(s, s) for s in sizes])
 
 
+def _limits_line(m: dict) -> list[str]:
+    """The device's measured limits, as the manifest holds them."""
+    if not m.get("device_peak_bytes_per_s"):
+        return []
+    flops = ", ".join(f"{human_count(v)}FLOP/s {d}" for d, v in (m.get("device_peak_flops") or {}).items())
+    return [f"device limits (measured): {flops}; {human_bytes(m['device_peak_bytes_per_s'])}/s memory bandwidth"]
+
+
 def _ratio(measured, predicted) -> str:
     """measured / predicted, where both are there."""
-    if measured is None or predicted is None or measured != measured or predicted != predicted or not predicted:
+    if not (_known(measured) and _known(predicted) and predicted):
         return ""
     return f"{measured / predicted:.3f}"
 
 
+def _known(value) -> bool:
+    return value is not None and value == value
+
+
+def _ms(value) -> str:
+    return f"{value:.1f} ms" if _known(value) else "-"
+
+
+def _of_peak(pct, bound) -> str:
+    """'12.3% of memory': the percent of the roofline bound that applies (compute or memory bandwidth)."""
+    return f"{pct:.1f}% of {bound}" if _known(pct) else "-"
+
+
 def format_run(run: Run) -> str:
+    from .findings import findings, format_findings
+
     m = run.manifest()
     env = m.get("environment", {})
     cells, blocks = run.read()
-    lines = [f"run {run.id}  ({run.path})",
+    found = findings(cells, blocks)
+    lines = ([f"findings ({run.id}):", format_findings(found), ""] if found else []) + [
+             f"run {run.id}  ({run.path})",
              f"created {m.get('created_at')}  ended {m.get('ended_at') or 'not yet (running or stopped)'}",
              f"device {env.get('device')} ({env.get('device_name')}), torch {env.get('torch')}, "
              f"diffusers {env.get('diffusers')}, git {str(env.get('git_revision'))[:12]}",
-             f"command: {m.get('command')}", ""]
+             f"command: {m.get('command')}", *_limits_line(m), ""]
     if not len(cells):
         return "\n".join(lines + [f"no cells recorded yet ({len(m.get('cells', []))} planned)"])
     rows = []
@@ -114,24 +140,28 @@ def format_run(run: Run) -> str:
             "model": c["model"], "settings": settings_label(c.get("settings")) or "-",
             "size": f"{c['width']}x{c['height']}", "batch": c["batch"], "dtype": c["dtype"],
             "backend": label(c["backend"], c["backend_options"]), "status": c["status"],
-            "forward": f"{c['forward_time_ms']:.1f} ms" if ok else "-",
-            "attention": f"{c['attention_time_ms']:.1f} ms" if ok else "-",
+            "forward": _ms(c.get("forward_time_ms")) if ok else "-",  # a replay has no forward
+            "attention": _ms(c["attention_time_ms"]) if ok else "-",
             "attn peak": human_bytes(c["attention_peak_mem_bytes"]) if ok else "-",
             "predicted": human_bytes(c.get("predicted_peak_bytes")),
             "fwd peak": human_bytes(c.get("forward_peak_total_bytes")) if ok else "-",
             "fwd predicted": human_bytes(c.get("predicted_forward_peak_bytes")),
             "ratio": _ratio(c.get("forward_peak_total_bytes"), c.get("predicted_forward_peak_bytes")) if ok else "",
-            "rel err": f"{c['max_rel_err']:.1e}{'' if c['error_ok'] else ' (!)'}" if ok else "-",
+            "of peak": _of_peak(c.get("attention_pct_of_peak"), c.get("attention_roofline_bound")) if ok else "-",
+            "rel err": f"{c['max_rel_err']:.1e}{'' if c['error_ok'] else ' (!)'}" if ok and _known(
+                c.get("max_rel_err")) else "-",
             "noisy": "noisy" if ok and c["noisy"] else "",
             "note": "" if ok else str(c["error"])[:90],
         })
     cols = ["model"] + (["settings"] if any(r["settings"] != "-" for r in rows) else []) + [
             "size", "batch", "dtype", "backend", "status", "forward", "attention", "attn peak",
-            "predicted", "fwd peak", "fwd predicted", "ratio", "rel err", "noisy", "note"]
+            "predicted", "fwd peak", "fwd predicted", "ratio", "of peak", "rel err", "noisy", "note"]
     lines.append(table(rows, [(c, c) for c in cols]))
     lines += ["", "attn peak: the largest call's measured transient; predicted: its memory model. fwd peak: the "
               "forward's peak counted as the planner counts it (weights + inputs + the forward's transient), beside "
-              "the planner's prediction from fake tensors (attnprof plan), and their ratio."]
+              "the planner's prediction from fake tensors (attnprof plan), and their ratio. of peak: the attention's "
+              "achieved FLOP/s against the roofline bound that applies (the device's measured compute peak, or its "
+              "bandwidth x the calls' FLOPs per byte moved)."]
     if len(blocks):
         ok = blocks[blocks["status"] == "ok"]
         top = ok.sort_values("peak_mem_bytes", ascending=False).head(5)
@@ -141,6 +171,49 @@ def format_run(run: Run) -> str:
             "block": b["block"],
             "tokens": f"{b['tokens_q']}x{b['tokens_k']}", "time": f"{b['time_ms']:.2f} ms",
             "peak": human_bytes(b["peak_mem_bytes"]), "predicted": human_bytes(b["predicted_peak_bytes"]),
+            "of peak": _of_peak(b.get("pct_of_peak"), b.get("roofline_bound")),
             "kernel": b["kernel"]} for b in top.to_dict("records")],
-            [(c, c) for c in ("backend", "size", "block", "tokens", "time", "peak", "predicted", "kernel")]))
+            [(c, c) for c in ("backend", "size", "block", "tokens", "time", "peak", "predicted", "of peak",
+                              "kernel")]))
+    return "\n".join(lines)
+
+
+def format_replay(run: Run) -> str:
+    """attnprof replay's output: per cell, each distinct shape's kernel alone (time, TFLOP/s, place on the
+    roofline, peak memory) and, for a run's replay, beside the same calls inside the model and the gap."""
+    from ..measure.replay import SHAPE
+
+    m = run.manifest()
+    env, source = m.get("environment") or {}, (m.get("replay") or {}).get("source")
+    cells, blocks = run.read()
+    lines = [f"replay {run.id} of {source} on {env.get('device')} ({env.get('device_name')}): each distinct attention "
+             "shape, the backend's kernel alone on random Q, K, V (projections handed in), median of the timed "
+             "calls", *_limits_line(m)]
+    for c in cells.to_dict("records"):
+        head = f"{c['model']} {c['width']}x{c['height']} batch {c['batch']} {c['dtype']} " \
+               f"{backends.label(c['backend'], c['backend_options'])}"
+        if c["status"] != "ok":
+            lines += ["", f"{head}: {c['status']}: {c['error']}"]
+            continue
+        mine = blocks[blocks["cell_id"] == c["cell_id"]].assign(upcast=lambda d: d["upcast"].fillna(""))
+        rows, inside_total = [], 0.0
+        for _, g in mine.groupby(list(SHAPE), sort=False):
+            b, inside = g.iloc[0], g["in_model_time_ms"].dropna() if "in_model_time_ms" in g else pd.Series([])
+            inside_total += float(inside.sum())
+            rows.append({"kind": b["kind"], "heads": b["heads"], "hdim": b["head_dim"],
+                         "tokens": f"{b['tokens_q']}x{b['tokens_k']}", "calls": len(g),
+                         "time": f"{b['time_ms']:.3f} ms", "iqr": f"{b['iqr_ms']:.3f} ms",
+                         "n": len(b["time_samples_ms"]), "TFLOP/s": f"{b['achieved_flops_per_s'] / 1e12:.3g}",
+                         "of peak": _of_peak(b.get("pct_of_peak"), b.get("roofline_bound")),
+                         "peak mem": human_bytes(b["peak_mem_bytes"]), "noisy": "noisy" if b["noisy"] else "",
+                         "in model": f"{inside.median():.3f} ms" if len(inside) else "-",
+                         "gap": f"{inside.median() - b['time_ms']:+.3f} ms" if len(inside) else "-"})
+        alone = f"attention {c['attention_time_ms']:.1f} ms per forward alone"
+        versus = f", {inside_total:.1f} ms inside the model" if inside_total else ""
+        lines += ["", f"{head}: {c['calls']} calls, {len(rows)} distinct shapes; {alone}{versus}",
+                  table(rows, [(k, k) for k in rows[0]])]
+    lines += ["", "n: timed calls (at least --repeats, more until the IQR is within 10% of the median); gap: the "
+              "call inside the model (projections, launches, copies) less the kernel alone.",
+              f"stored: {run.path}  (attnprof show {run.id} --results {run.path.parent}; the dashboard and attnprof "
+              "diff read it)"]
     return "\n".join(lines)

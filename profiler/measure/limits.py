@@ -1,0 +1,135 @@
+"""The device's measured limits, and each attention call against them (a roofline).
+
+- `device_limits(device, dtypes)`: the device's dense matmul throughput per dtype (FLOP/s) and its memory bandwidth
+  (bytes/s), measured once per device, torch (and CUDA) version and torch thread count, then read from a JSON cache:
+  $ATTNPROF_CACHE/device-limits.json, else $XDG_CACHE_HOME/attnprof/..., else ~/.cache/attnprof/device-limits.json.
+  Matmul: square n x n products (2 n^3 FLOPs), n doubled from 512 until one product takes 100 ms or n reaches the
+  device's cap (devices.py: 4096 on the CPU, 8192 on CUDA), then the best of 3 at that n. Bandwidth: a copy of a
+  large buffer (256 MiB on the CPU, 1 GiB device to device on CUDA) counted as read once and written once (2x its
+  size), the best of 3. Timed by the device's own interval (CUDA events on the device's stream, a host clock on the
+  CPU), after a synchronize. About 2 s per dtype on a 2-core CPU, well under one on a GPU.
+- `place(flops, bytes_moved, ms, peak_flops, peak_bytes_per_s)`: the achieved FLOP/s, the arithmetic intensity
+  (FLOPs per byte moved), the roofline bound that applies (memory where intensity x bandwidth is below the compute
+  peak, else compute) and the percent of that bound achieved.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from .. import devices
+from ..spec import torch_dtype
+
+CACHE_FILE = "device-limits.json"
+TARGET_MS = 100.0  # a matmul at least this long is timed for the peak
+ROUNDS = 3
+METHOD = (f"matmul: square n x n (n doubled from 512 until one takes {TARGET_MS:g} ms or n reaches the device's "
+          f"cap), best of {ROUNDS}; bandwidth: a large buffer copied (read + written), best of {ROUNDS}")
+
+
+def cache_path() -> Path:
+    root = os.environ.get("ATTNPROF_CACHE") or \
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnprof"
+    return Path(root) / CACHE_FILE
+
+
+def _key(dev) -> str:
+    """What the limits depend on: the device, the library versions, and (on the CPU) torch's threads."""
+    ident = dev.identity()
+    return " | ".join(filter(None, (ident["device_name"], ident.get("device_uuid"), f"torch {torch.__version__}",
+                                    f"cuda {torch.version.cuda}", f"threads {torch.get_num_threads()}")))
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def device_limits(device: str, dtypes) -> dict:
+    """{"device_peak_flops": {dtype: FLOP/s}, "device_peak_bytes_per_s": bytes/s, "device_limits": {key, cache,
+    measured_at, method}}: from the cache, measuring what it lacks (a dtype not yet measured) and adding it."""
+    from ..store import write_json
+
+    dev = devices.get(device)
+    path = cache_path()
+    with dev.guard():
+        key = _key(dev)
+        entry = _read(path).get(key) or {}
+        flops = dict(entry.get("flops") or {})
+        todo = [d for d in dtypes if d not in flops]
+        with torch.no_grad():
+            flops.update({d: matmul_flops_per_s(dev, d) for d in todo})
+            bandwidth = entry.get("bytes_per_s") or copy_bytes_per_s(dev)
+        dev.release()
+    if todo or not entry.get("bytes_per_s"):
+        entry = {"flops": flops, "bytes_per_s": bandwidth,
+                 "measured_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json(path, {**_read(path), key: entry})
+        except OSError:  # a cache that cannot be written is measured again next time
+            pass
+    return {"device_peak_flops": {d: flops[d] for d in dtypes}, "device_peak_bytes_per_s": bandwidth,
+            "device_limits": {"key": key, "cache": str(path), "measured_at": entry["measured_at"], "method": METHOD}}
+
+
+def _best_ms(dev, fn, rounds: int) -> float:
+    times = []
+    for _ in range(rounds):
+        dev.synchronize()
+        clock = dev.interval()
+        clock.start()
+        fn()
+        clock.stop()
+        dev.synchronize()
+        times.append(clock.ms())
+    return min(times)
+
+
+def matmul_flops_per_s(dev, dtype: str) -> float:
+    """The best dense matmul throughput in this dtype: 2 n^3 FLOPs over the fastest of ROUNDS products."""
+    n, tdt = 512, torch_dtype(dtype)
+    while True:
+        a, b = (torch.randn(n, n, device=dev.torch, dtype=tdt) for _ in range(2))
+        out = torch.empty(n, n, device=dev.torch, dtype=tdt)
+        product = lambda: torch.mm(a, b, out=out)  # noqa: E731
+        product()  # warm-up: the library picks its kernel
+        if n >= dev.matmul_max or _best_ms(dev, product, 1) >= TARGET_MS:
+            return 2 * n**3 / (_best_ms(dev, product, ROUNDS) / 1e3)
+        n *= 2
+
+
+def copy_bytes_per_s(dev) -> float:
+    """The memory bandwidth: a large buffer copied, its bytes read once and written once, the fastest of ROUNDS."""
+    src = torch.ones(dev.copy_bytes // 4, device=dev.torch)  # written first, so that its pages exist
+    dst = torch.zeros_like(src)
+    dst.copy_(src)  # warm-up
+    return 2 * src.nbytes / (_best_ms(dev, lambda: dst.copy_(src), ROUNDS) / 1e3)
+
+
+def cell_peaks(limits: dict, dtype: str) -> dict:
+    """The two limits that apply to a cell of this dtype, as the cell row stores them."""
+    return {"device_peak_flops_per_s": (limits.get("device_peak_flops") or {}).get(dtype),
+            "device_peak_bytes_per_s": limits.get("device_peak_bytes_per_s")}
+
+
+def place(flops: float, bytes_moved: float, ms: float, peak_flops: float | None = None,
+          peak_bytes_per_s: float | None = None) -> dict:
+    """One call (or a cell's calls summed) on the roofline: achieved FLOP/s, FLOPs per byte, and where the peaks
+    are known the bound that applies ('compute' or 'memory') and the percent of it achieved."""
+    achieved = flops / (ms / 1e3) if ms and ms > 0 else float("nan")
+    intensity = flops / bytes_moved if bytes_moved else float("nan")
+    out = {"achieved_flops_per_s": achieved, "arithmetic_intensity": intensity, "roofline_bound": None,
+           "pct_of_peak": None}
+    if peak_flops and peak_bytes_per_s and intensity == intensity:
+        memory_roof = intensity * peak_bytes_per_s
+        out["roofline_bound"] = "memory" if memory_roof < peak_flops else "compute"
+        out["pct_of_peak"] = 100 * achieved / min(peak_flops, memory_roof)
+    return out

@@ -1,0 +1,193 @@
+"""attnprof replay: each distinct attention shape of a run or a plan, the backend's kernel alone on random Q, K, V.
+
+- Shapes: a plan's calls (a meta-device forward: no weights, no U-Net in memory) or the block rows of a run's ok
+  cells; a shape is (batch, heads, head_dim, tokens_q, tokens_k, kind, upcast). Each distinct one is measured once per
+  backend, dtype and device, and its figures given to every call that has it.
+- The kernel alone: a diffusers Attention of the shape's heads and head_dim, built on the meta device (no weights),
+  whose to_q, to_k and to_v hand back random Q, K and V (B, T, heads x head_dim) made once beforehand and whose
+  output projection is an identity: the backend's own processor then runs its head reshapes and its kernel and
+  nothing else. A run's calls inside the model also ran the projections, their launches and copies: the gap.
+- Repeats: `warmup` calls, then timed calls (CUDA events on the device's stream, a host clock on the CPU) until there
+  are at least `repeats` samples and their IQR is at most 10% of their median, or 5 x `repeats` samples, or the
+  shape has been timed for MAX_S seconds (past `repeats`); a shape still over 10% is flagged noisy.
+- Memory: one more call under the probe (CUDA: the allocator's peak; the CPU: the profiler's allocation timeline):
+  the transient over Q, K and V, which exist before the call (inside the model the projections allocate them).
+- Stored like a run: a run folder with one cell per (model, size, batch, dtype, backend) and one block row per call
+  of the forward (its shape's figures), so `attnprof show`, `attnprof diff` and the dashboard read it. The device's
+  limits (limits.py) place each call on the roofline as in a measured run.
+"""
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+import torch
+
+from .. import backends, devices
+from ..spec import CellSpec, torch_dtype
+from .limits import cell_peaks, device_limits, place
+from .probes import CallProbe, CallTimer, summarize, trace_windows, traced
+
+SHAPE = ("batch", "heads", "head_dim", "tokens_q", "tokens_k", "kind", "upcast")
+MAX_S = 10.0  # a noisy shape stops being timed after this many seconds (once it has `repeats` samples)
+
+
+class _Given(torch.nn.Module):
+    """Stands in for a projection: hands back a tensor made beforehand, so that only the attention is timed."""
+
+    def __init__(self, tensor: torch.Tensor):
+        super().__init__()
+        self.tensor = tensor
+
+    def forward(self, x):
+        return self.tensor
+
+
+def _attention(shape: dict, dtype: str, device: torch.device):
+    """(module, hidden_states, context) for one shape: random Q, K and V behind identity projections."""
+    from diffusers.models.attention_processor import Attention
+
+    h, d, b = shape["heads"], shape["head_dim"], shape["batch"]
+    with torch.device("meta"):  # no weights: every projection is replaced below
+        attn = Attention(query_dim=h * d, heads=h, dim_head=d, cross_attention_dim=h * d if shape["kind"] == "cross"
+                         else None, upcast_attention=shape["upcast"] == "attention",
+                         upcast_softmax=shape["upcast"] == "softmax")
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(b, t, h * d, generator=gen).to(device=device, dtype=torch_dtype(dtype))
+               for t in (shape["tokens_q"], shape["tokens_k"], shape["tokens_k"]))  # (B, T, h*d)
+    attn.to_q, attn.to_k, attn.to_v = _Given(q), _Given(k), _Given(v)
+    attn.to_out[0] = torch.nn.Identity()
+    return attn.eval(), q, k if shape["kind"] == "cross" else None
+
+
+def measure_shape(shape: dict, spec: CellSpec, repeats: int, warmup: int) -> dict:
+    """One shape's kernel alone: {time_ms, iqr_ms, noisy, time_samples_ms, peak_mem_bytes, kernel, sdpa_kernel}."""
+    dev = devices.get(spec.device)
+    with dev.guard(), torch.no_grad():
+        attn, hidden, context = _attention(shape, spec.dtype, dev.torch)
+        processor = backends.make_processor(spec.backend, **spec.options)
+        row = {"call_index": 0, "block": shape["block"]}
+        call = lambda: processor(attn, hidden, context)  # noqa: E731
+        for _ in range(warmup):
+            call()
+        dev.synchronize()
+        timer, t0, samples = CallTimer(dev), time.perf_counter(), []
+        while not _enough(samples, repeats, time.perf_counter() - t0):
+            timer(row, call)
+            timer.collect()
+            samples = timer.samples[0]
+        probe = CallProbe(dev)
+        with traced(dev) as prof:
+            probe(row, call)
+        seen = trace_windows(prof, probe.ranges)[0].get(0, {})
+        del attn, hidden, context
+        dev.release()
+    peak = probe.peak.get(0, seen.get("peak_mem_bytes"))  # the allocator's (CUDA), else the allocation timeline's
+    return {**summarize(samples), "time_samples_ms": samples, "peak_mem_bytes": peak, "kernel": seen.get("kernel", ""),
+            "sdpa_kernel": seen.get("sdpa_kernel") if backends.uses_sdpa(spec.backend) else None}
+
+
+def _enough(samples: list[float], repeats: int, timed_s: float) -> bool:
+    """The repeat rule: at least `repeats` samples, then more until their IQR is within 10% of their median, or
+    5 x repeats samples, or MAX_S seconds of timing."""
+    if len(samples) < repeats:
+        return False
+    return not summarize(samples)["noisy"] or len(samples) >= 5 * repeats or timed_s >= MAX_S
+
+
+def targets_of_plan(model: str, sizes, batch: int, dtype: str) -> list[tuple[dict, list[dict], dict]]:
+    """(the shape of a forward: model, width, height, batch, dtype; its calls' rows; no in-model times) per size."""
+    from ..plan import plan
+
+    return [({"model": model, "width": w, "height": h, "batch": batch, "dtype": dtype},
+             plan(model, w, h, batch, dtype)["blocks"], {}) for w, h in sizes]
+
+
+def targets_of_run(cells: pd.DataFrame, blocks: pd.DataFrame) -> list[tuple[dict, list[dict], dict]]:
+    """Per forward shape of the run's ok cells: its calls' rows, and the calls' times inside the model by backend
+    label and block ({(label, block): time_ms})."""
+    ok = cells[cells["status"] == "ok"]
+    keys = ["model", "width", "height", "batch", "dtype"]
+    out = []
+    for key, group in ok.groupby(keys, sort=False):
+        rows = blocks[blocks["cell_id"] == group["cell_id"].iloc[0]].sort_values("call_index").to_dict("records")
+        mine = blocks[blocks["cell_id"].isin(group["cell_id"])]
+        in_model = {(backends.label(b, o), blk): t for b, o, blk, t in
+                    zip(mine["backend"], mine["backend_options"], mine["block"], mine["time_ms"])}
+        target = dict(zip(keys, key))
+        target.update({k: int(target[k]) for k in ("width", "height", "batch")})  # numpy ints would change cell ids
+        out.append((target, rows, in_model))
+    return out
+
+
+def shape_of(row: dict) -> tuple:
+    """A call's shape: what its kernel's cost depends on (a stored row's missing upcast is none)."""
+    return tuple((row.get(k) or "") if k == "upcast" else row[k] for k in SHAPE)
+
+
+def replay(targets, chosen: list[tuple[str, dict]], device: str, repeats: int, warmup: int, out, command: str,
+           source: str, say=lambda line: None):
+    """Measure each target's distinct shapes under each backend (name, options) and store them as a run (returned):
+    a cell per target and backend, a block row per call."""
+    from ..store import Run, environment, now
+
+    specs = [CellSpec(t["model"], t["width"], t["height"], t["batch"], t["dtype"], name, device,
+                      tuple(sorted(opts.items()))) for t, _, _ in targets for name, opts in chosen]
+    dtypes = sorted({s.dtype for s in specs})
+    limits = device_limits(device, dtypes)
+    settings = {"models": sorted({s.model for s in specs}), "sizes": sorted({s.size for s in specs}),
+                "batch": sorted({s.batch for s in specs}), "dtypes": dtypes,
+                "backends": [[n, o] for n, o in chosen], "repeats": repeats, "warmup": warmup, "device": device,
+                "source": source}
+    run = Run.create(out, {"command": command, "replay": settings, "cells": [s.as_row() for s in specs],
+                           "environment": {**environment(device), "executor": "replay"}, **limits})
+    measured = {}  # shape figures by (backend, options, dtype, device, shape): each distinct shape measured once
+    for (_, rows, in_model), spec in zip([t for t in targets for _ in chosen], specs):
+        say(f"{spec.model} {spec.size} b{spec.batch} {spec.dtype} {_label(spec)}")
+        run.record(*_replay_cell(spec, rows, in_model, repeats, warmup, measured, cell_peaks(limits, spec.dtype)))
+    run.update_manifest(ended_at=now(), interrupted=False)
+    run.compact()
+    return run
+
+
+def _label(spec: CellSpec) -> str:
+    return backends.label(spec.backend, spec.as_row()["backend_options"])
+
+
+def _replay_cell(spec, rows, in_model, repeats, warmup, measured: dict, peaks: dict) -> tuple[dict, list[dict]]:
+    from .cell import _describe, attention_summary, failed_cell
+
+    started, dev, label = time.time(), devices.get(spec.device), _label(spec)
+    ok, reason = backends.availability(spec.backend, spec.device, spec.dtype, tuple({r["head_dim"] for r in rows}))
+    if not ok:
+        return failed_cell(spec, "unavailable", reason), []
+    blocks = []
+    roof = (peaks["device_peak_flops_per_s"], peaks["device_peak_bytes_per_s"])
+    try:
+        for row in rows:
+            key = (spec.backend, spec.backend_options, spec.dtype, spec.device, shape_of(row))
+            if key not in measured:
+                measured[key] = measure_shape({**dict(zip(SHAPE, key[-1])), "block": row["block"]}, spec, repeats,
+                                              warmup)
+            figures = measured[key]
+            base = {k: row[k] for k in ("call_index", "block", "stage", "level", "kind", "batch", "heads", "head_dim",
+                                        "tokens_q", "tokens_k", "score_elements", "score_bytes", "flops", "upcast")}
+            modelled = {**base, "sdpa_kernel": figures["sdpa_kernel"]}
+            moved = backends.bytes_moved(spec.backend, modelled, spec.dtype, **spec.options)
+            qkv = (base["tokens_q"] + 2 * base["tokens_k"]) * base["batch"] * base["heads"] * base["head_dim"] * \
+                torch_dtype(spec.dtype).itemsize  # held before the call here, allocated by it inside the model
+            inside = in_model.get((label, row["block"]))
+            blocks.append({**spec.as_row(), **base, **figures,
+                           "predicted_peak_bytes": backends.predicted_peak_bytes(spec.backend, modelled, spec.dtype,
+                                                                                 **spec.options) - qkv,
+                           "bytes_moved": moved, **place(row["flops"], moved, figures["time_ms"], *roof),
+                           "in_model_time_ms": inside,
+                           "gap_ms": None if inside is None else inside - figures["time_ms"], "status": "ok"})
+    except Exception as e:  # a shape that fails fails its cell, as a measured cell would
+        oom = devices.oom_message(e)
+        dev.release()
+        return failed_cell(spec, "oom" if oom else "error", oom or _describe(e), **dev.identity()), []
+    cell = {**spec.as_row(), "status": "ok", "error": "", **attention_summary(blocks, roof),
+            "noisy": any(b["noisy"] for b in blocks), "shapes": len({shape_of(b) for b in blocks}),
+            **peaks, **dev.identity(), "torch_threads": torch.get_num_threads(), "wall_s": time.time() - started}
+    return cell, blocks

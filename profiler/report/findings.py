@@ -1,0 +1,145 @@
+"""A run's headline findings in a few plain sentences, computed from its cells and block rows: what `attnprof show`,
+the end of a sweep (make profile) and the dashboard's Runs and Run pages say first.
+
+Per shape (size, and model / dtype / batch where the run has several): the fastest backend that ran and the one
+that needed the least memory, each against naive; per backend, where it stopped fitting (oom or skipped) and up to
+which size it ran; the largest call; and the cells whose figures are doubtful (error over the dtype's tolerance,
+noisy timings), with the cells that did not run at all."""
+from __future__ import annotations
+
+import pandas as pd
+
+from .. import backends
+from ..fmt import human_bytes
+
+SHAPE = ["model", "dtype", "batch", "width", "height"]
+STOPPED = ("oom", "skipped")
+
+
+def _ms(ms: float) -> str:
+    return f"{ms:,.0f} ms" if ms >= 100 else f"{ms:.2f} ms"
+
+
+def _labelled(cells: pd.DataFrame) -> pd.DataFrame:
+    options = cells["backend_options"] if "backend_options" in cells else pd.Series([None] * len(cells))
+    return cells.assign(size=cells["width"].astype(str) + "x" + cells["height"].astype(str),
+                        pixels=cells["width"] * cells["height"],
+                        label=[backends.label(b, o) for b, o in zip(cells["backend"], options)])
+
+
+def _where(key: dict, varying: list[str]) -> str:
+    size = f"{key['width']}x{key['height']}"
+    parts = [str(key["model"]) if "model" in varying else "", str(key["dtype"]) if "dtype" in varying else "",
+             f"batch {key['batch']}" if "batch" in varying else ""]
+    extra = ", ".join(p for p in parts if p)
+    return f"At {size}" + (f" ({extra})" if extra else "")
+
+
+def _against_naive(row, naive, column: str, how: str, fmt) -> str:
+    """', 3.93x faster than naive's 5,631 ms' (the fastest or smallest is never above naive, which ran too)."""
+    if row["label"] == "naive":
+        return ""
+    return f", {naive[column] / row[column]:.2f}x {how} than naive's {fmt(naive[column])}"
+
+
+def _by_shape(df: pd.DataFrame) -> dict[tuple, dict]:
+    """Rows as plain dicts by shape: a run may hold hundreds of shapes, too many for pandas work per shape."""
+    return {tuple(r[k] for k in SHAPE): r for r in df.to_dict("records")}
+
+
+def per_shape(cells: pd.DataFrame) -> list[str]:
+    """The fastest and the smallest-memory backend per shape, each against naive where naive ran."""
+    varying = [c for c in ("model", "dtype", "batch") if cells[c].nunique() > 1]
+    cells = cells.sort_values("pixels", kind="stable")
+    ok = cells[cells["status"] == "ok"]
+    by = ok.groupby(SHAPE, sort=False)
+    fastest = _by_shape(ok.loc[by["attention_time_ms"].idxmin()])
+    smallest = _by_shape(ok.loc[by["attention_peak_mem_bytes"].idxmin()])
+    naive = _by_shape(cells[cells["label"] == "naive"].drop_duplicates(SHAPE))
+    statuses = cells.groupby(SHAPE, sort=False)["status"].agg(lambda s: ", ".join(sorted(set(s)))).to_dict()
+    out = []
+    for key in cells[SHAPE].drop_duplicates().itertuples(index=False, name=None):
+        where = _where(dict(zip(SHAPE, key)), varying)
+        if key not in fastest:
+            out.append(f"{where} no backend ran ({statuses[key]}).")
+            continue
+        fast, small, base = fastest[key], smallest[key], naive.get(key)
+        ran = base is not None and base["status"] == "ok"
+        line = (f"{where} {fast['label']} was the fastest: {_ms(fast['attention_time_ms'])} of attention per forward"
+                f"{_against_naive(fast, base, 'attention_time_ms', 'faster', _ms) if ran else ''}; {small['label']} "
+                f"needed the least memory: its largest call peaked at {human_bytes(small['attention_peak_mem_bytes'])}"
+                f"{_against_naive(small, base, 'attention_peak_mem_bytes', 'less', human_bytes) if ran else ''}")
+        if not ran:
+            line += f" (naive {base['status']} here)" if base is not None else " (no naive cell to compare)"
+        out.append(line + ".")
+    return out
+
+
+def stopped_fitting(cells: pd.DataFrame) -> list[str]:
+    """Per backend: the first size where it ran out of memory or was skipped by the budget, and how far it ran."""
+    out = []
+    for (label, *_), g in cells.groupby(["label", "model", "dtype", "batch"], sort=False):
+        g = g.sort_values("pixels", kind="stable")
+        stopped = g[g["status"].isin(STOPPED)]
+        if not len(stopped):
+            continue
+        first = stopped.iloc[0]
+        ran = g[(g["status"] == "ok") & (g["pixels"] < first["pixels"])]
+        reach = f"it ran up to {ran.iloc[-1]['size']}" if len(ran) else "it ran at no smaller size"
+        out.append(f"{label} stopped fitting at {first['size']} ({first['status']}: {str(first['error'])[:140]}); "
+                   f"{reach}.")
+    return out or ["Every backend that ran fitted at every size it was given."]
+
+
+def largest_call(blocks: pd.DataFrame) -> list[str]:
+    if not len(blocks) or "peak_mem_bytes" not in blocks:
+        return []
+    ok = blocks[(blocks["status"] == "ok") & blocks["peak_mem_bytes"].notna()]
+    if not len(ok):
+        return []
+    b = ok.loc[ok["peak_mem_bytes"].idxmax()]
+    return [f"The largest call was {b['block']} under {backends.label(b['backend'], b.get('backend_options'))} at "
+            f"{b['width']}x{b['height']}: {b['tokens_q']} x {b['tokens_k']} tokens, {b['heads']} heads, a peak of "
+            f"{human_bytes(b['peak_mem_bytes'])} in {_ms(b['time_ms'])}."]
+
+
+def doubtful(cells: pd.DataFrame) -> list[str]:
+    """Cells whose figure is doubtful (output off the fp32 reference, noisy times) and cells that failed."""
+    ok = cells[cells["status"] == "ok"]
+    off = ok[ok["error_ok"].eq(False)] if "error_ok" in ok else ok.iloc[:0]  # a replay has no reference: NaN
+    noisy = ok[ok["noisy"].eq(True)]
+    out = []
+    if len(off):
+        out.append("Doubtful: " + "; ".join(f"{c['label']} at {c['size']} is {c['max_rel_err']:.1e} off the fp32 "
+                                            f"reference, over the {c['dtype']} tolerance"
+                                            for c in off.to_dict("records")) + ".")
+    if len(noisy):  # one clause per size: a busy machine can make most cells noisy
+        by_size = noisy.groupby("size", sort=False)["label"].agg(", ".join)
+        out.append("Noisy times (IQR over 10% of the median), so doubtful: " +
+                   "; ".join(f"{labels} at {size}" for size, labels in by_size.items()) + ".")
+    if not out:
+        out.append("No figure is doubtful: every cell that ran is within its error tolerance and none is noisy.")
+    failed = cells[cells["status"].isin(("error", "timeout"))]
+    if len(failed):
+        out.append("Failed: " + "; ".join(f"{c['label']} at {c['size']} ({c['status']}: {str(c['error'])[:100]})"
+                                          for c in failed.to_dict("records")) + ".")
+    missing = cells[cells["status"] == "unavailable"].drop_duplicates("label")
+    if len(missing):
+        out.append("Not available here: " + "; ".join(f"{c['label']} ({str(c['error'])[:100]})"
+                                                      for c in missing.to_dict("records")) + ".")
+    return out
+
+
+def findings(cells: pd.DataFrame, blocks: pd.DataFrame) -> list[str]:
+    """The run's headline findings, each a plain sentence; none for a run with no cells."""
+    if not len(cells):
+        return []
+    cells = _labelled(cells)
+    return per_shape(cells) + stopped_fitting(cells) + largest_call(blocks) + doubtful(cells)
+
+
+def format_findings(sentences: list[str], width: int = 118) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.fill(s, width, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False,
+                                   break_long_words=False) for s in sentences)

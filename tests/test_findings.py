@@ -1,0 +1,64 @@
+"""Findings first: the plain sentences `attnprof show`, the end of a sweep and the dashboard state first, computed
+from a real run (conftest's dashboard_results: tiny-sd15 at 64x64 and 128x128, naive skipped at 128 by the memory
+budget, xformers unavailable; traced_results: a CLI run's closing output)."""
+from profiler.cli import main
+from profiler.report.findings import findings
+from profiler.store import Run, list_runs
+
+
+def _findings_block(out: str) -> str:
+    """The findings as printed, their lines joined back into sentences."""
+    first = out.split("\n\n")[0].splitlines()
+    return " ".join(line[2:] for line in first[1:])
+
+
+def test_show_starts_with_the_fastest_backend_per_size_and_its_speedup_against_naive(dashboard_results, capsys):
+    run = Run.open(list_runs(dashboard_results)[0])
+    assert main(["show", "latest", "--results", str(dashboard_results)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"findings ({run.id}):"
+    text = _findings_block(out)
+    cells = run.cells()
+    ok = cells[cells["status"] == "ok"].assign(size=lambda d: d["width"].astype(str) + "x" + d["height"].astype(str))
+    at64 = ok[ok["size"] == "64x64"].set_index("backend")
+    fast = at64["attention_time_ms"].idxmin()
+    naive_ms = at64.loc["naive", "attention_time_ms"]
+    speedup = f", {naive_ms / at64.loc[fast, 'attention_time_ms']:.2f}x faster than naive's" if fast != "naive" else ""
+    assert f"At 64x64 {fast} was the fastest: " in text and speedup in text
+    at128 = ok[ok["size"] == "128x128"].set_index("backend")
+    assert f"At 128x128 {at128['attention_time_ms'].idxmin()} was the fastest: " in text
+    assert "(naive skipped here)" in text  # no naive to compare with at 128
+    smallest = at64["attention_peak_mem_bytes"].idxmin()
+    assert f"{smallest} needed the least memory" in text and "less than naive's" in text
+    assert "naive stopped fitting at 128x128 (skipped: predicted forward peak" in text and "it ran up to 64x64" in text
+    blocks = run.blocks()
+    top = blocks.loc[blocks["peak_mem_bytes"].idxmax()]
+    assert f"The largest call was {top['block']} under {top['backend']} at {top['width']}x{top['height']}" in text
+    assert "Not available here: xformers (xformers is not installed" in text
+    assert out.index("findings") < out.index(f"run {run.id}")  # before the run's header and tables
+
+
+def test_doubtful_figures_are_named(dashboard_results):
+    cells, blocks = Run.open(list_runs(dashboard_results)[0]).read()
+    ok = cells.index[cells["status"] == "ok"]
+    cells.loc[ok, ["error_ok", "noisy"]] = [True, False]  # every cell as good as can be ...
+    assert "No figure is doubtful: every cell that ran is within its error tolerance and none is noisy." in \
+        findings(cells, blocks)
+    cells.loc[ok[0], ["error_ok", "max_rel_err"]] = [False, 0.25]  # ... but two
+    cells.loc[ok[1], "noisy"] = True
+    found = findings(cells, blocks)
+    first, second = cells.loc[ok[0]], cells.loc[ok[1]]
+    assert f"Doubtful: {first['backend']} at {first['width']}x{first['height']} is 2.5e-01 off the fp32 reference, " \
+           "over the float32 tolerance." in found
+    assert f"Noisy times (IQR over 10% of the median), so doubtful: {second['backend']} at " \
+           f"{second['width']}x{second['height']}." in found
+    cells.loc[ok, "noisy"] = True  # many noisy cells: one clause per size
+    noisy = next(s for s in findings(cells, blocks) if s.startswith("Noisy times"))
+    assert noisy.count(" at ") == cells.loc[ok].groupby(["width", "height"]).ngroups
+
+
+def test_a_run_ends_with_its_findings(traced_results):
+    _, printed = traced_results
+    status, rest = printed.split("findings", 1)
+    assert "naive" in status and "At 64x64 " in rest and "was the fastest" in rest
+    assert rest.index("was the fastest") < rest.index("results: ")

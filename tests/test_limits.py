@@ -1,0 +1,80 @@
+"""The device's measured limits (cached per device and library versions), each backend's model of the bytes a call
+moves, and the roofline that places a call against the limits."""
+import json
+
+import pytest
+
+from profiler import backends
+from profiler.measure import limits
+
+# SD 1.5's finest self-attention at 512x512 in float32: batch 1, 8 heads of 40, 4096 x 4096 tokens
+ROW = {"batch": 1, "heads": 8, "head_dim": 40, "tokens_q": 4096, "tokens_k": 4096, "score_elements": 8 * 4096 * 4096,
+       "score_bytes": 8 * 4096 * 4096 * 4, "flops": 4 * 8 * 4096 * 4096 * 40, "upcast": ""}
+QKVO = 4 * 8 * 4096 * 40 * 4  # Q, K, V and O, each 8 x 4096 x 40 float32
+TABLE = 8 * 4096 * 4096 * 4
+
+
+def test_the_cpus_limits_are_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNPROF_CACHE", str(tmp_path))
+    first = limits.device_limits("cpu", ["float32"])
+    flops, bandwidth = first["device_peak_flops"]["float32"], first["device_peak_bytes_per_s"]
+    assert 1e8 < flops < 1e13 and 1e8 < bandwidth < 1e12  # a CPU, whatever its load: not zero, not a GPU
+    cache = json.loads((tmp_path / "device-limits.json").read_text())
+    (key, entry), = cache.items()
+    assert "torch 2.13" in key and "threads" in key and entry["flops"] == {"float32": flops}
+    again = limits.device_limits("cpu", ["float32"])  # from the cache: the very figures, not a new measurement
+    assert again["device_peak_flops"] == {"float32": flops} and again["device_peak_bytes_per_s"] == bandwidth
+    both = limits.device_limits("cpu", ["float32", "bfloat16"])  # only the missing dtype is measured
+    assert both["device_peak_flops"]["float32"] == flops and both["device_peak_flops"]["bfloat16"] > 0
+    assert set(json.loads((tmp_path / "device-limits.json").read_text())[key]["flops"]) == {"float32", "bfloat16"}
+    assert both["device_limits"]["cache"] == str(tmp_path / "device-limits.json")
+
+
+def test_the_cache_lives_under_xdg_cache_home_unless_attnprof_cache_says(monkeypatch, tmp_path):
+    monkeypatch.delenv("ATTNPROF_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert limits.cache_path() == tmp_path / "attnprof" / "device-limits.json"
+
+
+@pytest.mark.parametrize("name, options, expected", [
+    ("naive", {}, QKVO + 4 * TABLE),  # the score table written, read, the probabilities written, read
+    ("sliced", {"slice_size": 2}, QKVO + 4 * TABLE),  # the same traffic, a slice at a time
+    ("sdpa-flash", {}, QKVO),  # Q, K and V read once, O written once
+    ("sdpa", {}, QKVO),
+    ("split", {"budget_bytes": 2**27}, QKVO + 2 * 8 * 4096 * 40 * 4 * 3 + 4 * TABLE),  # K and V read by 4 chunks
+    ("subquad", {}, QKVO + 2 * 8 * 4096 * 40 * 4 * 3 + 4 * TABLE + 2 * 8 * 4096 * 40 * 4),  # 4 x 1 chunks
+    ("sdpa-math", {}, QKVO + 4 * TABLE),  # float32 already: no copies
+])
+def test_each_backends_model_of_the_bytes_a_call_moves(name, options, expected):
+    assert backends.bytes_moved(name, ROW, "float32", **options) == expected
+
+
+def test_math_copies_half_inputs_to_float32_and_sdpa_follows_its_kernel():
+    half = {**ROW, "score_bytes": TABLE // 2}
+    a = 8 * 4096 * 40 * 2  # one projection in float16
+    assert backends.bytes_moved("sdpa-math", half, "float16") == 2 * 4 * a + 4 * TABLE + 3 * a * 3 + a * 3
+    assert backends.bytes_moved("sdpa", {**half, "sdpa_kernel": "math"}, "float16") == \
+        backends.bytes_moved("sdpa-math", half, "float16")
+    assert backends.bytes_moved("sdpa", {**half, "sdpa_kernel": "flash"}, "float16") == 4 * a
+
+
+def test_a_registered_backend_moves_the_bytes_of_the_builtin_it_is_like():
+    from diffusers.models.attention_processor import AttnProcessor
+
+    backends.register(backends.Backend("mine", "reference", "a plugin", factory=AttnProcessor, memory_like="naive"))
+    try:
+        assert backends.bytes_moved("mine", ROW, "float32") == backends.bytes_moved("naive", ROW, "float32")
+    finally:
+        backends.BACKENDS.pop("mine")
+
+
+def test_a_call_is_placed_against_the_bound_that_applies():
+    # 1 TFLOP/s compute, 100 GB/s: the ridge at 10 FLOPs per byte
+    memory = limits.place(flops=4e9, bytes_moved=2e9, ms=100.0, peak_flops=1e12, peak_bytes_per_s=1e11)
+    assert memory == {"achieved_flops_per_s": 4e10, "arithmetic_intensity": 2.0, "roofline_bound": "memory",
+                      "pct_of_peak": pytest.approx(100 * 4e10 / 2e11)}  # bound: 2 FLOPs/B x 100 GB/s
+    compute = limits.place(flops=4e11, bytes_moved=1e9, ms=1000.0, peak_flops=1e12, peak_bytes_per_s=1e11)
+    assert compute["roofline_bound"] == "compute" and compute["pct_of_peak"] == pytest.approx(40.0)
+    unknown = limits.place(flops=4e9, bytes_moved=2e9, ms=100.0)  # no limits measured: no bound, no percent
+    assert unknown["roofline_bound"] is None and unknown["pct_of_peak"] is None
+    assert unknown["achieved_flops_per_s"] == 4e10
