@@ -242,7 +242,8 @@ def roofline_ui(cells: pd.DataFrame, blocks: pd.DataFrame) -> None:
                "against its FLOPs per byte moved in its backend's model. Dashed: the device's memory bandwidth and "
                "compute peak as the run measured them; a call below the lines leaves the device idle part of the time "
                "(the call's time includes its projections).")
-    chart(points, C.roofline(lines))
+    points, legend = T.labelled(points)
+    chart(points, C.roofline(lines, legend))
 
 
 def traces_ui(cells: pd.DataFrame, run_id: str, cell_id: str, root: Path) -> None:

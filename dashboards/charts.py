@@ -194,27 +194,28 @@ def planner_needs(unit: str, budget: float, backends: int) -> dict:
         _rule(x={"datum": budget})]}
 
 
-def roofline(lines: pd.DataFrame) -> dict:
-    """Each attention call a point (FLOPs per byte moved against achieved FLOP/s, log-log); the device's two limits
+def roofline(lines: pd.DataFrame, legend: str = "backend") -> dict:
+    """Each attention call a point (FLOPs per byte moved against achieved FLOP/s, log-log; the data:
+    transforms.roofline_points through transforms.labelled), coloured by its `label`; the device's two limits
     (transforms.roofline_lines: memory bandwidth up to the ridge, then the compute peak) as dashed lines, named."""
     x = log_axis("arithmetic_intensity", "arithmetic intensity (FLOPs per byte moved, the backend's model)")
     y = log_axis("achieved_flops_per_s", "achieved FLOP/s (the call's FLOPs / its median time)", axis={"format": "~s"})
     values = lines.astype(object).where(lines.notna(), None).to_dict("records")
     return {"height": 340, "layer": [
         {"mark": {"type": "point", "filled": True, "size": 60, "opacity": 0.8, "tooltip": True},
-         "encoding": {"x": x, "y": y, "color": {"field": "backend_label", "title": "backend"},
-                      "shape": {"field": "size", "title": "size"},
-                      "tooltip": ["block", "backend_label", "size", "kind", "tokens",
-                                  {"field": "time_ms", "title": "time (ms)", "format": ".3f"},
-                                  {"field": "achieved_flops_per_s", "title": "FLOP/s", "format": ".3~s"},
-                                  {"field": "arithmetic_intensity", "title": "FLOPs / byte", "format": ".3~r"},
-                                  {"field": "pct_of_peak", "title": "% of the bound", "format": ".1f"},
-                                  "roofline_bound"]}},
+         "encoding": {"x": x, "y": y, "color": colour("label", legend),
+                      "shape": {"field": "size", "type": "nominal", "title": "size"},
+                      "detail": {"field": "block", "type": "nominal"},
+                      "tooltip": [tip("block", "block"), tip("label", legend), tip("size", "size"),
+                                  tip("kind", "kind"), tip("tokens", "tokens (query x key)"),
+                                  num("time_ms", "time (ms)", ".3f"), num("achieved_flops_per_s", "FLOP/s", ".3~s"),
+                                  num("arithmetic_intensity", "FLOPs / byte", ".3~r"),
+                                  num("pct_of_peak", "% of the bound", ".1f"), tip("roofline_bound", "bound")]}},
         {"data": {"values": values}, "mark": {"type": "line", "color": "black", "strokeDash": [5, 3]},
-         "encoding": {"x": x, "y": y, "detail": {"field": "limit"}}},
-        {"data": {"values": values}, "transform": [{"filter": "datum.label"}],
+         "encoding": {"x": x, "y": y, "detail": {"field": "limit", "type": "nominal"}}},
+        {"data": {"values": [v for v in values if v.get("name")]},
          "mark": {"type": "text", "align": "left", "dy": -7, "fontSize": 11},
-         "encoding": {"x": x, "y": y, "text": {"field": "label"}}}]}
+         "encoding": {"x": x, "y": y, "text": {"field": "name", "type": "nominal"}}}]}
 
 
 def with_data(spec: dict, data: pd.DataFrame) -> dict:

@@ -64,7 +64,8 @@ def _charts_and_sections(cells: pd.DataFrame, blocks: pd.DataFrame, runs: list[R
     points = T.roofline_points(blocks)
     lines = T.roofline_lines(cells, points)
     if len(lines):
-        add("Roofline: each call against the device's measured limits", C.roofline(lines), points,
+        points, legend = T.labelled(points)
+        add("Roofline: each call against the device's measured limits", C.roofline(lines, legend), points,
             "each point one attention call: its FLOPs over its median time against its FLOPs per byte moved (the "
             "backend's model); dashed, the device's memory bandwidth and compute peak as the run measured them")
     scale = T.scaling_table(blocks) if len(blocks) else pd.DataFrame()

@@ -166,7 +166,7 @@ def roofline_points(blocks: pd.DataFrame) -> pd.DataFrame:
 def roofline_lines(cells: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
     """The device's two limits as lines over the points' range of intensity, per (device, dtype) of the ok cells:
     the memory-bandwidth line (FLOP/s = bandwidth x intensity) up to the ridge point, then the compute peak; each
-    line's `limit` names it with its figure, and its first point carries it as a `label`."""
+    line's `limit` names it with its figure, and its first point carries it as a `name`."""
     limits = ["device_peak_flops_per_s", "device_peak_bytes_per_s"]
     if not len(points) or not set(limits) <= set(cells):
         return pd.DataFrame()
@@ -181,10 +181,10 @@ def roofline_lines(cells: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
         memory = f"{device}: memory {human_bytes(bandwidth)}/s"
         compute = f"{device}: {dtype} compute {peak / 1e12:.3g} TFLOP/s" if peak >= 1e12 else \
             f"{device}: {dtype} compute {peak / 1e9:.3g} GFLOP/s"
-        rows += [{"limit": memory, "arithmetic_intensity": x0, "achieved_flops_per_s": bandwidth * x0, "label": memory},
-                 {"limit": memory, "arithmetic_intensity": ridge, "achieved_flops_per_s": peak, "label": None},
-                 {"limit": compute, "arithmetic_intensity": ridge, "achieved_flops_per_s": peak, "label": compute},
-                 {"limit": compute, "arithmetic_intensity": x1, "achieved_flops_per_s": peak, "label": None}]
+        rows += [{"limit": memory, "arithmetic_intensity": x0, "achieved_flops_per_s": bandwidth * x0, "name": memory},
+                 {"limit": memory, "arithmetic_intensity": ridge, "achieved_flops_per_s": peak, "name": None},
+                 {"limit": compute, "arithmetic_intensity": ridge, "achieved_flops_per_s": peak, "name": compute},
+                 {"limit": compute, "arithmetic_intensity": x1, "achieved_flops_per_s": peak, "name": None}]
     return pd.DataFrame(rows).drop_duplicates()
 
 

@@ -182,9 +182,10 @@ def applied(unet: nn.Module, tome: float = 0.0, ip_tokens: int = 0, seed: int = 
     """ToMe (ratio `tome`) and IP-Adapter (`ip_tokens` image tokens) on the U-Net's transformer blocks for the
     duration; the originals back on exit, also on error. IP-Adapter's projections are made once per U-Net."""
     blocks = _transformer_blocks(unet) if tome or ip_tokens else []
-    grid = {"size": None, "generator": torch.Generator().manual_seed(seed)}
-    hook = unet.register_forward_pre_hook(lambda m, args, kwargs: grid.update(size=_finest(args, kwargs)),
-                                          with_kwargs=True) if tome else None
+    grid = {"size": None, "generator": None}  # each forward: its grid, and ToMe's random picks from the same seed
+    hook = unet.register_forward_pre_hook(
+        lambda m, args, kwargs: grid.update(size=_finest(args, kwargs), generator=torch.Generator().manual_seed(seed)),
+        with_kwargs=True) if tome else None
     if ip_tokens and not hasattr(unet, "_attnprof_ip"):
         unet._attnprof_ip = {id(b.attn2): image_attention(b.attn2) for b in blocks if b.attn2 is not None}
     saved, hooks = [(b, b.attn1, b.attn2) for b in blocks], [hook] if hook else []

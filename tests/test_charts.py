@@ -189,7 +189,7 @@ def test_the_report_draws_without_warnings_and_its_tooltips_and_legends_say_what
                        else route.abort())
             page.goto(out.as_uri())
             page.wait_for_function("document.body.dataset.rendered === document.body.dataset.charts", timeout=60_000)
-            assert int(page.locator("body").get_attribute("data-charts")) == 7  # 2 U-Nets, Compare, 4 Scaling
+            assert int(page.locator("body").get_attribute("data-charts")) == 8  # 2 U-Nets, Compare, roofline, 4 Scaling
             page.locator("#chart0 svg .mark-rect path").first.hover()
             tooltip = page.locator("#vg-tooltip-element")
             tooltip.wait_for(state="visible", timeout=10_000)

@@ -137,7 +137,7 @@ def test_show_latest_piped_to_head(dashboard_results):
     p = subprocess.run(f"{sys.executable} -m profiler show latest --results {dashboard_results} | head -1; "
                        "echo ${PIPESTATUS[0]} >&2", shell=True, executable="/bin/bash", capture_output=True,
                        text=True, cwd=REPO, timeout=120)
-    assert p.stdout.startswith("run ") and p.stdout.count("\n") == 1
+    assert p.stdout.startswith("findings (") and p.stdout.count("\n") == 1  # findings first
     assert "Traceback" not in p.stderr and p.stderr.strip() in ("0", "141"), p.stderr  # 0 when it all fit the pipe
 
 

@@ -24,7 +24,7 @@ def test_the_sweeps_status_table_names_each_backend_with_its_options(mixed_resul
 def test_show_and_runs_name_backends_with_their_options(mixed_results, capsys):
     assert main(["show", mixed_results.mixed, "--results", str(mixed_results.root)]) == 0
     out = capsys.readouterr().out
-    table = out.split("\n\n")[1].splitlines()
+    table = next(part for part in out.split("\n\n") if part.startswith("model ")).splitlines()
     named = [line.split()[4] for line in table[2:]]
     assert sorted(named) == sorted(["sdpa", "sliced", "sliced(slice_size=4)"] * 4)
     largest = out.split("largest measured per-call peaks:")[1].splitlines()[3:]

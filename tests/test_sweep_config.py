@@ -1,4 +1,5 @@
 """The sweep loader: every shipped YAML validates; each bad config is one line naming the file, the key and the fix."""
+import math
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,10 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 def test_every_shipped_sweep_validates(path):
     sweep = load(path)
     assert sweep.models and sweep.sizes and sweep.backends
-    n = len(sweep.models) * len(sweep.sizes) * len(sweep.batch) * len(sweep.dtypes) * len(sweep.backends)
-    if sweep.device in ("cpu", "auto"):
-        assert len({c.cell_id for c in sweep.cells()}) == n
+    if sweep.device in ("cpu", "auto"):  # every grid's cells, each once (a setting multiplies its grid)
+        n = sum(len(g.models) * len(g.sizes) * len(g.batch) * len(g.dtypes) * len(g.backends)
+                * math.prod(len(v) for _, v in g.model_settings) for g in (sweep, *sweep.also))
+        assert len({c.cell_id for c in sweep.cells()}) == len(sweep.cells()) == n
 
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("models/*.yaml")), ids=lambda p: p.name)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import pandas as pd
 
 from .. import backends
+from ..workload import label as settings_label
 from ..fmt import human_bytes
 
-SHAPE = ["model", "dtype", "batch", "width", "height"]
+SHAPE = ["model", "settings", "dtype", "batch", "width", "height"]
 STOPPED = ("oom", "skipped")
 
 
@@ -22,15 +23,17 @@ def _ms(ms: float) -> str:
 
 def _labelled(cells: pd.DataFrame) -> pd.DataFrame:
     options = cells["backend_options"] if "backend_options" in cells else pd.Series([None] * len(cells))
-    return cells.assign(size=cells["width"].astype(str) + "x" + cells["height"].astype(str),
+    settings = cells["settings"].fillna("{}") if "settings" in cells else "{}"  # runs before settings existed
+    return cells.assign(settings=settings, size=cells["width"].astype(str) + "x" + cells["height"].astype(str),
                         pixels=cells["width"] * cells["height"],
                         label=[backends.label(b, o) for b, o in zip(cells["backend"], options)])
 
 
 def _where(key: dict, varying: list[str]) -> str:
     size = f"{key['width']}x{key['height']}"
-    parts = [str(key["model"]) if "model" in varying else "", str(key["dtype"]) if "dtype" in varying else "",
-             f"batch {key['batch']}" if "batch" in varying else ""]
+    parts = [str(key["model"]) if "model" in varying else "",
+             (settings_label(key["settings"]) or "no settings") if "settings" in varying else "",
+             str(key["dtype"]) if "dtype" in varying else "", f"batch {key['batch']}" if "batch" in varying else ""]
     extra = ", ".join(p for p in parts if p)
     return f"At {size}" + (f" ({extra})" if extra else "")
 
@@ -49,12 +52,12 @@ def _by_shape(df: pd.DataFrame) -> dict[tuple, dict]:
 
 def per_shape(cells: pd.DataFrame) -> list[str]:
     """The fastest and the smallest-memory backend per shape, each against naive where naive ran."""
-    varying = [c for c in ("model", "dtype", "batch") if cells[c].nunique() > 1]
+    varying = [c for c in ("model", "settings", "dtype", "batch") if cells[c].nunique() > 1]
     cells = cells.sort_values("pixels", kind="stable")
     ok = cells[cells["status"] == "ok"]
     by = ok.groupby(SHAPE, sort=False)
-    fastest = _by_shape(ok.loc[by["attention_time_ms"].idxmin()])
-    smallest = _by_shape(ok.loc[by["attention_peak_mem_bytes"].idxmin()])
+    fastest = _by_shape(ok.loc[by["attention_time_ms"].idxmin()]) if len(ok) else {}
+    smallest = _by_shape(ok.loc[by["attention_peak_mem_bytes"].idxmin()]) if len(ok) else {}
     naive = _by_shape(cells[cells["label"] == "naive"].drop_duplicates(SHAPE))
     statuses = cells.groupby(SHAPE, sort=False)["status"].agg(lambda s: ", ".join(sorted(set(s)))).to_dict()
     out = []
@@ -99,15 +102,15 @@ def largest_call(blocks: pd.DataFrame) -> list[str]:
         return []
     b = ok.loc[ok["peak_mem_bytes"].idxmax()]
     return [f"The largest call was {b['block']} under {backends.label(b['backend'], b.get('backend_options'))} at "
-            f"{b['width']}x{b['height']}: {b['tokens_q']} x {b['tokens_k']} tokens, {b['heads']} heads, a peak of "
-            f"{human_bytes(b['peak_mem_bytes'])} in {_ms(b['time_ms'])}."]
+            f"{b['width']}x{b['height']}: {b['tokens_q']} x {b['tokens_k']} tokens, {b['heads']} "
+            f"head{'s' if b['heads'] != 1 else ''}, a peak of {human_bytes(b['peak_mem_bytes'])} in {_ms(b['time_ms'])}."]
 
 
 def doubtful(cells: pd.DataFrame) -> list[str]:
     """Cells whose figure is doubtful (output off the fp32 reference, noisy times) and cells that failed."""
     ok = cells[cells["status"] == "ok"]
     off = ok[ok["error_ok"].eq(False)] if "error_ok" in ok else ok.iloc[:0]  # a replay has no reference: NaN
-    noisy = ok[ok["noisy"].eq(True)]
+    noisy = ok[ok["noisy"].eq(True)] if "noisy" in ok else ok.iloc[:0]
     out = []
     if len(off):
         out.append("Doubtful: " + "; ".join(f"{c['label']} at {c['size']} is {c['max_rel_err']:.1e} off the fp32 "
@@ -117,7 +120,7 @@ def doubtful(cells: pd.DataFrame) -> list[str]:
         by_size = noisy.groupby("size", sort=False)["label"].agg(", ".join)
         out.append("Noisy times (IQR over 10% of the median), so doubtful: " +
                    "; ".join(f"{labels} at {size}" for size, labels in by_size.items()) + ".")
-    if not out:
+    if not out and len(ok):
         out.append("No figure is doubtful: every cell that ran is within its error tolerance and none is noisy.")
     failed = cells[cells["status"].isin(("error", "timeout"))]
     if len(failed):
