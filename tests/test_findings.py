@@ -1,6 +1,8 @@
 """Findings first: the plain sentences `attnprof show`, the end of a sweep and the dashboard state first, computed
 from a real run (conftest's dashboard_results: tiny-sd15 at 64x64 and 128x128, naive skipped at 128 by the memory
 budget, xformers unavailable; traced_results: a CLI run's closing output)."""
+import pandas as pd
+
 from profiler.cli import main
 from profiler.report.findings import findings
 from profiler.store import Run, list_runs
@@ -50,11 +52,22 @@ def test_doubtful_figures_are_named(dashboard_results):
     first, second = cells.loc[ok[0]], cells.loc[ok[1]]
     assert f"Doubtful: {first['backend']} at {first['width']}x{first['height']} is 2.5e-01 off the fp32 reference, " \
            "over the float32 tolerance." in found
-    assert f"Noisy times (IQR over 10% of the median), so doubtful: {second['backend']} at " \
-           f"{second['width']}x{second['height']}." in found
+    assert f"Noisy times (IQR over 10% of the median), so doubtful: at {second['width']}x{second['height']}: " \
+           f"{second['backend']}." in found
     cells.loc[ok, "noisy"] = True  # many noisy cells: one clause per size
     noisy = next(s for s in findings(cells, blocks) if s.startswith("Noisy times"))
     assert noisy.count(" at ") == cells.loc[ok].groupby(["width", "height"]).ngroups
+
+
+def test_findings_name_the_settings_that_tell_apart_cells_of_one_size(dashboard_results):
+    """A run with ControlNet cells beside plain ones: every finding says which cells it means."""
+    cells, blocks = Run.open(list_runs(dashboard_results)[0]).read()
+    ok = cells[(cells["status"] == "ok") & (cells["width"] == 64)]
+    plain = ok.assign(noisy=False, error_ok=True)
+    controlnet = ok.assign(settings='{"controlnet": true}', noisy=True, error_ok=True)
+    text = " ".join(findings(pd.concat([plain, controlnet], ignore_index=True), blocks))
+    assert "At 64x64 (no settings) " in text and "At 64x64 (controlnet) " in text
+    assert f"so doubtful: at 64x64 (controlnet): {', '.join(controlnet['backend'])}." in text
 
 
 def test_a_run_ends_with_its_findings(traced_results):

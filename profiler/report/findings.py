@@ -29,13 +29,21 @@ def _labelled(cells: pd.DataFrame) -> pd.DataFrame:
                         label=[backends.label(b, o) for b, o in zip(cells["backend"], options)])
 
 
-def _where(key: dict, varying: list[str]) -> str:
-    size = f"{key['width']}x{key['height']}"
+def _varying(cells: pd.DataFrame) -> list[str]:
+    return [c for c in ("model", "settings", "dtype", "batch") if c in cells and cells[c].nunique() > 1]
+
+
+def _qualified(text: str, key: dict, varying: list[str]) -> str:
+    """text with what tells apart the run's cells of one size: 'naive (tiny-sd15, controlnet)'."""
     parts = [str(key["model"]) if "model" in varying else "",
              (settings_label(key["settings"]) or "no settings") if "settings" in varying else "",
              str(key["dtype"]) if "dtype" in varying else "", f"batch {key['batch']}" if "batch" in varying else ""]
     extra = ", ".join(p for p in parts if p)
-    return f"At {size}" + (f" ({extra})" if extra else "")
+    return text + (f" ({extra})" if extra else "")
+
+
+def _where(key: dict, varying: list[str]) -> str:
+    return _qualified(f"At {key['width']}x{key['height']}", key, varying)
 
 
 def _against_naive(row, naive, column: str, how: str, fmt) -> str:
@@ -52,7 +60,7 @@ def _by_shape(df: pd.DataFrame) -> dict[tuple, dict]:
 
 def per_shape(cells: pd.DataFrame) -> list[str]:
     """The fastest and the smallest-memory backend per shape, each against naive where naive ran."""
-    varying = [c for c in ("model", "settings", "dtype", "batch") if cells[c].nunique() > 1]
+    varying = _varying(cells)
     cells = cells.sort_values("pixels", kind="stable")
     ok = cells[cells["status"] == "ok"]
     by = ok.groupby(SHAPE, sort=False)
@@ -80,8 +88,8 @@ def per_shape(cells: pd.DataFrame) -> list[str]:
 
 def stopped_fitting(cells: pd.DataFrame) -> list[str]:
     """Per backend: the first size where it ran out of memory or was skipped by the budget, and how far it ran."""
-    out = []
-    for (label, *_), g in cells.groupby(["label", "model", "dtype", "batch"], sort=False):
+    out, varying = [], _varying(cells)
+    for _, g in cells.groupby(["label", "model", "settings", "dtype", "batch"], sort=False):
         g = g.sort_values("pixels", kind="stable")
         stopped = g[g["status"].isin(STOPPED)]
         if not len(stopped):
@@ -89,8 +97,8 @@ def stopped_fitting(cells: pd.DataFrame) -> list[str]:
         first = stopped.iloc[0]
         ran = g[(g["status"] == "ok") & (g["pixels"] < first["pixels"])]
         reach = f"it ran up to {ran.iloc[-1]['size']}" if len(ran) else "it ran at no smaller size"
-        out.append(f"{label} stopped fitting at {first['size']} ({first['status']}: {str(first['error'])[:140]}); "
-                   f"{reach}.")
+        out.append(f"{_qualified(first['label'], first, varying)} stopped fitting at {first['size']} "
+                   f"({first['status']}: {str(first['error'])[:140]}); {reach}.")
     return out or ["Every backend that ran fitted at every size it was given."]
 
 
@@ -108,25 +116,28 @@ def largest_call(blocks: pd.DataFrame) -> list[str]:
 
 def doubtful(cells: pd.DataFrame) -> list[str]:
     """Cells whose figure is doubtful (output off the fp32 reference, noisy times) and cells that failed."""
+    missing = cells[cells["status"] == "unavailable"].drop_duplicates("label")  # a backend's reason, once
+    varying = _varying(cells)
+    noisy = cells[(cells["status"] == "ok") & cells["noisy"].eq(True)] if "noisy" in cells else cells.iloc[:0]
+    cells = cells.assign(label=[_qualified(c["label"], c, varying) for c in cells.to_dict("records")])
     ok = cells[cells["status"] == "ok"]
     off = ok[ok["error_ok"].eq(False)] if "error_ok" in ok else ok.iloc[:0]  # a replay has no reference: NaN
-    noisy = ok[ok["noisy"].eq(True)] if "noisy" in ok else ok.iloc[:0]
     out = []
     if len(off):
         out.append("Doubtful: " + "; ".join(f"{c['label']} at {c['size']} is {c['max_rel_err']:.1e} off the fp32 "
                                             f"reference, over the {c['dtype']} tolerance"
                                             for c in off.to_dict("records")) + ".")
-    if len(noisy):  # one clause per size: a busy machine can make most cells noisy
-        by_size = noisy.groupby("size", sort=False)["label"].agg(", ".join)
-        out.append("Noisy times (IQR over 10% of the median), so doubtful: " +
-                   "; ".join(f"{labels} at {size}" for size, labels in by_size.items()) + ".")
+    if len(noisy):  # one clause per shape: a busy machine can make most cells noisy
+        by_shape = noisy.sort_values("pixels", kind="stable").groupby(SHAPE, sort=False)["label"].agg(", ".join)
+        out.append("Noisy times (IQR over 10% of the median), so doubtful: " + "; ".join(
+            f"{_where(dict(zip(SHAPE, key)), varying).replace('At', 'at', 1)}: {labels}"
+            for key, labels in by_shape.items()) + ".")
     if not out and len(ok):
         out.append("No figure is doubtful: every cell that ran is within its error tolerance and none is noisy.")
     failed = cells[cells["status"].isin(("error", "timeout"))]
     if len(failed):
         out.append("Failed: " + "; ".join(f"{c['label']} at {c['size']} ({c['status']}: {str(c['error'])[:100]})"
                                           for c in failed.to_dict("records")) + ".")
-    missing = cells[cells["status"] == "unavailable"].drop_duplicates("label")
     if len(missing):
         out.append("Not available here: " + "; ".join(f"{c['label']} ({str(c['error'])[:100]})"
                                                       for c in missing.to_dict("records")) + ".")
