@@ -188,9 +188,7 @@ def test_flex_and_the_dispatcher_run_in_a_measured_cell(measured_run):
     cells, blocks = measured_run.read()
     assert set(cells["status"]) == {"ok"} and cells["error_ok"].all()
     by = cells.set_index("backend")
-    assert by.loc["flex", "compile_s"] > 1  # every compile in the compile pass, none in a timed forward:
-    assert max(by.loc["flex", "forward_time_samples_ms"]) < 1000 * by.loc["flex", "compile_s"] / 4
-    assert pd.isna(by.loc["diffusers:native", "compile_s"])  # nothing to compile
+    assert by.loc["flex", "compile_s"] > 0 and pd.isna(by.loc["diffusers:native", "compile_s"])  # nothing to compile
     finest = blocks[(blocks["backend"] == "flex") & (blocks["kind"] == "self") & (blocks["level"] == 0)]
     assert (finest["peak_mem_bytes"] < finest["score_bytes"] / 16).all()  # never the 32 MiB score table
 
@@ -211,8 +209,43 @@ def test_the_planner_holds_to_the_measured_calls_of_the_new_backends(measured_ru
 @pytest.mark.parametrize("tokens, head_dim", [(4096, 40), (1024, 80), (256, 160), (1024, 64)])
 def test_compiled_flex_at_real_head_dims_against_its_model_and_the_table(tokens, head_dim):
     """SD 1.5's 40 / 80 / 160 and SDXL's 64 compile and run; the measured call within 10% of the memory model (or
-    1 MiB: the kernel's per-thread tiles) and far under the float32 score table."""
+    1 MiB: the kernel's per-thread tiles), and at the finest level far under the float32 score table."""
     measured, predicted = call_peak("flex", tokens, head_dim)
     assert abs(predicted - measured) <= max(0.10 * measured, MiB), (measured / MiB, predicted / MiB)
-    if tokens >= 1024:
-        assert measured < 8 * tokens * tokens * 4 / 4
+    if tokens == 4096:  # SD 1.5's finest: about 30 MiB (projections, output, reordered K and V) of a 512 MiB table
+        assert measured < 8 * tokens * tokens * 4 / 16
+
+
+def test_gpu_check_knows_the_new_kernels_and_says_why_they_do_not_run_here():
+    from profiler import gpu_check
+
+    assert gpu_check.new_kernel_named("sage", "void qk_int8_sv_f16_accum_f32_attn<64, 128>(...)")
+    assert gpu_check.new_kernel_named("flex", "triton_tem_fused_flex_attention_0")
+    assert gpu_check.new_kernel_named("diffusers:_flash_3", "void cutlass::device_kernel<flash::FlashAttnFwdSm90<>>")
+    assert not gpu_check.new_kernel_named("sage", "void pytorch_flash::flash_fwd_kernel<>")  # never another's
+    assert not gpu_check.new_kernel_named("diffusers:_flash_3", "flash_fwd_kernel<Flash_fwd_kernel_traits<>>")
+    runs, why = gpu_check.available_new_backends("cuda", (64,))
+    if not torch.cuda.is_available():
+        assert runs == [] and len(why) == 3 and all("CUDA" in w or "not installed" in w for w in why), why
+
+
+@pytest.mark.slow
+def test_flex_compiles_in_the_compile_pass_and_never_in_a_timed_forward(monkeypatch):
+    """Dynamo's count of compiled graphs after the compile pass is its count at the end of the cell."""
+    from torch._dynamo.utils import counters
+
+    from profiler.measure import cell as C
+
+    graphs, compile_pass = [], C._compile_pass
+
+    def counted(*args):
+        out = compile_pass(*args)
+        graphs.append(counters["stats"]["unique_graphs"])
+        return out
+
+    monkeypatch.setattr(C, "_compile_pass", counted)
+    spec = Sweep(models=("tiny-sd15",), sizes=((128, 128),), dtypes=("float32",), device="cpu",
+                 backends=(("flex", ()),)).cells()[0]
+    row, _ = C.measure_cell(spec, C.ModelCache(), repeats=2, warmup=0)
+    assert graphs[0] >= 1 and counters["stats"]["unique_graphs"] == graphs[0]
+    assert row["compile_s"] > 0 and row["error_ok"]
