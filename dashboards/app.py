@@ -281,6 +281,10 @@ def compare_page(cells: pd.DataFrame, envs: pd.DataFrame, by: str, baseline: str
     st.caption(f"Per device and size: the fastest backend that ended ok, the memory-smallest, and the fastest whose "
                f"forward (weights + inputs + its transient) fits {T.human_bytes(limit)}.")
     table(T.best_backends(cells, limit), "best")
+    st.subheader("By family: time beside error")
+    st.caption("Reference, chunked, fused exact and fused approximate (int8 / fp8 kernels): each backend's attention "
+               "time beside its error against the fp32 reference, so a fast kernel with a large error shows as such.")
+    table(T.family_table(cells), "families")
 
 
 def compare_backends(cells: pd.DataFrame, baseline: str, sizes: list[str]) -> None:

@@ -92,7 +92,10 @@ def render(paths: list[Path]) -> str:
     specs, sections = _charts_and_sections(cells, blocks, runs)
     found = "".join(f"<h3>{html.escape(run)}</h3><ul>{''.join(f'<li>{html.escape(s)}</li>' for s in sentences)}</ul>"
                     for run, sentences in T.run_findings(cells, blocks).items() if sentences)
+    if len(cells):
+        cells = cells.assign(_family=T.family_order(cells)).sort_values(["run_id", "_family"], kind="stable")
     shown = T.display(cells[[c for c in T.CELL_COLUMNS if c in cells]]) if len(cells) else pd.DataFrame()
+    families = T.display(T.family_table(cells)) if len(cells) else pd.DataFrame()
     names = ", ".join(r.id for r in runs)
     embeds = "\n".join(f'vegaEmbed("#chart{i}", {_json(s)}, {{actions: false, renderer: "svg"}}).then(() => done());'
                        for i, s in enumerate(specs))
@@ -112,6 +115,9 @@ began. Everything, the chart library included, is in this file: it needs no serv
 <h2>Findings</h2>{found or "<p>No cells recorded.</p>"}
 <h2>Runs and environment</h2>{_table(meta)}{_table(env, "env")}
 <h2>Charts</h2>{"".join(sections) or "<p>No cell ended ok: nothing to draw.</p>"}
+<h2>Backends by family</h2><p>Reference, chunked, fused exact and fused approximate: each backend's attention time
+beside its error against the fp32 reference (max_rel_err; error_ok: within the dtype's tolerance).</p>
+{_table(families, "families") if len(families) else "<p>No cell ended ok.</p>"}
 <h2>Cells</h2>{_table(shown, "cells") if len(shown) else "<p>No cells recorded.</p>"}
 <script>{_bundle()}</script>
 <script>

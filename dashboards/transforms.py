@@ -45,7 +45,13 @@ def _derive(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def family(name: str) -> str:
-    return backends.BACKENDS[name].family if name in backends.BACKENDS else "other"
+    """reference / chunked / fused exact / fused approximate (backends.FAMILIES); 'other' where not registered."""
+    return backends.family(name)
+
+
+def family_order(df: pd.DataFrame) -> pd.Series:
+    """Each row's place by its backend's family (backends.FAMILIES, then 'other'), for a sort that groups them."""
+    return df["family"].map({f: i for i, f in enumerate((*backends.FAMILIES, "other"))})
 
 
 # ---- what tells one series of a chart from another
@@ -128,11 +134,26 @@ def compare_table(cells: pd.DataFrame, baseline: str) -> pd.DataFrame:
     ok = out["status"] == "ok"
     out["time_ratio"] = (out["attention_time_ms"] / out["baseline_attention_time_ms"]).where(ok)
     out["peak_ratio"] = (out["attention_peak_mem_bytes"] / out["baseline_attention_peak_mem_bytes"]).where(ok)
-    columns = ["run_id", "model", "settings_label", "dtype", "batch", "size", "pixels", "backend_label", "family",
-               "status",
-               "attention_time_ms", "attention_peak_mem_bytes", "time_ratio", "peak_ratio", "forward_time_ms",
-               "forward_peak_mem_bytes", "max_rel_err", "noisy", "error"]
-    return out[[c for c in columns if c in out]].sort_values(["model", "dtype", "batch", "pixels"], kind="stable")
+    columns = ["run_id", "model", "settings_label", "dtype", "batch", "size", "pixels", "family", "backend_label",
+               "status", "attention_time_ms", "max_rel_err", "error_ok", "attention_peak_mem_bytes", "time_ratio",
+               "peak_ratio", "forward_time_ms", "compile_s", "forward_peak_mem_bytes", "noisy", "error"]
+    out = out.assign(_family=family_order(out))
+    return out.sort_values(["model", "dtype", "batch", "pixels", "_family"], kind="stable")[
+        [c for c in columns if c in out]]
+
+
+def family_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """The ok cells grouped by family (reference, chunked, fused exact, fused approximate), each backend's
+    attention time beside its error against the fp32 reference and its peak: a fast kernel with a large error
+    shows as such. One row per (model, dtype, batch, size, backend)."""
+    ok = cells[cells["status"] == "ok"]
+    if not len(ok):
+        return pd.DataFrame()
+    ok = ok.assign(_family=family_order(ok))
+    columns = ["family", "backend_label", "model", "settings_label", "dtype", "batch", "size", "attention_time_ms",
+               "max_rel_err", "error_ok", "attention_peak_mem_bytes", "compile_s", "run_id"]
+    return ok.sort_values(["_family", "model", "dtype", "batch", "pixels", "attention_time_ms"], kind="stable")[
+        [c for c in columns if c in ok]].reset_index(drop=True)
 
 
 def largest_ok(cells: pd.DataFrame) -> pd.DataFrame:
@@ -189,12 +210,11 @@ def roofline_lines(cells: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
 
 
 # The cells table of the Run page and of the report: what a cell is, how it ended, its figures beside the planner's.
-CELL_COLUMNS = ("run_id", "model", "settings_label", "size", "batch", "dtype", "backend_label", "family", "status",
-                "error",
-                "attention_time_ms", "iqr_ms", "attention_peak_mem_bytes", "predicted_peak_bytes",
-                "forward_peak_total_bytes", "predicted_forward_peak_bytes", "forward_peak_ratio", "forward_time_ms",
-                "attention_achieved_flops_per_s", "attention_pct_of_peak", "attention_roofline_bound", "noisy",
-                "max_rel_err", "kernel", "trace_files")
+CELL_COLUMNS = ("run_id", "model", "settings_label", "size", "batch", "dtype", "family", "backend_label", "status",
+                "error", "attention_time_ms", "max_rel_err", "iqr_ms", "attention_peak_mem_bytes",
+                "predicted_peak_bytes", "forward_peak_total_bytes", "predicted_forward_peak_bytes",
+                "forward_peak_ratio", "forward_time_ms", "compile_s", "attention_achieved_flops_per_s",
+                "attention_pct_of_peak", "attention_roofline_bound", "noisy", "kernel", "trace_files")
 
 
 def run_findings(cells: pd.DataFrame, blocks: pd.DataFrame) -> dict[str, list[str]]:

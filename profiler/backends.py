@@ -13,46 +13,122 @@ import importlib.util
 import json
 import os
 import warnings
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .processor import Processor
 from .spec import InputError, parse_dtype, torch_dtype
 
 MiB = 2**20
 
 
+REFERENCE, CHUNKED, EXACT, APPROXIMATE = "reference", "chunked", "fused exact", "fused approximate"
+FAMILIES = (REFERENCE, CHUNKED, EXACT, APPROXIMATE)  # the order in which reports group backends
+
+
 @dataclass(frozen=True)
 class Backend:
     name: str
-    family: str  # reference / chunked / fused
+    family: str  # one of FAMILIES
     description: str
     options: dict = field(default_factory=dict)  # option name -> default
     factory: Callable | None = None  # a registered backend's processor factory (built-ins: make_processor)
     memory_like: str | None = None  # a registered backend's memory model: that of this built-in
 
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (
-    Backend("naive", "reference", "diffusers AttnProcessor: baddbmm + softmax, the whole score table materialised"),
-    Backend("sliced", "chunked", "diffusers SlicedAttnProcessor: slice_size (batch*heads) rows of tables at a time",
+class _Registry(MutableMapping):
+    """The backends by name. The `diffusers:<name>` entries (one per backend of the installed diffusers' dispatcher)
+    join on the first look at the whole registry or at one of them: listing them imports diffusers, which costs
+    every command's start (attnprof --help) about 1.8 s where nothing else needs it."""
+
+    def __init__(self, builtins: tuple[Backend, ...]):
+        self._own = {b.name: b for b in builtins}
+        self._dispatcher: dict[str, Backend] | None = None
+
+    def _all(self) -> dict[str, Backend]:
+        if self._dispatcher is None:
+            from .fused import dispatcher_family, dispatcher_names
+
+            self._dispatcher = {f"diffusers:{n}": Backend(
+                f"diffusers:{n}", dispatcher_family(n), f"diffusers' attention dispatcher, backend {n!r}")
+                for n in dispatcher_names()}
+        return {**self._own, **self._dispatcher}
+
+    def _where(self, name) -> dict:
+        return self._all() if isinstance(name, str) and name.startswith("diffusers:") else self._own
+
+    def __getitem__(self, name):
+        return self._where(name)[name]
+
+    def __contains__(self, name):
+        return name in self._where(name)
+
+    def __setitem__(self, name, backend):
+        self._own[name] = backend
+
+    def __delitem__(self, name):
+        del self._own[name]
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def __len__(self):
+        return len(self._all())
+
+
+BACKENDS: MutableMapping[str, Backend] = _Registry((
+    Backend("naive", REFERENCE, "diffusers AttnProcessor: baddbmm + softmax, the whole score table materialised"),
+    Backend("sliced", CHUNKED, "diffusers SlicedAttnProcessor: slice_size (batch*heads) rows of tables at a time",
             {"slice_size": 1}),
-    Backend("split", "chunked", "query chunks sized so one chunk's score table fits budget_bytes (ComfyUI's split)",
+    Backend("split", CHUNKED, "query chunks sized so one chunk's score table fits budget_bytes (ComfyUI's split)",
             {"budget_bytes": 64 * MiB}),
-    Backend("subquad", "chunked", "sub-quadratic attention (Rabe & Staats 2021): query and key chunks, running "
+    Backend("subquad", CHUNKED, "sub-quadratic attention (Rabe & Staats 2021): query and key chunks, running "
             "max and sum; at most query_chunk x key_chunk scores per batch*head",
             {"query_chunk": 1024, "key_chunk": 4096}),
-    Backend("sdpa", "fused", "diffusers AttnProcessor2_0: PyTorch SDPA, PyTorch picks the kernel"),
-    Backend("sdpa-flash", "fused", "PyTorch SDPA forced to its flash-attention kernel"),
-    Backend("sdpa-efficient", "fused", "PyTorch SDPA forced to its memory-efficient kernel (CUDA)"),
-    Backend("sdpa-math", "fused", "PyTorch SDPA forced to its math kernel: materialises the score table, in fp32"),
-    Backend("sdpa-cudnn", "fused", "PyTorch SDPA forced to its cuDNN kernel (CUDA)"),
-    Backend("xformers", "fused", "xformers memory_efficient_attention via diffusers XFormersAttnProcessor"),
-    Backend("flash-attn", "fused", "flash_attn_func of the flash-attn package (CUDA, fp16/bf16, head_dim <= 256)"),
-)}
+    Backend("sdpa", EXACT, "diffusers AttnProcessor2_0: PyTorch SDPA, PyTorch picks the kernel"),
+    Backend("sdpa-flash", EXACT, "PyTorch SDPA forced to its flash-attention kernel"),
+    Backend("sdpa-efficient", EXACT, "PyTorch SDPA forced to its memory-efficient kernel (CUDA)"),
+    Backend("sdpa-math", EXACT, "PyTorch SDPA forced to its math kernel: materialises the score table, in fp32"),
+    Backend("sdpa-cudnn", EXACT, "PyTorch SDPA forced to its cuDNN kernel (CUDA)"),
+    Backend("xformers", EXACT, "xformers memory_efficient_attention via diffusers XFormersAttnProcessor"),
+    Backend("flash-attn", EXACT, "flash_attn_func of the flash-attn package (CUDA, fp16/bf16, head_dim <= 256)"),
+    Backend("flash-attn-3", EXACT, "flash_attn_func of FlashAttention 3 (flash_attn_interface; Hopper sm90, "
+            "fp16/bf16, head_dim <= 256 and a multiple of 8)"),
+    Backend("flex", EXACT, "FlexAttention compiled once per process and shape (torch.compile), an all-full block "
+            "mask; the compile time kept apart (compile_s)"),
+    Backend("sage", APPROXIMATE, "sageattn of SageAttention: int8 QK, fp16 PV (CUDA sm80+, fp16/bf16, head_dim "
+            "<= 128)"),
+))
 _SDPA_KERNELS = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
                  "sdpa-math": SDPBackend.MATH, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION}
+# processors whose q, k and v are freed before the output projection (processor.Processor's attend returns)
+_FREES_QKV = ("flash-attn", "flash-attn-3", "flex", "sage")
+# which of our models a dispatcher backend's kernel follows (the kernel it runs); the others: a fused kernel's
+_DISPATCHER_MODELS = {"native": "sdpa", "_native_flash": "sdpa-flash", "_native_math": "sdpa-math",
+                      "_native_efficient": "sdpa-efficient", "_native_cudnn": "sdpa-cudnn", "xformers": "xformers",
+                      "flex": "flex-eager"}
+
+
+def by_family(names) -> list[tuple[str, list[str]]]:
+    """The names grouped by their backend's family, families in FAMILIES order (then 'other': names that are not
+    registered, e.g. a plugin's stored in a run), names in the order given."""
+    groups: dict[str, list[str]] = {f: [] for f in (*FAMILIES, "other")}
+    for name in dict.fromkeys(names):
+        groups[family(name)].append(name)
+    return [(f, members) for f, members in groups.items() if members]
+
+
+def family(name: str) -> str:
+    return BACKENDS[name].family if name in BACKENDS else "other"
+
+
+def compiles(name: str) -> bool:
+    """Whether the backend compiles its kernel on first use of a shape (its cell then runs a compile pass)."""
+    return name == "flex"
 
 
 def register(backend: Backend) -> None:
@@ -60,6 +136,8 @@ def register(backend: Backend) -> None:
     in $ATTNPROF_PLUGINS (comma-separated) are imported when this module is, so that workers see them too."""
     if backend.factory is None or backend.memory_like not in BACKENDS:
         raise ValueError(f"backend {backend.name!r} needs a factory and memory_like naming a built-in backend")
+    if backend.family not in FAMILIES:
+        raise ValueError(f"backend {backend.name!r} has family {backend.family!r}: use one of {', '.join(FAMILIES)}")
     BACKENDS[backend.name] = backend
 
 
@@ -87,12 +165,19 @@ def label(name: str, options=None) -> str:
 
 def uses_sdpa(name: str) -> bool:
     """Whether the backend's processor calls PyTorch's scaled_dot_product_attention (so PyTorch picks a kernel)."""
+    if name.startswith("diffusers:"):
+        return _DISPATCHER_MODELS.get(name.removeprefix("diffusers:"), "").startswith("sdpa")
     return name == "sdpa" or name.startswith("sdpa-")
 
 
 def check_backend_name(name: str) -> None:
     if name not in BACKENDS:
-        raise InputError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
+        own = [n for n in BACKENDS if not n.startswith("diffusers:")]
+        if name.startswith("diffusers:"):
+            own = [n for n in BACKENDS if n.startswith("diffusers:")]
+        raise InputError(f"unknown backend {name!r}: use one of {', '.join(own)}"
+                         + ("" if name.startswith("diffusers:") else ", or diffusers:NAME for a backend of diffusers' "
+                            "dispatcher (attnprof backends lists them)"))
 
 
 def _whole_number(value) -> int | None:
@@ -182,36 +267,6 @@ def subquad_attention(q, k, v, mask=None, scale=None, query_chunk=1024, key_chun
 
 # ---- processors
 
-class Processor:
-    """Everything diffusers' AttnProcessor does around attention: spatial norm, 4-D inputs, mask preparation, group
-    norm, norm_cross, output projection and dropout, residual, rescale. Subclasses implement attend()."""
-
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, *args,
-                 **kwargs):
-        residual = hidden_states
-        if attn.spatial_norm is not None:
-            hidden_states = attn.spatial_norm(hidden_states, temb)
-        input_ndim = hidden_states.ndim
-        if input_ndim == 4:
-            batch, channel, height, width = hidden_states.shape
-            hidden_states = hidden_states.view(batch, channel, height * width).transpose(1, 2)  # (B, Tq, C)
-        batch, tokens_k, _ = (hidden_states if encoder_hidden_states is None else encoder_hidden_states).shape
-        attention_mask = attn.prepare_attention_mask(attention_mask, tokens_k, batch)  # (n, 1 or Tq, Tk) or None
-        if attn.group_norm is not None:
-            hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
-        if encoder_hidden_states is None:
-            encoder_hidden_states = hidden_states
-        elif attn.norm_cross:
-            encoder_hidden_states = attn.norm_encoder_hidden_states(encoder_hidden_states)
-        hidden_states = self.attend(attn, hidden_states, encoder_hidden_states, attention_mask)  # (B, Tq, C)
-        hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))  # linear projection, dropout
-        if input_ndim == 4:
-            hidden_states = hidden_states.transpose(-1, -2).reshape(batch, channel, height, width)
-        if attn.residual_connection:
-            hidden_states = hidden_states + residual
-        return hidden_states / attn.rescale_output_factor
-
-
 class HeadsProcessor(Processor):
     """Projects to (n, T, d) as AttnProcessor does and runs core(); scores in float32 where diffusers upcasts."""
 
@@ -240,22 +295,6 @@ class SubQuadProcessor(HeadsProcessor):
         return subquad_attention(q, k, v, mask, scale, self.query_chunk, self.key_chunk, score_dtype)
 
 
-class FlashAttnProcessor(Processor):
-    """flash_attn_func on (B, T, h, d) views of the projections: no copies, no score table."""
-
-    def attend(self, attn, hidden_states, context, mask):
-        from flash_attn import flash_attn_func
-
-        if mask is not None:
-            raise ValueError("flash-attn takes no attention mask: use sdpa or xformers for masked attention")
-        q = attn.to_q(hidden_states).unflatten(-1, (attn.heads, -1))  # (B, Tq, h, d)
-        if q.shape[-1] > 256:
-            raise ValueError(f"flash-attn supports head_dim <= 256, this block has {q.shape[-1]}")
-        k = attn.to_k(context).unflatten(-1, (attn.heads, -1))  # (B, Tk, h, d)
-        v = attn.to_v(context).unflatten(-1, (attn.heads, -1))  # (B, Tk, h, d)
-        return flash_attn_func(q, k, v, softmax_scale=attn.scale).flatten(2)  # (B, Tq, C)
-
-
 class SDPAKernelProcessor:
     """diffusers' AttnProcessor2_0 with PyTorch's SDPA kernel forced: no silent fallback to another kernel."""
 
@@ -275,19 +314,28 @@ def make_processor(name: str, **options):
     opts = check_options(name, options)
     from diffusers.models import attention_processor as ap
 
+    from . import fused
+
     if BACKENDS[name].factory is not None:
         return BACKENDS[name].factory(**opts)
     if name in _SDPA_KERNELS:
         return SDPAKernelProcessor(_SDPA_KERNELS[name])
+    if name.startswith("diffusers:"):
+        return fused.DispatchProcessor(name.removeprefix("diffusers:"))
     factories = {"naive": ap.AttnProcessor, "sliced": ap.SlicedAttnProcessor, "split": SplitProcessor,
                  "subquad": SubQuadProcessor, "sdpa": ap.AttnProcessor2_0, "xformers": ap.XFormersAttnProcessor,
-                 "flash-attn": FlashAttnProcessor}
+                 "flash-attn": fused.FlashAttnProcessor, "flex": fused.FlexProcessor, "sage": fused.SageProcessor,
+                 "flash-attn-3": lambda: fused.FlashAttnProcessor("flash_attn_interface", "flash-attn-3")}
     return factories[name](**opts)
 
 
 # ---- availability
 
 def _static_reason(name: str, device: torch.device, dtype: str, head_dims: tuple[int, ...]) -> str:
+    if name in ("flex", "sage", "flash-attn-3") or name.startswith("diffusers:"):
+        from .fused import static_reason
+
+        return static_reason(name, device, dtype, head_dims)
     package = {"xformers": "xformers", "flash-attn": "flash_attn"}.get(name)
     if package and importlib.util.find_spec(package) is None:
         return f"{name} is not installed: pip install {name}"
@@ -399,8 +447,15 @@ def _scores_phase(ns: int, row: dict, e: int, up: str, held: int) -> int:
 
 
 def _modelled(name: str, options: dict) -> tuple[str, dict]:
-    """The built-in whose models a backend uses (itself, or a registered backend's memory_like), with its options."""
+    """The built-in whose models a backend uses (itself, a registered backend's memory_like, or for a dispatcher
+    backend the kernel it runs: 'flex-eager' for diffusers' uncompiled FlexAttention), with its options."""
     opts = check_options(name, options)
+    if name.startswith("diffusers:"):
+        kernel = name.removeprefix("diffusers:")
+        model = _DISPATCHER_MODELS.get(kernel, "sage" if "sage" in kernel else "flash-attn")
+        return model, {} if model == "flex-eager" else check_options(model, {})
+    if name == "flash-attn-3":
+        return "flash-attn", opts
     if BACKENDS[name].memory_like:
         return BACKENDS[name].memory_like, check_options(BACKENDS[name].memory_like, {})
     return name, opts
@@ -412,10 +467,16 @@ def predicted_peak_bytes(name: str, row: dict, dtype: str, **options) -> int:
     every call of SD 1.5, SD 2.1 and SDXL, both batch sizes, with and without upcast).
 
     Every processor first holds q, k, v (a_q + 2 a_k) and ends holding its head-merged output and to_out's
-    output (2 a_q). Scores take row["score_bytes"] / row["score_elements"] bytes (4 where diffusers upcasts). `sdpa` on
-    CUDA follows the kernel named in row["sdpa_kernel"] (the planner's and the measurement's). Left out: the CPU
-    flash kernel's per-thread tiles (~0.5 MiB per thread), kernel workspaces other than the mem-efficient
-    kernel's float32 accumulator (head_dim > 128 in float16 / bfloat16), and the mask diffusers repeats per head."""
+    output (2 a_q); q, k and v are still alive then, but for the fused processors of fused.py, whose kernels write
+    (B, Tq, h, d), so that their head merge is a view. Scores take row["score_bytes"] / row["score_elements"] bytes (4 where diffusers upcasts). `sdpa` on
+    CUDA follows the kernel named in row["sdpa_kernel"] (the planner's and the measurement's); a dispatcher backend
+    (diffusers:<name>) follows the kernel it runs, flex on the CPU adds the K and V copies that the compiled CPU
+    kernel reorders for its gemms (row["device"], default CUDA), and the CPU flash kernel its per-thread buffers
+    (cpu_flash_tiles, at this process's thread count). Left out: compiled flex's per-thread tiles (under 0.5 MiB
+    per thread), kernel workspaces other than the mem-efficient kernel's float32
+    accumulator (head_dim > 128 in float16 / bfloat16), and the mask diffusers repeats per head."""
+    frees_qkv = name in _FREES_QKV or name.startswith("diffusers:")
+    copies_qkv = name == "diffusers:_native_cudnn"  # diffusers makes q, k and v contiguous (B, h, T, d) for cuDNN
     name, opts = _modelled(name, options)
     e = torch_dtype(dtype).itemsize
     b, n, d, tq, tk = row["batch"], row["batch"] * row["heads"], row["head_dim"], row["tokens_q"], row["tokens_k"]
@@ -448,11 +509,47 @@ def predicted_peak_bytes(name: str, row: dict, dtype: str, **options) -> int:
         big = n * tq * tk
         core = ups + sq + max(sk * (1 + cl) + sq * cl + 4 * big, 9 * big,
                               4 * big + (e < 4) * big * e + sq + max(cl * int(a_k * f), (e < 4) * a_q))
-    else:  # fused kernels: output and a float32 logsumexp; mem-efficient adds a float32 accumulator past head_dim 128
-        kernel = {"sdpa-efficient": "efficient", "sdpa": row.get("sdpa_kernel")}.get(name)
+    elif name == "flex-eager":  # FlexAttention uncompiled (torch's math_attention): float32 scores, their masked
+        big = n * tq * tk  # copy and softmax alive at once, a bool table of fully masked rows, below float32 the
+        core = a_q + 12 * big + big + (e < 4) * big * e  # probabilities cast back (measured on the CPU in float32)
+    elif name == "flex" and _on_cpu(row):  # the compiled CPU kernel: output, and K and V reordered for its gemms
+        core = a_q + 2 * a_k
+    elif name == "sage":  # not measured here (CUDA only): output, Q and K in int8 with head_dim padded to 64 / 128,
+        d_pad = 64 if d <= 64 else 128  # and K smoothed (its mean over tokens taken off: a copy)
+        core = a_q + n * (tq + tk) * d_pad + a_k
+    else:  # fused kernels: output and a float32 logsumexp (mem-efficient: none, but a float32 accumulator past head_dim
+        kernel = {"sdpa-efficient": "efficient", "sdpa": row.get("sdpa_kernel")}.get(name)  # 128)
         acc = n * tq * d * 4 if kernel == "efficient" and d > 128 and e < 4 else 0
-        core = a_q + n * tq * 4 + acc
+        lse = 0 if kernel == "efficient" else n * tq * 4  # mem-efficient computes none where no gradient is asked
+        tiles = cpu_flash_tiles(tq, tk, d, e) if _flash_on_cpu(name, row) else 0
+        core = (a_q + 2 * a_k) * copies_qkv + a_q + lse + acc + tiles
+    if frees_qkv:  # processor.Processor's attend() returns (B, Tq, C): q, k and v are gone before to_out runs
+        return int(max(a_q + 2 * a_k + core, 2 * a_q))
     return int(a_q + 2 * a_k + max(core, 2 * a_q))  # every processor ends holding its merged output and to_out's
+
+
+def cpu_flash_tiles(tokens_q: int, tokens_k: int, head_dim: int, itemsize: int, threads: int | None = None) -> int:
+    """The per-thread buffers of aten's CPU flash kernel (_scaled_dot_product_flash_attention_for_cpu): per thread a
+    float32 block of qs x kvs scores, its row max and sum and a qs x head_dim accumulator, and below float32 the
+    block in the input dtype; qs = 256 query rows from 768 queries (64 from 192, else 32), kvs = 512 keys (fewer
+    where there are fewer). Measured on this machine's 2 threads, float32, bfloat16 and float16, 64 to 4096 tokens,
+    head_dim 8 to 160: exact."""
+    qs = min(tokens_q, 256 if tokens_q >= 768 else 64 if tokens_q >= 192 else 32)
+    kvs = min(512, tokens_k)
+    per_thread = 4 * (qs * kvs + 2 * qs + qs * head_dim) + (itemsize < 4) * qs * kvs * itemsize
+    return (threads or torch.get_num_threads()) * per_thread
+
+
+def _flash_on_cpu(name: str, row: dict) -> bool:
+    """Whether the call runs aten's CPU flash kernel."""
+    kernel = {"sdpa-flash": "flash", "sdpa": row.get("sdpa_kernel")}.get(name)
+    return kernel == "flash" and _on_cpu(row)
+
+
+def _on_cpu(row: dict) -> bool:
+    """Whether the call runs on the CPU: row["device"] where the row has it (measured cells, the planner's trace),
+    else the GPU that the planner targets by default."""
+    return str(row.get("device", "cuda")).startswith("cpu")
 
 
 # ---- bytes moved: the x axis of the roofline (measure/limits.py places each call against the device's limits)
@@ -478,7 +575,7 @@ def bytes_moved(name: str, row: dict, dtype: str, **options) -> int:
     if name == "subquad":
         query_chunks, key_chunks = -(-tq // opts["query_chunk"]), -(-tk // opts["key_chunk"])
         return 2 * a_q + 2 * a_k * query_chunks + 4 * table + key_chunks * 2 * n * tq * d * 4
-    if name == "sdpa-math" or (name == "sdpa" and row.get("sdpa_kernel") == "math"):
+    if name in ("sdpa-math", "flex-eager") or (name == "sdpa" and row.get("sdpa_kernel") == "math"):
         f = 4 / e  # float32 operands
         casts = (a_q + 2 * a_k) * (1 + f) + a_q * (f + 1) if e < 4 else 0  # in: read, write f32; out: the reverse
         return int(f * (2 * a_q + 2 * a_k) + 4 * n * tq * tk * 4 + casts)

@@ -172,11 +172,13 @@ def cmd_backends(args) -> int:
         head_dims = tuple(sorted({r["head_dim"] for r in plan(args.model, 512, 512, dtype=dtype)["blocks"]}))
     else:
         head_dims = (40, 64, 80, 160)  # every head dim of SD 1.x, 2.x and SDXL
-    print(f"on {device} in {dtype} at head_dim {', '.join(map(str, head_dims))}:")
-    for name, b in backends.BACKENDS.items():
-        ok, reason = backends.availability(name, device, dtype, head_dims)
-        state = "available" if ok else f"unavailable: {reason}"
-        print(f"{name:15s} {b.family:9s} {state}")
+    print(f"on {device} in {dtype} at head_dim {', '.join(map(str, head_dims))} (by family):")
+    width = max(map(len, backends.names()))
+    for family, names in backends.by_family(backends.names()):
+        print(f"\n{family}:")
+        for name in names:
+            ok, reason = backends.availability(name, device, dtype, head_dims)
+            print(f"  {name:{width}s} {'available' if ok else f'unavailable: {reason}'}", flush=True)
     return 0
 
 

@@ -228,6 +228,47 @@ def check_kernels_credited_to_their_call(ctx: Context) -> str:
     return "; ".join(f"{b}: {k}" for b, k in seen.items()) + " (each on its own call, backends alternating)"
 
 
+# GPU kernel names of the newer backends (their patterns exclude each other and the SDPA kernels')
+NEW_KERNELS = {"sage": ("qk_int8", "sageattn"), "flex": ("triton_tem_fused_flex_attention", "flex_attention"),
+               "diffusers:_flash_3": ("cutlass::device_kernel<flash::",)}
+
+
+def new_kernel_named(backend: str, kernel: str) -> bool:
+    """Whether a call's recorded kernel is the backend's own (never another backend's standing in)."""
+    return any(p in kernel for p in NEW_KERNELS[backend])
+
+
+def available_new_backends(device: str, head_dims: tuple[int, ...]) -> tuple[list[str], list[str]]:
+    """(the backends of NEW_KERNELS that run here at these head dims, why each of the others does not)."""
+    runs, why = [], []
+    for name in NEW_KERNELS:
+        ok, reason = backends.availability(name, device, "float16", head_dims)
+        (runs.append(name) if ok else why.append(f"{name}: {reason}"))
+    return runs, why
+
+
+def check_sage_flex_and_fa3_run_and_record_their_kernels(ctx: Context) -> str:
+    """sage, flex and diffusers:_flash_3 where available, on SD 2.1's U-Net at 512x512 (head_dim 64, which each of
+    them takes; SD 1.5's 160-dim blocks are beyond sage): each cell ok and within the fp16 tolerance of the fp32
+    reference, every call's kernel the backend's own, flex's compile time recorded apart from its forwards."""
+    ctx.need_cuda()
+    runs, why = available_new_backends(ctx.device, (64,))
+    if not runs:
+        raise Skip("none of sage, flex, diffusers:_flash_3 runs here: " + "; ".join(why))
+    cells, blocks = ctx.run("sd21-base", (512,), runs, workers=True)
+    _ok(cells)
+    assert cells["error_ok"].all(), cells[["backend", "max_rel_err"]].to_dict("records")
+    seen = []
+    for c in cells.itertuples():
+        kernels = blocks[blocks["cell_id"] == c.cell_id]["kernel"]
+        assert len(kernels) and all(new_kernel_named(c.backend, k) for k in kernels), (c.backend, set(kernels))
+        compile_s = f", compile {c.compile_s:.1f} s" if c.backend == "flex" else ""
+        seen.append(f"{c.backend}: {kernels.iloc[0][:60]} (rel err {c.max_rel_err:.1e}{compile_s})")
+    if "flex" in runs:
+        assert cells.set_index("backend").loc["flex", "compile_s"] > 0
+    return "; ".join(seen + [f"not run: {w}" for w in why])
+
+
 def check_nvml_process_memory_covers_the_allocator(ctx: Context) -> str:
     """NVML's memory of this process holds the allocator's reserved memory plus what the allocator cannot see (the
     CUDA context, kernel images): the figure the planner lists under not_counted."""
@@ -359,7 +400,8 @@ CHECKS = [check_random_build_on_cuda, check_cuda1_is_measured_on_cuda1, check_fo
           check_call_times_match_their_gpu_kernels, check_kernels_credited_to_their_call,
           check_nvml_process_memory_covers_the_allocator, check_provoked_oom_then_ok,
           check_sweep_parent_holds_no_context, check_forward_peak_matches_the_planner,
-          check_sdpa_picks_the_kernel_the_planner_names, check_allocator_holds_only_the_model_and_its_forward]
+          check_sdpa_picks_the_kernel_the_planner_names, check_allocator_holds_only_the_model_and_its_forward,
+          check_sage_flex_and_fa3_run_and_record_their_kernels]
 
 
 def title(check) -> str:

@@ -59,9 +59,9 @@ FAULTS = {
 
 def register_all() -> None:
     for name, make in FAULTS.items():
-        register(Backend(name, "fused", f"test fault: raises {make()!r} on real blocks",
+        register(Backend(name, "fused exact", f"test fault: raises {make()!r} on real blocks",
                          factory=lambda make=make: Failing(make), memory_like="sdpa"))
-    register(Backend("fault-slow", "fused", "test: SDPA, 0.3 s late on every call", factory=Slow,
+    register(Backend("fault-slow", "fused exact", "test: SDPA, 0.3 s late on every call", factory=Slow,
                      memory_like="sdpa"))
 
 

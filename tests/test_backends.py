@@ -118,13 +118,26 @@ def test_upcast_in_bfloat16_scores_in_float32():
 
 
 def test_registry_names_and_families():
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    dispatcher = [f"diffusers:{b.value}" for b in AttentionBackendName]
+    assert len(dispatcher) == 27 and "diffusers:_native_math" in dispatcher and "diffusers:sage" in dispatcher
     assert backends.names() == ["naive", "sliced", "split", "subquad", "sdpa", "sdpa-flash", "sdpa-efficient",
-                                "sdpa-math", "sdpa-cudnn", "xformers", "flash-attn"]
-    assert {n: b.family for n, b in backends.BACKENDS.items() if b.family != "fused"} == {
-        "naive": "reference", "sliced": "chunked", "split": "chunked", "subquad": "chunked"}
+                                "sdpa-math", "sdpa-cudnn", "xformers", "flash-attn", "flash-attn-3", "flex",
+                                "sage", *dispatcher]
+    assert {n: b.family for n, b in backends.BACKENDS.items() if b.family != "fused exact"} == {
+        "naive": "reference", "sliced": "chunked", "split": "chunked", "subquad": "chunked",
+        "sage": "fused approximate", **{n: "fused approximate" for n in dispatcher if "sage" in n}}
     assert backends.BACKENDS["subquad"].options == {"query_chunk": 1024, "key_chunk": 4096}
     with pytest.raises(AttributeError):
         backends.BACKENDS["naive"].family = "fused"
+
+
+def test_a_plugin_names_a_family_the_reports_group_by():
+    plugin = backends.Backend("mine", "fused", "a plugin", factory=lambda: None, memory_like="sdpa")
+    with pytest.raises(ValueError, match="has family 'fused': use one of reference, chunked, fused exact, fused approx"):
+        backends.register(plugin)
+    assert "mine" not in backends.BACKENDS
 
 
 def test_unknown_backend_and_bad_options():
@@ -199,7 +212,7 @@ def test_naive_memory_model_within_5_percent(naive_peak):
 def test_memory_models_within_10_percent(name, options, naive_peak):
     measured, predicted = measure_call(name, **options)
     assert abs(predicted - measured) / measured < 0.10, f"{name} {options}: {measured / MiB:.1f} MiB measured"
-    if backends.BACKENDS[name].family == "fused" and name != "sdpa-math":
+    if backends.BACKENDS[name].family == "fused exact" and name != "sdpa-math":
         assert measured < naive_peak[0] / 10 and predicted < naive_peak[1] / 10
 
 

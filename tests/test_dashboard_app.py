@@ -10,6 +10,8 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
+from profiler import backends
+
 pytest.importorskip("streamlit", reason="the dashboard needs streamlit (not on the lent GPU machine)")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
@@ -191,7 +193,7 @@ def test_compare_page_ratios_and_largest_size(dashboard_results, monkeypatch):
     largest = _table(at, 0).set_index("backend_label")
     assert largest.loc["naive", "largest_ok_size"] == "64x64" and largest.loc["naive", "failed_above"] == \
            "skipped at 128x128"
-    assert largest.loc["sdpa", "largest_ok_size"] == "128x128" and largest.loc["sdpa", "family"] == "fused"
+    assert largest.loc["sdpa", "largest_ok_size"] == "128x128" and largest.loc["sdpa", "family"] == "fused exact"
     assert largest.loc["subquad", "family"] == "chunked"
     at.sidebar.selectbox(key="baseline").set_value("sdpa").run()
     assert _qp(at, "baseline") == ["sdpa"]
@@ -230,8 +232,9 @@ def test_planner_page_needs_no_run(tmp_path, monkeypatch):
     params = dict(page="Planner", plan_model="tiny-sd15", plan_size="512x512", plan_dtype="float16", budget="1GiB")
     at = _app(tmp_path, monkeypatch, **params)
     plan = _table(at, 0).set_index("backend")
-    assert len(plan) == 11
-    assert plan.index[~plan["fits"]].tolist() == ["sdpa-math"]  # two float32 tables of 8 x 4096 x 4096: 1 GiB
+    assert len(plan) == len(backends.names())
+    # two float32 tables of 8 x 4096 x 4096 (1 GiB), and diffusers' uncompiled FlexAttention's three
+    assert plan.index[~plan["fits"]].tolist() == ["sdpa-math", "diffusers:flex", "diffusers:_native_math"]
     assert plan.loc["naive", "largest_call"] == "down_blocks.0.attentions.0.transformer_blocks.0.attn1"
     assert plan.loc["naive", "need"].endswith("MiB")
     assert plan.loc["xformers", "how"].startswith("attention calls from the memory model")

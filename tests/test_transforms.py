@@ -47,8 +47,35 @@ def test_backend_label_shows_only_options_that_differ_from_the_defaults():
 
 
 def test_family_comes_from_the_backend_registry():
-    assert [T.family(n) for n in ("naive", "subquad", "sliced", "sdpa-flash", "xformers", "unknown")] == \
-           ["reference", "chunked", "chunked", "fused", "fused", "other"]
+    assert [T.family(n) for n in ("naive", "subquad", "sliced", "sdpa-flash", "xformers", "flex", "sage",
+                                  "diffusers:_sage_qk_int8_pv_fp8_cuda", "diffusers:_native_math", "unknown")] == \
+           ["reference", "chunked", "chunked", "fused exact", "fused exact", "fused exact", "fused approximate",
+            "fused approximate", "fused exact", "other"]
+
+
+def test_by_family_groups_in_family_order_and_keeps_the_order_given():
+    from profiler import backends
+
+    got = backends.by_family(["sage", "sdpa", "mine", "split", "naive", "diffusers:sage", "flex", "sdpa", "sliced"])
+    assert got == [("reference", ["naive"]), ("chunked", ["split", "sliced"]), ("fused exact", ["sdpa", "flex"]),
+                   ("fused approximate", ["sage", "diffusers:sage"]), ("other", ["mine"])]
+    assert backends.by_family([]) == []
+
+
+def test_family_table_puts_the_error_beside_the_time_grouped_by_family():
+    cells = pd.DataFrame({"backend": ["sage", "sdpa", "naive", "split"], "status": ["ok", "ok", "ok", "error"],
+                          "attention_time_ms": [1.0, 2.0, 9.0, None], "max_rel_err": [3e-2, 1e-3, 0.0, None],
+                          "error_ok": [False, True, True, None], "attention_peak_mem_bytes": [1, 2, 3, None],
+                          "model": "m", "settings_label": "none", "dtype": "float16", "batch": 1, "size": "64x64",
+                          "pixels": 4096, "run_id": "r"})
+    cells = cells.assign(family=cells["backend"].map(T.family), backend_label=cells["backend"])
+    table = T.family_table(cells)
+    assert table["backend_label"].tolist() == ["naive", "sdpa", "sage"]  # split did not end ok
+    assert table["family"].tolist() == ["reference", "fused exact", "fused approximate"]
+    columns = table.columns.tolist()
+    assert columns.index("max_rel_err") == columns.index("attention_time_ms") + 1
+    assert table.loc[2, "max_rel_err"] == 3e-2 and not table.loc[2, "error_ok"]
+    assert T.family_table(cells[cells["status"] != "ok"]).empty
 
 
 def test_options_sort_sizes_by_pixels_and_backends_in_registry_order():
@@ -78,7 +105,7 @@ def test_compare_ratios_are_against_the_baseline_of_the_same_run_and_size():
     assert out.loc[("run-a", "512x512", "naive"), "time_ratio"] == pytest.approx(1.0)
     assert out.loc[("run-b", "512x512", "sdpa"), "time_ratio"] == pytest.approx(0.8)  # run-b's own baseline
     assert math.isnan(out.loc[("run-a", "1024x1024", "sdpa"), "time_ratio"])  # the baseline ran out of memory
-    assert out.loc[("run-a", "512x512", "sdpa"), "family"] == "fused"
+    assert out.loc[("run-a", "512x512", "sdpa"), "family"] == "fused exact"
 
 
 def test_largest_ok_size_and_the_first_failure_above_it():
@@ -186,7 +213,7 @@ def test_index_and_run_from_a_real_run(dashboard_results):
     assert row["backends"] == "naive, sdpa, subquad, xformers" and row["versions"].startswith("torch ")
     cells, blocks = T.load_run(list_runs(dashboard_results)[0])
     assert "time_samples_ms" not in blocks and len(blocks) == 5 * 32  # SD1.5 topology: 32 calls per forward
-    assert set(blocks["family"]) == {"reference", "fused", "chunked"}
+    assert set(blocks["family"]) == {"reference", "fused exact", "chunked"}
     scale = T.scaling_table(blocks).set_index(["backend_label", "size"])
     assert scale.loc[("sdpa", "128x128"), "tokens_max"] == 4 * scale.loc[("sdpa", "64x64"), "tokens_max"] == 256
     finest = blocks[(blocks["kind"] == "self") & (blocks["level"] == 0) & (blocks["backend"] == "sdpa")]

@@ -172,7 +172,7 @@ def _replay_cell(spec, rows, in_model, repeats, warmup, measured: dict, peaks: d
             figures = measured[key]
             base = {k: row[k] for k in ("call_index", "block", "stage", "level", "kind", "batch", "heads", "head_dim",
                                         "tokens_q", "tokens_k", "score_elements", "score_bytes", "flops", "upcast")}
-            modelled = {**base, "sdpa_kernel": figures["sdpa_kernel"]}
+            modelled = {**base, "sdpa_kernel": figures["sdpa_kernel"], "device": spec.device}
             moved = backends.bytes_moved(spec.backend, modelled, spec.dtype, **spec.options)
             qkv = (base["tokens_q"] + 2 * base["tokens_k"]) * base["batch"] * base["heads"] * base["head_dim"] * \
                 torch_dtype(spec.dtype).itemsize  # held before the call here, allocated by it inside the model

@@ -17,11 +17,15 @@ The fake tensors sit on the CPU (a CPU-only torch cannot index fake CUDA tensors
 returns the same tensors on either device, so only the attention calls follow the target device. Backends run as
 they really run there: their own processors (naive, sliced, split, subquad, sdpa-math; for the CPU also sdpa and
 sdpa-flash), and for CUDA the fused SDPA kernels through their own aten ops, whose fake implementations give their
-outputs (flash, mem-efficient, cuDNN; sdpa picks flash in fp16 / bf16, mem-efficient in fp32). Backends with no fake
-implementation (xformers, flash-attn) use their memory model for the attention call, and say so; so do the chunked
+outputs (flash, mem-efficient, cuDNN; sdpa picks flash in fp16 / bf16, mem-efficient in fp32); the dispatcher's
+backends that run one of these (diffusers:native, diffusers:_native_*) go the same way through diffusers' dispatcher.
+Backends with no fake implementation (xformers, flash-attn, flash-attn-3, sage, the dispatcher's other kernels) use
+their memory model for the attention call, and say so; so does FlexAttention (flex, diffusers:flex), which runs
+through Dynamo, where this count's dispatch mode cannot follow; so do the chunked
 backends for a call of more than 64 chunks (tracing thousands of chunks of a huge image costs minutes, and every
-chunk repeats the first: the tests hold the model to the trace where both run). One kernel's internal buffer is
-modelled: _safe_softmax's mask (one byte per score), which the math kernel holds beside its two tables.
+chunk repeats the first: the tests hold the model to the trace where both run). Kernels' internal buffers are
+modelled: _safe_softmax's mask (one byte per score), which the math kernel holds beside its two tables, and the CPU
+flash kernel's per-thread buffers (backends.cpu_flash_tiles).
 """
 from __future__ import annotations
 
@@ -52,9 +56,16 @@ def _efficient_accumulator(args) -> int:
     return q.shape[0] * q.shape[1] * q.shape[2] * v.shape[-1] * 4 if v.shape[-1] > 128 and q.element_size() < 4 else 0
 
 
+def _cpu_flash_tiles(args) -> int:
+    """aten's CPU flash kernel's per-thread buffers (backends.cpu_flash_tiles). q, k: (B, h, T, d)."""
+    q, k = args[0], args[1]
+    return backends.cpu_flash_tiles(q.shape[2], k.shape[2], q.shape[3], q.element_size())
+
+
 # kernel buffers that no fake implementation allocates, by op: _safe_softmax's bool mask of -inf rows
 _WORKSPACE = {torch.ops.aten._safe_softmax.default: lambda args: args[0].numel(),
-              torch.ops.aten._scaled_dot_product_efficient_attention.default: _efficient_accumulator}
+              torch.ops.aten._scaled_dot_product_efficient_attention.default: _efficient_accumulator,
+              torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default: _cpu_flash_tiles}
 _CUDA_KERNELS = {"sdpa-flash": "flash", "sdpa-efficient": "efficient", "sdpa-cudnn": "cudnn"}
 MAX_TRACED_CHUNKS = 64
 
@@ -105,11 +116,11 @@ class _FusedOp(TorchFunctionMode):
     (devices.sdpa_choice). Everything else (projections, layouts, what stays alive until the output projection) is
     the processor's own."""
 
-    def __init__(self, kernel: str, dtype: str, gpu):
+    def __init__(self, kernel: str, dtype: str, gpu, inner=None):
         super().__init__()
         from diffusers.models.attention_processor import AttnProcessor2_0
 
-        self.kernel, self.dtype, self.gpu, self.inner = kernel, dtype, gpu, AttnProcessor2_0()
+        self.kernel, self.dtype, self.gpu, self.inner = kernel, dtype, gpu, inner or AttnProcessor2_0()
 
     def __call__(self, attn, *args, **kwargs):
         with self:
@@ -119,7 +130,7 @@ class _FusedOp(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is not torch.nn.functional.scaled_dot_product_attention:
             return func(*args, **kwargs)
-        q, k, v = args[:3]  # (B, h, T, d)
+        q, k, v = (args[i] if i < len(args) else kwargs[n] for i, n in enumerate(("query", "key", "value")))  # (B, h, T, d)
         mask, scale, ops = kwargs.get("attn_mask"), kwargs.get("scale"), torch.ops.aten
         kernel = self.kernel if self.kernel != "sdpa" else \
             devices.sdpa_choice(self.dtype, q.shape[-1], k.shape[-2], "cuda", self.gpu)
@@ -133,11 +144,23 @@ class _FusedOp(TorchFunctionMode):
         return ops._scaled_dot_product_cudnn_attention(q, k, v, mask, False, scale=scale)[0]
 
 
+FLEX_HOW = "memory model; FlexAttention runs through Dynamo, which this fake-tensor count cannot follow"
+
+
 def how_traced(name: str, device: str, dtype: str) -> str | None:
     """How a backend's attention calls are traced on this device: 'processor', a CUDA kernel name, 'memory model'
-    (no fake implementation), or None where the backend does not run on the device at all."""
+    (no fake implementation of the kernel; after a ';' why), or None where the backend does not run on the device
+    at all. A dispatcher backend that runs one of PyTorch's SDPA kernels is traced as that kernel is, through
+    diffusers' dispatcher (its own processor); its other kernels come from their models."""
     cuda = device == "cuda"
-    if name in ("xformers", "flash-attn"):
+    if name in ("flex", "diffusers:flex"):
+        return FLEX_HOW
+    if name.startswith("diffusers:"):
+        kernel = backends._DISPATCHER_MODELS.get(name.removeprefix("diffusers:"), "")
+        if kernel.startswith("sdpa"):
+            return how_traced(kernel, device, dtype)
+        return "memory model" if cuda else None
+    if name in ("xformers", "flash-attn", "flash-attn-3", "sage"):
         return "memory model" if cuda else None
     if name in _CUDA_KERNELS:
         if not cuda:
@@ -161,6 +184,12 @@ def method_text(how: str) -> str:
         how, f"traced: aten's {how} attention kernel on fake CUDA tensors")
 
 
+def _dispatcher(name: str):
+    """The processor that _FusedOp runs around a CUDA kernel: diffusers' dispatcher for a diffusers:<name> backend
+    (its SDPA call is the one replaced), else AttnProcessor2_0's (None)."""
+    return backends.make_processor(name) if name.startswith("diffusers:") else None
+
+
 class _EveryBackend:
     """Stands in for each attention module's processor during the trace: runs every asked backend on the call's
     inputs (once per call shape), measures each one's transient, and returns one backend's output."""
@@ -175,7 +204,7 @@ class _EveryBackend:
         row = tr.recorder.current_pass[-1]
         key = (row["kind"], row["batch"], row["heads"], row["head_dim"], row["tokens_q"], row["tokens_k"],
                tuple(hidden_states.shape))
-        row["sdpa_kernel"] = tr.sdpa_kernel(row)
+        row["sdpa_kernel"], row["device"] = tr.sdpa_kernel(row), tr.device
         if key not in tr.transient:
             tr.transient[key] = {}
             for name, proc in tr.processors.items():
@@ -263,8 +292,8 @@ def trace(model: str, width: int, height: int, batch: int = 1, dtype: str = "flo
     how = {n: how_traced(n, device, dtype) for n in names}
     gpu = (gpu or devices.gpu_target()) if device == "cuda" else None
     with fake_mode(), torch.no_grad(), w.applied(module):
-        processors = {n: (None if h == "memory model" else
-                          _FusedOp(h, dtype, gpu) if h in ("flash", "efficient", "cudnn", "sdpa") else
+        processors = {n: (None if h.startswith("memory model") else
+                          _FusedOp(h, dtype, gpu, _dispatcher(n)) if h in ("flash", "efficient", "cudnn", "sdpa") else
                           backends.make_processor(n, **options[n])) for n, h in how.items() if h is not None}
         tr = _Trace(dtype, processors, options, device, gpu)
         inputs = w.inputs(module, batch, width, height)

@@ -134,13 +134,16 @@ def format_run(run: Run) -> str:
     if not len(cells):
         return "\n".join(lines + [f"no cells recorded yet ({len(m.get('cells', []))} planned)"])
     rows = []
-    for c in cells.to_dict("records"):
+    order = {name: i for i, name in enumerate(n for _, group in backends.by_family(cells["backend"]) for n in group)}
+    for c in sorted(cells.to_dict("records"), key=lambda c: order[c["backend"]]):  # grouped by family, stable
         ok = c["status"] == "ok"
         rows.append({
             "model": c["model"], "settings": settings_label(c.get("settings")) or "-",
             "size": f"{c['width']}x{c['height']}", "batch": c["batch"], "dtype": c["dtype"],
+            "family": backends.family(c["backend"]),
             "backend": label(c["backend"], c["backend_options"]), "status": c["status"],
             "forward": _ms(c.get("forward_time_ms")) if ok else "-",  # a replay has no forward
+            "compile": f"{c['compile_s']:.1f} s" if ok and _known(c.get("compile_s")) else "",
             "attention": _ms(c["attention_time_ms"]) if ok else "-",
             "attn peak": human_bytes(c["attention_peak_mem_bytes"]) if ok else "-",
             "predicted": human_bytes(c.get("predicted_peak_bytes")),
@@ -154,10 +157,15 @@ def format_run(run: Run) -> str:
             "note": "" if ok else str(c["error"])[:90],
         })
     cols = ["model"] + (["settings"] if any(r["settings"] != "-" for r in rows) else []) + [
-            "size", "batch", "dtype", "backend", "status", "forward", "attention", "attn peak",
-            "predicted", "fwd peak", "fwd predicted", "ratio", "of peak", "rel err", "noisy", "note"]
+            "size", "batch", "dtype", "family", "backend", "status", "forward"] + (
+            ["compile"] if any(r["compile"] for r in rows) else []) + [
+            "attention", "rel err", "attn peak", "predicted", "fwd peak", "fwd predicted", "ratio", "of peak", "noisy",
+            "note"]
     lines.append(table(rows, [(c, c) for c in cols]))
-    lines += ["", "attn peak: the largest call's measured transient; predicted: its memory model. fwd peak: the "
+    lines += ["", "Rows by family (reference, chunked, fused exact, fused approximate). rel err: the U-Net output's largest "
+              "error against the fp32 reference, over its largest value ((!): past the dtype's tolerance), beside the "
+              "attention time. compile: seconds flex spent compiling its kernels, apart from every timed forward. "
+              "attn peak: the largest call's measured transient; predicted: its memory model. fwd peak: the "
               "forward's peak counted as the planner counts it (weights + inputs + the forward's transient), beside "
               "the planner's prediction from fake tensors (attnprof plan), and their ratio. of peak: the attention's "
               "achieved FLOP/s against the roofline bound that applies (the device's measured compute peak, or its "
