@@ -25,8 +25,10 @@ def test_show_and_runs_name_backends_with_their_options(mixed_results, capsys):
     assert main(["show", mixed_results.mixed, "--results", str(mixed_results.root)]) == 0
     out = capsys.readouterr().out
     table = next(part for part in out.split("\n\n") if part.startswith("model ")).splitlines()
-    named = [line.split()[4] for line in table[2:]]
+    at = table[0].index(" backend ") + 1  # the family column before it holds spaces ("fused exact")
+    named = [line[at:].split()[0] for line in table[2:]]
     assert sorted(named) == sorted(["sdpa", "sliced", "sliced(slice_size=4)"] * 4)
+    assert {line[:at].split(maxsplit=4)[4].strip() for line in table[2:]} == {"chunked", "fused exact"}
     largest = out.split("largest measured per-call peaks:")[1].splitlines()[3:]
     assert largest and all(line.split()[0] in ("sdpa", "sliced", "sliced(slice_size=4)") for line in largest)
     assert main(["runs", "--results", str(mixed_results.root)]) == 0
