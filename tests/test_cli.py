@@ -147,6 +147,9 @@ def test_plan_names_the_backend_with_its_options(capsys):
     code, out, _ = run(capsys, *argv)
     assert code == 0 and "peak (sliced(slice_size=4))" in out.splitlines()[1]
     assert "\nlargest call, sliced(slice_size=4): " in out and "\nparams_total:                       3.22M" in out
+    assert " traced over what is held" in out  # sliced runs on fake tensors; flex only in its memory model:
+    assert " modelled over what is held" in run(capsys, "plan", "--model", "tiny-sd15", "--size", "64x64", "--backend",
+                                               "flex", "--device", "cpu")[1]
     code, out, _ = run(capsys, *argv, "--json")
     p = json.loads(out)[0]
     assert (p["backend_options"], p["backend_label"]) == ({"slice_size": 4}, "sliced(slice_size=4)")

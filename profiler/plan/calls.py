@@ -129,7 +129,9 @@ def format_plan(p: dict) -> str:
              ("attention FLOPs", human_count(t["flops_total"]))]
     if "predicted_forward_peak_bytes" in t:
         facts += [(f"largest call, {p['backend_label']}",
-                   f"{human_bytes(t['traced_peak_bytes_max'])} traced over what is held when the call begins "
+                   f"{human_bytes(t['traced_peak_bytes_max'])} "
+                   f"{'modelled' if t['forward_method'].startswith('attention calls from') else 'traced'} over "
+                   "what is held when the call begins "
                    f"(memory model: {human_bytes(t['predicted_peak_bytes_max'])})"),
                   (f"forward peak on {p['device']}",
                    f"{human_bytes(t['predicted_forward_peak_bytes'])} = weights {human_bytes(t['weights_bytes'])} "
