@@ -228,20 +228,22 @@ def check_kernels_credited_to_their_call(ctx: Context) -> str:
     return "; ".join(f"{b}: {k}" for b, k in seen.items()) + " (each on its own call, backends alternating)"
 
 
-# GPU kernel names of the newer backends (their patterns exclude each other and the SDPA kernels')
-NEW_KERNELS = {"sage": ("qk_int8", "sageattn"), "flex": ("triton_tem_fused_flex_attention", "flex_attention"),
-               "diffusers:_flash_3": ("cutlass::device_kernel<flash::",)}
+# the newer backends gpu-check runs, and whose GPU kernels (probes.BACKEND_KERNELS) each of their calls must show
+NEW_BACKENDS = {"sage": "sage", "flex": "flex", "diffusers:_flash_3": "flash-attn-3"}
 
 
 def new_kernel_named(backend: str, kernel: str) -> bool:
-    """Whether a call's recorded kernel is the backend's own (never another backend's standing in)."""
-    return any(p in kernel for p in NEW_KERNELS[backend])
+    """Whether a call's recorded kernels include the backend's own GPU kernel (a CPU-side op of the same name does
+    not count; another backend's kernel never does)."""
+    from .measure.probes import BACKEND_KERNELS
+
+    return any(BACKEND_KERNELS[NEW_BACKENDS[backend]].search(k) for k in kernel.split(","))
 
 
 def available_new_backends(device: str, head_dims: tuple[int, ...]) -> tuple[list[str], list[str]]:
-    """(the backends of NEW_KERNELS that run here at these head dims, why each of the others does not)."""
+    """(the backends of NEW_BACKENDS that run here at these head dims, why each of the others does not)."""
     runs, why = [], []
-    for name in NEW_KERNELS:
+    for name in NEW_BACKENDS:
         ok, reason = backends.availability(name, device, "float16", head_dims)
         (runs.append(name) if ok else why.append(f"{name}: {reason}"))
     return runs, why

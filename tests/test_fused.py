@@ -191,6 +191,7 @@ def test_flex_and_the_dispatcher_run_in_a_measured_cell(measured_run):
     assert by.loc["flex", "compile_s"] > 0 and pd.isna(by.loc["diffusers:native", "compile_s"])  # nothing to compile
     finest = blocks[(blocks["backend"] == "flex") & (blocks["kind"] == "self") & (blocks["level"] == 0)]
     assert (finest["peak_mem_bytes"] < finest["score_bytes"] / 16).all()  # never the 32 MiB score table
+    assert by.loc["flex", "kernel"] == "Torch-Compiled Region"  # its compiled kernel named, once for every shape
 
 
 @pytest.mark.slow
@@ -219,11 +220,24 @@ def test_compiled_flex_at_real_head_dims_against_its_model_and_the_table(tokens,
 def test_gpu_check_knows_the_new_kernels_and_says_why_they_do_not_run_here():
     from profiler import gpu_check
 
-    assert gpu_check.new_kernel_named("sage", "void qk_int8_sv_f16_accum_f32_attn<64, 128>(...)")
-    assert gpu_check.new_kernel_named("flex", "triton_tem_fused_flex_attention_0")
-    assert gpu_check.new_kernel_named("diffusers:_flash_3", "void cutlass::device_kernel<flash::FlashAttnFwdSm90<>>")
-    assert not gpu_check.new_kernel_named("sage", "void pytorch_flash::flash_fwd_kernel<>")  # never another's
-    assert not gpu_check.new_kernel_named("diffusers:_flash_3", "flash_fwd_kernel<Flash_fwd_kernel_traits<>>")
+    from profiler.measure.probes import attribute
+    from tests.test_devices import CALLS, Ev
+
+    # Sage's sm80 kernel as its source names it, a Triton template, FA3's CUTLASS wrapper: each credited to its call
+    # as a GPU kernel (kept in the call's kernels), and each the backend's own
+    gpu = {"sage": "void qk_int_sv_f16_attn_kernel<128u, 64u>(signed char*, ...)",
+           "flex": "triton_tem_fused_flex_attention_0",
+           "diffusers:_flash_3": "void cutlass::device_kernel<flash::FlashAttnFwdSm90<...>>(...)"}
+    for backend, name in gpu.items():
+        block = next(iter(CALLS))
+        events = [Ev(block, 0, 10), Ev("cudaLaunchKernel", 2, 3, corr=7), Ev(name, 20, 30, device="cuda", linked=7)]
+        call = attribute(events, CALLS)[0][CALLS[block]]
+        assert len(call["gpu_kernels"]) == 1 and gpu_check.new_kernel_named(backend, call["kernel"]), (backend, call)
+        assert not any(gpu_check.new_kernel_named(other, call["kernel"]) for other in gpu if other != backend)
+    assert not gpu_check.new_kernel_named("sage", "sageattention::qk_int8_sv_f16_accum_f16_attn")  # its CPU op
+    assert not gpu_check.new_kernel_named("sage", "pytorch_flash::flash_fwd_kernel")  # never another's
+    assert not gpu_check.new_kernel_named("diffusers:_flash_3", "flash_fwd_kernel")
+    assert not gpu_check.new_kernel_named("flex", "Torch-Compiled Region: 0/0")  # the CPU side of a compiled call
     runs, why = gpu_check.available_new_backends("cuda", (64,))
     if not torch.cuda.is_available():
         assert runs == [] and len(why) == 3 and all("CUDA" in w or "not installed" in w for w in why), why

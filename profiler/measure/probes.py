@@ -25,9 +25,16 @@ import torch
 from .. import devices
 
 NOISY_IQR_OVER_MEDIAN = 0.1
-# the attention ops worth naming: SDPA's concrete kernels (not the dispatcher), matmuls of chunked code, extensions
+# the GPU kernels of the backends beside SDPA's, by backend: FlexAttention compiled (a Triton template kernel: in
+# an attention call nothing else is compiled), SageAttention's CUDA kernels (qk_int_sv_f16_attn_kernel, ...; not its
+# CPU-side op sageattention::qk_int8_sv_...), FlashAttention 3 (cutlass::device_kernel<flash::FlashAttnFwdSm90<...>>)
+BACKEND_KERNELS = {"flex": re.compile(r"triton_tem_fused"), "sage": re.compile(r"(?<!::)qk_int8?_sv_f"),
+                   "flash-attn-3": re.compile(r"cutlass::device_kernel<flash::")}
+# the attention ops worth naming: SDPA's concrete kernels (not the dispatcher), matmuls of chunked code, extensions,
+# a compiled region (on the CPU, FlexAttention's kernel), and the GPU kernels above
 _KERNEL_OPS = re.compile(r"scaled_dot_product_(?!attention$)|baddbmm|^aten::bmm$|^aten::einsum$|xformers|flash_attn"
-                         r"|flash_fwd|fmha|cudnn|cutlass.*[Aa]ttention")
+                         r"|flash_fwd|fmha|cudnn|cutlass.*[Aa]ttention|^Torch-Compiled Region"
+                         + "".join(f"|{k.pattern}" for k in BACKEND_KERNELS.values()))
 _CPU, _CUDA = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
 
 
@@ -186,7 +193,7 @@ def attribute(events, ranges: dict[str, int]) -> tuple[dict[int, dict], int]:
             # a GPU kernel (or copy), credited to when its launching op ran; a GPU range (linked to nothing) is not
             gpu.append((launched_at[e.linked_correlation_id()], name, (e.end_ns() - e.start_ns()) / 1e6))
         elif dtype == _CPU and _KERNEL_OPS.search(name):
-            ops.append((e.start_ns(), name))
+            ops.append((e.start_ns(), re.sub(r": \d+/\d+$", "", name)))  # a compiled region without its frame id
     mem.sort()
     ops.sort()
     gpu.sort()
