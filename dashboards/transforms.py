@@ -38,15 +38,10 @@ def _derive(df: pd.DataFrame) -> pd.DataFrame:
     df["aspect"] = [f"{w // math.gcd(w, h)}:{h // math.gcd(w, h)}" for w, h in zip(df["width"], df["height"])]
     df["backend_label"] = [backends.label(b, o) for b, o in zip(df["backend"], df["backend_options"])]
     df["settings_label"] = [label(s) or "none" for s in (df["settings"] if "settings" in df else [None] * len(df))]
-    df["family"] = df["backend"].map(family)
+    df["family"] = df["backend"].map(backends.family)
     if {"forward_peak_total_bytes", "predicted_forward_peak_bytes"} <= set(df):  # measured beside predicted
         df["forward_peak_ratio"] = df["forward_peak_total_bytes"] / df["predicted_forward_peak_bytes"]
     return df
-
-
-def family(name: str) -> str:
-    """reference / chunked / fused exact / fused approximate (backends.FAMILIES); 'other' where not registered."""
-    return backends.family(name)
 
 
 def family_order(df: pd.DataFrame) -> pd.Series:
@@ -344,7 +339,7 @@ def planner_table(traced: dict, budget_bytes: int) -> pd.DataFrame:
     for name, b in traced["backends"].items():
         top = max(traced["rows"], key=lambda r: r["traced_peak_bytes"][name])
         need = b["predicted_forward_peak_bytes"]
-        rows.append({"backend": name, "family": family(name), "need_bytes": need, "weights_bytes":
+        rows.append({"backend": name, "family": backends.family(name), "need_bytes": need, "weights_bytes":
                      traced["weights_bytes"], "transient_peak_bytes": b["transient_peak_bytes"],
                      "largest_call": top["block"], "largest_call_peak_bytes": top["traced_peak_bytes"][name],
                      "budget_bytes": budget_bytes, "fits": need <= budget_bytes, "headroom_bytes": budget_bytes - need,

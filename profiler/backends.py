@@ -172,12 +172,10 @@ def uses_sdpa(name: str) -> bool:
 
 def check_backend_name(name: str) -> None:
     if name not in BACKENDS:
-        own = [n for n in BACKENDS if not n.startswith("diffusers:")]
-        if name.startswith("diffusers:"):
-            own = [n for n in BACKENDS if n.startswith("diffusers:")]
-        raise InputError(f"unknown backend {name!r}: use one of {', '.join(own)}"
-                         + ("" if name.startswith("diffusers:") else ", or diffusers:NAME for a backend of diffusers' "
-                            "dispatcher (attnprof backends lists them)"))
+        dispatcher = name.startswith("diffusers:")
+        same_kind = [n for n in BACKENDS if n.startswith("diffusers:") == dispatcher]
+        raise InputError(f"unknown backend {name!r}: use one of {', '.join(same_kind)}" + ("" if dispatcher else
+                         ", or diffusers:NAME for a backend of diffusers' dispatcher (attnprof backends lists them)"))
 
 
 def _whole_number(value) -> int | None:
@@ -462,18 +460,18 @@ def _modelled(name: str, options: dict) -> tuple[str, dict]:
 
 
 def predicted_peak_bytes(name: str, row: dict, dtype: str, **options) -> int:
-    """Transient peak of one processor call over what was allocated when it began (the output counts), following
-    the processor op by op as it allocates and frees (tests/test_forward.py holds it to the fake-tensor trace of
-    every call of SD 1.5, SD 2.1 and SDXL, both batch sizes, with and without upcast).
+    """Transient peak of one processor call over what was allocated when it began (the output counts), following the
+    processor op by op as it allocates and frees (tests/test_forward.py holds it to the fake-tensor trace of every
+    call of SD 1.5, SD 2.1 and SDXL, both batch sizes, with and without upcast).
 
-    Every processor first holds q, k, v (a_q + 2 a_k) and ends holding its head-merged output and to_out's
-    output (2 a_q); q, k and v are still alive then, but for the fused processors of fused.py, whose kernels write
-    (B, Tq, h, d), so that their head merge is a view. Scores take row["score_bytes"] / row["score_elements"] bytes (4 where diffusers upcasts). `sdpa` on
-    CUDA follows the kernel named in row["sdpa_kernel"] (the planner's and the measurement's); a dispatcher backend
-    (diffusers:<name>) follows the kernel it runs, flex on the CPU adds the K and V copies that the compiled CPU
-    kernel reorders for its gemms (row["device"], default CUDA), and the CPU flash kernel its per-thread buffers
-    (cpu_flash_tiles, at this process's thread count). Left out: compiled flex's per-thread tiles (under 0.5 MiB
-    per thread), kernel workspaces other than the mem-efficient kernel's float32
+    Every processor first holds q, k, v (a_q + 2 a_k) and ends holding its head-merged output and to_out's output (2
+    a_q); q, k and v are still alive then, but for the fused processors of fused.py, whose kernels write (B, Tq, h,
+    d), so that their head merge is a view. Scores take row["score_bytes"] / row["score_elements"] bytes (4 where
+    diffusers upcasts). `sdpa` on CUDA follows the kernel named in row["sdpa_kernel"] (the planner's and the
+    measurement's); a dispatcher backend (diffusers:<name>) follows the kernel it runs, flex on the CPU adds the K and
+    V copies that the compiled CPU kernel reorders for its gemms (row["device"], default CUDA), and the CPU flash
+    kernel its per-thread buffers (cpu_flash_tiles, at this process's thread count). Left out: compiled flex's
+    per-thread tiles (under 0.5 MiB per thread), kernel workspaces other than the mem-efficient kernel's float32
     accumulator (head_dim > 128 in float16 / bfloat16), and the mask diffusers repeats per head."""
     frees_qkv = name in _FREES_QKV or name.startswith("diffusers:")
     copies_qkv = name == "diffusers:_native_cudnn"  # diffusers makes q, k and v contiguous (B, h, T, d) for cuDNN
@@ -517,8 +515,8 @@ def predicted_peak_bytes(name: str, row: dict, dtype: str, **options) -> int:
     elif name == "sage":  # not measured here (CUDA only): output, Q and K in int8 with head_dim padded to 64 / 128,
         d_pad = 64 if d <= 64 else 128  # and K smoothed (its mean over tokens taken off: a copy)
         core = a_q + n * (tq + tk) * d_pad + a_k
-    else:  # fused kernels: output and a float32 logsumexp (mem-efficient: none, but a float32 accumulator past head_dim
-        kernel = {"sdpa-efficient": "efficient", "sdpa": row.get("sdpa_kernel")}.get(name)  # 128)
+    else:  # fused kernels: output and a float32 logsumexp (mem-efficient: none, but a float32 accumulator past
+        kernel = {"sdpa-efficient": "efficient", "sdpa": row.get("sdpa_kernel")}.get(name)  # head_dim 128)
         acc = n * tq * d * 4 if kernel == "efficient" and d > 128 and e < 4 else 0
         lse = 0 if kernel == "efficient" else n * tq * 4  # mem-efficient computes none where no gradient is asked
         tiles = cpu_flash_tiles(tq, tk, d, e) if _flash_on_cpu(name, row) else 0

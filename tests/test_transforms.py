@@ -47,7 +47,7 @@ def test_backend_label_shows_only_options_that_differ_from_the_defaults():
 
 
 def test_family_comes_from_the_backend_registry():
-    assert [T.family(n) for n in ("naive", "subquad", "sliced", "sdpa-flash", "xformers", "flex", "sage",
+    assert [backends.family(n) for n in ("naive", "subquad", "sliced", "sdpa-flash", "xformers", "flex", "sage",
                                   "diffusers:_sage_qk_int8_pv_fp8_cuda", "diffusers:_native_math", "unknown")] == \
            ["reference", "chunked", "chunked", "fused exact", "fused exact", "fused exact", "fused approximate",
             "fused approximate", "fused exact", "other"]

@@ -130,7 +130,8 @@ class _FusedOp(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is not torch.nn.functional.scaled_dot_product_attention:
             return func(*args, **kwargs)
-        q, k, v = (args[i] if i < len(args) else kwargs[n] for i, n in enumerate(("query", "key", "value")))  # (B, h, T, d)
+        q, k, v = (args[i] if i < len(args) else kwargs[n]  # (B, h, T, d); the dispatcher passes them by name
+                   for i, n in enumerate(("query", "key", "value")))
         mask, scale, ops = kwargs.get("attn_mask"), kwargs.get("scale"), torch.ops.aten
         kernel = self.kernel if self.kernel != "sdpa" else \
             devices.sdpa_choice(self.dtype, q.shape[-1], k.shape[-2], "cuda", self.gpu)

@@ -111,7 +111,8 @@ def largest_call(blocks: pd.DataFrame) -> list[str]:
     b = ok.loc[ok["peak_mem_bytes"].idxmax()]
     return [f"The largest call was {b['block']} under {backends.label(b['backend'], b.get('backend_options'))} at "
             f"{b['width']}x{b['height']}: {b['tokens_q']} x {b['tokens_k']} tokens, {b['heads']} "
-            f"head{'s' if b['heads'] != 1 else ''}, a peak of {human_bytes(b['peak_mem_bytes'])} in {_ms(b['time_ms'])}."]
+            f"head{'s' if b['heads'] != 1 else ''}, a peak of {human_bytes(b['peak_mem_bytes'])} in "
+            f"{_ms(b['time_ms'])}."]
 
 
 def doubtful(cells: pd.DataFrame) -> list[str]:

@@ -162,8 +162,8 @@ def format_run(run: Run) -> str:
             "attention", "rel err", "attn peak", "predicted", "fwd peak", "fwd predicted", "ratio", "of peak", "noisy",
             "note"]
     lines.append(table(rows, [(c, c) for c in cols]))
-    lines += ["", "Rows by family (reference, chunked, fused exact, fused approximate). rel err: the U-Net output's largest "
-              "error against the fp32 reference, over its largest value ((!): past the dtype's tolerance), beside the "
+    lines += ["", "Rows by family (reference, chunked, fused exact, fused approximate). rel err: the U-Net output's "
+              "largest error against the fp32 reference, over its largest value ((!): past the dtype's tolerance), beside the "
               "attention time. compile: seconds flex spent compiling its kernels, apart from every timed forward. "
               "attn peak: the largest call's measured transient; predicted: its memory model. fwd peak: the "
               "forward's peak counted as the planner counts it (weights + inputs + the forward's transient), beside "
