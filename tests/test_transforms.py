@@ -68,7 +68,7 @@ def test_family_table_puts_the_error_beside_the_time_grouped_by_family():
                           "error_ok": [False, True, True, None], "attention_peak_mem_bytes": [1, 2, 3, None],
                           "model": "m", "settings_label": "none", "dtype": "float16", "batch": 1, "size": "64x64",
                           "pixels": 4096, "run_id": "r"})
-    cells = cells.assign(family=cells["backend"].map(T.family), backend_label=cells["backend"])
+    cells = cells.assign(family=cells["backend"].map(backends.family), backend_label=cells["backend"])
     table = T.family_table(cells)
     assert table["backend_label"].tolist() == ["naive", "sdpa", "sage"]  # split did not end ok
     assert table["family"].tolist() == ["reference", "fused exact", "fused approximate"]
