@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .fused import SAGE_MAX_HEAD_DIM
 from .processor import Processor
 from .spec import InputError, parse_dtype, torch_dtype
 
@@ -329,21 +330,60 @@ def make_processor(name: str, **options):
 
 # ---- availability
 
-def _static_reason(name: str, device: torch.device, dtype: str, head_dims: tuple[int, ...]) -> str:
-    if name in ("flex", "sage", "flash-attn-3") or name.startswith("diffusers:"):
-        from .fused import static_reason
+@dataclass(frozen=True)
+class Needs:
+    """What a backend needs that can be said before it runs (availability's first answer; its probe then runs it)."""
+    package: str = ""  # the module it imports
+    install: str = ""  # how to get it
+    cuda: bool = False  # CUDA only
+    half: bool = False  # float16 / bfloat16 only
+    max_head_dim: int = 0  # 0: no limit
+    head_dim_multiple: int = 1
+    source: str = ""  # where the head-dim limit is documented
+    gpus: str = ""  # the GPUs it runs on, as said where arch_ok refuses one
+    arch_ok: Callable | None = None  # (major, minor) of the CUDA device -> whether it runs there
 
-        return static_reason(name, device, dtype, head_dims)
-    package = {"xformers": "xformers", "flash-attn": "flash_attn"}.get(name)
-    if package and importlib.util.find_spec(package) is None:
-        return f"{name} is not installed: pip install {name}"
-    if name in ("xformers", "flash-attn", "sdpa-efficient", "sdpa-cudnn") and device.type != "cuda":
+
+NEEDS = {
+    "sdpa-efficient": Needs(cuda=True), "sdpa-cudnn": Needs(cuda=True),
+    "xformers": Needs("xformers", "pip install xformers", cuda=True),
+    "flash-attn": Needs("flash_attn", "pip install flash-attn", cuda=True, half=True, max_head_dim=256,
+                        head_dim_multiple=8),
+    "flash-attn-3": Needs("flash_attn_interface", "build flash-attn's hopper/ (FlashAttention 3)", cuda=True,
+                          half=True, max_head_dim=256, head_dim_multiple=8, gpus="runs on Hopper (sm90) only",
+                          arch_ok=lambda arch: arch[0] == 9),
+    "sage": Needs("sageattention", "pip install sageattention", cuda=True, half=True, max_head_dim=SAGE_MAX_HEAD_DIM,
+                  source=" (thu-ml/SageAttention#119)", gpus="needs an sm80 or newer GPU",
+                  arch_ok=lambda arch: arch >= (8, 0)),
+}
+
+
+def _cuda_arch(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def _static_reason(name: str, device: torch.device, dtype: str, head_dims: tuple[int, ...]) -> str:
+    """Why the backend cannot run here, said from what it needs (NEEDS; a dispatcher backend: diffusers' own
+    requirement check), or '' where only running it can tell."""
+    if name.startswith("diffusers:"):
+        from .fused import dispatcher_reason
+
+        return dispatcher_reason(name.removeprefix("diffusers:"), device)
+    needs = NEEDS.get(name, Needs())
+    if needs.package and importlib.util.find_spec(needs.package) is None:
+        return f"{name} is not installed: {needs.install}"
+    if needs.cuda and device.type != "cuda":
         return f"{name} runs on CUDA only, not on {device.type}"
-    if name == "flash-attn" and dtype == "float32":
-        return "flash-attn runs in float16 or bfloat16 only, not float32"
-    bad = [d for d in head_dims if d > 256 or d % 8]
-    if name == "flash-attn" and bad:
-        return f"flash-attn needs head_dim <= 256 and a multiple of 8; this model has head_dim {bad[0]}"
+    if needs.half and dtype == "float32":
+        return f"{name} runs in float16 or bfloat16 only, not float32"
+    arch = _cuda_arch(device) if needs.arch_ok else None
+    if arch and not needs.arch_ok(arch):
+        return f"{name} {needs.gpus}; this GPU is sm{arch[0]}{arch[1]}"
+    m = needs.head_dim_multiple
+    bad = [d for d in head_dims if needs.max_head_dim and (d > needs.max_head_dim or d % m)]
+    if bad:
+        return (f"{name} needs head_dim <= {needs.max_head_dim}{f' and a multiple of {m}' if m > 1 else ''}"
+                f"{needs.source}; this model has head_dim {bad[0]}")
     return ""
 
 

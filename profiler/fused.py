@@ -17,7 +17,6 @@ from .processor import Processor
 
 FLEX_BLOCK = 128  # FlexAttention's block size: the all-full block mask is built of these
 SAGE_MAX_HEAD_DIM = 128  # thu-ml/SageAttention#119: head_dim 160 (SD 1.5's inner blocks) is rejected
-FA3_MAX_HEAD_DIM = 256
 
 
 def dispatcher_names() -> list[str]:
@@ -164,42 +163,9 @@ class FlashAttnProcessor(Processor):
         return (out[0] if isinstance(out, tuple) else out).flatten(2)  # FA3 builds return (out, lse)
 
 
-# ---- what each needs, said without running it
+# ---- what a dispatcher backend needs, said without running it
 
-def _cuda_arch(device: torch.device) -> tuple[int, int] | None:
-    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-
-
-def static_reason(name: str, device: torch.device, dtype: str, head_dims: tuple[int, ...]) -> str:
-    """Why a backend of this module cannot run here, or '' where only running it can tell."""
-    if name.startswith("diffusers:"):
-        return _dispatcher_reason(name.removeprefix("diffusers:"), device)
-    package = {"sage": ("sageattention", "pip install sageattention"),
-               "flash-attn-3": ("flash_attn_interface", "build flash-attn's hopper/ (FlashAttention 3)")}.get(name)
-    if package and importlib.util.find_spec(package[0]) is None:
-        return f"{name} is not installed: {package[1]}"
-    if name in ("sage", "flash-attn-3"):
-        if device.type != "cuda":
-            return f"{name} runs on CUDA only, not on {device.type}"
-        if dtype == "float32":
-            return f"{name} runs in float16 or bfloat16 only, not float32"
-    arch = _cuda_arch(device) if name in ("sage", "flash-attn-3") else None
-    if name == "sage":
-        if arch < (8, 0):
-            return f"sage needs an sm80 or newer GPU; this one is sm{arch[0]}{arch[1]}"
-        bad = [d for d in head_dims if d > SAGE_MAX_HEAD_DIM]
-        if bad:
-            return f"sage needs head_dim <= {SAGE_MAX_HEAD_DIM} (thu-ml/SageAttention#119); this model has {bad[0]}"
-    if name == "flash-attn-3":
-        if arch[0] != 9:
-            return f"flash-attn-3 runs on Hopper (sm90) only; this GPU is sm{arch[0]}{arch[1]}"
-        bad = [d for d in head_dims if d > FA3_MAX_HEAD_DIM or d % 8]
-        if bad:
-            return f"flash-attn-3 needs head_dim <= {FA3_MAX_HEAD_DIM} and a multiple of 8; this model has {bad[0]}"
-    return ""
-
-
-def _dispatcher_reason(backend: str, device: torch.device) -> str:
+def dispatcher_reason(backend: str, device: torch.device) -> str:
     """diffusers' own requirement check, then what it does not check: a kernel fetched from the Hub at run time,
     and the kernels that run on CUDA (or NPU / XLA) only."""
     from diffusers.models.attention_dispatch import AttentionBackendName, _check_attention_backend_requirements

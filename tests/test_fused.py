@@ -72,22 +72,24 @@ def test_sage_and_fa3_reasons_need_no_gpu(monkeypatch):
     """Their limits, said before anything runs: not installed here; with the package and a GPU faked, the dtype,
     the architecture and SD 1.5's head_dim 160 (beyond sage's 128)."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert fused.static_reason("sage", cpu, "float16", (64,)) == \
+    assert backends._static_reason("sage", cpu, "float16", (64,)) == \
         "sage is not installed: pip install sageattention"
-    assert fused.static_reason("flash-attn-3", cpu, "float16", (64,)).startswith("flash-attn-3 is not installed")
-    monkeypatch.setattr(fused.importlib.util, "find_spec", lambda name: object())
-    assert fused.static_reason("sage", cpu, "float16", (64,)) == "sage runs on CUDA only, not on cpu"
-    monkeypatch.setattr(fused, "_cuda_arch", lambda device: (9, 0))
-    assert fused.static_reason("sage", cuda, "float32", (64,)) == "sage runs in float16 or bfloat16 only, not float32"
-    assert fused.static_reason("sage", cuda, "float16", (40, 80, 160)) == \
-        "sage needs head_dim <= 128 (thu-ml/SageAttention#119); this model has 160"
-    assert fused.static_reason("sage", cuda, "float16", (64,)) == ""
-    assert fused.static_reason("flash-attn-3", cuda, "bfloat16", (40, 80, 160)) == ""
-    monkeypatch.setattr(fused, "_cuda_arch", lambda device: (8, 0))
-    assert fused.static_reason("flash-attn-3", cuda, "float16", (64,)) == \
+    assert backends._static_reason("flash-attn-3", cpu, "float16", (64,)).startswith("flash-attn-3 is not installed")
+    monkeypatch.setattr(backends.importlib.util, "find_spec", lambda name: object())
+    assert backends._static_reason("sage", cpu, "float16", (64,)) == "sage runs on CUDA only, not on cpu"
+    monkeypatch.setattr(backends, "_cuda_arch", lambda device: (9, 0))
+    assert backends._static_reason("sage", cuda, "float32", (64,)) == \
+        "sage runs in float16 or bfloat16 only, not float32"
+    assert backends._static_reason("sage", cuda, "float16", (40, 80, 160)) == \
+        "sage needs head_dim <= 128 (thu-ml/SageAttention#119); this model has head_dim 160"
+    assert backends._static_reason("sage", cuda, "float16", (64,)) == ""
+    assert backends._static_reason("flash-attn-3", cuda, "bfloat16", (40, 80, 160)) == ""
+    monkeypatch.setattr(backends, "_cuda_arch", lambda device: (8, 0))
+    assert backends._static_reason("flash-attn-3", cuda, "float16", (64,)) == \
         "flash-attn-3 runs on Hopper (sm90) only; this GPU is sm80"
-    monkeypatch.setattr(fused, "_cuda_arch", lambda device: (7, 5))
-    assert fused.static_reason("sage", cuda, "float16", (64,)) == "sage needs an sm80 or newer GPU; this one is sm75"
+    monkeypatch.setattr(backends, "_cuda_arch", lambda device: (7, 5))
+    assert backends._static_reason("sage", cuda, "float16", (64,)) == \
+        "sage needs an sm80 or newer GPU; this GPU is sm75"
 
 
 def test_attnprof_backends_lists_every_dispatcher_backend_by_family(monkeypatch, capsys):
