@@ -171,6 +171,12 @@ def uses_sdpa(name: str) -> bool:
     return name == "sdpa" or name.startswith("sdpa-")
 
 
+def picks_sdpa_kernel(name: str) -> bool:
+    """Whether PyTorch picks the SDPA kernel of the backend's calls (sdpa, diffusers:native), not the backend."""
+    return name == "sdpa" or _DISPATCHER_MODELS.get(name.removeprefix("diffusers:")) == "sdpa" and \
+        name.startswith("diffusers:")
+
+
 def check_backend_name(name: str) -> None:
     if name not in BACKENDS:
         dispatcher = name.startswith("diffusers:")

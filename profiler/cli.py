@@ -597,7 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from .execute import stop_on_sigterm
+    from .execute import ExecutorError, stop_on_sigterm
 
     stop_on_sigterm()
     try:
@@ -611,6 +611,9 @@ def main(argv=None) -> int:
     except InputError as e:
         print(f"attnprof: error: {e}", file=sys.stderr)
         return 2
+    except ExecutorError as e:  # a subprocess of the sweep died where no cell row can say so
+        print(f"attnprof: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("attnprof: interrupted", file=sys.stderr)
         return 130

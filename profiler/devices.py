@@ -344,14 +344,14 @@ class GpuTarget:
 
     name: str
     capability: tuple[int, int]
-    cudnn: int | None  # None: assumed newer than 9.15 (cuDNN preferred on sm90) and not newer than 9.22 (head_dim <= 128)
+    cudnn: int | None  # None: assumed 9.15 or newer (cuDNN preferred on sm90, head dims up to 256 there)
     cuda_major: int
     assumed: bool
 
     def describe(self) -> str:
         sm = f"sm{self.capability[0]}{self.capability[1]}"
         cudnn = f"cuDNN {self.cudnn // 10000}.{self.cudnn // 100 % 100}.{self.cudnn % 100}" if self.cudnn else \
-            "cuDNN 9.16 to 9.22"
+            "a recent cuDNN (9.16 or newer)"
         who = f"{sm} ({self.name})" if self.assumed else f"{self.name} ({sm})"
         return f"{who}, CUDA {self.cuda_major}, {cudnn}"
 
@@ -395,8 +395,9 @@ def sdpa_can_use(kernel: str, dtype: str, head_dim: int, tokens_k: int, target: 
     passes) on the target: each kernel's dtype, head-dim and architecture checks, as sdp_utils.cpp states them."""
     major, minor = target.capability
     half = dtype in ("float16", "bfloat16")
-    if kernel == "cudnn":  # head dims above 128 only with a cuDNN newer than 9.22 on sm90 / sm10x
-        limit = 256 if ((major, minor) == (9, 0) or major == 10) and (target.cudnn or 0) > 92200 else 128
+    if kernel == "cudnn":  # head dims up to 256 on sm90 / sm10x from cuDNN 9.10 (check_cudnn_tensor_shapes), else 128
+        limit = 256 if ((major, minor) == (9, 0) or major == 10) and (target.cudnn is None or target.cudnn >= 91000) \
+            else 128
         return half and major >= 8 and head_dim <= limit and head_dim % 8 == 0 and tokens_k > 1
     if kernel == "flash":
         return half and (8, 0) <= (major, minor) <= (12, 1) and head_dim <= 256
@@ -407,17 +408,48 @@ def sdpa_can_use(kernel: str, dtype: str, head_dim: int, tokens_k: int, target: 
 
 
 def sdpa_choice(dtype: str, head_dim: int, tokens_k: int, device: str, target: GpuTarget | None = None) -> str:
-    """The kernel SDPA runs for one call: 'cudnn', 'flash', 'efficient' or 'math'. On the CPU PyTorch is asked
-    (torch._fused_sdp_choice on small real tensors: it cannot answer on fake ones); on CUDA its documented priority
-    on the target decides, so that the planner needs no GPU and a sweep's parent makes no CUDA context."""
-    from torch.nn.attention import SDPBackend
+    """The kernel SDPA runs for one call: 'cudnn', 'flash', 'efficient' or 'math'. PyTorch is asked
+    (torch._fused_sdp_choice on small real tensors of the call's head dim and tokens: it cannot answer on fake ones)
+    on the CPU, and on CUDA where this process has a CUDA context already (a worker measuring a cell): its own answer
+    for this GPU, cuDNN and build. Elsewhere (the planner with no GPU, a sweep's parent, which makes no context) the
+    rule of sdpa_rule decides."""
+    dev = torch.device(device)
+    if dev.type == "cpu" or (target is None or not target.assumed) and torch.cuda.is_initialized():
+        return asked_sdpa_choice(dtype, head_dim, tokens_k, dev)
+    return sdpa_rule(dtype, head_dim, tokens_k, target or gpu_target())
 
-    if torch.device(device).type == "cpu":
-        from .spec import torch_dtype
 
-        q = torch.empty(1, 1, 2, head_dim, dtype=torch_dtype(dtype))
-        k = torch.empty(1, 1, max(2, min(tokens_k, 8)), head_dim, dtype=torch_dtype(dtype))
-        return {SDPBackend.FLASH_ATTENTION: "flash", SDPBackend.EFFICIENT_ATTENTION: "efficient",
-                SDPBackend.CUDNN_ATTENTION: "cudnn"}.get(SDPBackend(torch._fused_sdp_choice(q, k, k)), "math")
-    target = target or gpu_target()
+def sdpa_rule(dtype: str, head_dim: int, tokens_k: int, target: GpuTarget) -> str:
+    """The kernel PyTorch's documented priority and checks pick on the target, with no GPU to ask."""
     return next(k for k in sdpa_order(target) if sdpa_can_use(k, dtype, head_dim, tokens_k, target))
+
+
+def asked_sdpa_choice(dtype: str, head_dim: int, tokens_k: int, device: torch.device) -> str:
+    """torch._fused_sdp_choice on real (1, 1, T, head_dim) tensors on the device (the call's tokens on CUDA, a few
+    on the CPU): what SDPA would run. Real tensors also under the planner's fake-tensor mode."""
+    from torch.nn.attention import SDPBackend
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from .spec import torch_dtype
+
+    cuda = device.type == "cuda"
+    with _disable_current_modes():
+        q = torch.empty(1, 1, 64 if cuda else 2, head_dim, dtype=torch_dtype(dtype), device=device)
+        k = torch.empty(1, 1, max(tokens_k, 2) if cuda else max(2, min(tokens_k, 8)), head_dim, dtype=q.dtype,
+                        device=device)
+        choice = SDPBackend(torch._fused_sdp_choice(q, k, k))
+    return {SDPBackend.FLASH_ATTENTION: "flash", SDPBackend.EFFICIENT_ATTENTION: "efficient",
+            SDPBackend.CUDNN_ATTENTION: "cudnn"}.get(choice, "math")
+
+
+@contextlib.contextmanager
+def full_fp32():
+    """float32 as float32 for the block: TF32 off for cuBLAS matmuls and cuDNN convolutions (both may be on by
+    default on a GPU: torch.backends.cudnn.allow_tf32 is True), restored after. The fp32 reference runs so, or it
+    would compare fp16 against TF32 precision."""
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn

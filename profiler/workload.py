@@ -138,6 +138,10 @@ class Workload:
             return VaePart(model, self.settings["vae_part"])
         return Step(model, part("controlnet"), self.source.text_tokens) if self.settings.get("controlnet") else model
 
+    def parts(self) -> tuple[str, ...]:
+        """The parts build() asks for."""
+        return ("model", "controlnet") if self.settings.get("controlnet") else ("model",)
+
     def unet(self, model: torch.nn.Module) -> torch.nn.Module:
         """The built model's own diffusers model (the U-Net of a step, the VAE of a part)."""
         return model.unet if isinstance(model, Step) else model.vae if isinstance(model, VaePart) else model

@@ -50,6 +50,27 @@ class Slow:
         return AttnProcessor2_0()(attn, hidden_states, *args, **kwargs)
 
 
+class NativeChatter:
+    """Runs SDPA after writing to file descriptor 1 itself, as native code (a kernel's printf, a library's C++) does,
+    past sys.stdout."""
+
+    def __call__(self, attn, hidden_states, *args, **kwargs):
+        from diffusers.models.attention_processor import AttnProcessor2_0
+
+        os.write(1, b"native chatter on fd 1\n")
+        return AttnProcessor2_0()(attn, hidden_states, *args, **kwargs)
+
+
+class DiesInProbe:
+    """Kills its own process on the availability probe's small calls (a segfault in an extension's first launch);
+    never run it in the test process: only a probe subprocess meets it."""
+
+    def __call__(self, attn, hidden_states, *args, **kwargs):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 FAULTS = {
     "fault-torch-oom": _torch_oom,
     "fault-text-oom": lambda: RuntimeError("CUDA out of memory. Tried to allocate 3.16 GiB"),
@@ -63,12 +84,16 @@ def register_all() -> None:
                          factory=lambda make=make: Failing(make), memory_like="sdpa"))
     register(Backend("fault-slow", "fused exact", "test: SDPA, 0.3 s late on every call", factory=Slow,
                      memory_like="sdpa"))
+    register(Backend("fault-fd1", "fused exact", "test: SDPA, writing to fd 1 first", factory=NativeChatter,
+                     memory_like="sdpa"))
+    register(Backend("fault-die-probe", "fused exact", "test: kills its process when probed",
+                     factory=DiesInProbe, memory_like="sdpa"))
 
 
 def unregister_all() -> None:
     from profiler.backends import BACKENDS
 
-    for name in [*FAULTS, "fault-slow"]:
+    for name in [*FAULTS, "fault-slow", "fault-fd1", "fault-die-probe"]:
         BACKENDS.pop(name, None)
 
 

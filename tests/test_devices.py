@@ -314,15 +314,19 @@ def test_only_gpu_kernels_name_a_calls_gpu_kernels_and_their_time():
 
 
 def test_the_planner_follows_pytorchs_sdpa_priority_for_the_gpu_it_plans_for():
-    """sm90 with a cuDNN past 9.15: cuDNN where it takes the head dim (<= 128), flash at SD 1.5's 160; float32:
+    """sm90 with a cuDNN past 9.15: cuDNN at every SD head dim (it takes up to 256 there from cuDNN 9.10); float32:
     mem-efficient; Ampere and Ada: flash; Turing: mem-efficient (no flash before sm80); the deprioritizing variable
     and an older cuDNN put flash first."""
     h100 = devices.GpuTarget("H100", (9, 0), 91501, 13, False)
     assert [devices.sdpa_choice("float16", d, 77, "cuda", h100) for d in (40, 64, 80, 160)] == \
-        ["cudnn", "cudnn", "cudnn", "flash"]
+        ["cudnn", "cudnn", "cudnn", "cudnn"]
     assert devices.sdpa_choice("float32", 40, 77, "cuda", h100) == "efficient"
     assert devices.sdpa_choice("float16", 160, 77, "cuda", devices.GpuTarget("H100", (9, 0), 92300, 13, False)) \
-        == "cudnn"  # cuDNN past 9.22 takes head dims to 256 on sm90
+        == "cudnn"
+    assert devices.sdpa_can_use("cudnn", "float16", 160, 77, devices.GpuTarget("A100", (8, 0), 92300, 13, False)) \
+        is False  # beyond 128 only on sm90 / sm10x
+    assert devices.sdpa_can_use("cudnn", "float16", 160, 77, devices.GpuTarget("H100", (9, 0), 90900, 13, False)) \
+        is False  # and only from cuDNN 9.10
     assert devices.sdpa_choice("float16", 40, 77, "cuda", devices.GpuTarget("H100", (9, 0), 91400, 13, False)) \
         == "flash"
     for arch, want in (("sm80", "flash"), ("8.9", "flash"), ("sm_75", "efficient"), ("sm120", "flash")):
@@ -339,54 +343,30 @@ def test_the_plan_of_sdpa_on_cuda_names_each_calls_kernel_and_the_gpu(capsys):
     assert main(["plan", "--model", "sd15", "--size", "512x512", "--backend", "sdpa", "--gpu-arch", "sm90",
                  "--json"]) == 0
     p = json.loads(capsys.readouterr().out)[0]
-    assert {(b["head_dim"], b["sdpa_kernel"]) for b in p["blocks"]} == {(40, "cudnn"), (80, "cudnn"), (160, "flash")}
-    assert "sm90" in p["totals"]["gpu"] and "cudnn for 20 calls, flash for 12 calls" in p["totals"]["forward_method"]
+    assert {(b["head_dim"], b["sdpa_kernel"]) for b in p["blocks"]} == {(40, "cudnn"), (80, "cudnn"), (160, "cudnn")}
+    assert "sm90" in p["totals"]["gpu"] and "cudnn for 32 calls" in p["totals"]["forward_method"]
     assert main(["plan", "--model", "sd15", "--backend", "sdpa", "--gpu-arch", "volta"]) == 2
     assert "--gpu-arch 'volta' is not a compute capability" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="about a machine with no CUDA (tests/test_gpu.py runs there)")
-def test_gpu_check_without_cuda_says_so_in_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
-    from profiler import gpu_check
+def test_where_a_cuda_context_exists_pytorch_is_asked_and_the_rule_kept_beside(monkeypatch):
+    """In a worker (a CUDA context exists) the planner's choice is PyTorch's answer on the device, not the rule; a
+    target assumed with --gpu-arch still follows the rule. A cell records each call's answer and the rule's, and
+    the shapes where they differ (here: PyTorch picks flash at head_dim 160 where the rule names cuDNN)."""
+    from profiler.measure.cell import sdpa_choices
+    from profiler.spec import CellSpec
 
-    monkeypatch.setattr(gpu_check, "nvml_gpus", lambda: [])
-    assert gpu_check.main(["--report", str(tmp_path / "report.md")]) == 0
-    out = capsys.readouterr().out
-    assert out.strip().splitlines() == ["gpu-check: no CUDA GPU here (torch sees none): nothing to check and no "
-                                        "report written; run make gpu-check on a GPU box"]
-    assert not (tmp_path / "report.md").exists()
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="about a CPU-only torch")
-def test_a_cpu_only_torch_on_a_gpu_box_fails_the_gpu_check_in_one_line(tmp_path, capsys, monkeypatch):
-    """NVML sees a GPU, torch has no CUDA: every check would SKIP, so the check fails instead of passing quietly."""
-    from profiler import gpu_check
-
-    monkeypatch.setattr(devices, "nvml_module", lambda: FakeNvml())
-    assert gpu_check.nvml_gpus() == ["NVIDIA H200", "NVIDIA H200"]
-    assert gpu_check.main(["--report", str(tmp_path / "report.md")]) == 1
-    out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and out[0].startswith("gpu-check: NVML sees 2 GPU(s) (NVIDIA H200) but this torch has no "
-                                               "CUDA") and "install a CUDA build of torch" in out[0]
-    assert not (tmp_path / "report.md").exists()
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU dry run of a machine with no CUDA")
-def test_gpu_check_tried_on_the_cpu_reports_every_check_skipped_never_passed(tmp_path, capsys):
-    from profiler import gpu_check
-
-    report = tmp_path / "report.md"
-    code = gpu_check.main(["--device", "cpu", "--models", "tiny-sd15", "--sizes", "64", "--report", str(report),
-                           "--out", str(tmp_path / "results")])
-    text = report.read_text()
-    assert code == 0
-    # on the CPU the checks on the sweep's cells run on its cells; every other check needs CUDA
-    on_cells = ["forward peak matches the planner", "sdpa picks the kernel the planner names"]
-    assert f"## Checks: 2 PASS, 0 FAIL, {len(gpu_check.CHECKS) - 2} SKIP" in text
-    assert text.count("| SKIP | needs a CUDA device (here: cpu) |") == len(gpu_check.CHECKS) - 2
-    assert [line.split(" | ")[0].strip("| ") for line in text.splitlines() if "| PASS |" in line] == on_cells
-    assert "measured/predicted 1.00" in text and "float32 head_dim 8: flash (the planner named each)" in text
-    for backend in ("naive", "sliced", "split", "subquad", "sdpa"):
-        assert f"| tiny-sd15 | 64x64 | {backend} | ok |" in text
-    assert "| tiny-sd15 | 64x64 | xformers | unavailable: xformers is not installed" in text
-    assert "SKIP  random build on cuda: needs a CUDA device" in capsys.readouterr().out  # progress as it goes
+    asked = lambda dtype, head_dim, tokens_k, device: "flash" if head_dim == 160 else "cudnn"  # noqa: E731
+    monkeypatch.setattr(devices, "asked_sdpa_choice", asked)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    h200 = devices.GpuTarget("NVIDIA H200", (9, 0), 91501, 13, False)
+    monkeypatch.setattr(devices, "gpu_target", lambda arch=None: h200)
+    assert devices.sdpa_choice("float16", 160, 77, "cuda", h200) == "flash"  # asked
+    assert devices.sdpa_choice("float16", 160, 77, "cuda", devices.GpuTarget("x", (9, 0), None, 13, True)) == "cudnn"
+    blocks = [{"head_dim": 40, "tokens_k": 4096}, {"head_dim": 160, "tokens_k": 64}]
+    cell = sdpa_choices(CellSpec("sd15", 512, 512, 1, "float16", "sdpa", "cuda"), blocks)
+    assert [(b["sdpa_kernel_asked"], b["sdpa_kernel_rule"]) for b in blocks] == [("cudnn", "cudnn"),
+                                                                                 ("flash", "cudnn")]
+    assert cell == {"sdpa_rule_differs": "head_dim 160 tokens_k 64: torch flash, rule cudnn"}
+    assert sdpa_choices(CellSpec("sd15", 512, 512, 1, "float16", "sdpa-flash", "cuda"), blocks) == {}  # forced
+    assert sdpa_choices(CellSpec("sd15", 512, 512, 1, "float16", "sdpa", "cpu"), blocks) == {}

@@ -67,3 +67,72 @@ def test_a_sweep_that_ends_before_all_its_cells_did_is_interrupted(tmp_path, mon
         execute(sweep, workers=True, progress=False)
     run = Run.open(next((tmp_path / "results").iterdir()))
     assert run.manifest()["interrupted"] is True and len(run.cells()) == 0
+
+
+def test_a_probe_that_kills_its_process_makes_only_its_own_backend_unavailable(faults):
+    """The CUDA path's probes (local.probe_apart), tried with CPU asks: fault-die-probe SIGKILLs its probe
+    subprocess; sdpa (probed with the torch-native backends) and fault-fd1 (apart) still answer, and the dead one
+    says how it died."""
+    from profiler.execute import local
+
+    asks = [("naive", "cpu", "float32", (40,)), ("fault-die-probe", "cpu", "float32", (40,)),
+            ("sdpa", "cpu", "float32", (40,)), ("fault-fd1", "cpu", "float32", (40,))]
+    answers = local.probe_apart(asks)
+    assert [ok for ok, _ in answers] == [True, False, True, True]
+    assert "its availability probe died" in answers[1][1] and "SIGKILL" in answers[1][1]
+    assert local._isolation("sdpa-flash") == local._isolation("naive") == "torch"
+    assert local._isolation("xformers") == "xformers" and local._isolation("flex") == "flex"
+
+
+def test_a_worker_writing_to_fd_1_does_not_end_the_sweep(tmp_path, faults):
+    """Native writes to file descriptor 1 in a worker go to its log, not into the JSON event stream."""
+    outcome = execute(_sweep(tmp_path, ["fault-fd1", "sdpa"], sizes=((64, 64),)), workers=True, progress=False)
+    run = Run.open(outcome.run_path)
+    assert run.cells().set_index("backend")["status"].to_dict() == {"fault-fd1": "ok", "sdpa": "ok"}
+    log = (run.path / "worker.log").read_text()
+    assert "native chatter on fd 1" in log and "not an event" not in log  # the worker kept it off its stream
+
+
+def test_a_failed_subprocess_is_one_line_and_the_manifest_says_the_run_ended(tmp_path, monkeypatch, capsys):
+    """attnprof run when the availability probe's subprocess dies: one line, exit 1, no traceback; the run's
+    manifest is closed (ended_at set), not left open."""
+    from profiler import cli
+    from profiler.execute import ExecutorError, local
+    from profiler.store import list_runs
+
+    def dead(self, asks):
+        raise ExecutorError("the availability probe of torch exited with signal SIGSEGV: Fatal Python error")
+
+    monkeypatch.setattr(local.LocalExecutor, "availability", dead)
+    code = cli.main(["run", "--model", "tiny-sd15", "--size", "64x64", "--backend", "sdpa", "--device", "cpu",
+                     "--dtype", "float32", "--repeats", "1", "--warmup", "0", "--out", str(tmp_path), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == ("attnprof: error: the availability probe of torch exited with signal "
+                                            "SIGSEGV: Fatal Python error")
+    manifest = Run.open(list_runs(tmp_path)[-1]).manifest()
+    assert manifest["ended_at"] and manifest["interrupted"] is True
+
+
+def test_a_controlnet_leaves_the_device_when_the_cells_that_run_it_are_done(monkeypatch):
+    """In one group, the ControlNet part is freed before the first cell that does not need it starts."""
+    import gc
+    import weakref
+
+    from profiler.execute.sweep import group_events
+    from profiler.spec import CellSpec
+    from profiler.workload import Workload
+
+    built, make = {}, Workload.make_part
+    monkeypatch.setattr(Workload, "make_part", lambda self, which, *a, **k: built.setdefault(
+        (which, a[2]), weakref.ref(part := make(self, which, *a, **k))) and part)
+    with_cn = CellSpec("tiny-sd15", 64, 64, 1, "float32", "sdpa", "cpu", settings=(("controlnet", True),))
+    plain = CellSpec("tiny-sd15", 64, 64, 1, "float32", "sdpa", "cpu")
+    alive = []
+    for event in group_events([with_cn, plain], 1, 0):
+        gc.collect()
+        part = built.get(("controlnet", "float32"))
+        alive.append((event["event"], part is not None and part() is not None))
+        assert event.get("status", "ok") == "ok", event["cell"]["error"]
+    assert alive == [("start", False), ("done", True), ("start", False), ("done", False), ("end", False)]
+    assert ("controlnet", "float32") in built

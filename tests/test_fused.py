@@ -234,15 +234,19 @@ def test_gpu_check_knows_the_new_kernels_and_says_why_they_do_not_run_here():
         block = next(iter(CALLS))
         events = [Ev(block, 0, 10), Ev("cudaLaunchKernel", 2, 3, corr=7), Ev(name, 20, 30, device="cuda", linked=7)]
         call = attribute(events, CALLS)[0][CALLS[block]]
-        assert len(call["gpu_kernels"]) == 1 and gpu_check.new_kernel_named(backend, call["kernel"]), (backend, call)
-        assert not any(gpu_check.new_kernel_named(other, call["kernel"]) for other in gpu if other != backend)
-    assert not gpu_check.new_kernel_named("sage", "sageattention::qk_int8_sv_f16_accum_f16_attn")  # its CPU op
-    assert not gpu_check.new_kernel_named("sage", "pytorch_flash::flash_fwd_kernel")  # never another's
-    assert not gpu_check.new_kernel_named("diffusers:_flash_3", "flash_fwd_kernel")
-    assert not gpu_check.new_kernel_named("flex", "Torch-Compiled Region: 0/0")  # the CPU side of a compiled call
-    runs, why = gpu_check.available_new_backends("cuda", (64,))
+        kernels = call["gpu_kernels"]
+        assert len(kernels) == 1 and gpu_check.own_gpu_kernels(backend, kernels), (backend, call)
+        assert not any(gpu_check.own_gpu_kernels(other, kernels) for other in gpu if other != backend)
+    assert not gpu_check.own_gpu_kernels("sage", "sageattention::qk_int8_sv_f16_accum_f16_attn")  # its CPU op
+    assert not gpu_check.own_gpu_kernels("sage", "pytorch_flash::flash_fwd_kernel")  # never another's
+    assert not gpu_check.own_gpu_kernels("diffusers:_flash_3", "flash_fwd_kernel")
+    from profiler.gpu_check import checks, runner
+
+    last = [c for c in gpu_check.CHECKS if c.group == "last"]
+    assert [c.fn.backend for c in last] == list(checks.NEW_BACKENDS)
     if not torch.cuda.is_available():
-        assert runs == [] and len(why) == 3 and all("CUDA" in w or "not installed" in w for w in why), why
+        why = [runner.precondition(c, checks.Context(device="cuda")) for c in last]
+        assert all("CUDA" in w for w in why), why
 
 
 @pytest.mark.slow

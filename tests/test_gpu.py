@@ -15,10 +15,10 @@ def ctx(tmp_path_factory):
     return gpu_check.Context(device="cuda", out=tmp_path_factory.mktemp("gpu"))
 
 
-@pytest.mark.parametrize("check", gpu_check.CHECKS, ids=gpu_check.title)
+@pytest.mark.parametrize("check", gpu_check.CHECKS, ids=lambda c: c.name)
 def test_gpu(ctx, check, record_property):
     try:
-        figure = check(ctx)
+        figure = check.fn(ctx)
     except gpu_check.Skip as e:
         pytest.skip(str(e))
     record_property("figure", figure)

@@ -78,3 +78,58 @@ def test_a_call_is_placed_against_the_bound_that_applies():
     unknown = limits.place(flops=4e9, bytes_moved=2e9, ms=100.0)  # no limits measured: no bound, no percent
     assert unknown["roofline_bound"] is None and unknown["pct_of_peak"] is None
     assert unknown["achieved_flops_per_s"] == 4e10
+
+
+class FakeDevice:
+    """A device whose clock moves only when work runs: each product or copy takes `ms` (an H200's 8192^3 fp16
+    product: about 1.5 ms), and the first WARM_MS of work runs at half speed (an idle GPU's low clock)."""
+
+    matmul_max, copy_bytes = 8192, 2**20
+
+    def __init__(self, ms: float):
+        import torch
+
+        self.torch, self.ms, self.now, self.intervals = torch.device("cpu"), ms, 0.0, []
+
+    def work(self):
+        self.now += self.ms * (2 if self.now < limits.WARM_MS else 1)
+
+    def synchronize(self):
+        pass
+
+    def interval(self):
+        dev = self
+
+        class Interval:
+            def start(self):
+                self.t0 = dev.now
+
+            def stop(self):
+                self.t1 = dev.now
+                dev.intervals.append(self.t1 - self.t0)
+
+            def ms(self):
+                return self.t1 - self.t0
+
+        return Interval()
+
+
+def test_each_limit_times_at_least_100_ms_of_work_on_a_warmed_device():
+    """A product of 1.5 ms (the matmul search stops at the cap, n = 8192): the device is warmed for WARM_MS first,
+    then each of the ROUNDS timed intervals holds at least TARGET_MS of products, so the figure is the warm speed."""
+    dev = FakeDevice(ms=1.5)
+    best = limits._best_ms(dev, dev.work)
+    assert best == pytest.approx(1.5)  # the warm speed, not the cold one (3 ms)
+    timed = dev.intervals[-limits.ROUNDS:]
+    assert len(timed) == limits.ROUNDS and min(timed) >= limits.TARGET_MS
+    assert sum(dev.intervals[:-limits.ROUNDS - 1]) >= limits.WARM_MS  # warmed before the first timed interval
+
+
+def test_the_matmul_search_stops_at_the_cap_and_still_times_100_ms(monkeypatch):
+    dev = FakeDevice(ms=0.05)
+    monkeypatch.setattr(limits.torch, "mm", lambda a, b, out: dev.work())
+    monkeypatch.setattr(limits.torch, "randn", lambda *a, **k: None)
+    monkeypatch.setattr(limits.torch, "empty", lambda *a, **k: None)
+    flops = limits.matmul_flops_per_s(dev, "float16")
+    assert flops == pytest.approx(2 * 8192**3 / 0.05e-3)  # at n = 8192, the warm 0.05 ms per product
+    assert min(dev.intervals[-limits.ROUNDS:]) >= limits.TARGET_MS

@@ -95,3 +95,25 @@ def test_a_reference_failure_that_is_no_allocation_failure_is_not_retried_on_the
     with pytest.raises(runner.ReferenceFailed, match="CUDNN_STATUS_NOT_SUPPORTED") as failed:
         runner.ModelCache().reference(spec)
     assert calls == ["cuda"] and not failed.value.oom
+
+
+def test_the_reference_forward_runs_with_tf32_off_and_the_settings_come_back():
+    """The fp32 reference at full float32 precision: TF32 off for cuBLAS and cuDNN during each of its module calls
+    (on by default for cuDNN on a GPU), both flags restored after, also when the model under test is float16."""
+    from profiler.spec import CellSpec
+
+    seen = []
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(
+        lambda module, args: seen.append((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)))
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        spec = CellSpec("tiny-sd15", 64, 64, 1, "float16", "sdpa", "cpu")
+        out, label = runner.ModelCache().reference(spec)
+        after = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    finally:
+        hook.remove()
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+    assert label == "sdpa/float32" and out.dtype == torch.float32
+    assert len(seen) > 100 and set(seen) == {(False, False)}  # every module call of the reference forward
+    assert after == (True, True)

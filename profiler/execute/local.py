@@ -10,11 +10,13 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from .. import backends, devices
 from ..spec import CellSpec
+from . import ExecutorError
 
 
 class LocalExecutor:
@@ -33,10 +35,10 @@ class LocalExecutor:
         return {**environment(device), "executor": "local" if self.workers else "in-process"}
 
     def availability(self, asks: list[tuple]) -> list[tuple[bool, str]]:
-        """(ok, reason) per (backend, device, dtype, head dims): here, or on CUDA in a subprocess of its own."""
+        """(ok, reason) per (backend, device, dtype, head dims): here, or on CUDA in subprocesses (probe_apart)."""
         if not (self.workers and any(dev.startswith("cuda") for _, dev, _, _ in asks)):
             return [backends.availability(*a) for a in asks]
-        return [tuple(r) for r in _subprocess("--probe", asks, "the availability probe")]
+        return probe_apart(asks)
 
     def limits(self, device: str, dtypes: list[str]) -> dict:
         """The device's measured limits (measure/limits.py): here, or on CUDA in a subprocess of its own."""
@@ -59,12 +61,74 @@ class LocalExecutor:
 
 def _subprocess(flag: str, payload, what: str):
     """A short-lived worker (worker.py FLAG) that makes the CUDA context this process must not: its JSON answer."""
-    proc = subprocess.run([sys.executable, "-m", "profiler.execute.worker", flag], input=json.dumps(payload),
-                          text=True, capture_output=True)
-    if proc.returncode:
-        tail = "; ".join(proc.stderr.strip().splitlines()[-3:])
-        raise RuntimeError(f"{what} exited with {exit_reason(proc.returncode)}: {tail}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    answer = _answers([_start(flag, payload)], [what])[0]
+    if isinstance(answer, ExecutorError):
+        raise answer
+    return answer
+
+
+def _start(flag: str, payload) -> subprocess.Popen:
+    """A worker subprocess started on its job; its stdout and stderr go to files, read when it ends."""
+    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    proc = subprocess.Popen([sys.executable, "-m", "profiler.execute.worker", flag], stdin=subprocess.PIPE,
+                            stdout=out, stderr=err)
+    proc.stdin.write(json.dumps(payload).encode())
+    proc.stdin.close()
+    proc.outputs = (out, err)
+    return proc
+
+
+def _answers(procs: list[subprocess.Popen], whats: list[str]) -> list:
+    """Each subprocess's JSON answer (its last line on stdout), or for one that failed an ExecutorError saying
+    how (returned, not raised: the others' answers stand)."""
+    answers = []
+    for proc, what in zip(procs, whats):
+        code = proc.wait()
+        stdout, stderr = (f.seek(0) or f.read().decode(errors="replace") for f in proc.outputs)
+        for f in proc.outputs:
+            f.close()
+        lines = stdout.strip().splitlines()
+        if code or not lines:
+            tail = "; ".join(stderr.strip().splitlines()[-3:])
+            answers.append(ExecutorError(f"{what} exited with {exit_reason(code)}: {tail}"))
+        else:
+            answers.append(json.loads(lines[-1]))
+    return answers
+
+
+def _isolation(name: str) -> str:
+    """Which asks share one probe subprocess: the backends of torch and diffusers alone (naive, chunked, SDPA's
+    kernels, diffusers' native ones) together; every other backend (an extension, a compiler, a plugin) apart."""
+    native = backends.family(name) in (backends.REFERENCE, backends.CHUNKED) or name.startswith("sdpa") or \
+        name.startswith("diffusers:") and backends.uses_sdpa(name)
+    return "torch" if native and not backends.NEEDS.get(name, backends.Needs()).package else name
+
+
+def probe_apart(asks: list[tuple]) -> list[tuple[bool, str]]:
+    """(ok, reason) per ask, probed in subprocesses that run side by side, so that no probe can change another's
+    answer: the torch-native backends in one, every other backend in one of its own (a sticky CUDA error or a crash
+    stays with its backend). Where the shared one dies, its backends are probed again one each: only the one that
+    kills its process is unavailable, with how it died."""
+    groups: dict[str, list[int]] = {}
+    for i, ask in enumerate(asks):
+        groups.setdefault(_isolation(ask[0]), []).append(i)
+    answers: dict[int, tuple] = {}
+    while groups:
+        keys = list(groups)
+        results = _answers([_start("--probe", [asks[i] for i in groups[k]]) for k in keys],
+                           [f"the availability probe of {k}" for k in keys])
+        retry = {}
+        for key, result in zip(keys, results):
+            members = groups[key]
+            if not isinstance(result, ExecutorError):
+                answers.update(zip(members, map(tuple, result)))
+            elif len({asks[i][0] for i in members}) > 1:  # probed again, one backend a subprocess
+                for i in members:
+                    retry.setdefault(asks[i][0], []).append(i)
+            else:
+                answers.update((i, (False, f"its availability probe died: {result}")) for i in members)
+        groups = retry
+    return [answers[i] for i in range(len(asks))]
 
 
 def _in_process(flight, event: dict) -> None:
@@ -96,7 +160,9 @@ def _run_in_workers(group: list[CellSpec], run, sweep, flight, extra: dict) -> N
         finished: set[str] = set()
         try:
             for line in _lines(proc, lambda: flight.started(proc.pid), sweep.timeout_s):
-                event = json.loads(line)
+                event = _event(line, log)
+                if event is None:
+                    continue
                 if event["event"] == "start":
                     in_flight, started = event["cell_id"], True
                     flight.start(proc.pid, event)
@@ -123,8 +189,23 @@ def _run_in_workers(group: list[CellSpec], run, sweep, flight, extra: dict) -> N
             flight.end(proc.pid)
             remaining.remove(spec)
         elif remaining and not (started or progressed):
-            raise RuntimeError(f"worker exited with {exit_reason(code)} before starting a cell{_last_line(log)}")
+            raise ExecutorError(f"a sweep worker exited with {exit_reason(code)} before starting a cell"
+                                f"{_last_line(log)} (its log: {log})")
         progressed = started  # a worker that died between cells is replaced; two that die at once are not
+
+
+def _event(line: str, log: Path) -> dict | None:
+    """One event of the worker's stream; a line that is not one (the worker writes its events on a descriptor of
+    its own, so none should come) goes to the log, not into a crash of the sweep."""
+    try:
+        event = json.loads(line)
+    except ValueError:
+        event = None
+    if isinstance(event, dict) and "event" in event:
+        return event
+    with open(log, "a") as f:
+        f.write(f"not an event on the worker's stream: {line[:500]}\n")
+    return None
 
 
 def _lines(proc, started, timeout_s):

@@ -20,7 +20,7 @@ import ray
 
 from ..spec import CellSpec, InputError
 from ..store import REPO
-from . import stop_on_sigterm
+from . import ExecutorError, stop_on_sigterm
 
 EXCLUDES = ["results", "test-output", ".whl", "*.parquet", "**/__pycache__"]  # Ray leaves out .git and .venv
 
@@ -193,7 +193,7 @@ class _Tasks:
                 self.run.record({**row, **self.extra.get(spec.cell_id, {})}, [])
                 self.flight.end(id(gen))
             elif state["retry"]:
-                raise RuntimeError(f"a Ray task failed twice before starting a cell: {reason}") from None
+                raise ExecutorError(f"a Ray task failed twice before starting a cell: {reason}") from None
             if rest:
                 self.submit(rest, retry=0 if spec is not None else 1)
             return

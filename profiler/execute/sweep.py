@@ -113,11 +113,11 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
             run.update_manifest(resumed_at=now(), ended_at=None, memory_budget_bytes=budget, job_ids=jobs, **limits)
         done = run.done_cells()
         pending = [c for c in cells if c.cell_id not in done or (retry_failed and done[c.cell_id] != "ok")]
-        pre, predicted = preflight(pending, budget, force, executor.availability)
-        extra = {c.cell_id: {**predicted[c.cell_id], **cell_peaks(limits, c.dtype)} for c in pending}
         flight = InFlight(run, _progress(len(cells), len(cells) - len(pending), progress))
         interrupted = False
-        try:
+        try:  # from the preflight on: whatever fails, the manifest says the run ended, and how
+            pre, predicted = preflight(pending, budget, force, executor.availability)
+            extra = {c.cell_id: {**predicted[c.cell_id], **cell_peaks(limits, c.dtype)} for c in pending}
             for c in [c for c in pending if c.cell_id in pre]:
                 run.record(pre[c.cell_id], [])
                 flight.bar.update(1)
@@ -214,7 +214,8 @@ def group_events(cells: list[CellSpec], repeats: int, warmup: int, extra: dict |
 
     t0, cache, host = time.perf_counter(), ModelCache(), socket.gethostname()
     cache.expect(cells)  # the group's fp32 references come first, with one model freed before the first cell's
-    for c in cells:
+    for i, c in enumerate(cells):
+        cache.keep_only(cells[i:])  # a part no cell left needs (a ControlNet) leaves the device before this cell
         yield {"event": "start", "cell_id": c.cell_id, "label": label(c), "pid": os.getpid(), "host": host}
         more = (extra or {}).get(c.cell_id, {})
         with tempfile.TemporaryDirectory(prefix="attnprof-trace-") if trace else contextlib.nullcontext() as tmp:

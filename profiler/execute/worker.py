@@ -4,36 +4,48 @@ With --probe: reads a JSON list of (backend, device, dtype, head dims) and print
 CUDA context of its own."""
 import faulthandler
 import json
+import os
 import sys
 
 from .. import backends  # noqa: F401 (first: the plugins $ATTNPROF_PLUGINS names load before the sweep's modules)
 from ..spec import CellSpec
 
 
+def _own_stream():
+    """The stream for this worker's JSON on a descriptor of its own; file descriptor 1 (what native code, a kernel's
+    printf or a library's C++ writes) and sys.stdout then go to stderr, the run's worker.log, not into the stream."""
+    sys.stdout.flush()
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return out
+
+
 def main() -> None:
     faulthandler.enable()  # a segfault leaves its traceback in the run's worker.log
+    out = _own_stream()
     if sys.argv[1:] == ["--probe"]:
         from ..backends import availability
 
         asks = json.loads(sys.stdin.read())
-        print(json.dumps([availability(name, dev, dtype, tuple(dims)) for name, dev, dtype, dims in asks]))
+        out.write(json.dumps([availability(name, dev, dtype, tuple(dims)) for name, dev, dtype, dims in asks]) + "\n")
+        out.flush()
         return
     if sys.argv[1:] == ["--limits"]:
         from ..measure.limits import device_limits
 
-        print(json.dumps(device_limits(*json.loads(sys.stdin.read()))))
+        out.write(json.dumps(device_limits(*json.loads(sys.stdin.read()))) + "\n")
+        out.flush()
         return
     from ..store import Run
     from .sweep import run_group
 
     job = json.loads(sys.stdin.read())
-    out = sys.stdout
 
     def emit(event):
         out.write(json.dumps(event) + "\n")
         out.flush()
 
-    sys.stdout = sys.stderr  # anything else printed goes to stderr, not into the event stream
     run_group([CellSpec.from_row(r) for r in job["cells"]], Run.open(job["run"]), job["repeats"], job["warmup"], emit,
               job["extra"], job["trace"])
 

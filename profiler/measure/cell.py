@@ -60,6 +60,17 @@ class ModelCache:
             self._parts[key] = w.make_part(which, "pretrained" if w.source.weights else "random", device, key[2])
         return self._parts[key]
 
+    def keep_only(self, cells: list[CellSpec]) -> None:
+        """Free the parts that none of these cells needs (a ControlNet once the cells that run it are done), so that
+        nothing beside the model under test stays on the device."""
+        needed = {(c.model, which, w.dtype(c.dtype), c.device) for c in cells
+                  for w in [Workload(c.model, c.settings)] for which in w.parts()}
+        gone = [key for key in self._parts if key not in needed]
+        for key in gone:
+            del self._parts[key]
+        for device in {key[3] for key in gone}:
+            devices.get(device).release()
+
     def expect(self, cells: list[CellSpec]) -> None:
         """The cells that will ask for references: the first ask computes all of theirs with one fp32 model."""
         self._expected.update(_ref_key(c) for c in cells)
@@ -118,7 +129,7 @@ class ModelCache:
 
             module = w.build(part)
         inputs = w.inputs(module, batch, width, height)
-        with torch.no_grad(), devices.get(where).guard(), w.applied(module), \
+        with torch.no_grad(), devices.get(where).guard(), devices.full_fp32(), w.applied(module), \
                 Recorder(module, processor=lambda: backends.make_processor(REFERENCE_BACKEND)):
             return w.forward(module, inputs).float().cpu()
 
@@ -207,6 +218,7 @@ def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev, 
             "predicted_peak_bytes": backends.predicted_peak_bytes(spec.backend, {**row, "device": spec.device},
                                                                   spec.dtype, **spec.options),
             "kernel": seen.get("kernel", ""), "gpu_time_ms": seen.get("gpu_time_ms"),
+            "gpu_kernels": ",".join(seen["gpu_kernels"]) if seen.get("gpu_time_ms") is not None else None,
             "bytes_moved": moved, **place(row["flops"], moved, timing["time_ms"], *roof),
             "status": "ok",
         })
@@ -225,9 +237,27 @@ def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev, 
         "allocator_reserved_max_bytes": dev.reserved_max(), "allocator_allocated_max_bytes": dev.allocated_max(),
         "max_abs_err": abs_err, "max_rel_err": rel_err, "error_ok": rel_err <= TOLERANCE[spec.dtype],
         "reference": reference_label, "forwards_total_s": forwards_s, "compile_s": compile_s,
-        **nvml.result(),
+        **nvml.result(), **sdpa_choices(spec, blocks),
     }
     return cell, blocks
+
+
+def sdpa_choices(spec: CellSpec, blocks: list[dict]) -> dict:
+    """Where PyTorch picks the SDPA kernel (sdpa) on CUDA: each block's `sdpa_kernel_asked` (what
+    torch._fused_sdp_choice answers on this device, as the planner now does here) and `sdpa_kernel_rule` (what the
+    planner's rule names with no GPU to ask), and the cell's `sdpa_rule_differs`: the shapes where the two differ
+    (None where they agree; absent off CUDA, where the planner always asks)."""
+    if not (backends.picks_sdpa_kernel(spec.backend) and spec.device.startswith("cuda")):
+        return {}
+    target, differs = devices.gpu_target(), {}
+    for b in blocks:
+        b["sdpa_kernel_asked"] = devices.asked_sdpa_choice(spec.dtype, b["head_dim"], b["tokens_k"],
+                                                           torch.device(spec.device))
+        b["sdpa_kernel_rule"] = devices.sdpa_rule(spec.dtype, b["head_dim"], b["tokens_k"], target)
+        if b["sdpa_kernel_asked"] != b["sdpa_kernel_rule"]:
+            differs[f"head_dim {b['head_dim']} tokens_k {b['tokens_k']}"] = \
+                f"torch {b['sdpa_kernel_asked']}, rule {b['sdpa_kernel_rule']}"
+    return {"sdpa_rule_differs": "; ".join(f"{k}: {v}" for k, v in differs.items()) or None}
 
 
 def _compile_pass(spec: CellSpec, work, unet, inputs, factory, dev) -> tuple[float | None, float]:
