@@ -10,6 +10,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from .. import backends, devices, models
+from ..checkpoint import facts_of
 from .limits import place
 from .probes import CallProbe, CallTimer, NvmlSampler, summarize, trace_windows, traced
 from ..recorder import Recorder
@@ -287,5 +288,6 @@ def run_cell(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, peaks
             dev.release()
     # where and how it ran: host, device name and UUID, and torch's intra-op threads in the process that measured it
     # (Ray's CPU workers run one each, whatever the driver's environment says)
-    cell.update(dev.identity(), torch_threads=torch.get_num_threads(), wall_s=time.time() - started)
+    cell.update(dev.identity(), torch_threads=torch.get_num_threads(), wall_s=time.time() - started,
+                **facts_of(spec.model))  # a single-file checkpoint's name, size and header hash
     return cell, blocks
