@@ -37,9 +37,9 @@ SUPPORTED = {"v1": ("SD 1.x", "sd15"), "v2": ("SD 2.x", "sd21-base"), "xl_base":
              "playground-v2-5": ("Playground v2.5 (SDXL's U-Net)", "sdxl-base")}
 _NAMED = {"xl_refiner": "an SDXL refiner (no refiner U-Net config in configs/models)", "upscale": "the SD x4 upscaler",
           "controlnet": "a ControlNet", "sd3": "SD 3 (a DiT)", "sd35": "SD 3.5 (a DiT)", "flux": "Flux (a DiT)",
-          "stable_cascade": "Stable Cascade", "animatediff": "an AnimateDiff motion module", "auraflow": "AuraFlow (a DiT)",
-          "ltx": "LTX-Video (a DiT)", "hunyuan": "HunyuanVideo (a DiT)", "wan": "Wan (a DiT)", "sana": "Sana (a DiT)",
-          "autoencoder": "an autoencoder"}
+          "stable_cascade": "Stable Cascade", "animatediff": "an AnimateDiff motion module",
+          "auraflow": "AuraFlow (a DiT)", "ltx": "LTX-Video (a DiT)", "hunyuan": "HunyuanVideo (a DiT)",
+          "wan": "Wan (a DiT)", "sana": "Sana (a DiT)", "autoencoder": "an autoencoder"}
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,8 @@ def describe(facts: dict) -> str:
     """' (SDXL base, single file sd_xl_base_1.0.safetensors; U-Net config sdxl-base)', or '' for no file."""
     if not facts:
         return ""
-    return f" ({facts['model_file_kind']}, single file {facts['model_file']}; U-Net config {facts['model_file_config']})"
+    return (f" ({facts['model_file_kind']}, single file {facts['model_file']}; "
+            f"U-Net config {facts['model_file_config']})")
 
 
 def allow_pickle() -> None:
@@ -118,8 +119,20 @@ def _read_pickle(path: Path) -> tuple[dict[str, tuple[int, ...]], bytes]:
 
 
 def _pickle_state(path: Path, device: str) -> dict:
-    state = torch.load(path, map_location=device, weights_only=False, mmap=True)
-    return state.get("state_dict", state) if isinstance(state, dict) else {}
+    try:
+        try:
+            state = torch.load(path, map_location=device, weights_only=False, mmap=True)
+        except RuntimeError as e:  # a file of torch's legacy format (before 1.6) cannot be mapped: read it whole
+            if "mmap" not in str(e):
+                raise
+            state = torch.load(path, map_location=device, weights_only=False)
+    except Exception as e:  # a pickle fails in many ways (not a zip, a class it names is missing): one line
+        raise InputError(f"{path} could not be read as a torch checkpoint ({type(e).__name__}: "
+                         f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}): check the file") from None
+    state = state.get("state_dict", state) if isinstance(state, dict) else None
+    if not isinstance(state, dict):
+        raise InputError(f"{path} holds no state dict (a mapping of tensor names): check the file")
+    return state
 
 
 def _unet_view(shapes: dict) -> tuple[dict, bool]:
@@ -199,6 +212,9 @@ def _matching_config(path: Path, shapes: dict, first: str) -> tuple[str, dict]:
     from . import models
 
     mine = {k[len(PREFIX):]: s for k, s in shapes.items() if k.startswith(PREFIX)}
+    if not mine:
+        raise InputError(f"{path.name} holds no U-Net tensors (none under {PREFIX}, nor bare LDM names such as "
+                         "input_blocks.0.0.weight): give a checkpoint with a U-Net")
     width = (mine.get("input_blocks.0.0.weight") or (None,))[0]
     names = [first] + [n for n in models.known_models() if n != first]
     problem = None

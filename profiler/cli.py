@@ -154,7 +154,8 @@ def cmd_models(args) -> int:
              "description": (yaml.safe_load(path.read_text()) or {}).get("description", "")}
             for name, path in models.known_models().items()]
     print(table(rows, [(c, c) for c in ("name", "kind", "channels", "description")]))
-    print("\n(configs/models/*.yaml; --model also takes a diffusers U-Net folder or hub id)")
+    print("\n(configs/models/*.yaml; --model also takes a diffusers U-Net folder, a hub id or a single-file "
+          "checkpoint, .safetensors)")
     return 0
 
 

@@ -221,3 +221,13 @@ def test_run_of_a_tiny_checkpoint_ends_ok_and_records_the_file(tmp_path, capsys)
     other = moved.assign(model_header_sha256="0" * 64)
     assert len(compare(cells, other)["matched"]) == 0
     shutil.rmtree(tmp_path / "results")
+
+
+def test_fit_of_a_header_alone_answers_as_its_config(tmp_path, capsys):
+    path = header_only(tmp_path / "tiny.safetensors", ldm_header(models.resolve("tiny-sd15").config))
+    answers = []
+    for model in (str(path), "tiny-sd15"):
+        assert main(["fit", "--model", model, "--budget", "256MiB", "--backend", "sdpa", "--device", "cpu",
+                     "--quiet", "--json"]) == 0
+        answers.append({k: v for k, v in json.loads(capsys.readouterr().out).items() if k != "model"})
+    assert answers[0] == answers[1] and answers[0]["backends"]
