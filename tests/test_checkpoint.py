@@ -220,6 +220,11 @@ def test_run_of_a_tiny_checkpoint_ends_ok_and_records_the_file(tmp_path, capsys)
     assert len(compare(cells, moved)["matched"]) == 1
     other = moved.assign(model_header_sha256="0" * 64)
     assert len(compare(cells, other)["matched"]) == 0
+    # its replay (each attention shape's kernel alone) records the file too
+    assert main(["replay", run.id, "--results", str(tmp_path / "results"), "--device", "cpu", "--repeats", "1",
+                 "--warmup", "0", "--out", str(tmp_path / "replays"), "--quiet"]) == 0
+    replayed = Run.open(list_runs(tmp_path / "replays")[-1]).cells()
+    assert replayed[list(facts)].drop_duplicates().to_dict("records") == [facts]
     shutil.rmtree(tmp_path / "results")
 
 

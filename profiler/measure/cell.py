@@ -217,7 +217,7 @@ def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev, 
     rel_err = abs_err / max(float(reference.abs().max()), 1e-12)
     fwd = summarize(forward_ms)
     cell = {
-        **spec.as_row(), "status": "ok", "error": "",
+        **spec.as_row(), **facts_of(spec.model), "status": "ok", "error": "",
         "forward_time_ms": fwd["time_ms"], "forward_iqr_ms": fwd["iqr_ms"], "noisy": fwd["noisy"],
         "forward_time_samples_ms": forward_ms, "forward_peak_mem_bytes": int(forward_peak),
         "weights_bytes": weights, "inputs_bytes": sum(held.values()),
@@ -261,7 +261,7 @@ def attention_summary(blocks: list[dict], roof: tuple) -> dict:
 
 
 def failed_cell(spec: CellSpec, status: str, message: str, **extra) -> dict:
-    return {**spec.as_row(), "status": status, "error": message, **extra}
+    return {**spec.as_row(), **facts_of(spec.model), "status": status, "error": message, **extra}
 
 
 def _describe(e: BaseException) -> str:
@@ -288,6 +288,5 @@ def run_cell(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, peaks
             dev.release()
     # where and how it ran: host, device name and UUID, and torch's intra-op threads in the process that measured it
     # (Ray's CPU workers run one each, whatever the driver's environment says)
-    cell.update(dev.identity(), torch_threads=torch.get_num_threads(), wall_s=time.time() - started,
-                **facts_of(spec.model))  # a single-file checkpoint's name, size and header hash
+    cell.update(dev.identity(), torch_threads=torch.get_num_threads(), wall_s=time.time() - started)
     return cell, blocks
