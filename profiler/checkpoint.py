@@ -109,10 +109,6 @@ def read_header(path: Path) -> tuple[dict[str, tuple[int, ...]], bytes]:
 
 
 def _read_pickle(path: Path) -> tuple[dict[str, tuple[int, ...]], bytes]:
-    if os.environ.get(PICKLE_ENV) != "1":
-        raise InputError(f"{path} is a pickle ({path.suffix}), and loading a pickle can run any code it holds: give "
-                         "--allow-pickle (a sweep: allow_pickle: true) if you trust the file, or convert it to "
-                         ".safetensors")
     state = _pickle_state(path, "meta")
     shapes = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
     return shapes, json.dumps(sorted(shapes.items())).encode()
@@ -172,8 +168,13 @@ def resolve(path: Path) -> tuple[Checkpoint, dict]:
     """(what the file is, its U-Net's diffusers config) from the header alone."""
     if not path.is_file():
         raise InputError(f"checkpoint file {path} does not exist: check the path")
+    if path.suffix in PICKLES and os.environ.get(PICKLE_ENV) != "1":  # asked each time: never from the cache
+        raise InputError(f"{path} is a pickle ({path.suffix}), and loading a pickle can run any code it holds: give "
+                         "--allow-pickle (a sweep: allow_pickle: true) if you trust the file, or convert it to "
+                         ".safetensors")
     stat = path.stat()
-    return _resolve(str(path), stat.st_size, stat.st_mtime_ns)
+    found, config = _resolve(str(path), stat.st_size, stat.st_mtime_ns)
+    return found, dict(config)  # the cached config stays as read
 
 
 @functools.lru_cache(maxsize=16)

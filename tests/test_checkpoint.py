@@ -183,6 +183,9 @@ def test_a_pickle_is_refused_without_allow_pickle_and_read_with_it(tmp_path, cap
     assert "(SD 1.x, single file tiny.ckpt; U-Net config tiny-sd15)" in capsys.readouterr().out
     loaded = models.build(str(path), "pretrained").state_dict()
     assert all(torch.equal(loaded[k], state[k]) for k in state)
+    monkeypatch.delenv(checkpoint.PICKLE_ENV)  # read before, but not allowed now: refused again, not cached
+    with pytest.raises(InputError, match="is a pickle"):
+        models.resolve(str(path))
 
 
 def test_a_sweep_config_takes_a_file_and_allow_pickle(tmp_path):
