@@ -22,8 +22,17 @@ class _Parser(argparse.ArgumentParser):
         raise InputError(f"{message} (see {self.prog} --help)")
 
 
+MODEL_HELP = "registry name (attnprof models), diffusers folder, hub id or single-file checkpoint (.safetensors)"
+
+
+def _add_pickle_arg(p):
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="let --model be a .ckpt / .pt checkpoint: a pickle, which runs any code it holds when loaded")
+
+
 def _add_shape_args(p, sizes_default=("512x512",)):
-    p.add_argument("--model", required=True, help="registry name (attnprof models), diffusers folder or hub id")
+    p.add_argument("--model", required=True, help=MODEL_HELP)
+    _add_pickle_arg(p)
     p.add_argument("--size", action="append", metavar="WxH",
                    help=f"image size in pixels, repeatable (default {' '.join(sizes_default)})")
     p.add_argument("--batch", default="1", help="batch size (default 1)")
@@ -145,7 +154,8 @@ def cmd_models(args) -> int:
              "description": (yaml.safe_load(path.read_text()) or {}).get("description", "")}
             for name, path in models.known_models().items()]
     print(table(rows, [(c, c) for c in ("name", "kind", "channels", "description")]))
-    print("\n(configs/models/*.yaml; --model also takes a diffusers U-Net folder or hub id)")
+    print("\n(configs/models/*.yaml; --model also takes a diffusers U-Net folder, a hub id or a single-file "
+          "checkpoint, .safetensors)")
     return 0
 
 
@@ -446,7 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "largest image whose every phase of a generation fits (text encoding, denoising "
                                    "under CFG, VAE decode), each with what the offload leaves resident, and which "
                                    "phase sets the limit.")
-    p.add_argument("--model", help="registry name (attnprof models), diffusers folder or hub id")
+    p.add_argument("--model", help=MODEL_HELP)
+    _add_pickle_arg(p)
     p.add_argument("--pipeline", choices=["sd15", "sdxl"], help="a whole generation instead of one model")
     p.add_argument("--cfg", action=argparse.BooleanOptionalAction, default=True,
                    help="with --pipeline: classifier-free guidance, the U-Net and text at twice the batch (default on)")
@@ -497,6 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="a YAML file, e.g. configs/sweeps/default.yaml")
     p.add_argument("--resume", action="store_true", help="continue the latest run of this config")
     p.add_argument("--retry-failed", action="store_true", help=RETRY_HELP)
+    _add_pickle_arg(p)
     _add_exec_args(p, out_default=None)
     p.set_defaults(func=cmd_sweep)
 
@@ -513,7 +525,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "built, no weights. Per shape: time, TFLOP/s, peak memory and, for a run, the gap "
                                    "to the same calls inside the model. Stored as a run (show, diff, the dashboard).")
     p.add_argument("run", nargs="?", metavar="RUN", help="a run id, unique prefix, 'latest' or folder (or --model)")
-    p.add_argument("--model", help="plan this model instead of replaying a run (attnprof models)")
+    p.add_argument("--model", help="plan this model instead of replaying a run (attnprof models, or a file)")
+    _add_pickle_arg(p)
     p.add_argument("--size", action="append", metavar="WxH", help="with --model: image size, repeatable (512x512)")
     p.add_argument("--batch", help="with --model: batch size (default 1)")
     p.add_argument("--dtype", help="with --model: float16 | bfloat16 | float32 (default float16)")
@@ -602,6 +615,10 @@ def main(argv=None) -> int:
     stop_on_sigterm()
     try:
         args = build_parser().parse_args(argv)
+        if getattr(args, "allow_pickle", False):
+            from .checkpoint import allow_pickle
+
+            allow_pickle()
         code = args.func(args)
         sys.stdout.flush()  # a reader that went away shows here, not at the interpreter's exit
         return code

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from . import checkpoint
 from .spec import InputError, torch_dtype
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "models"
@@ -32,6 +33,7 @@ class ModelSource:
     subfolder: str | None = None
     kind: str = "unet"  # unet, vae or controlnet
     variant: str | None = None  # the weights file's variant ('fp16': diffusion_pytorch_model.fp16.safetensors)
+    checkpoint: object = None  # a single-file checkpoint's checkpoint.Checkpoint (weights: its path)
 
     @property
     def levels(self) -> int:
@@ -109,7 +111,8 @@ def _weights_variant(folder: Path) -> str | None:
 
 
 def resolve(name: str) -> ModelSource:
-    """A registry name, a YAML file, a local diffusers folder (with or without unet/) or a hub id."""
+    """A registry name, a YAML file, a single-file checkpoint (checkpoint.py), a local diffusers folder (with or
+    without unet/) or a hub id."""
     known = known_models()
     if name in known:
         return _read_yaml(known[name])
@@ -118,10 +121,14 @@ def resolve(name: str) -> ModelSource:
         if not path.is_file():
             raise InputError(f"model file {name} does not exist: check the path")
         return _read_yaml(path)
+    if path.suffix in checkpoint.SUFFIXES:
+        found, config = checkpoint.resolve(path)
+        return ModelSource(name, config, weights=str(path), checkpoint=found)
     if path.is_dir():
         return _read_folder(path)
     if name.startswith((".", "/", "~")) or name.count("/") > 1:
-        raise InputError(f"no such folder {name!r}: check the path to the diffusers model folder")
+        raise InputError(f"no such folder {name!r}: check the path to the diffusers model folder (or give a "
+                         "single-file checkpoint, .safetensors)")
     if "/" not in name:
         raise InputError(f"unknown model {name!r}: known models are {', '.join(known)}; or give a folder or hub id")
     return _read_hub(name)
@@ -163,6 +170,8 @@ def build(source: ModelSource | str, weights: str = "random", device: str = "cpu
         if source.weights is None:
             raise InputError(f"model {source.name!r} is a config only: "
                              "give a diffusers folder or hub id for real weights")
+        if source.checkpoint is not None:
+            return checkpoint.load_unet(source.checkpoint, source.config, device, torch_dtype(dtype))
         unet = UNet2DConditionModel.from_pretrained(source.weights, subfolder=source.subfolder, use_safetensors=True,
                                                     variant=source.variant, low_cpu_mem_usage=False,
                                                     torch_dtype=torch_dtype(dtype))

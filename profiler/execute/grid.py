@@ -22,7 +22,8 @@ KEYS = {**GRID_KEYS, "repeats": "timed forwards per cell", "warmup": "warm-up fo
         "memory_budget": "bytes or a string such as 20GiB", "timeout_s": "seconds per cell",
         "executor": "local or ray", "ray_address": "a Ray cluster's address (with executor: ray)",
         "also": "list of further grids, each a mapping of grid keys (the others as at the top)",
-        "trace": "true or false: a Chrome / Perfetto trace of each cell's probe forward"}
+        "trace": "true or false: a Chrome / Perfetto trace of each cell's probe forward",
+        "allow_pickle": "true or false: let models be .ckpt / .pt files, pickles that run any code they hold"}
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
           "tib": 2**40}
 
@@ -148,6 +149,7 @@ def loads(text: str, where: str) -> Sweep:
     unknown = [k for k in doc if k not in KEYS]
     if unknown:
         raise InputError(f"{where}: unknown key '{unknown[0]}': the keys are {', '.join(KEYS)}")
+    _allow_pickle(doc, where)  # before the models are read
     kw = {"source": where, **_grid(doc, where)}
     also = doc.get("also", [])
     if not isinstance(also, list) or not all(isinstance(g, dict) for g in also):
@@ -169,6 +171,16 @@ def loads(text: str, where: str) -> Sweep:
                 raise InputError(f"{place}: key '{name}' is for {SETTINGS[name][0]} models and this grid has none: "
                                  "add one to its models, or move the key to a grid that has one (also:)")
     return sweep
+
+
+def _allow_pickle(doc: dict, where: str) -> None:
+    if "allow_pickle" in doc:
+        if not isinstance(doc["allow_pickle"], bool):
+            raise InputError(f"{where}: key 'allow_pickle' must be true or false, not {doc['allow_pickle']!r}")
+        if doc["allow_pickle"]:
+            from ..checkpoint import allow_pickle
+
+            allow_pickle()
 
 
 def _grid(doc: dict, where: str, inherit: dict | None = None) -> dict:

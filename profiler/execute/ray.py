@@ -18,6 +18,7 @@ import time
 
 import ray
 
+from ..checkpoint import PICKLE_ENV
 from ..spec import CellSpec, InputError
 from ..store import REPO
 from . import ExecutorError, stop_on_sigterm
@@ -31,7 +32,8 @@ def connect(address: str | None = None, excludes: tuple[str, ...] = (), num_cpus
     and for clients where a token exists (~/.ray/auth_token); `attnprof serve` starts its head with it."""
     if ray.is_initialized():
         return
-    env_vars = {"ATTNPROF_PLUGINS": os.environ.get("ATTNPROF_PLUGINS", ""), "PYTHONUNBUFFERED": "1"}
+    env_vars = {"ATTNPROF_PLUGINS": os.environ.get("ATTNPROF_PLUGINS", ""), "PYTHONUNBUFFERED": "1",
+                PICKLE_ENV: os.environ.get(PICKLE_ENV, "")}  # --allow-pickle's leave, for the cells' workers
     runtime_env = {"working_dir": str(REPO), "excludes": EXCLUDES + list(excludes), "env_vars": env_vars}
     if os.environ.get("ATTNPROF_JOB_ID"):  # a queued job: its runtime env (code, config, plugins) is the tasks' too
         runtime_env = None

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import backends
+from ..checkpoint import model_files
 from ..measure.limits import cell_peaks
 from ..spec import CellSpec
 from .grid import Sweep
@@ -106,7 +107,8 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
         run = Run.create(Path(sweep.out), {
             "command": command, "sweep": sweep.settings(), "memory_budget_bytes": budget,
             "job_ids": [job_id] if job_id else [],
-            "cells": [c.as_row() for c in cells], "environment": executor.environment(device), **limits})
+            "cells": [c.as_row() for c in cells], "environment": executor.environment(device),
+            "model_files": model_files(cells), **limits})
     with run.executor(command or "attnprof"):
         if resumed:
             jobs = run.manifest().get("job_ids", []) + ([job_id] if job_id else [])

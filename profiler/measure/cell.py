@@ -10,6 +10,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from .. import backends, devices, models
+from ..checkpoint import facts_of
 from .limits import place
 from .probes import CallProbe, CallTimer, NvmlSampler, summarize, trace_windows, traced
 from ..recorder import Recorder
@@ -228,7 +229,7 @@ def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev, 
     rel_err = abs_err / max(float(reference.abs().max()), 1e-12)
     fwd = summarize(forward_ms)
     cell = {
-        **spec.as_row(), "status": "ok", "error": "",
+        **spec.as_row(), **facts_of(spec.model), "status": "ok", "error": "",
         "forward_time_ms": fwd["time_ms"], "forward_iqr_ms": fwd["iqr_ms"], "noisy": fwd["noisy"],
         "forward_time_samples_ms": forward_ms, "forward_peak_mem_bytes": int(forward_peak),
         "weights_bytes": weights, "inputs_bytes": sum(held.values()),
@@ -290,7 +291,7 @@ def attention_summary(blocks: list[dict], roof: tuple) -> dict:
 
 
 def failed_cell(spec: CellSpec, status: str, message: str, **extra) -> dict:
-    return {**spec.as_row(), "status": status, "error": message, **extra}
+    return {**spec.as_row(), **facts_of(spec.model), "status": status, "error": message, **extra}
 
 
 def _describe(e: BaseException) -> str:

@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 
 from .. import backends, devices
+from ..checkpoint import facts_of
 from ..spec import CellSpec, torch_dtype
 from .limits import cell_peaks, device_limits, place
 from .probes import CallProbe, CallTimer, summarize, trace_windows, traced
@@ -187,7 +188,7 @@ def _replay_cell(spec, rows, in_model, repeats, warmup, measured: dict, peaks: d
         oom = devices.oom_message(e)
         dev.release()
         return failed_cell(spec, "oom" if oom else "error", oom or _describe(e), **dev.identity()), []
-    cell = {**spec.as_row(), "status": "ok", "error": "", **attention_summary(blocks, roof),
+    cell = {**spec.as_row(), **facts_of(spec.model), "status": "ok", "error": "", **attention_summary(blocks, roof),
             "noisy": any(b["noisy"] for b in blocks), "shapes": len({shape_of(b) for b in blocks}),
             **peaks, **dev.identity(), "torch_threads": torch.get_num_threads(), "wall_s": time.time() - started}
     return cell, blocks

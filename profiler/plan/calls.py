@@ -29,7 +29,9 @@ def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "floa
     from ..backends import check_options, label, predicted_peak_bytes
 
     options = check_options(backend, backend_options or {}) if backend else {}
-    p = {"model": model, "width": width, "height": height, "batch": batch, "dtype": dtype,
+    from ..checkpoint import facts_of
+
+    p = {"model": model, **facts_of(model), "width": width, "height": height, "batch": batch, "dtype": dtype,
          "settings": dict(settings), "backend": backend, "backend_options": options,
          "backend_label": label(backend, options) if backend else None, "device": device if backend else None}
     if backend is None:
@@ -119,7 +121,9 @@ def format_plan(p: dict) -> str:
     from ..workload import label
 
     settings = label(json.dumps(p.get("settings") or {}))
-    head = f"{p['model']} at {p['width']}x{p['height']} (latent {p['width'] // 8}x{p['height'] // 8}), " \
+    from ..checkpoint import describe
+
+    head = f"{p['model']}{describe({k: v for k, v in p.items() if k.startswith('model_file')})} at {p['width']}x{p['height']} (latent {p['width'] // 8}x{p['height'] // 8}), " \
            f"batch {p['batch']}, {p['dtype']}" + (f", {settings}" if settings else "")
     share = lambda k: f"{t['params_' + k] / 1e6:.2f}M ({100 * t['share_' + k]:.1f}%)"  # noqa: E731
     image = f", {t['calls_image']} image" if t.get("calls_image") else ""

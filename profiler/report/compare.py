@@ -72,12 +72,21 @@ def peak_verdict(a: float, b: float, threshold: float) -> tuple[float, str]:
     return ratio, REGRESSION if ratio > 1 + threshold else IMPROVEMENT if ratio < 1 - threshold else SAME
 
 
+def _keys(df: pd.DataFrame) -> pd.Series:
+    """Each cell's matching key: KEY's columns, a single-file checkpoint's model named by its header's SHA-256 (one
+    checkpoint matches itself wherever the file lies)."""
+    keyed = df[KEY].astype(str)
+    if "model_header_sha256" in df:
+        sha = df["model_header_sha256"]
+        keyed["model"] = keyed["model"].where(sha.isna(), "file:" + sha.astype(str))
+    return keyed.agg("|".join, axis=1)
+
+
 def compare(a: pd.DataFrame, b: pd.DataFrame, threshold: float = THRESHOLD) -> dict[str, pd.DataFrame]:
     """{"matched": one row per cell in both runs, "only_a": cells only in A, "only_b": cells only in B}."""
     a, b = (df if "settings" in df else df.assign(settings="{}") for df in (a, b))  # runs before settings existed
     a, b = (df.assign(settings=df["settings"].fillna("{}")) for df in (a, b))
-    key = lambda df: df[KEY].astype(str).agg("|".join, axis=1)  # noqa: E731
-    a, b = a.assign(_key=key(a)), b.assign(_key=key(b))
+    a, b = a.assign(_key=_keys(a)), b.assign(_key=_keys(b))
     by_key = b.drop_duplicates("_key").set_index("_key")
     rows = []
     for ka, ca in a.drop_duplicates("_key").set_index("_key").iterrows():

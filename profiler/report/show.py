@@ -118,6 +118,13 @@ def _of_peak(pct, bound) -> str:
     return f"{pct:.1f}% of {bound}" if _known(pct) else "-"
 
 
+def _files_lines(m: dict) -> list[str]:
+    """The run's single-file checkpoints: what each is, its size and its header's SHA-256 (checkpoint.py)."""
+    return [f"model file {path}: {f['model_file_kind']} (U-Net config {f['model_file_config']}), "
+            f"{human_bytes(f['model_file_bytes'])}, header sha256 {f['model_header_sha256'][:16]}"
+            for path, f in (m.get("model_files") or {}).items()]
+
+
 def format_run(run: Run) -> str:
     from .findings import findings, format_findings
 
@@ -130,7 +137,7 @@ def format_run(run: Run) -> str:
              f"created {m.get('created_at')}  ended {m.get('ended_at') or 'not yet (running or stopped)'}",
              f"device {env.get('device')} ({env.get('device_name')}), torch {env.get('torch')}, "
              f"diffusers {env.get('diffusers')}, git {str(env.get('git_revision'))[:12]}",
-             f"command: {m.get('command')}", *_limits_line(m), ""]
+             f"command: {m.get('command')}", *_limits_line(m), *_files_lines(m), ""]
     if not len(cells):
         return "\n".join(lines + [f"no cells recorded yet ({len(m.get('cells', []))} planned)"])
     rows = []
