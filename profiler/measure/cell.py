@@ -275,8 +275,8 @@ def _compile_pass(spec: CellSpec, work, unet, inputs, factory, dev) -> tuple[flo
 def attention_summary(blocks: list[dict], roof: tuple) -> dict:
     """A cell's attention figures from its calls' rows (a measured cell's or a replay's): times summed over the
     calls (per timed round for the samples; NaN and none where the calls have no time: compiled, fused away), the
-    largest call's peaks, the kernels, and the calls together on the
-    roofline against roof = (peak FLOP/s, peak bytes/s)."""
+    largest call's peaks, the kernels, and the calls together on the roofline against roof = (peak FLOP/s, peak
+    bytes/s)."""
     totals = (sum(b[k] for b in blocks) for k in ("flops", "bytes_moved", "time_ms"))
     return {"attention_time_ms": sum(b["time_ms"] for b in blocks),
             "attention_time_samples_ms": [sum(samples) for samples in zip(*(b["time_samples_ms"] for b in blocks))],

@@ -35,9 +35,13 @@ from .probes import _CPU, _CUDA, NvmlSampler, attention_op, op_calls, trace_wind
 @contextmanager
 def compiled(unet: torch.nn.Module, mode: str):
     """The U-Net compiled in place for the duration (regional or full) and made eager again on exit; Dynamo's
-    caches emptied before and after. A compile past Dynamo's recompile limit raises instead of running that frame
-    eager unsaid."""
+    caches emptied before and after (flex's compiled kernels with them: CompileClock forgets its shapes, so that
+    a flex cell after this one compiles in its compile pass again, not in a timed forward). A compile past Dynamo's
+    recompile limit raises instead of running that frame eager unsaid."""
+    from ..fused import CompileClock
+
     torch._dynamo.reset()
+    CompileClock.seen.clear()
     try:
         with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
             if mode == "regional":
@@ -49,6 +53,7 @@ def compiled(unet: torch.nn.Module, mode: str):
         for module in unet.modules():
             module._compiled_call_impl = None
         torch._dynamo.reset()
+        CompileClock.seen.clear()
 
 
 def dynamo_counts() -> dict:

@@ -119,6 +119,8 @@ def format_plan(p: dict) -> str:
     from ..workload import label
 
     settings = label(json.dumps(p.get("settings") or {}))
+    if (p.get("settings") or {}).get("compile", "none") != "none":
+        settings += " (predicted as eager: the planner does not model Inductor)"
     head = f"{p['model']} at {p['width']}x{p['height']} (latent {p['width'] // 8}x{p['height'] // 8}), " \
            f"batch {p['batch']}, {p['dtype']}" + (f", {settings}" if settings else "")
     share = lambda k: f"{t['params_' + k] / 1e6:.2f}M ({100 * t['share_' + k]:.1f}%)"  # noqa: E731

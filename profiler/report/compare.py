@@ -184,6 +184,8 @@ def format_diff(run_a: str, run_b: str, result: dict, threshold: float) -> str:
         ran = r["status_a"] == "ok" and r["status_b"] == "ok"
         rows.append({"model": r["model"], "size": f"{r['width']}x{r['height']}", "batch": r["batch"],
                      "dtype": r["dtype"], "backend": label(r["backend"], r["backend_options"]),
+                     "compile": r["compile_a"] if r["compile_a"] == r["compile_b"] else
+                     f"{r['compile_a']} / {r['compile_b']}",
                      "time A": f"{r['time_a_ms']:.2f} ms" if ran else r["status_a"],
                      "time B": f"{r['time_b_ms']:.2f} ms" if ran else r["status_b"],
                      "time": f"{r['time_ratio']:.3f}x" if ran else "-",
@@ -192,9 +194,11 @@ def format_diff(run_a: str, run_b: str, result: dict, threshold: float) -> str:
                      "peak": f"{r['peak_ratio']:.3f}x" if ran else "-", "verdict": r["verdict"],
                      "note": "; ".join(n for n in (r["time_note"] if ran else "", r.get("note")) if isinstance(n, str)
                                        and n)})
-    cols = [(c, c) for c in ("model", "size", "batch", "dtype", "backend", "time A", "time B", "time", "peak A",
-                             "peak B", "peak", "verdict", "note")]
-    lines = [f"A = {run_a}, B = {run_b}; time: the attention time's median over the timed forwards; "
+    compiled = any(r["compile"] != "none" for r in rows)
+    cols = [(c, c) for c in ("model", "size", "batch", "dtype", "backend", *(["compile"] if compiled else []),
+                             "time A", "time B", "time", "peak A", "peak B", "peak", "verdict", "note")]
+    across = "" if not compiled else " (the forward's, for a compiled cell against an eager one: compile A / B)"
+    lines = [f"A = {run_a}, B = {run_b}; time: the attention time's median over the timed forwards{across}; "
              f"{rule_text(threshold)}", "", table(rows, cols) if rows else "(no cell in both runs)", "",
              summary_text(summary(result))]
     for side, name in (("only_a", run_a), ("only_b", run_b)):

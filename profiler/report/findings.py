@@ -62,7 +62,8 @@ def per_shape(cells: pd.DataFrame) -> list[str]:
     """The fastest and the smallest-memory backend per shape, each against naive where naive ran."""
     varying = _varying(cells)
     cells = cells.sort_values("pixels", kind="stable")
-    ok = cells[(cells["status"] == "ok") & cells["attention_time_ms"].notna()]  # compiled, fused away: none
+    timed = cells["attention_time_ms"].notna() if "attention_time_ms" in cells else False  # none: compiled, fused
+    ok = cells[(cells["status"] == "ok") & timed]
     by = ok.groupby(SHAPE, sort=False)
     fastest = _by_shape(ok.loc[by["attention_time_ms"].idxmin()]) if len(ok) else {}
     smallest = _by_shape(ok.loc[by["attention_peak_mem_bytes"].idxmin()]) if len(ok) else {}
