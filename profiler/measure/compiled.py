@@ -120,7 +120,7 @@ def measure_compiled(spec: CellSpec, cache, repeats: int, warmup: int, dev, peak
             traces, cpu_forward_peak = _traced_forwards(work, unet, inputs, dev, repeats, spec, trace_dir)
         forwards_s += time.perf_counter() - t0 - compile_s
     rows = rec.passes()[0]
-    note = matched(rows, traces[0], spec.backend)
+    note = next((n for n in (matched(rows, ops, spec.backend) for ops in traces) if n), "")  # every traced forward
     roof = (peaks.get("device_peak_flops_per_s"), peaks.get("device_peak_bytes_per_s"))
     blocks = [_call_row(spec, row, [] if note else [ops[i] for ops in traces], roof) for i, row in enumerate(rows)]
     cell = cell_row(spec, reference, inputs, weights, timed, None if dev.allocator else cpu_forward_peak, dev, nvml)
