@@ -154,7 +154,7 @@ def runs_ui(index: pd.DataFrame) -> list[str]:
 
 
 def filters_ui(cells: pd.DataFrame) -> dict[str, list]:
-    names = {"settings_label": "Settings (ControlNet, IP-Adapter, ToMe; a VAE's part, tiling)"}
+    names = {"settings_label": "Settings (ControlNet, IP-Adapter, ToMe, compiled; a VAE's part, tiling)"}
     return {c: multi_ui(names.get(c, c.capitalize()), T.options(cells, c), c) for c in T.FILTERS}
 
 

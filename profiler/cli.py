@@ -47,6 +47,9 @@ def _add_settings_args(p):
     g.add_argument("--ip-adapter-tokens", type=int, metavar="N",
                    help="U-Net: IP-Adapter's image tokens in every cross-attention (4: IP-Adapter, 16: plus)")
     g.add_argument("--tome", type=float, metavar="RATIO", help="U-Net: Token Merging at this ratio, e.g. 0.5")
+    g.add_argument("--compile", choices=["none", "regional", "full"],
+                   help="U-Net: run it compiled: regional (diffusers' compile_repeated_blocks) or full (torch.compile "
+                        "of the whole U-Net); default none (eager). run / sweep measure it; plan and fit predict eager")
     g.add_argument("--vae-part", choices=["decoder", "encoder"], help="VAE: decoder (default) or encoder")
     g.add_argument("--vae-tiling", action="store_true", default=None, help="VAE: tiled decode / encode")
     g.add_argument("--vae-slicing", action="store_true", default=None, help="VAE: one image of the batch at a time")

@@ -116,6 +116,11 @@ class FlexProcessor(Processor):
             def score_mod(score, b, h, q_idx, kv_idx):
                 return score + mask[b, h, q_idx if rows > 1 else 0, kv_idx]
 
+        if torch.compiler.is_compiling():  # inside a compiled U-Net (the compile setting): part of its graph
+            from torch.nn.attention.flex_attention import flex_attention
+
+            out = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=attn.scale)
+            return out.transpose(1, 2).flatten(2)
         key = (tuple(q.shape), tuple(k.shape), q.dtype, str(q.device), mask is not None)
         first = key not in CompileClock.seen
         t0 = time.perf_counter()

@@ -3,6 +3,7 @@ ControlNet, a VAE; through Attention.set_processor) and records one flat row per
 pass."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Callable
 
 import torch
@@ -70,6 +71,21 @@ def describe_call(attn, hidden_states: torch.Tensor, encoder_hidden_states: torc
     }
 
 
+@contextmanager
+def swapped(model: torch.nn.Module, make: Callable[[str, object], object]):
+    """Every Attention module's processor replaced by make(block path, its original processor) for the duration;
+    the originals restored on exit, also when the block raises."""
+    modules = attention_modules(model)
+    originals = {block: m.processor for block, m in modules.items()}
+    try:
+        for block, module in modules.items():
+            module.set_processor(make(block, originals[block]))
+        yield originals
+    finally:
+        for block, module in modules.items():
+            module.set_processor(originals[block])
+
+
 class RecordingProcessor:
     """Stands in for one Attention module's processor; delegates the work to `inner`."""
 
@@ -106,15 +122,16 @@ class Recorder:
         self.rows: list[dict] = []
         self.current_pass: list[dict] = []
         self.pass_index = -1
-        self._originals = None
+        self._swap = None
         self._hook = None
 
+    def _wrap(self, block: str, original) -> RecordingProcessor:
+        stage, level = block_position(block, self.levels)
+        return RecordingProcessor(self.processor() if self.processor else original, block, stage, level, self)
+
     def __enter__(self) -> "Recorder":
-        self._originals = {block: m.processor for block, m in attention_modules(self.unet).items()}
-        for block, module in attention_modules(self.unet).items():
-            stage, level = block_position(block, self.levels)
-            inner = self.processor() if self.processor else self._originals[block]
-            module.set_processor(RecordingProcessor(inner, block, stage, level, self))
+        self._swap = swapped(self.unet, self._wrap)
+        self._swap.__enter__()
         self._hook = self.unet.register_forward_pre_hook(self._new_pass)
         return self
 
@@ -124,8 +141,7 @@ class Recorder:
 
     def __exit__(self, *exc) -> None:
         self._hook.remove()
-        for block, module in attention_modules(self.unet).items():
-            module.set_processor(self._originals[block])
+        self._swap.__exit__(None, None, None)
 
     def passes(self) -> list[list[dict]]:
         grouped: dict[int, list[dict]] = {}

@@ -5,7 +5,9 @@ attention calls.
 Settings, per model kind (a cell's identity; stored as JSON in `settings`, only those that differ from the default):
 - unet: `controlnet` (true: the registry's ControlNet of the U-Net, ControlNetModel.from_unet, runs first and feeds
   its residuals to the U-Net, as a pipeline step does), `ip_adapter_tokens` (IP-Adapter's image tokens in every
-  cross-attention: 4 for the base adapter, 16 for plus), `tome` (ToMe's merge ratio, 0 <= r < 1).
+  cross-attention: 4 for the base adapter, 16 for plus), `tome` (ToMe's merge ratio, 0 <= r < 1), `compile` (none;
+  regional: diffusers' compile_repeated_blocks of the U-Net, its BasicTransformerBlocks; full: torch.compile of the
+  whole U-Net; measure/compiled.py compiles it, the reference and the planner run it eager).
 - vae: `vae_part` (decoder, a pipeline's last step; or encoder, img2img's first), `vae_tiling` and `vae_slicing`
   (AutoencoderKL.enable_tiling / enable_slicing), `vae_upcast` (the VAE in float32 whatever the cell's dtype, as a
   pipeline with force_upcast runs it; default: the config's force_upcast).
@@ -24,11 +26,13 @@ SETTINGS = {  # name: (the model kind it applies to, default, what it takes)
     "controlnet": ("unet", False, "true or false"),
     "ip_adapter_tokens": ("unet", 0, "a whole number of image tokens >= 0 (4: IP-Adapter, 16: IP-Adapter plus)"),
     "tome": ("unet", 0.0, "a merge ratio from 0 up to (not including) 1, e.g. 0.5"),
+    "compile": ("unet", "none", "none, regional (diffusers' compile_repeated_blocks) or full (torch.compile)"),
     "vae_part": ("vae", "decoder", "decoder or encoder"),
     "vae_tiling": ("vae", False, "true or false"),
     "vae_slicing": ("vae", False, "true or false"),
     "vae_upcast": ("vae", None, "true or false (default: the VAE config's force_upcast)"),
 }
+COMPILE_MODES = ("none", "regional", "full")
 
 
 def _value(name: str, value):
@@ -48,6 +52,9 @@ def _value(name: str, value):
             ratio = -1.0
         if 0 <= ratio < 1 and not isinstance(value, bool):
             return ratio
+    elif name == "compile":
+        if value in COMPILE_MODES:
+            return value
     elif value in ("decoder", "encoder"):
         return value
     raise InputError(f"setting {name}={value!r}: use {takes}")
@@ -80,6 +87,7 @@ def label(settings_json: str | None) -> str:
     s = json.loads(settings_json) if isinstance(settings_json, str) and settings_json else {}
     words = {"controlnet": lambda v: "controlnet" if v else "no controlnet",
              "ip_adapter_tokens": lambda v: f"ip-adapter {v} tokens", "tome": lambda v: f"tome {v:g}",
+             "compile": lambda v: f"compiled ({v})" if v != "none" else "eager",
              "vae_part": lambda v: f"vae {v}", "vae_tiling": lambda v: "tiling" if v else "no tiling",
              "vae_slicing": lambda v: "slicing" if v else "no slicing",
              "vae_upcast": lambda v: "upcast to float32" if v else "no upcast"}

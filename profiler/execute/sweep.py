@@ -30,7 +30,8 @@ def predict(cells: list[CellSpec]) -> tuple[dict[str, dict], dict[str, tuple[int
     from ..plan.forward import trace
 
     def shape(c: CellSpec) -> tuple:
-        return c.model, c.width, c.height, c.batch, c.dtype, c.device.split(":")[0], c.settings  # cuda:1 as cuda
+        eager = tuple(s for s in c.settings if s[0] != "compile")  # the planner predicts a compiled U-Net as eager
+        return c.model, c.width, c.height, c.batch, c.dtype, c.device.split(":")[0], eager  # cuda:1 as cuda
 
     groups: dict[tuple, list[dict[str, tuple]]] = {}  # shape -> forwards, each {backend: its options}
     for c in cells:

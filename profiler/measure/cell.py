@@ -12,7 +12,8 @@ from torch.utils._pytree import tree_leaves
 from .. import backends, devices, models
 from ..checkpoint import facts_of
 from .limits import place
-from .probes import CallProbe, CallTimer, NvmlSampler, summarize, trace_windows, traced
+from .probes import (CallProbe, CallTimer, NvmlSampler, attention_op, op_calls, summarize, trace_windows,
+                     traced)
 from ..recorder import Recorder
 from ..spec import CellSpec
 from ..workload import Workload
@@ -157,90 +158,117 @@ def measure_cell(spec: CellSpec, cache: ModelCache, repeats: int = 3, warmup: in
 
 def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev, peaks: dict,
              trace_dir: Path | None) -> tuple[dict, list[dict]]:
-    reference, reference_label = cache.reference(spec)  # before the model under test is built: never beside it
+    if dict(spec.settings).get("compile", "none") != "none":
+        from .compiled import measure_compiled
+
+        return measure_compiled(spec, cache, repeats, warmup, dev, peaks, trace_dir)
+    reference = cache.reference(spec)  # before the model under test is built: never beside it
     forwards_s, cache.reference_forward_s = cache.reference_forward_s, 0.0  # every forward charged to this cell
     work, unet = cache.get(spec.model, spec.dtype, spec.device, spec.settings)
     inputs = work.inputs(unet, spec.batch, spec.width, spec.height)
     factory = lambda: backends.make_processor(spec.backend, **spec.options)  # noqa: E731
     timer = CallTimer(dev)
-    forward_ms, forward_peak, output = [], 0, None
     dev.begin_cell()
     with torch.no_grad(), NvmlSampler(dev) as nvml, work.applied(unet):
         weights = models.weights_bytes(unet)  # with what the settings add (IP-Adapter's projections)
         compile_s, compile_forward_s = _compile_pass(spec, work, unet, inputs, factory, dev)
-        forwards_s += compile_forward_s
         with Recorder(unet, processor=factory, around=timer):
-            for i in range(warmup + repeats):
-                dev.synchronize()
-                dev.reset_peak()
-                held = dev.allocated()
-                clock = dev.interval()
-                clock.start()
-                out = work.forward(unet, inputs)
-                clock.stop()
-                timer.collect()  # synchronizes the device: the forward's clock can be read
-                elapsed = clock.ms()
-                forwards_s += elapsed / 1e3
-                if dev.allocator:
-                    forward_peak = max(forward_peak, dev.peak_allocated() - held)
-                if i < warmup:
-                    timer.samples.clear()
-                    continue
-                forward_ms.append(elapsed)
-                if output is None:
-                    output = out.float().cpu()
-                del out
+            timed = timed_forwards(work, unet, inputs, dev, warmup, repeats, timer)
         probe = CallProbe(dev)
         snapshot = trace_dir / f"{spec.cell_id}.memory.pickle" if trace_dir and dev.memory_snapshot else None
         t0 = time.perf_counter()
         with Recorder(unet, processor=factory, around=probe) as probe_rec, dev.memory_history(snapshot), \
                 traced(dev) as prof:
             work.forward(unet, inputs)
-        forwards_s += time.perf_counter() - t0
+        probe_s = time.perf_counter() - t0
     if trace_dir:
         prof.export_chrome_trace(str(trace_dir / f"{spec.cell_id}.trace.json"))
     per_call, cpu_forward_peak = trace_windows(prof, probe.ranges)
     roof = (peaks.get("device_peak_flops_per_s"), peaks.get("device_peak_bytes_per_s"))
-    if not dev.allocator:
-        forward_peak = cpu_forward_peak
+    blocks = [block_row(spec, row, timer.samples.get(row["call_index"], []), per_call.get(row["call_index"], {}),
+                        probe.peak.get(row["call_index"]), roof) for row in probe_rec.rows]
+    cell = cell_row(spec, reference, inputs, weights, timed, None if dev.allocator else cpu_forward_peak, dev, nvml)
+    cell.update(**attention_summary(blocks, roof), forwards_total_s=forwards_s + compile_forward_s + timed["seconds"]
+                + probe_s, compile_s=compile_s, attention_op_time_ms=op_time_ms(prof, spec.backend, len(blocks)),
+                **sdpa_choices(spec, blocks))
+    return cell, blocks
 
-    blocks = []
-    for row in probe_rec.rows:
-        key = row["call_index"]
-        seen = per_call.get(key, {})
-        row = {**{k: v for k, v in row.items() if k != "pass_index"},  # the SDPA kernel PyTorch ran, where it did
-               "sdpa_kernel": seen.get("sdpa_kernel") if backends.uses_sdpa(spec.backend) else None}
-        timing = summarize(timer.samples.get(key, []))
-        moved = backends.bytes_moved(spec.backend, row, spec.dtype, **spec.options)
-        blocks.append({
-            **spec.as_row(), **row, **timing,
-            "time_samples_ms": timer.samples.get(key, []),
-            "peak_mem_bytes": probe.peak.get(key, seen.get("peak_mem_bytes")),
+
+def timed_forwards(work, unet, inputs, dev, warmup: int, repeats: int, timer: CallTimer | None = None) -> dict:
+    """warmup + repeats forwards, each on the device's clock; the timed ones' times (forward_ms), the largest
+    forward transient the allocator saw (forward_peak; 0 without one), the first timed output (on the CPU, float)
+    and the seconds they all took. A timer's samples of the warm-up forwards are dropped."""
+    forward_ms, forward_peak, output, seconds = [], 0, None, 0.0
+    for i in range(warmup + repeats):
+        dev.synchronize()
+        dev.reset_peak()
+        held = dev.allocated()
+        clock = dev.interval()
+        clock.start()
+        out = work.forward(unet, inputs)
+        clock.stop()
+        timer.collect() if timer else dev.synchronize()  # the forward's clock can be read
+        elapsed = clock.ms()
+        seconds += elapsed / 1e3
+        if dev.allocator:
+            forward_peak = max(forward_peak, dev.peak_allocated() - held)
+        if i < warmup:
+            if timer:
+                timer.samples.clear()
+            continue
+        forward_ms.append(elapsed)
+        if output is None:
+            output = out.float().cpu()
+        del out
+    return {"forward_ms": forward_ms, "forward_peak": forward_peak, "output": output, "seconds": seconds}
+
+
+def block_row(spec: CellSpec, row: dict, samples: list[float], seen: dict, peak: int | None, roof: tuple) -> dict:
+    """One call's row: its shape (the recorder's row), its time samples, what the trace saw in it (seen: the
+    kernel, the SDPA kernel, GPU time, and its memory where `peak` is None), its memory model and roofline."""
+    row = {k: v for k, v in row.items() if k != "pass_index"}
+    timing = summarize(samples)
+    moved = backends.bytes_moved(spec.backend, row, spec.dtype, **spec.options)
+    return {**spec.as_row(), **row, **timing, "time_samples_ms": samples,
+            "sdpa_kernel": seen.get("sdpa_kernel") if backends.uses_sdpa(spec.backend) else None,  # where it ran
+            "peak_mem_bytes": peak if peak is not None else seen.get("peak_mem_bytes"),
             "predicted_peak_bytes": backends.predicted_peak_bytes(spec.backend, {**row, "device": spec.device},
                                                                   spec.dtype, **spec.options),
             "kernel": seen.get("kernel", ""), "gpu_time_ms": seen.get("gpu_time_ms"),
             "gpu_kernels": ",".join(seen["gpu_kernels"]) if seen.get("gpu_time_ms") is not None else None,
-            "bytes_moved": moved, **place(row["flops"], moved, timing["time_ms"], *roof),
-            "status": "ok",
-        })
+            "bytes_moved": moved, **place(row["flops"], moved, timing["time_ms"], *roof), "status": "ok"}
+
+
+def cell_row(spec: CellSpec, reference: tuple, inputs: dict, weights: int, timed: dict, cpu_forward_peak,
+             dev, nvml) -> dict:
+    """A measured cell's row but for its attention figures: the forward's time and peak (the allocator's, or on
+    the CPU the probe trace's cpu_forward_peak), the output's error against the reference, NVML's figures."""
+    reference, reference_label = reference
     held = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tree_leaves(inputs)
             if isinstance(t, torch.Tensor)}
-    abs_err = float((output - reference).abs().max())
+    forward_peak = int(timed["forward_peak"] if cpu_forward_peak is None else cpu_forward_peak)
+    abs_err = float((timed["output"] - reference).abs().max())
     rel_err = abs_err / max(float(reference.abs().max()), 1e-12)
-    fwd = summarize(forward_ms)
-    cell = {
+    fwd = summarize(timed["forward_ms"])
+    return {
         **spec.as_row(), **facts_of(spec.model), "status": "ok", "error": "",
         "forward_time_ms": fwd["time_ms"], "forward_iqr_ms": fwd["iqr_ms"], "noisy": fwd["noisy"],
-        "forward_time_samples_ms": forward_ms, "forward_peak_mem_bytes": int(forward_peak),
+        "forward_time_samples_ms": timed["forward_ms"], "forward_peak_mem_bytes": forward_peak,
         "weights_bytes": weights, "inputs_bytes": sum(held.values()),
-        "forward_peak_total_bytes": weights + sum(held.values()) + int(forward_peak),
-        **attention_summary(blocks, roof),
+        "forward_peak_total_bytes": weights + sum(held.values()) + forward_peak,
         "allocator_reserved_max_bytes": dev.reserved_max(), "allocator_allocated_max_bytes": dev.allocated_max(),
         "max_abs_err": abs_err, "max_rel_err": rel_err, "error_ok": rel_err <= TOLERANCE[spec.dtype],
-        "reference": reference_label, "forwards_total_s": forwards_s, "compile_s": compile_s,
-        **nvml.result(), **sdpa_choices(spec, blocks),
+        "reference": reference_label, **nvml.result(),
     }
-    return cell, blocks
+
+
+def op_time_ms(prof, backend: str, calls: int) -> float | None:
+    """The attention op's time summed over one traced forward (probes.op_calls: SDPA's kernel, xformers', flash-
+    attn's, without the projections around it), where the trace holds one op per call; else None. What a compiled
+    cell's per-call times are, so that an eager cell's attention share can be set beside a compiled one's."""
+    pattern = attention_op(backend)
+    ops = op_calls(list(prof.profiler.kineto_results.events()), pattern) if pattern else []
+    return sum(op["time_ms"] for op in ops) if pattern and len(ops) == calls else None
 
 
 def sdpa_choices(spec: CellSpec, blocks: list[dict]) -> dict:
@@ -278,12 +306,14 @@ def _compile_pass(spec: CellSpec, work, unet, inputs, factory, dev) -> tuple[flo
 
 def attention_summary(blocks: list[dict], roof: tuple) -> dict:
     """A cell's attention figures from its calls' rows (a measured cell's or a replay's): times summed over the
-    calls (per timed round for the samples), the largest call's peaks, the kernels, and the calls together on the
-    roofline against roof = (peak FLOP/s, peak bytes/s)."""
+    calls (per timed round for the samples; NaN and none where the calls have no time: compiled, fused away), the
+    largest call's peaks, the kernels, and the calls together on the roofline against roof = (peak FLOP/s, peak
+    bytes/s)."""
     totals = (sum(b[k] for b in blocks) for k in ("flops", "bytes_moved", "time_ms"))
     return {"attention_time_ms": sum(b["time_ms"] for b in blocks),
             "attention_time_samples_ms": [sum(samples) for samples in zip(*(b["time_samples_ms"] for b in blocks))],
-            "attention_peak_mem_bytes": max(b["peak_mem_bytes"] for b in blocks),
+            "attention_peak_mem_bytes": max((b["peak_mem_bytes"] for b in blocks if b["peak_mem_bytes"] is not None),
+                                            default=None),  # None: no call's memory is its own (compiled, fused)
             "predicted_peak_bytes": max(b["predicted_peak_bytes"] for b in blocks),
             "calls": len(blocks), "kernel": " | ".join(dict.fromkeys(b["kernel"] for b in blocks)),
             "sdpa_kernel": ",".join(dict.fromkeys(b["sdpa_kernel"] for b in blocks if b["sdpa_kernel"])) or None,

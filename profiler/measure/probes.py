@@ -122,10 +122,11 @@ def quiet_native_stderr():
 
 
 @contextmanager
-def traced(device: devices.Cpu | devices.Cuda):
-    """torch.profiler over a block: on the CPU with the allocation timeline, on CUDA with the GPU's kernels."""
-    prof = torch.profiler.profile(activities=device.profiler_activities(), profile_memory=device.profile_memory,
-                                  record_shapes=True)
+def traced(device: devices.Cpu | devices.Cuda, memory: bool | None = None):
+    """torch.profiler over a block: on the CPU with the allocation timeline, on CUDA with the GPU's kernels (and its
+    allocation timeline too with memory=True: a compiled forward has no call boundary to read the allocator at)."""
+    prof = torch.profiler.profile(activities=device.profiler_activities(), record_shapes=True,
+                                  profile_memory=device.profile_memory if memory is None else memory)
     with quiet_native_stderr():
         prof.__enter__()
     try:
@@ -178,45 +179,91 @@ def attribute(events, ranges: dict[str, int]) -> tuple[dict[int, dict], int]:
     (CUDA-device events) that name an SDPA kernel or match the attention ops; sdpa_kernel, what those GPU kernels
     show (sdpa_kernel()), or on the CPU what its ops show; gpu_time_ms, the summed duration of every GPU kernel
     the call launched (None where none ran: the CPU)."""
-    windows, ops, gpu, mem, launched_at = [], [], [], [], {}
+    windows = [(ranges[e.name()], e.start_ns(), e.end_ns()) for e in events
+               if e.device_type() == _CPU and e.name() in ranges]
+    timeline = _timeline(events, skip=ranges)
+    out = {key: _window(start, end, *timeline) for key, start, end in windows}
+    return out, _peak(timeline[2])
+
+
+def _timeline(events, skip=(), memory=_CPU) -> tuple[list, list, list]:
+    """(the attention ops by start, the GPU kernels by when their launching op ran, the memory events of the
+    `memory` device by time: (ns, +alloc / -free bytes)); events named in `skip` are none of these."""
+    ops, gpu, mem, launched_at = [], [], [], {}
     for e in events:
         if e.device_type() == _CPU and e.linked_correlation_id() == 0:
             launched_at[e.correlation_id()] = e.start_ns()
     for e in events:
         name, dtype = e.name(), e.device_type()
-        if dtype == _CPU and name in ranges:
-            windows.append((ranges[name], e.start_ns(), e.end_ns()))
-        elif name == "[memory]":
-            if dtype == _CPU:
+        if name in skip:
+            continue
+        if name == "[memory]":
+            if dtype == memory:
                 mem.append((e.start_ns(), e.nbytes()))
         elif dtype == _CUDA and e.linked_correlation_id() and e.linked_correlation_id() in launched_at:
             # a GPU kernel (or copy), credited to when its launching op ran; a GPU range (linked to nothing) is not
             gpu.append((launched_at[e.linked_correlation_id()], name, (e.end_ns() - e.start_ns()) / 1e6))
         elif dtype == _CPU and _KERNEL_OPS.search(name):
             ops.append((e.start_ns(), re.sub(r": \d+/\d+$", "", name)))  # a compiled region without its frame id
-    mem.sort()
-    ops.sort()
-    gpu.sort()
-    out = {}
-    for key, start, end in windows:
-        running = peak = 0
-        for ts, nbytes in mem:
-            if start <= ts <= end:
-                running += nbytes
-                peak = max(peak, running)
-        cpu_names = [name for ts, name in ops if start <= ts <= end]
-        launched = [(name, ms) for ts, name, ms in gpu if start <= ts <= end]
-        attention = [name for name, _ in launched if _KERNEL_OPS.search(name) or sdpa_kernel([name])]
-        names = list(dict.fromkeys(cpu_names + [_short(n) for n in attention]))
-        out[key] = {"peak_mem_bytes": peak, "kernel": ",".join(names),
-                    "gpu_kernels": list(dict.fromkeys(_short(n) for n in attention)),
-                    "sdpa_kernel": sdpa_kernel(attention) if launched else sdpa_kernel(cpu_names),
-                    "gpu_time_ms": sum(ms for _, ms in launched) if launched else None}
-    running = whole = 0
+    return sorted(ops), sorted(gpu), sorted(mem)
+
+
+def _window(start: int, end: int, ops: list, gpu: list, mem: list) -> dict:
+    """What ran from start to end (ns): the transient peak of its allocations, the attention ops and kernels."""
+    peak = _peak([m for m in mem if start <= m[0] <= end])
+    cpu_names = [name for ts, name in ops if start <= ts <= end]
+    launched = [(name, ms) for ts, name, ms in gpu if start <= ts <= end]
+    attention = [name for name, _ in launched if _KERNEL_OPS.search(name) or sdpa_kernel([name])]
+    names = list(dict.fromkeys(cpu_names + [_short(n) for n in attention]))
+    return {"peak_mem_bytes": peak, "kernel": ",".join(names),
+            "gpu_kernels": list(dict.fromkeys(_short(n) for n in attention)),
+            "sdpa_kernel": sdpa_kernel(attention) if launched else sdpa_kernel(cpu_names),
+            "gpu_time_ms": sum(ms for _, ms in launched) if launched else None}
+
+
+def _peak(mem: list) -> int:
+    running = peak = 0
     for _, nbytes in mem:
         running += nbytes
-        whole = max(whole, running)
-    return out, whole
+        peak = max(peak, running)
+    return peak
+
+
+# The one op that is a backend's whole attention, where there is one: the op a compiled graph keeps as it is (an
+# extern call of Inductor's), so that its events in the trace are the calls. SDPA's concrete kernels (not the
+# dispatcher aten::scaled_dot_product_attention), xformers' and flash-attn's custom ops. The others' attention is
+# several ops (naive: baddbmm, softmax, bmm) that Inductor fuses with what is around them.
+ATTENTION_OPS = {"sdpa": re.compile(r"^aten::_scaled_dot_product_(?!attention$)"),
+                 "xformers": re.compile(r"^xformers(_flash)?::"), "flash-attn": re.compile(r"^flash_attn(_3)?::")}
+
+
+def attention_op(backend: str) -> re.Pattern | None:
+    """The pattern of the op that is the backend's whole attention (ATTENTION_OPS), or None where there is none."""
+    from .. import backends
+
+    if backends.uses_sdpa(backend):
+        return ATTENTION_OPS["sdpa"]
+    return ATTENTION_OPS.get("flash-attn" if backend.startswith("flash-attn") else backend)
+
+
+def op_calls(events, pattern: re.Pattern, memory=_CPU) -> list[dict]:
+    """The events of a trace that match the attention op's pattern, outermost only (an op that runs another of
+    them counts once), in the order they began: per op its name, input shapes, time (the op's own on the CPU, the
+    GPU kernels it launched on CUDA: time_ms) and what ran inside it (_window: the peak of the `memory` device's
+    allocations within the op, its kernels)."""
+    found = sorted((e for e in events if e.device_type() == _CPU and pattern.search(e.name())),
+                   key=lambda e: (e.start_ns(), -e.end_ns()))
+    timeline = _timeline(events, memory=memory)
+    out, end = [], -1
+    for e in found:
+        if e.start_ns() < end:  # inside the op before it
+            continue
+        end = e.end_ns()
+        inside = _window(e.start_ns(), e.end_ns(), *timeline)
+        own = (e.end_ns() - e.start_ns()) / 1e6
+        out.append({"name": e.name(), "shapes": [list(s) for s in e.shapes()], **inside,
+                    "time_ms": inside["gpu_time_ms"] if inside["gpu_time_ms"] is not None else own})
+    return out
 
 
 def cpu_peak_bytes(fn) -> tuple[object, int]:

@@ -123,6 +123,8 @@ def format_plan(p: dict) -> str:
     settings = label(json.dumps(p.get("settings") or {}))
     from ..checkpoint import describe
 
+    if (p.get("settings") or {}).get("compile", "none") != "none":
+        settings += " (predicted as eager: the planner does not model Inductor)"
     head = f"{p['model']}{describe({k: v for k, v in p.items() if k.startswith('model_file')})} at {p['width']}x{p['height']} (latent {p['width'] // 8}x{p['height'] // 8}), " \
            f"batch {p['batch']}, {p['dtype']}" + (f", {settings}" if settings else "")
     share = lambda k: f"{t['params_' + k] / 1e6:.2f}M ({100 * t['share_' + k]:.1f}%)"  # noqa: E731

@@ -1,6 +1,8 @@
-"""Run B against run A (attnprof diff, the dashboard's Compare page): cells matched on (model, size, batch, dtype,
-backend with options), each matched cell's time and peak-memory ratio, and a verdict that calls a change a
-regression or an improvement only where it is larger than the noise of both runs.
+"""Run B against run A (attnprof diff, the dashboard's Compare page): cells matched on (model, settings, size, batch,
+dtype, backend with options), each matched cell's time and peak-memory ratio, and a verdict that calls a change a
+regression or an improvement only where it is larger than the noise of both runs. A compiled cell left unmatched
+lines up with the eager (or otherwise compiled) cell of its shape and backend: that pair is judged on the forward's
+time and peak, since a compiled call's time is its attention op alone and an eager call's its whole processor.
 
 The noise rule, on the stored samples of each cell's attention time (per timed forward, the sum over its calls;
 the forward's samples for runs recorded before those were kept):
@@ -15,6 +17,7 @@ the forward's samples for runs recorded before those were kept):
 """
 from __future__ import annotations
 
+import json
 import statistics
 
 import pandas as pd
@@ -37,12 +40,36 @@ def rule_text(threshold: float | str = "--threshold") -> str:
             f"more); a peak change counts past {past} and {human_bytes(PEAK_FLOOR)}")
 
 
-def time_samples(cell: dict) -> list[float]:
-    for key in ("attention_time_samples_ms", "forward_time_samples_ms"):
+def time_samples(cell: dict, forward: bool = False) -> list[float]:
+    """The cell's attention time samples (the forward's where it has none, or with forward=True)."""
+    for key in ("attention_time_samples_ms", "forward_time_samples_ms")[1 if forward else 0:]:
         value = cell.get(key)
         if value is not None and len(value):
             return [float(v) for v in value]
     return []
+
+
+def compile_of(settings) -> str:
+    """The cell's compile setting from its stored settings: none, regional or full."""
+    return json.loads(settings or "{}").get("compile", "none") if isinstance(settings, str) else "none"
+
+
+def _loose(settings) -> str:
+    """The stored settings without compile: the key that lines up a compiled cell with an eager one."""
+    s = json.loads(settings or "{}") if isinstance(settings, str) else {}
+    return json.dumps({k: v for k, v in s.items() if k != "compile"}, sort_keys=True)
+
+
+def eager_twins(cells: pd.DataFrame) -> dict[str, dict]:
+    """Per compiled cell of one run (by cell_id), the eager cell of its model, settings but compile, shape and
+    backend with options, where the run holds one that ended ok."""
+    if "settings" not in cells or not len(cells):
+        return {}
+    key = ["model", "dtype", "batch", "width", "height", "backend", "backend_options"]
+    records = [c for c in cells.to_dict("records") if c["status"] == "ok"]
+    eager = {(*(c[k] for k in key), _loose(c["settings"])): c for c in records if compile_of(c["settings"]) == "none"}
+    return {c["cell_id"]: eager[twin] for c in records if compile_of(c["settings"]) != "none"
+            and (twin := (*(c[k] for k in key), _loose(c["settings"]))) in eager}
 
 
 def quartiles(samples: list[float]) -> tuple[float, float, float]:
@@ -66,6 +93,8 @@ def time_verdict(a: list[float], b: list[float], threshold: float) -> tuple[floa
 
 
 def peak_verdict(a: float, b: float, threshold: float) -> tuple[float, str]:
+    if a is None or b is None or a != a or b != b:  # a call with no memory of its own (compiled, fused away)
+        return float("nan"), SAME
     ratio = b / a if a else float("nan")
     if abs(b - a) < PEAK_FLOOR:
         return ratio, SAME
@@ -83,34 +112,62 @@ def _keys(df: pd.DataFrame) -> pd.Series:
 
 
 def compare(a: pd.DataFrame, b: pd.DataFrame, threshold: float = THRESHOLD) -> dict[str, pd.DataFrame]:
-    """{"matched": one row per cell in both runs, "only_a": cells only in A, "only_b": cells only in B}."""
+    """{"matched": one row per cell in both runs, "only_a": cells only in A, "only_b": cells only in B}. Cells
+    match on KEY; those left then match on KEY with the settings but compile, so that a compiled run lines up with
+    an eager one: such a pair is judged on the forward's time and peak (a compiled call's time is its attention op
+    alone, an eager call's its whole processor), with each side's largest call in its note."""
     a, b = (df if "settings" in df else df.assign(settings="{}") for df in (a, b))  # runs before settings existed
-    a, b = (df.assign(settings=df["settings"].fillna("{}")) for df in (a, b))
-    a, b = a.assign(_key=_keys(a)), b.assign(_key=_keys(b))
-    by_key = b.drop_duplicates("_key").set_index("_key")
-    rows = []
-    for ka, ca in a.drop_duplicates("_key").set_index("_key").iterrows():
-        if ka not in by_key.index:
-            continue
-        cb = by_key.loc[ka]
-        row = {k: ca[k] for k in KEY} | {"status_a": ca["status"], "status_b": cb["status"]}
-        ok_a, ok_b = ca["status"] == "ok", cb["status"] == "ok"
-        if ok_a and ok_b:
-            sa, sb = time_samples(ca.to_dict()), time_samples(cb.to_dict())
-            row.update(time_a_ms=statistics.median(sa), time_b_ms=statistics.median(sb))
-            row["time_ratio"], row["time_verdict"], row["time_note"] = time_verdict(sa, sb, threshold)
-            row.update(peak_a_bytes=ca["attention_peak_mem_bytes"], peak_b_bytes=cb["attention_peak_mem_bytes"])
-            row["peak_ratio"], row["peak_verdict"] = peak_verdict(row["peak_a_bytes"], row["peak_b_bytes"], threshold)
-            verdicts = {row["time_verdict"], row["peak_verdict"]}
-            row["verdict"] = REGRESSION if REGRESSION in verdicts else IMPROVEMENT if IMPROVEMENT in verdicts else SAME
-        else:
-            row["verdict"] = REGRESSION if ok_a else IMPROVEMENT if ok_b else SAME
-        rows.append(row)
-    columns = KEY + ["status_a", "status_b", "time_a_ms", "time_b_ms", "time_ratio", "time_verdict", "time_note",
-                     "peak_a_bytes", "peak_b_bytes", "peak_ratio", "peak_verdict", "verdict"]
-    matched = pd.DataFrame(rows, columns=columns)
-    return {"matched": matched, "only_a": a[~a["_key"].isin(b["_key"])][KEY + ["status"]].reset_index(drop=True),
-            "only_b": b[~b["_key"].isin(a["_key"])][KEY + ["status"]].reset_index(drop=True)}
+    a, b = (df.assign(settings=df["settings"].fillna("{}")).reset_index(drop=True) for df in (a, b))
+    a, b = (df.assign(_key=_keys(df), _loose=_keys(df.assign(settings=df["settings"].map(_loose)))) for df in (a, b))
+    pairs, used_a, used_b = [], set(), set()
+    for column in ("_key", "_loose"):
+        by_key = {k: i for i, k in reversed(list(b[column].items())) if i not in used_b}
+        for i, k in a[column].items():
+            if i not in used_a and k in by_key and by_key[k] not in used_b:
+                pairs.append((i, by_key[k]))
+                used_a.add(i)
+                used_b.add(by_key[k])
+    rows = [_matched_row(a.loc[i].to_dict(), b.loc[j].to_dict(), threshold) for i, j in pairs]
+    columns = KEY + ["compile_a", "compile_b", "status_a", "status_b", "time_a_ms", "time_b_ms", "time_ratio",
+                     "time_verdict", "time_note", "peak_a_bytes", "peak_b_bytes", "peak_ratio", "peak_verdict",
+                     "verdict", "forward_a_ms", "forward_b_ms", "forward_peak_a_bytes", "forward_peak_b_bytes",
+                     "attention_peak_a_bytes", "attention_peak_b_bytes", "note"]
+    only = lambda df, used: df[~df.index.isin(used)].drop_duplicates("_key")[KEY + ["status"]]  # noqa: E731
+    return {"matched": pd.DataFrame(rows, columns=columns), "only_a": only(a, used_a).reset_index(drop=True),
+            "only_b": only(b, used_b).reset_index(drop=True)}
+
+
+def _matched_row(ca: dict, cb: dict, threshold: float) -> dict:
+    """One matched pair's figures and verdicts: the attention's time and largest call's peak, or where one side is
+    compiled and the other not (or compiled otherwise), the forward's time and peak."""
+    row = {k: ca[k] for k in KEY} | {"status_a": ca["status"], "status_b": cb["status"],
+                                     "compile_a": compile_of(ca["settings"]), "compile_b": compile_of(cb["settings"])}
+    cross = row["compile_a"] != row["compile_b"]
+    ok_a, ok_b = ca["status"] == "ok", cb["status"] == "ok"
+    if not (ok_a and ok_b):
+        return row | {"verdict": REGRESSION if ok_a else IMPROVEMENT if ok_b else SAME}
+    sa, sb = time_samples(ca, forward=cross), time_samples(cb, forward=cross)
+    row.update(time_a_ms=statistics.median(sa), time_b_ms=statistics.median(sb))
+    row["time_ratio"], row["time_verdict"], row["time_note"] = time_verdict(sa, sb, threshold)
+    peak = "forward_peak_mem_bytes" if cross else "attention_peak_mem_bytes"
+    row.update(peak_a_bytes=ca.get(peak), peak_b_bytes=cb.get(peak))
+    row["peak_ratio"], row["peak_verdict"] = peak_verdict(row["peak_a_bytes"], row["peak_b_bytes"], threshold)
+    verdicts = {row["time_verdict"], row["peak_verdict"]}
+    row["verdict"] = REGRESSION if REGRESSION in verdicts else IMPROVEMENT if IMPROVEMENT in verdicts else SAME
+    row.update(forward_a_ms=ca.get("forward_time_ms"), forward_b_ms=cb.get("forward_time_ms"),
+               forward_peak_a_bytes=ca.get("forward_peak_mem_bytes"),
+               forward_peak_b_bytes=cb.get("forward_peak_mem_bytes"),
+               attention_peak_a_bytes=ca.get("attention_peak_mem_bytes"),
+               attention_peak_b_bytes=cb.get("attention_peak_mem_bytes"))
+    if cross:
+        row["note"] = (f"{_mode(row['compile_a'])} against {_mode(row['compile_b'])}: the forward's time and peak; "
+                       f"largest call {human_bytes(ca.get('attention_peak_mem_bytes'))} in A, "
+                       f"{human_bytes(cb.get('attention_peak_mem_bytes'))} in B")
+    return row
+
+
+def _mode(compile: str) -> str:
+    return "eager" if compile == "none" else f"compiled ({compile})"
 
 
 def summary(result: dict) -> dict:
@@ -136,16 +193,21 @@ def format_diff(run_a: str, run_b: str, result: dict, threshold: float) -> str:
         ran = r["status_a"] == "ok" and r["status_b"] == "ok"
         rows.append({"model": r["model"], "size": f"{r['width']}x{r['height']}", "batch": r["batch"],
                      "dtype": r["dtype"], "backend": label(r["backend"], r["backend_options"]),
+                     "compile": r["compile_a"] if r["compile_a"] == r["compile_b"] else
+                     f"{r['compile_a']} / {r['compile_b']}",
                      "time A": f"{r['time_a_ms']:.2f} ms" if ran else r["status_a"],
                      "time B": f"{r['time_b_ms']:.2f} ms" if ran else r["status_b"],
                      "time": f"{r['time_ratio']:.3f}x" if ran else "-",
                      "peak A": human_bytes(r["peak_a_bytes"]) if ran else "-",
                      "peak B": human_bytes(r["peak_b_bytes"]) if ran else "-",
                      "peak": f"{r['peak_ratio']:.3f}x" if ran else "-", "verdict": r["verdict"],
-                     "note": r["time_note"] if ran else ""})
-    cols = [(c, c) for c in ("model", "size", "batch", "dtype", "backend", "time A", "time B", "time", "peak A",
-                             "peak B", "peak", "verdict", "note")]
-    lines = [f"A = {run_a}, B = {run_b}; time: the attention time's median over the timed forwards; "
+                     "note": "; ".join(n for n in (r["time_note"] if ran else "", r.get("note")) if isinstance(n, str)
+                                       and n)})
+    compiled = any(r["compile"] != "none" for r in rows)
+    cols = [(c, c) for c in ("model", "size", "batch", "dtype", "backend", *(["compile"] if compiled else []),
+                             "time A", "time B", "time", "peak A", "peak B", "peak", "verdict", "note")]
+    across = "" if not compiled else " (the forward's, for a compiled cell against an eager one: compile A / B)"
+    lines = [f"A = {run_a}, B = {run_b}; time: the attention time's median over the timed forwards{across}; "
              f"{rule_text(threshold)}", "", table(rows, cols) if rows else "(no cell in both runs)", "",
              summary_text(summary(result))]
     for side, name in (("only_a", run_a), ("only_b", run_b)):

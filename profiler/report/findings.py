@@ -62,7 +62,8 @@ def per_shape(cells: pd.DataFrame) -> list[str]:
     """The fastest and the smallest-memory backend per shape, each against naive where naive ran."""
     varying = _varying(cells)
     cells = cells.sort_values("pixels", kind="stable")
-    ok = cells[cells["status"] == "ok"]
+    timed = cells["attention_time_ms"].notna() if "attention_time_ms" in cells else False  # none: compiled, fused
+    ok = cells[(cells["status"] == "ok") & timed]
     by = ok.groupby(SHAPE, sort=False)
     fastest = _by_shape(ok.loc[by["attention_time_ms"].idxmin()]) if len(ok) else {}
     smallest = _by_shape(ok.loc[by["attention_peak_mem_bytes"].idxmin()]) if len(ok) else {}
@@ -72,16 +73,19 @@ def per_shape(cells: pd.DataFrame) -> list[str]:
     for key in cells[SHAPE].drop_duplicates().itertuples(index=False, name=None):
         where = _where(dict(zip(SHAPE, key)), varying)
         if key not in fastest:
-            out.append(f"{where} no backend ran ({statuses[key]}).")
+            out.append(f"{where} no backend ran ({statuses[key]})." if statuses[key] != "ok" else
+                       f"{where} no backend's attention had a time of its own (compiled: fused into Inductor's "
+                       "kernels); their forwards' times stand.")
             continue
         fast, small, base = fastest[key], smallest[key], naive.get(key)
-        ran = base is not None and base["status"] == "ok"
+        ran = base is not None and base["status"] == "ok" and base["attention_time_ms"] == base["attention_time_ms"]
         line = (f"{where} {fast['label']} was the fastest: {_ms(fast['attention_time_ms'])} of attention per forward"
                 f"{_against_naive(fast, base, 'attention_time_ms', 'faster', _ms) if ran else ''}; {small['label']} "
                 f"needed the least memory: its largest call peaked at {human_bytes(small['attention_peak_mem_bytes'])}"
                 f"{_against_naive(small, base, 'attention_peak_mem_bytes', 'less', human_bytes) if ran else ''}")
         if not ran:
-            line += f" (naive {base['status']} here)" if base is not None else " (no naive cell to compare)"
+            line += (" (no naive cell to compare)" if base is None else f" (naive {base['status']} here)"
+                     if base["status"] != "ok" else " (naive's attention had no time of its own here: compiled)")
         out.append(line + ".")
     return out
 
@@ -113,6 +117,33 @@ def largest_call(blocks: pd.DataFrame) -> list[str]:
             f"{b['width']}x{b['height']}: {b['tokens_q']} x {b['tokens_k']} tokens, {b['heads']} "
             f"head{'s' if b['heads'] != 1 else ''}, a peak of {human_bytes(b['peak_mem_bytes'])} in "
             f"{_ms(b['time_ms'])}."]
+
+
+def compiled_effect(cells: pd.DataFrame) -> list[str]:
+    """Per compiled cell with an eager cell of its shape and backend in the run (compare.eager_twins): its forward
+    against the eager one, and the attention op's share of the forward in each (measure/compiled.py: a compiled
+    call's time is its attention op; the eager cell's op time comes from its probe trace), or why it has none; its
+    graph breaks and compile time."""
+    from .compare import compile_of, eager_twins
+
+    twins = eager_twins(cells) if "attention_op_time_ms" in cells else {}
+    varying = [v for v in _varying(cells) if v != "settings"]
+    out = []
+    for c in (c for c in cells.to_dict("records") if c.get("cell_id") in twins):
+        e = twins[c["cell_id"]]
+        line = (f"{_where(c, varying)} compiled ({compile_of(c['settings'])}), {c['label']}'s forward took "
+                f"{_ms(c['forward_time_ms'])} against {_ms(e['forward_time_ms'])} eager")
+        share = [r["attention_op_time_ms"] / r["forward_time_ms"] if isinstance(r["attention_op_time_ms"], float)
+                 else float("nan") for r in (e, c)]  # None: no op per call (naive, or compiled and fused away)
+        if all(v == v for v in share):
+            line += (f"; its attention share (the attention op's time over the forward's) went from "
+                     f"{100 * share[0]:.1f}% to {100 * share[1]:.1f}%")
+        elif isinstance(c.get("attention_note"), str) and c["attention_note"]:
+            line += f"; no attention share: {c['attention_note'].split(':')[0]}"
+        if c.get("graph_breaks"):
+            line += f"; Dynamo broke its graph {int(c['graph_breaks'])} times ({str(c['graph_break_reasons'])[:100]})"
+        out.append(line + f" (compiled in {c['compile_s']:.1f} s, Inductor's cache {c['compile_cache']}).")
+    return out
 
 
 def doubtful(cells: pd.DataFrame) -> list[str]:
@@ -150,7 +181,7 @@ def findings(cells: pd.DataFrame, blocks: pd.DataFrame) -> list[str]:
     if not len(cells):
         return []
     cells = _labelled(cells)
-    return per_shape(cells) + stopped_fitting(cells) + largest_call(blocks) + doubtful(cells)
+    return per_shape(cells) + compiled_effect(cells) + stopped_fitting(cells) + largest_call(blocks) + doubtful(cells)
 
 
 def format_findings(sentences: list[str], width: int = 118) -> str:

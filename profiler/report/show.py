@@ -11,6 +11,7 @@ from ..backends import label
 from ..fmt import human_bytes, human_count, table
 from ..store import BLOCKS, CELLS, DONE_STATUSES, Run, list_runs
 from ..workload import label as settings_label
+from .compare import eager_twins
 
 UNREADABLE = (OSError, ValueError, KeyError, TypeError)  # JSON, Arrow (ValueError) and missing-key errors
 
@@ -142,15 +143,16 @@ def format_run(run: Run) -> str:
         return "\n".join(lines + [f"no cells recorded yet ({len(m.get('cells', []))} planned)"])
     rows = []
     order = {name: i for i, name in enumerate(n for _, group in backends.by_family(cells["backend"]) for n in group)}
+    twins = eager_twins(cells)
     for c in sorted(cells.to_dict("records"), key=lambda c: order[c["backend"]]):  # grouped by family, stable
         ok = c["status"] == "ok"
-        rows.append({
+        rows.append({**_beside_eager(c, twins.get(c["cell_id"]), ok), 
             "model": c["model"], "settings": settings_label(c.get("settings")) or "-",
             "size": f"{c['width']}x{c['height']}", "batch": c["batch"], "dtype": c["dtype"],
             "family": backends.family(c["backend"]),
             "backend": label(c["backend"], c["backend_options"]), "status": c["status"],
             "forward": _ms(c.get("forward_time_ms")) if ok else "-",  # a replay has no forward
-            "compile": f"{c['compile_s']:.1f} s" if ok and _known(c.get("compile_s")) else "",
+            "compile": _compile(c) if ok and _known(c.get("compile_s")) else "",
             "attention": _ms(c["attention_time_ms"]) if ok else "-",
             "attn peak": human_bytes(c["attention_peak_mem_bytes"]) if ok else "-",
             "predicted": human_bytes(c.get("predicted_peak_bytes")),
@@ -161,17 +163,23 @@ def format_run(run: Run) -> str:
             "rel err": f"{c['max_rel_err']:.1e}{'' if c['error_ok'] else ' (!)'}" if ok and _known(
                 c.get("max_rel_err")) else "-",
             "noisy": "noisy" if ok and c["noisy"] else "",
-            "note": "" if ok else str(c["error"])[:90],
+            "note": str(c.get("attention_note") or "")[:90] if ok else str(c["error"])[:90],
         })
+    eager = ["eager forward", "eager attn peak", "eager fwd peak"] if twins else []
     cols = ["model"] + (["settings"] if any(r["settings"] != "-" for r in rows) else []) + [
             "size", "batch", "dtype", "family", "backend", "status", "forward"] + (
-            ["compile"] if any(r["compile"] for r in rows) else []) + [
+            ["compile"] if any(r["compile"] for r in rows) else []) + (
+            ["graph breaks"] if any(r["graph breaks"] for r in rows) else []) + [
             "attention", "rel err", "attn peak", "predicted", "fwd peak", "fwd predicted", "ratio", "of peak", "noisy",
-            "note"]
+            *eager, "note"]
     lines.append(table(rows, [(c, c) for c in cols]))
     lines += ["", "Rows by family (reference, chunked, fused exact, fused approximate). rel err: the U-Net output's "
               "largest error against the fp32 reference, over its largest value ((!): past the dtype's tolerance), beside the "
-              "attention time. compile: seconds flex spent compiling its kernels, apart from every timed forward. "
+              "attention time. compile: seconds flex spent compiling its kernels, or a compiled U-Net its first forward (cold: "
+              "Inductor compiled its graphs; warm: they came from its cache), apart from every timed forward; graph "
+              "breaks: Dynamo's, where a compiled cell has any. A compiled cell's attention is its attention op alone "
+              "(no time where Inductor fused it away: note); eager forward / attn peak / fwd peak: the eager cell of "
+              "the same shape and backend in this run. "
               "attn peak: the largest call's measured transient; predicted: its memory model. fwd peak: the "
               "forward's peak counted as the planner counts it (weights + inputs + the forward's transient), beside "
               "the planner's prediction from fake tensors (attnprof plan), and their ratio. of peak: the attention's "
@@ -191,6 +199,23 @@ def format_run(run: Run) -> str:
             [(c, c) for c in ("backend", "size", "block", "tokens", "time", "peak", "predicted", "of peak",
                               "kernel")]))
     return "\n".join(lines)
+
+
+def _compile(c: dict) -> str:
+    """'18.9 s' (flex's kernels), '18.9 s warm' / '41.0 s cold' (a compiled U-Net, by Inductor's cache)."""
+    cache = c.get("compile_cache")
+    return f"{c['compile_s']:.1f} s" + (f" {str(cache).split(':')[0]}" if isinstance(cache, str) else "")
+
+
+def _beside_eager(c: dict, eager: dict | None, ok: bool) -> dict:
+    """A compiled cell's graph breaks and, where the run holds its eager twin, the eager figures beside its own."""
+    breaks = c.get("graph_breaks")
+    out = {"graph breaks": str(int(breaks)) if ok and _known(breaks) and breaks else ""}
+    if eager is None:
+        return out | {"eager forward": "", "eager attn peak": "", "eager fwd peak": ""}
+    return out | {"eager forward": _ms(eager["forward_time_ms"]),
+                  "eager attn peak": human_bytes(eager["attention_peak_mem_bytes"]),
+                  "eager fwd peak": human_bytes(eager.get("forward_peak_total_bytes"))}
 
 
 def format_replay(run: Run) -> str:
