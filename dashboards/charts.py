@@ -119,7 +119,8 @@ def side_by_side(sizes: list[str], by: str, title: str) -> dict:
     return {"mark": {"type": "point", "filled": True, "size": 110, "tooltip": True}, "width": PANEL_WIDTH,
             "height": PANEL_HEIGHT,
             "encoding": {"facet": _facet(sizes),
-                         "x": {"field": "label", "type": "nominal", "title": title},
+                         "x": {"field": "label", "type": "nominal", "title": None,  # the labels say it
+                               "axis": {"labelLimit": 0}},
                          "xOffset": {"field": "series", "type": "nominal"},
                          "y": log_axis("attention_time_ms", "attention time (ms)"),
                          "color": colour("series", by, columns=2),

@@ -204,17 +204,30 @@ def profile_server(profile_results, tmp_path_factory):
         yield url
 
 
-# Every axis of every chart on the page: the width of the plot it belongs to and its visible tick labels' boxes.
-MEASURE = """() => Array.from(document.querySelectorAll('[data-testid=stVegaLiteChart] svg')).flatMap((svg, chart) =>
-    Array.from(svg.querySelectorAll('g.role-axis[aria-roledescription=axis]')).map(axis => {
-        const view = axis.parentElement.closest('g.role-scope, g.role-frame');
-        const labels = Array.from(axis.querySelectorAll('.role-axis-label text'))
+# Every axis of every chart on the page: the width of the plot it belongs to, its visible tick labels' and title's
+# boxes. A plot is its view's frame; a facet draws its axes in header groups outside the cells: there, the cell whose
+# left edge is nearest the axis's.
+MEASURE = """() => Array.from(document.querySelectorAll('[data-testid=stVegaLiteChart] svg')).flatMap((svg, chart) => {
+    const frames = Array.from(svg.querySelectorAll(
+            'g.role-scope > g > path.background, g.role-frame > g > path.background'))
+        .map(p => p.getBoundingClientRect()).filter(r => r.width > 0);
+    return Array.from(svg.querySelectorAll('g.role-axis[aria-roledescription=axis]')).map(axis => {
+        const own = axis.parentElement.closest('g.role-scope, g.role-frame').querySelector('path.background')
+            .getBoundingClientRect();
+        const left = axis.getBoundingClientRect().left;
+        const plot = own.width > 0 ? own : frames.reduce((a, b) => Math.abs(a.left - left) <= Math.abs(b.left - left)
+                                                                   ? a : b);
+        const boxes = role => Array.from(axis.querySelectorAll(role + ' text'))
             .filter(t => t.textContent.trim() && t.getAttribute('opacity') !== '0'
                          && getComputedStyle(t).opacity !== '0')
-            .map(t => { const r = t.getBoundingClientRect(); return [t.textContent, r.left, r.top, r.right, r.bottom]; });
-        return {chart, axis: axis.getAttribute('aria-label'), labels,
-                plot: view.querySelector('path.background').getBoundingClientRect().width};
-    }))"""
+            .map(t => {
+                const r = t.getBoundingClientRect();
+                return [t.textContent, r.left, r.top, r.right, r.bottom];
+            });
+        return {chart, axis: axis.getAttribute('aria-label'), labels: boxes('.role-axis-label'),
+                title: boxes('.role-axis-title'), plot: plot.width};
+    });
+})"""
 
 
 def overlapping(labels: list) -> list[tuple[str, str]]:
@@ -228,34 +241,64 @@ def test_overlapping_finds_labels_that_overlap_and_only_those():
     assert overlapping(labels) == [("128x128", "10,0000")]
 
 
+def _measured(browser, url: str, charts: int, shot: str) -> list[dict]:
+    """MEASURE on a page once its charts have drawn; a screenshot of it in OUT."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 1400, "height": 3000})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(url)
+        page.get_by_test_id("stVegaLiteChart").nth(charts - 1).locator("svg").first.wait_for(state="visible",
+                                                                                              timeout=90_000)
+        time.sleep(2)  # let the charts finish drawing
+        page.screenshot(path=str(OUT / shot))
+        assert errors == [] and page.get_by_test_id("stVegaLiteChart").count() == charts
+        return page.evaluate(MEASURE)
+    finally:
+        page.close()
+
+
+def _readable(axes: list[dict]) -> None:
+    """Each plot at least 300 px wide and no two tick labels of one axis overlapping."""
+    x_axes = [a for a in axes if a["axis"].startswith("X-axis")]
+    assert min(a["plot"] for a in x_axes) >= 300, [(a["chart"], a["plot"]) for a in x_axes]
+    for a in axes:
+        assert overlapping(a["labels"]) == [], a
+        assert [pair for pair in overlapping(a["labels"] + a["title"]) if pair[1] in {t for t, *_ in a["title"]}] \
+            == [], a  # nor a label its axis's title
+    print(f"{len(x_axes)} plots, the narrowest {min(a['plot'] for a in x_axes):.0f} px, "
+          f"{sum(len(a['labels']) for a in axes)} tick labels, none overlapping")
+
+
 def test_the_scaling_page_of_a_make_profile_run_is_readable(profile_server, profile_results, browser):
     """Issue 26: on a `make profile`-shaped store (8 backends x 2 runs, 4 models and settings) the Scaling page shows
     every run by default, each plot at least 300 px wide, sizes as tick labels, no two tick labels overlapping."""
-    OUT.mkdir(parents=True, exist_ok=True)
-    page = browser.new_page(viewport={"width": 1400, "height": 3000})
-    messages = []
-    page.on("pageerror", lambda e: messages.append(str(e)))
+    axes = _measured(browser, profile_server + "/?page=Scaling", 4, "scaling-make-profile.png")
+    assert {a["chart"] for a in axes} == {0, 1, 2, 3}
+    x_axes = [a for a in axes if a["axis"].startswith("X-axis")]
+    # tokens and score tables, then time and peaks each in 4 panels: tiny-sd15 plain, with IP-Adapter and ToMe, with
+    # its ControlNet, and tiny-vae
+    assert len(x_axes) == 2 + 2 * 4, axes
+    for a in x_axes:
+        assert a["labels"] and all(re.fullmatch(r"\d+x\d+", t) for t, *_ in a["labels"]), a
+    _readable(axes)
+
+
+def test_the_scaling_page_picks_every_run_by_default(profile_server, profile_results, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
         page.goto(profile_server + "/?page=Scaling")
         page.wait_for_url(lambda u: "run=" in u, timeout=90_000)
         assert _query(page.url)["run"] == [p.name for p in list_runs(profile_results)]  # every run, not the latest
-        charts = page.get_by_test_id("stVegaLiteChart")
-        charts.nth(3).locator("svg").first.wait_for(state="visible", timeout=90_000)
-        time.sleep(2)  # let the charts finish drawing
-        page.screenshot(path=str(OUT / "scaling-make-profile.png"))
-        axes = page.evaluate(MEASURE)
     finally:
         page.close()
-    assert messages == []
-    x_axes = [a for a in axes if a["axis"].startswith("X-axis")]
-    # tokens and score tables, then time and peaks each in 4 panels: tiny-sd15 plain, with IP-Adapter and ToMe, with
-    # its ControlNet, and tiny-vae
-    assert sorted({a["chart"] for a in x_axes}) == [0, 1, 2, 3] and len(x_axes) == 2 + 2 * 4, axes
-    assert min(a["plot"] for a in x_axes) >= 300, [(a["chart"], a["plot"]) for a in x_axes]
-    for a in x_axes:
-        assert a["labels"] and all(re.fullmatch(r"\d+x\d+", t) for t, *_ in a["labels"]), a
-    for a in axes:
-        assert overlapping(a["labels"]) == [], a
+
+
+@pytest.mark.parametrize("by, charts", [("backend", 3), ("run", 1)])
+def test_the_compare_page_of_a_make_profile_run_is_readable(profile_server, profile_results, browser, by, charts):
+    runs = "&".join(f"run={p.name}" for p in list_runs(profile_results))
+    _readable(_measured(browser, f"{profile_server}/?page=Compare&by={by}&{runs}", charts, f"compare-by-{by}.png"))
 
 
 def test_the_report_fits_a_window_and_its_cells_have_units(profile_results, browser, tmp_path):

@@ -144,7 +144,8 @@ def test_unet_layout_places_blocks_on_the_u():
 
 def test_the_unet_title_names_a_controlnet_and_image_tokens_only_where_the_cell_has_them():
     plain = pd.DataFrame({"block": ["down_blocks.0.attentions.0.transformer_blocks.0.attn1",
-                                    "down_blocks.0.attentions.0.transformer_blocks.0.attn2"], "kind": ["self", "cross"]})
+                                    "down_blocks.0.attentions.0.transformer_blocks.0.attn2"],
+                          "kind": ["self", "cross"]})
     assert T.unet_title(plain) == "The U-Net: down, mid and up by level; each tile one attention call (self | cross)"
     both = pd.concat([plain, pd.DataFrame({
         "block": ["controlnet.down_blocks.0.attentions.0.transformer_blocks.0.attn1",
