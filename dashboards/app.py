@@ -184,8 +184,10 @@ def table(df: pd.DataFrame, name: str) -> None:
 def chart(data: pd.DataFrame, spec: dict, stretch: bool = True) -> None:
     if "concat" in spec:  # small multiples: Streamlit names no data set for a concat's views, so the data goes inline
         return st.vega_lite_chart(C.with_data(spec, data), width="content")
-    if stretch:  # fit the width only: a legend below the plot adds to the height instead of taking the plot's
-        spec = {"autosize": {"type": "fit-x", "contains": "padding"}, **spec}
+    if stretch:  # fit the width only: a legend below the plot adds to the height instead of taking the plot's;
+        # padding on the left, where a y title would otherwise stand a pixel or two outside the chart (clipped)
+        spec = {"autosize": {"type": "fit-x", "contains": "padding"}, "padding": {"left": 8, "top": 5, "right": 5,
+                                                                                  "bottom": 5}, **spec}
     st.vega_lite_chart(data, spec, width="stretch" if stretch else "content")
 
 

@@ -327,8 +327,21 @@ def test_the_report_fits_a_window_and_its_cells_have_units(profile_results, brow
     assert all(t.endswith("FLOP/s") or t == "-" for t in column("attention_achieved_flops_per_s"))
 
 
+# Each axis title on the page: its text, whether it lies whole inside its chart's box.
+TITLES = """() => Array.from(document.querySelectorAll('[data-testid=stVegaLiteChart] svg')).flatMap(svg => {
+    const box = svg.getBoundingClientRect();
+    return Array.from(svg.querySelectorAll('.role-axis-title text')).map(t => {
+        const r = t.getBoundingClientRect();
+        return [t.textContent, r.left >= box.left - 1 && r.right <= box.right + 1 && r.top >= box.top - 1
+                && r.bottom <= box.bottom + 1];
+    });
+})"""
+
+
 def test_the_run_pages_title_names_a_controlnet_only_on_a_cell_that_has_one(profile_server, profile_results,
                                                                           browser):
+    """Issue 26: the title says "and its ControlNet" on a ControlNet cell only; and no axis title on the page (the
+    roofline's y title was clipped) is cut short or drawn outside its chart."""
     from profiler.store import Run
 
     run = list_runs(profile_results)[0]
@@ -344,8 +357,13 @@ def test_the_run_pages_title_names_a_controlnet_only_on_a_cell_that_has_one(prof
             heading = page.get_by_test_id("stHeading").filter(has_text="The U-Net")
             heading.wait_for(timeout=90_000)
             titles[name] = heading.inner_text()
+        page.get_by_text("Roofline: each call against").wait_for(timeout=60_000)
+        time.sleep(2)  # let the charts finish drawing
+        axis_titles = page.evaluate(TITLES)
     finally:
         page.close()
+    assert "achieved FLOP/s (FLOPs / median time)" in {t for t, _ in axis_titles}
+    assert [(t, whole) for t, whole in axis_titles if not whole or t.endswith("…")] == []
     assert titles["controlnet"].startswith("The U-Net and its ControlNet: ")
     assert titles["plain"].startswith("The U-Net: ") and "ControlNet" not in titles["plain"]
 
