@@ -116,9 +116,9 @@ def _seed(key: str, valid, default, multi: bool = False) -> None:
         st.session_state[key] = default
 
 
-def multi_ui(label: str, options: list, key: str, default=(), fmt=str) -> list:
+def multi_ui(label: str, options: list, key: str, default=(), fmt=str, **kw) -> list:
     _seed(key, options.__contains__, default, multi=True)
-    return st.sidebar.multiselect(label, options, key=key, format_func=fmt, placeholder="all")
+    return st.sidebar.multiselect(label, options, key=key, format_func=fmt, placeholder="all", **kw)
 
 
 def choice_ui(label: str, options: list, key: str, default, where=None, horizontal=False):
@@ -145,12 +145,26 @@ def link_warnings(root: Path) -> None:
                    f"{where}: showing {shown or 'all'} instead.")
 
 
-def runs_ui(index: pd.DataFrame) -> list[str]:
+RUNS_PICKED = "_runs_picked"  # the runs came from a link or from the user: no page's default replaces them
+
+
+def runs_ui(index: pd.DataFrame, page: str) -> list[str]:
+    """The runs to show. Until a link or the user picks them, each page's default: on Scaling every run with cells
+    (so that sizes run apart draw one line), elsewhere the latest."""
     readable = index[index["readable"].astype(bool)]  # a bool mask also when empty (else: a column selection)
-    recorded = readable[readable[list(T.DONE_STATUSES)].sum(axis=1) > 0]  # the default: the latest run with cells
-    latest = list((recorded if len(recorded) else readable)["run_id"].tail(1))
+    recorded = readable[readable[list(T.DONE_STATUSES)].sum(axis=1) > 0]
+    pool = list((recorded if len(recorded) else readable)["run_id"])
+    default = pool if page == "Scaling" else pool[-1:]
+    if "run" not in st.session_state and st.query_params.get_all("run"):
+        st.session_state[RUNS_PICKED] = True
+    if not st.session_state.get(RUNS_PICKED):
+        st.session_state["run"] = default  # before the widget is drawn, as Streamlit allows
+
+    def picked() -> None:
+        st.session_state[RUNS_PICKED] = True
+
     label = dict(zip(index["run_id"], index["run_id"] + "  " + index["models"].fillna("")))
-    return multi_ui("Runs", list(readable["run_id"]), "run", latest, fmt=label.get)
+    return multi_ui("Runs", list(readable["run_id"]), "run", default, fmt=label.get, on_change=picked)
 
 
 def filters_ui(cells: pd.DataFrame) -> dict[str, list]:
@@ -168,6 +182,12 @@ def table(df: pd.DataFrame, name: str) -> None:
 
 
 def chart(data: pd.DataFrame, spec: dict, stretch: bool = True) -> None:
+    if "concat" in spec:  # small multiples: Streamlit names no data set for a concat's views, so the data goes inline
+        return st.vega_lite_chart(C.with_data(spec, data), width="content")
+    if stretch:  # fit the width only: a legend below the plot adds to the height instead of taking the plot's;
+        # padding on the left, where a y title would otherwise stand a pixel or two outside the chart (clipped)
+        spec = {"autosize": {"type": "fit-x", "contains": "padding"}, "padding": {"left": 8, "top": 5, "right": 5,
+                                                                                  "bottom": 5}, **spec}
     st.vega_lite_chart(data, spec, width="stretch" if stretch else "content")
 
 
@@ -204,11 +224,7 @@ def run_page(cells: pd.DataFrame, blocks: pd.DataFrame, cell: str | None, colour
         layout, unit = T.with_mem_unit(layout, ["peak_mem_bytes", "predicted_peak_bytes"])
         if field == "peak_mem_bytes":
             field, title = f"peak_mem_{unit}", f"peak memory ({unit})"
-        if layout["block"].str.match(r"(en|de)coder\.").all():
-            st.subheader("The VAE: its mid block's attention (one tile per call: a tiled decode calls it per tile)")
-        else:
-            st.subheader("The U-Net (and its ControlNet): down, mid and up by level; each tile one attention call "
-                         "(self | cross | image: IP-Adapter's image tokens)")
+        st.subheader(T.unet_title(layout))
         chart(layout, C.unet_map(field, title, unit))
         left, right = st.columns(2)
         for where, x, xtitle in ((left, "time_ms", "time per call (ms)"),
@@ -326,10 +342,12 @@ def compare_runs(cells: pd.DataFrame, by: str, baseline: str, sizes: list[str]) 
 def scaling_page(blocks: pd.DataFrame) -> None:
     st.header("Scaling")
     scale = T.scaling_table(blocks)
-    left, right = st.columns(2)
-    for i, (_, spec, data) in enumerate(C.scaling_charts(scale)):  # tokens | score tables, then time | peaks
-        with left if i % 2 == 0 else right:
+    charts = C.scaling_charts(scale)
+    for where, (_, spec, data) in zip(st.columns(2), charts[:2]):  # tokens | score tables
+        with where:
             chart(data, spec)
+    for _, spec, data in charts[2:]:  # time, then peaks: small multiples, each panel its own width
+        chart(data, spec, stretch=False)
     table(scale, "scaling")
 
 
@@ -554,7 +572,7 @@ def main() -> None:
         mirror({"page": page})
         link_warnings(root)
         return queue_page(text, root.resolve())
-    chosen = runs_ui(index)
+    chosen = runs_ui(index, page)
     cells, blocks, problems = load_selected(root, chosen)
     found = T.run_findings(cells, blocks) if page == "Runs" else {}  # of the whole runs, before any filter
     filters = filters_ui(cells) if len(cells) else {}

@@ -28,13 +28,18 @@ def log_axis(field: str, title: str, **extra) -> dict:
     return {"field": field, "type": "quantitative", "scale": {"type": "log"}, "title": title, **extra}
 
 
-def colour(field: str, title: str, **extra) -> dict:
-    """A nominal colour whose legend shows labels whole (a label names backend, model, dtype, ... where they vary)."""
-    return {"field": field, "type": "nominal", "title": title, "legend": {"labelLimit": 480}, **extra}
+def colour(field: str, title: str, columns: int = 4, **extra) -> dict:
+    """A nominal colour whose legend sits below the chart, `columns` entries to a row, and shows labels whole (a
+    label names backend, model, dtype, ... where they vary): however many series, the plot keeps its width."""
+    return {"field": field, "type": "nominal", "title": title,
+            "legend": {"orient": "bottom", "columns": columns, "labelLimit": 420}, **extra}
+
+
+PANEL_WIDTH, PANEL_HEIGHT, PANEL_COLUMNS = 320, 220, 2  # small multiples: two side by side fit a laptop's window
 
 
 def _facet(sizes: list[str]) -> dict:
-    return {"field": "size", "type": "ordinal", "sort": sizes, "columns": 3, "title": None}
+    return {"field": "size", "type": "ordinal", "sort": sizes, "columns": PANEL_COLUMNS, "title": None}
 
 
 def _rule(**encoding) -> dict:
@@ -86,11 +91,12 @@ def cell_tooltip(unit: str) -> list:
 def time_against_peak(sizes: list[str], unit: str, title: str) -> dict:
     """Attention time against peak memory, a panel per size, a colour per `label` (transforms.labelled over the
     cells' backend, model, dtype, batch and run), a shape per family."""
-    return {"mark": {"type": "point", "filled": True, "size": 100, "tooltip": True}, "width": 260, "height": 220,
+    return {"mark": {"type": "point", "filled": True, "size": 100, "tooltip": True}, "width": PANEL_WIDTH,
+            "height": PANEL_HEIGHT,
             "encoding": {"facet": _facet(sizes),
                          "x": log_axis(f"attention_peak_mem_{unit}", f"attention peak memory ({unit})"),
                          "y": log_axis("attention_time_ms", "attention time (ms)"),
-                         "color": colour("label", title), "shape": colour("family", "family"),
+                         "color": colour("label", title, columns=2), "shape": colour("family", "family"),
                          "tooltip": cell_tooltip(unit)}}
 
 
@@ -101,7 +107,7 @@ def ratio_to_baseline(y: str, title: str, baseline: str, sizes: list[str], legen
         {"mark": {"type": "point", "filled": True, "size": 120, "tooltip": True}, "encoding": {
             "x": {"field": "size", "type": "ordinal", "sort": sizes, "title": "size (pixels)"},
             "xOffset": {"field": "label", "type": "nominal"}, "y": log_axis(y, f"{title} (x {baseline})"),
-            "color": colour("label", legend),
+            "color": colour("label", legend, columns=1),
             "tooltip": [tip("label", legend), tip("size", "size"), num("attention_time_ms", "attention time (ms)"),
                         num("time_ratio", "time ratio"), num("peak_ratio", "peak ratio")]}},
         _rule(y={"datum": 1})]}
@@ -110,73 +116,96 @@ def ratio_to_baseline(y: str, title: str, baseline: str, sizes: list[str], legen
 def side_by_side(sizes: list[str], by: str, title: str) -> dict:
     """Each `label`'s attention time per size (transforms.labelled over backend, model, dtype and batch), one point
     per `series` (a run, or an environment value: transforms.with_series) next to each other."""
-    return {"mark": {"type": "point", "filled": True, "size": 110, "tooltip": True}, "width": 260, "height": 220,
+    return {"mark": {"type": "point", "filled": True, "size": 110, "tooltip": True}, "width": PANEL_WIDTH,
+            "height": PANEL_HEIGHT,
             "encoding": {"facet": _facet(sizes),
-                         "x": {"field": "label", "type": "nominal", "title": title},
+                         "x": {"field": "label", "type": "nominal", "title": None,  # the labels say it
+                               "axis": {"labelLimit": 0}},
                          "xOffset": {"field": "series", "type": "nominal"},
                          "y": log_axis("attention_time_ms", "attention time (ms)"),
-                         "color": colour("series", by),
+                         "color": colour("series", by, columns=2),
                          "tooltip": [tip("label", title), tip("size", "size"), tip("series", by),
                                      tip("run_id", "run"), num("attention_time_ms", "attention time (ms)"),
                                      num("forward_iqr_ms", "forward time IQR (ms)")]}}
 
 
-# ---- the Scaling page (transforms.scaling_table, scaling_long, shape_table)
+# ---- the Scaling page (transforms.scaling_table, scaling_long, shape_table, panelled)
 
-def scaling_shape(y: str, title: str, legend: str) -> dict:
+def size_axis(data: pd.DataFrame) -> dict:
+    """Image size on a log axis, ticked at the sizes in data and named as sizes (512x512)."""
+    return log_axis("pixels", SIZE_X, axis=T.size_ticks(data))
+
+
+def _panels(data: pd.DataFrame, unit, title: str) -> dict:
+    """Small multiples: one panel per `panel` value (transforms.panelled), each unit(its rows) with its own size
+    ticks, `columns` to a row, one legend below them all; a panel keeps its width whatever the number of series."""
+    names = list(dict.fromkeys(data["panel"]))
+    return {"columns": PANEL_COLUMNS, "title": title, "autosize": {"type": "pad"}, "concat": [
+        {"title": name, "width": PANEL_WIDTH, "height": PANEL_HEIGHT,
+         "transform": [{"filter": {"field": "panel", "equal": name}}], **unit(data[data["panel"] == name])}
+        for name in names]}
+
+
+def scaling_shape(data: pd.DataFrame, y: str, title: str, legend: str) -> dict:
     """What depends on the shape alone (tokens; score tables), against image size: a line per `label`."""
-    return {"mark": {"type": "line", "point": True, "tooltip": True}, "title": title,
-            "encoding": {"x": log_axis("pixels", SIZE_X), "y": log_axis(y, title), "color": colour("label", legend),
+    return {"mark": {"type": "line", "point": True, "tooltip": True}, "title": title, "height": PANEL_HEIGHT,
+            "encoding": {"x": size_axis(data), "y": log_axis(y, title), "color": colour("label", legend, columns=1),
                          "tooltip": [tip("label", legend), tip("size", "size"), num(y, title)]}}
 
 
-def scaling_time(legend: str) -> dict:
-    return {"mark": {"type": "line", "point": True, "tooltip": True},
-            "title": "attention time (sum of the calls' medians)",
-            "encoding": {"x": log_axis("pixels", SIZE_X), "y": log_axis("attention_time_ms", "time (ms)"),
-                         "color": colour("label", legend),
-                         "tooltip": [tip("label", legend), tip("size", "size"), tip("run_id", "run"),
-                                     num("attention_time_ms", "attention time (ms)")]}}
+def scaling_time(data: pd.DataFrame, panels: str, legend: str) -> dict:
+    """Attention time against image size, a panel per `panel` (transforms.panelled over model, settings, dtype,
+    batch and aspect, where they vary), a line per `label` (backend, and run where runs overlap)."""
+    def unit(rows: pd.DataFrame) -> dict:
+        return {"mark": {"type": "line", "point": True, "tooltip": True}, "encoding": {
+            "x": size_axis(rows), "y": log_axis("attention_time_ms", "time (ms)"),
+            "color": colour("label", legend, columns=PANEL_COLUMNS * 2),
+            "tooltip": [tip("label", legend), tip("panel", panels), tip("size", "size"), tip("run_id", "run"),
+                        num("attention_time_ms", "attention time (ms)")]}}
+
+    return _panels(data, unit, f"attention time (sum of the calls' medians), a panel per {panels}")
 
 
-def scaling_peak(unit: str, legend: str) -> dict:
-    """The largest call's peak, measured (solid line, filled points) beside predicted (dashed, hollow): only the
-    lines encode the source, so that its legend draws a solid and a dashed line (a legend shared with the points'
-    draws dots)."""
-    tooltip = [tip("label", legend), tip("size", "size"), tip("run_id", "run"), tip("source", "source"),
-               num(f"peak_{unit}", f"peak ({unit})")]
+def scaling_peak(data: pd.DataFrame, unit: str, panels: str, legend: str) -> dict:
+    """The largest call's peak, measured (solid line, filled points) beside predicted (dashed, hollow), a panel per
+    `panel` as in scaling_time: only the lines encode the source, so that its legend draws a solid and a dashed line
+    (a legend shared with the points' draws dots)."""
+    tooltip = [tip("label", legend), tip("panel", panels), tip("size", "size"), tip("run_id", "run"),
+               tip("source", "source"), num(f"peak_{unit}", f"peak ({unit})")]
 
     def points(source: str, filled: bool) -> dict:
         return {"transform": [{"filter": {"field": "source", "equal": source}}],
                 "mark": {"type": "point", "filled": filled, "tooltip": True}, "encoding": {"tooltip": tooltip}}
 
-    return {"title": "largest call's peak memory, measured and predicted",
-            "encoding": {"x": log_axis("pixels", SIZE_X), "y": log_axis(f"peak_{unit}", f"peak memory ({unit})"),
-                         "color": colour("label", legend)},
-            "layer": [{"mark": "line", "encoding": {"strokeDash": {
-                          "field": "source", "type": "nominal", "title": None,
-                          "scale": {"domain": ["measured", "predicted"], "range": [[1, 0], [6, 4]]},
-                          "legend": {"orient": "top", "symbolType": "stroke", "symbolSize": 400,
-                                     "symbolStrokeWidth": 2, "symbolStrokeColor": "black"}}}},
-                      points("measured", True), points("predicted", False)]}
+    def panel(rows: pd.DataFrame) -> dict:
+        return {"encoding": {"x": size_axis(rows), "y": log_axis(f"peak_{unit}", f"peak memory ({unit})"),
+                             "color": colour("label", legend, columns=PANEL_COLUMNS * 2)},
+                "layer": [{"mark": "line", "encoding": {"strokeDash": {
+                              "field": "source", "type": "nominal", "title": None,
+                              "scale": {"domain": ["measured", "predicted"], "range": [[1, 0], [6, 4]]},
+                              "legend": {"orient": "top", "symbolType": "stroke", "symbolSize": 400,
+                                         "symbolStrokeWidth": 2, "symbolStrokeColor": "black"}}}},
+                          points("measured", True), points("predicted", False)]}
+
+    return _panels(data, panel, f"largest call's peak memory, measured and predicted, a panel per {panels}")
 
 
 def scaling_charts(scale: pd.DataFrame) -> list[tuple[str, dict, pd.DataFrame]]:
     """(title, spec, data) of the Scaling page's and the report's four charts, from transforms.scaling_table: what
-    the shape sets (tokens, score tables), then what was measured (time, peaks)."""
-    tokens, by_model = T.labelled(T.shape_table(scale, "tokens_max", ("model", "aspect")))
-    by_shape = ("model", "dtype", "batch", "aspect")  # a score table's bytes: its shape and the compute dtype
+    the shape sets (tokens, score tables), then what was measured (time, peaks) in small multiples."""
+    tokens, by_model = T.labelled(T.shape_table(scale, "tokens_max", ("model", "settings_label", "aspect")))
+    by_shape = ("model", "settings_label", "dtype", "batch", "aspect")  # a score table: its shape and the dtype
     scores, unit = T.with_mem_unit(T.shape_table(scale, "score_table_max_bytes", by_shape), ["score_table_max_bytes"])
     scores, by_shape = T.labelled(scores)
-    time, legend = T.labelled(scale)
+    time, panels, legend = T.panelled(scale)
     peaks, peak_unit = T.with_mem_unit(T.scaling_long(time), ["peak_bytes"])
     return [("Scaling: tokens at the finest level against image size",
-             scaling_shape("tokens_max", "tokens at the finest level", by_model), tokens),
-            ("Scaling: the largest score table", scaling_shape(f"score_table_max_{unit}",
+             scaling_shape(tokens, "tokens_max", "tokens at the finest level", by_model), tokens),
+            ("Scaling: the largest score table", scaling_shape(scores, f"score_table_max_{unit}",
                                                                f"largest score table ({unit})", by_shape), scores),
-            ("Scaling: attention time against image size", scaling_time(legend), time),
-            ("Scaling: the largest call's peak memory, measured and predicted", scaling_peak(peak_unit, legend),
-             peaks)]
+            ("Scaling: attention time against image size", scaling_time(time, panels, legend), time),
+            ("Scaling: the largest call's peak memory, measured and predicted",
+             scaling_peak(peaks, peak_unit, panels, legend), peaks)]
 
 
 # ---- the Planner page (transforms.planner_table)
@@ -186,7 +215,8 @@ def planner_needs(unit: str, budget: float, backends: int) -> dict:
     height is given (not a step per bar), so that a chart fitted to its container keeps it."""
     return {"height": 24 * backends + 20, "layer": [
         {"mark": {"type": "bar", "tooltip": True}, "encoding": {
-            "y": {"field": "backend", "type": "nominal", "sort": None, "title": None},
+            "y": {"field": "backend", "type": "nominal", "sort": None, "title": None,
+                  "axis": {"labelLimit": 0}},  # names whole: diffusers:_native_flash, diffusers:_native_math
             "x": {"field": f"need_{unit}", "type": "quantitative", "title": f"predicted need ({unit})"},
             "color": colour("fits", "fits", scale={"domain": [True, False], "range": ["#2a9d8f", "#e76f51"]}),
             "tooltip": [tip("backend", "backend"), tip("family", "family"), tip("largest_call", "largest call"),
@@ -199,12 +229,12 @@ def roofline(lines: pd.DataFrame, legend: str = "backend") -> dict:
     transforms.roofline_points through transforms.labelled), coloured by its `label`; the device's two limits
     (transforms.roofline_lines: memory bandwidth up to the ridge, then the compute peak) as dashed lines, named."""
     x = log_axis("arithmetic_intensity", "arithmetic intensity (FLOPs per byte moved, the backend's model)")
-    y = log_axis("achieved_flops_per_s", "achieved FLOP/s (the call's FLOPs / its median time)", axis={"format": "~s"})
+    y = log_axis("achieved_flops_per_s", "achieved FLOP/s (FLOPs / median time)", axis={"format": "~s"})
     values = lines.astype(object).where(lines.notna(), None).to_dict("records")
-    return {"height": 340, "layer": [
+    return {"width": 640, "height": 340, "layer": [  # the width where nothing sets it (the report)
         {"mark": {"type": "point", "filled": True, "size": 60, "opacity": 0.8, "tooltip": True},
-         "encoding": {"x": x, "y": y, "color": colour("label", legend),
-                      "shape": {"field": "size", "type": "nominal", "title": "size"},
+         "encoding": {"x": x, "y": y, "color": colour("label", legend, columns=2),
+                      "shape": colour("size", "size"),
                       "detail": {"field": "block", "type": "nominal"},
                       "tooltip": [tip("block", "block"), tip("label", legend), tip("size", "size"),
                                   tip("kind", "kind"), tip("tokens", "tokens (query x key)"),

@@ -33,7 +33,7 @@ def _table(df: pd.DataFrame, cls: str = "") -> str:
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>"
                    for row in df.itertuples(index=False))
-    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    return f'<div class="scroll"><table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def _charts_and_sections(cells: pd.DataFrame, blocks: pd.DataFrame, runs: list[Run]) -> tuple[list, list[str]]:
@@ -105,7 +105,8 @@ def render(paths: list[Path]) -> str:
 body {{ font-family: system-ui, sans-serif; margin: 2rem; color: #222; }}
 table {{ border-collapse: collapse; font-size: 12px; margin: 0.5rem 0 1.5rem; }}
 th, td {{ border: 1px solid #ddd; padding: 3px 6px; text-align: left; white-space: nowrap; }}
-th {{ background: #f3f3f3; }} .chart {{ margin-bottom: 1.5rem; }} p {{ color: #555; max-width: 60rem; }}
+th {{ background: #f3f3f3; }} p {{ color: #555; max-width: 60rem; }}
+.scroll, .chart {{ max-width: 100%; overflow-x: auto; }} .chart {{ margin-bottom: 1.5rem; }}
 </style></head>
 <body data-charts="{len(specs)}" data-rendered="0">
 <h1>attnprof report</h1>

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from profiler import backends
-from profiler.fmt import human_bytes
+from profiler.fmt import human_bytes, human_count
 from profiler.report.show import UNREADABLE, runs_index as load_index  # noqa: F401 (the Runs page's table)
 from profiler.store import DONE_STATUSES, Run  # noqa: F401 (DONE_STATUSES: the app's status columns)
 from profiler.workload import label
@@ -68,6 +68,28 @@ def labelled(df: pd.DataFrame, fields=SERIES) -> tuple[pd.DataFrame, str]:
     return df.assign(label=labels), ", ".join(_NAMES.get(f, (f,))[0] for f in varying)
 
 
+PANELS = ("model", "settings_label", "dtype", "batch", "aspect")  # the Scaling page: a panel per combination
+LINES = ("backend_label", "run_id")  # in a panel, a line per backend (and per run where runs overlap)
+
+
+def panelled(df: pd.DataFrame) -> tuple[pd.DataFrame, str, str]:
+    """(df with `panel` and `label`, the panels' title, the lines' title) for small multiples: a panel per
+    combination of those of PANELS that vary (labelled), in each a line per backend; split by run only where two
+    runs hold one backend's cell of one panel at one size, so that runs of one size each draw one line."""
+    df, panels = labelled(df, PANELS)
+    df = df.rename(columns={"label": "panel"})
+    overlap = "run_id" in df and df.duplicated(["panel", "backend_label", "size"]).any()
+    df, legend = labelled(df, LINES if overlap else LINES[:1])
+    return df, panels, legend
+
+
+def size_ticks(df: pd.DataFrame) -> dict:
+    """A log axis of pixels whose ticks are the sizes in df, each named as people name it (512x512), not a count."""
+    names = df.groupby("pixels")["size"].agg(lambda s: " / ".join(dict.fromkeys(s)))  # 512x1024 / 1024x512
+    expr = " : ".join(f"datum.value == {int(p)} ? '{n}'" for p, n in names.items()) + " : ''"
+    return {"values": [int(p) for p in names.index], "labelExpr": expr, "labelOverlap": "greedy"}
+
+
 # ---- filters
 
 def options(df: pd.DataFrame, column: str) -> list:
@@ -114,6 +136,16 @@ def unet_layout(blocks: pd.DataFrame) -> pd.DataFrame:
     b["tokens"] = b["tokens_q"].astype(str) + " x " + b["tokens_k"].astype(str)
     b["score_table"] = b["score_bytes"].map(human_bytes)
     return b
+
+
+def unet_title(layout: pd.DataFrame) -> str:
+    """What the U-Net map draws, naming only the parts this cell has (its ControlNet, IP-Adapter's image tokens)."""
+    if layout["block"].str.match(r"(en|de)coder\.").all():
+        return "The VAE: its mid block's attention (one tile per call: a tiled decode calls it per tile)"
+    parts = " and its ControlNet" if layout["block"].str.startswith("controlnet.").any() else ""
+    kinds = " | ".join(k for k in ("self", "cross", "image") if k in set(layout["kind"]))
+    image = ": IP-Adapter's image tokens" if "image" in kinds else ""
+    return f"The U-Net{parts}: down, mid and up by level; each tile one attention call ({kinds}{image})"
 
 
 # ---- the Compare page
@@ -396,16 +428,31 @@ def with_mem_unit(df: pd.DataFrame, columns: list[str]) -> tuple[pd.DataFrame, s
     return df.assign(**{c.removesuffix("_bytes") + "_" + unit: df[c] / UNITS[unit] for c in columns}), unit
 
 
+def _shown(fmt):
+    return lambda v: "-" if v is None or (isinstance(v, float) and v != v) else fmt(v)
+
+
+# How display() shows a column, by the end of its name: (ending, format, the name's ending dropped). First match wins.
+SHOWN = (("_bytes", human_bytes, True), ("bytes_moved", human_bytes, False), ("_ms", human_ms, True),
+         ("_ratio", lambda r: f"{r:.2f}x", False), ("_flops_per_s", lambda v: f"{human_count(v)}FLOP/s", False),
+         ("_err", lambda v: f"{v:.2e}", False), ("pct_of_peak", lambda v: f"{v:.1f}%", False),
+         ("arithmetic_intensity", lambda v: f"{v:.3g} FLOP/B", False),
+         ("flops", lambda v: f"{human_count(v)}FLOP", False), ("_s", lambda v: f"{v:.2f} s", True))
+
+
 def display(df: pd.DataFrame) -> pd.DataFrame:
-    """A copy for reading: *_bytes as MiB / GiB, *_ms as ms, *_ratio as 1.23x; suffixes dropped from the names."""
+    """A copy for reading, each number with its unit (SHOWN): *_bytes as MiB / GiB, *_ms as ms, *_ratio as 1.23x,
+    FLOP/s with a prefix (1.00 GFLOP/s), errors as 1.07e-06, shares as 12.3%, *_s as seconds; unit suffixes
+    dropped from the names."""
     out = df.copy()
     names = {}
     for column in df.columns:
-        if column.endswith("_bytes"):
-            out[column], names[column] = df[column].map(human_bytes), column.removesuffix("_bytes")
-        elif column.endswith("_ms"):
-            out[column], names[column] = df[column].map(human_ms), column.removesuffix("_ms")
-        elif column.endswith("_ratio"):
-            out[column] = df[column].map(lambda r: "-" if r != r else f"{r:.2f}x")
-    names = {c: "score table" if c == "score_bytes" else n.replace("_", " ") for c, n in names.items()}
+        rule = next(((end, fmt, drop) for end, fmt, drop in SHOWN if column.endswith(end)), None)
+        if rule is None or df[column].dtype == bool:
+            continue
+        end, fmt, drop = rule
+        out[column] = df[column].map(_shown(fmt))
+        names[column] = column.removesuffix(end) if drop else column
+    names = {c: "score table" if c == "score_bytes" else n.replace("_", " ") if c != n else n
+             for c, n in names.items()}
     return out.rename(columns=names)

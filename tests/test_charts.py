@@ -19,7 +19,8 @@ from tests.test_dashboard_e2e import _MISSING, CHROMIUM, CHROMIUM_ARGS, sync_pla
 
 # Fields that say which measured thing a row is: rows that differ in one of them must not be drawn as one series.
 IDENTITY = ("run_id", "model", "dtype", "batch", "backend", "backend_label", "aspect", "source", "block")
-NOT_SPECS = {"tip", "num", "log_axis", "colour", "call_tooltip", "cell_tooltip", "with_data", "scaling_charts"}
+NOT_SPECS = {"tip", "num", "log_axis", "colour", "call_tooltip", "cell_tooltip", "with_data", "scaling_charts",
+             "size_axis"}
 OUT = Path(__file__).resolve().parent.parent / "test-output" / "charts-e2e"
 
 
@@ -30,7 +31,10 @@ def _units(spec: dict, data: pd.DataFrame, encoding: dict | None = None):
     data = pd.DataFrame(spec["data"]["values"]) if "values" in spec.get("data", {}) else data
     for step in spec.get("transform", []):  # the field predicates the specs use
         data = data[data[step["filter"]["field"]] == step["filter"]["equal"]]
-    if "layer" in spec:
+    if "concat" in spec:  # small multiples: each panel a view of its own over the same data
+        for view in spec["concat"]:
+            yield from _units(view, data, encoding)
+    elif "layer" in spec:
         for layer in spec["layer"]:
             yield from _units(layer, data, encoding)
     else:
@@ -95,7 +99,7 @@ def drawn(mixed_results):
     def recording(name, fn):
         def wrapper(*args, **kwargs):
             spec = fn(*args, **kwargs)
-            if isinstance(spec, dict) and ("mark" in spec or "layer" in spec):
+            if isinstance(spec, dict) and ("mark" in spec or "layer" in spec or "concat" in spec):
                 calls.append((name, spec))
             return spec
         return wrapper
@@ -150,8 +154,9 @@ def test_the_data_really_varies_so_the_rules_bite(drawn):
         assert {f: data[f].nunique() > 1 for f in ("run_id", "model", "dtype", "backend_label")} == dict.fromkeys(
             ("run_id", "model", "dtype", "backend_label"), True), name
         assert "sliced(slice_size=4)" in set(data["backend_label"]) and "sliced" in set(data["backend_label"])
-    legend = next(s for n, s, _ in drawn if n == "scaling_time")["encoding"]["color"]["title"]
-    assert legend == "backend, model, dtype, run"
+    time = next(s for n, s, _ in drawn if n == "scaling_time")
+    assert [v["title"] for v in time["concat"]] == ["tiny-sd15 float32", "tiny-sd15 bfloat16", "tiny-sdxl float32"]
+    assert time["concat"][0]["encoding"]["color"]["title"] == "backend, run"  # bf16 and again hold the same sizes
 
 
 def test_the_rules_catch_what_issue_20_found(drawn):

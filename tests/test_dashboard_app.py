@@ -202,21 +202,54 @@ def test_compare_page_ratios_and_largest_size(dashboard_results, monkeypatch):
     assert ratios.loc[("64x64", "naive"), "peak_ratio"] > 1  # naive materialises the score table
 
 
+def _views(spec: dict) -> list[dict]:
+    """The single views of a spec: itself, or each panel of its small multiples."""
+    return spec.get("concat", [spec])
+
+
 def test_scaling_page_measured_beside_predicted_on_log_axes(dashboard_results, monkeypatch):
     at = _app(dashboard_results, monkeypatch, page="Scaling")
     charts = _charts(at)
     assert len(charts) == 4
     for spec, _ in charts:
-        assert spec["encoding"]["x"]["scale"]["type"] == "log" == spec["encoding"]["y"]["scale"]["type"]
+        for view in _views(spec):
+            x, y = view["encoding"]["x"], view["encoding"]["y"]
+            assert x["scale"]["type"] == "log" == y["scale"]["type"]
+            assert x["axis"]["values"] == [4096, 16384]  # ticked at the sizes, named as sizes
+            assert x["axis"]["labelExpr"] == "datum.value == 4096 ? '64x64' : datum.value == 16384 ? '128x128' : ''"
     tokens = charts[0][1].set_index("size")["tokens_max"]
     assert tokens.to_dict() == {"64x64": 64, "128x128": 256}
     peak_spec, peaks = charts[3]
-    assert peak_spec["layer"][0]["encoding"]["strokeDash"]["field"] == "source"  # the lines' dash, not the points'
-    assert peak_spec["layer"][0]["encoding"]["strokeDash"]["legend"]["symbolType"] == "stroke"
+    panel = peak_spec["concat"][0]
+    assert [v["title"] for v in peak_spec["concat"]] == ["tiny-sd15"]  # one model, one panel
+    assert panel["layer"][0]["encoding"]["strokeDash"]["field"] == "source"  # the lines' dash, not the points'
+    assert panel["layer"][0]["encoding"]["strokeDash"]["legend"]["symbolType"] == "stroke"
     assert sorted(peaks["source"].unique()) == ["measured", "predicted"]
     assert len(peaks) == 2 * 5  # five cells ran, each measured and predicted
-    assert "MiB" in peak_spec["encoding"]["y"]["title"] and "ms" in charts[1][0]["encoding"]["y"]["title"]
-    assert "MiB" in charts[2][0]["encoding"]["y"]["title"]  # the score table
+    assert "MiB" in panel["encoding"]["y"]["title"] and "ms" in charts[2][0]["concat"][0]["encoding"]["y"]["title"]
+    assert "MiB" in charts[1][0]["encoding"]["y"]["title"]  # the score table
+
+
+def test_scaling_shows_every_run_by_default_and_joins_runs_of_other_sizes(dashboard_results, tmp_path,
+                                                                         monkeypatch):
+    """A run per size (each a real run's cells of one size): the Scaling page picks both by default (the other pages
+    the latest), and each backend's line runs through both sizes, its points naming their run."""
+    run_id = _run_id(dashboard_results)
+    for name, size in (("a-small", 64), ("b-large", 128)):
+        shutil.copytree(dashboard_results / run_id, tmp_path / name)
+        cells = pd.read_parquet(tmp_path / name / "cells.parquet")
+        cells[cells["width"] == size].to_parquet(tmp_path / name / "cells.parquet", index=False)
+    at = _app(tmp_path, monkeypatch, page="Scaling")
+    assert _qp(at, "run") == ["a-small", "b-large"]
+    spec, time = _charts(at)[2]
+    assert spec["concat"][0]["encoding"]["color"]["title"] == "backend"  # no two runs hold one size: one line each
+    sdpa = time[time["label"] == "sdpa"].sort_values("pixels")
+    assert sdpa[["size", "run_id"]].values.tolist() == [["64x64", "a-small"], ["128x128", "b-large"]]
+    at.sidebar.selectbox(key="page").set_value("Run").run()
+    assert _qp(at, "run") == ["b-large"]  # not picked by anyone: the Run page's own default, the latest
+    at.sidebar.multiselect(key="run").set_value(["a-small"]).run()
+    at.sidebar.selectbox(key="page").set_value("Scaling").run()
+    assert _qp(at, "run") == ["a-small"]  # picked: kept on every page
 
 
 def test_filters_from_the_url_narrow_every_table(dashboard_results, monkeypatch):

@@ -5,6 +5,7 @@ import contextlib
 import csv
 import io
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -48,11 +49,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def server(dashboard_results, tmp_path):
+@pytest.fixture(scope="module")
+def server(dashboard_results, tmp_path_factory):
     """The dashboard as a user starts it, over the real run; its URL once /_stcore/health answers."""
-    with _dashboard(dashboard_results, tmp_path) as url:
+    with _dashboard(dashboard_results, tmp_path_factory.mktemp("server")) as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Chromium for the whole module (each test opens its own page)."""
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
 
 
 @contextlib.contextmanager
@@ -89,48 +101,46 @@ def _query(url: str) -> dict[str, list[str]]:
     return parse_qs(urlparse(url).query)
 
 
-def test_chart_renders_and_a_filter_changes_the_url(server, dashboard_results):
+def test_chart_renders_and_a_filter_changes_the_url(server, browser, dashboard_results):
     run_id = list_runs(dashboard_results)[0].name
     OUT.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
-            messages = []
-            page.on("console", lambda m: messages.append(m.text))
-            page.goto(server + "/?page=Run")
-            unet = page.get_by_test_id("stVegaLiteChart").first
-            unet.locator("canvas, svg").first.wait_for(state="visible", timeout=90_000)
-            box = unet.bounding_box()
-            assert box["width"] > 300 and box["height"] > 150, box
-            page.wait_for_url(lambda u: "run=" in u, timeout=30_000)
-            before = _query(page.url)
-            assert before["page"] == ["Run"] and before["run"] == [run_id] and "backend" not in before
+    page = browser.new_page(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
+    try:
+        messages = []
+        page.on("console", lambda m: messages.append(m.text))
+        page.goto(server + "/?page=Run")
+        unet = page.get_by_test_id("stVegaLiteChart").first
+        unet.locator("canvas, svg").first.wait_for(state="visible", timeout=90_000)
+        box = unet.bounding_box()
+        assert box["width"] > 300 and box["height"] > 150, box
+        page.wait_for_url(lambda u: "run=" in u, timeout=30_000)
+        before = _query(page.url)
+        assert before["page"] == ["Run"] and before["run"] == [run_id] and "backend" not in before
 
-            page.get_by_test_id("stMultiSelect").filter(has_text="Backend").click()
-            page.get_by_role("option", name="sdpa", exact=True).click()
-            page.keyboard.press("Escape")
-            page.wait_for_url(lambda u: "backend=sdpa" in u, timeout=30_000)
-            after = _query(page.url)
-            assert after["backend"] == ["sdpa"] and after["cell"] != before["cell"]  # the drawn cell follows
-            page.get_by_text("Cells", exact=True).wait_for(timeout=30_000)
-            unet.locator("canvas, svg").first.wait_for(state="visible", timeout=30_000)
-            time.sleep(1)  # let the charts finish drawing
-            page.screenshot(path=str(OUT / "run-page-sdpa.png"))
+        page.get_by_test_id("stMultiSelect").filter(has_text="Backend").click()
+        page.get_by_role("option", name="sdpa", exact=True).click()
+        page.keyboard.press("Escape")
+        page.wait_for_url(lambda u: "backend=sdpa" in u, timeout=30_000)
+        after = _query(page.url)
+        assert after["backend"] == ["sdpa"] and after["cell"] != before["cell"]  # the drawn cell follows
+        page.get_by_text("Cells", exact=True).wait_for(timeout=30_000)
+        unet.locator("canvas, svg").first.wait_for(state="visible", timeout=30_000)
+        time.sleep(1)  # let the charts finish drawing
+        page.screenshot(path=str(OUT / "run-page-sdpa.png"))
 
-            with page.expect_download(timeout=30_000) as download:
-                page.get_by_role("button", name="Download cells.csv").click()
-            rows = list(csv.DictReader(io.StringIO(Path(download.value.path()).read_text())))
-            assert [r["backend_label"] for r in rows] == ["sdpa", "sdpa"]
-            assert {r["size"] for r in rows} == {"64x64", "128x128"} and {r["status"] for r in rows} == {"ok"}
-            assert float(rows[0]["attention_peak_mem_bytes"]) > 0  # raw bytes in the CSV, units in the names
-            assert [m for m in messages if "Dropping" in m] == []  # every tooltip entry and channel kept
-        finally:
-            browser.close()
+        with page.expect_download(timeout=30_000) as download:
+            page.get_by_role("button", name="Download cells.csv").click()
+        rows = list(csv.DictReader(io.StringIO(Path(download.value.path()).read_text())))
+        assert [r["backend_label"] for r in rows] == ["sdpa", "sdpa"]
+        assert {r["size"] for r in rows} == {"64x64", "128x128"} and {r["status"] for r in rows} == {"ok"}
+        assert float(rows[0]["attention_peak_mem_bytes"]) > 0  # raw bytes in the CSV, units in the names
+        assert [m for m in messages if "Dropping" in m] == []  # every tooltip entry and channel kept
+    finally:
+        page.close()
     assert (OUT / "run-page-sdpa.png").stat().st_size > 10_000
 
 
-def test_runs_gathered_under_other_folder_names_open_on_every_page(dashboard_results, tmp_path):
+def test_runs_gathered_under_other_folder_names_open_on_every_page(dashboard_results, browser, tmp_path):
     """Runs gathered from two machines: two renamed copies of one run (their files still say the original id) in a
     results folder that holds nothing else. Every page opens with both, told apart by folder, and no exception."""
     import shutil
@@ -139,10 +149,9 @@ def test_runs_gathered_under_other_folder_names_open_on_every_page(dashboard_res
     gathered = tmp_path / "gathered"
     for name in ("h100-run", "a100-run"):
         shutil.copytree(original, gathered / name)
-    with _dashboard(gathered, tmp_path) as url, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with _dashboard(gathered, tmp_path) as url:
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
         try:
-            page = browser.new_page(viewport={"width": 1500, "height": 1100})
             for name in ("Runs", "Run", "Compare", "Scaling", "Planner", "Queue"):
                 page.goto(f"{url}/?page={name}&run=h100-run&run=a100-run&by=run&baseline=h100-run")
                 page.get_by_test_id("stHeading").or_(page.get_by_test_id("stVegaLiteChart")).or_(
@@ -155,4 +164,222 @@ def test_runs_gathered_under_other_folder_names_open_on_every_page(dashboard_res
                     page.get_by_text("a100-run against h100-run").wait_for(timeout=30_000)
                 page.screenshot(path=str(tmp_path / f"{name}.png"))
         finally:
-            browser.close()
+            page.close()
+
+
+# ---- the Scaling page on a `make profile`-shaped store (issue 26)
+
+@pytest.fixture(scope="module")
+def profile_results(tmp_path_factory):
+    """Two runs shaped as `make profile` makes them on a CPU: configs/sweeps/cpu-default.yaml itself (its eight
+    backends, one unavailable here, and its also: grids of the VAE, IP-Adapter with ToMe, and the ControlNet) at
+    small sizes with one repeat, run by the real profiler; the second run a copy of the first in another folder."""
+    import shutil
+    from dataclasses import replace
+
+    import torch
+
+    from profiler.execute import grid
+    from profiler.execute.sweep import execute
+
+    root = tmp_path_factory.mktemp("profile") / "results"
+    default = grid.load(REPO / "configs" / "sweeps" / "cpu-default.yaml")
+    small = lambda g, sizes: replace(g, sizes=sizes, repeats=1, warmup=0)  # noqa: E731
+    sweep = replace(small(default, ((64, 64), (128, 128))), out=str(root), timeout_s=None,
+                    also=tuple(small(g, ((64, 64),)) for g in default.also))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the timings do not matter here
+    try:
+        execute(sweep, workers=False, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    first = list_runs(root)[0]
+    shutil.copytree(first, root / "zz-again")
+    return root
+
+
+@pytest.fixture(scope="module")
+def profile_server(profile_results, tmp_path_factory):
+    with _dashboard(profile_results, tmp_path_factory.mktemp("profile-server")) as url:
+        yield url
+
+
+# Every axis of every chart on the page: the width of the plot it belongs to, its visible tick labels' and title's
+# boxes. A plot is its view's frame; a facet draws its axes in header groups outside the cells: there, the cell whose
+# left edge is nearest the axis's.
+MEASURE = """() => Array.from(document.querySelectorAll('[data-testid=stVegaLiteChart] svg')).flatMap((svg, chart) => {
+    const frames = Array.from(svg.querySelectorAll(
+            'g.role-scope > g > path.background, g.role-frame > g > path.background'))
+        .map(p => p.getBoundingClientRect()).filter(r => r.width > 0);
+    return Array.from(svg.querySelectorAll('g.role-axis[aria-roledescription=axis]')).map(axis => {
+        const own = axis.parentElement.closest('g.role-scope, g.role-frame').querySelector('path.background')
+            .getBoundingClientRect();
+        const left = axis.getBoundingClientRect().left;
+        const plot = own.width > 0 ? own : frames.reduce((a, b) => Math.abs(a.left - left) <= Math.abs(b.left - left)
+                                                                   ? a : b);
+        const boxes = role => Array.from(axis.querySelectorAll(role + ' text'))
+            .filter(t => t.textContent.trim() && t.getAttribute('opacity') !== '0'
+                         && getComputedStyle(t).opacity !== '0')
+            .map(t => {
+                const r = t.getBoundingClientRect();
+                return [t.textContent, r.left, r.top, r.right, r.bottom];
+            });
+        return {chart, axis: axis.getAttribute('aria-label'), labels: boxes('.role-axis-label'),
+                title: boxes('.role-axis-title'), plot: plot.width};
+    });
+})"""
+
+
+def overlapping(labels: list) -> list[tuple[str, str]]:
+    """Pairs of tick labels whose boxes overlap by more than a pixel both ways."""
+    return [(a[0], b[0]) for i, a in enumerate(labels) for b in labels[i + 1:]
+            if min(a[3], b[3]) - max(a[1], b[1]) > 1 and min(a[4], b[4]) - max(a[2], b[2]) > 1]
+
+
+def test_overlapping_finds_labels_that_overlap_and_only_those():
+    labels = [["64x64", 0, 0, 40, 10], ["128x128", 39.5, 0, 90, 10], ["10,0000", 80, 2, 120, 12]]
+    assert overlapping(labels) == [("128x128", "10,0000")]
+
+
+def _measured(browser, url: str, charts: int, shot: str) -> list[dict]:
+    """MEASURE on a page once its charts have drawn; a screenshot of it in OUT."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 1400, "height": 3000})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(url)
+        page.get_by_test_id("stVegaLiteChart").nth(charts - 1).locator("svg").first.wait_for(state="visible",
+                                                                                              timeout=90_000)
+        time.sleep(2)  # let the charts finish drawing
+        page.screenshot(path=str(OUT / shot))
+        assert errors == [] and page.get_by_test_id("stVegaLiteChart").count() == charts
+        return page.evaluate(MEASURE)
+    finally:
+        page.close()
+
+
+def _readable(axes: list[dict]) -> None:
+    """Each plot at least 300 px wide and no two tick labels of one axis overlapping."""
+    x_axes = [a for a in axes if a["axis"].startswith("X-axis")]
+    assert min(a["plot"] for a in x_axes) >= 300, [(a["chart"], a["plot"]) for a in x_axes]
+    for a in axes:
+        assert overlapping(a["labels"]) == [], a
+        assert [pair for pair in overlapping(a["labels"] + a["title"]) if pair[1] in {t for t, *_ in a["title"]}] \
+            == [], a  # nor a label its axis's title
+    print(f"{len(x_axes)} plots, the narrowest {min(a['plot'] for a in x_axes):.0f} px, "
+          f"{sum(len(a['labels']) for a in axes)} tick labels, none overlapping")
+
+
+def test_the_scaling_page_of_a_make_profile_run_is_readable(profile_server, profile_results, browser):
+    """Issue 26: on a `make profile`-shaped store (8 backends x 2 runs, 4 models and settings) the Scaling page shows
+    every run by default, each plot at least 300 px wide, sizes as tick labels, no two tick labels overlapping."""
+    axes = _measured(browser, profile_server + "/?page=Scaling", 4, "scaling-make-profile.png")
+    assert {a["chart"] for a in axes} == {0, 1, 2, 3}
+    x_axes = [a for a in axes if a["axis"].startswith("X-axis")]
+    # tokens and score tables, then time and peaks each in 4 panels: tiny-sd15 plain, with IP-Adapter and ToMe, with
+    # its ControlNet, and tiny-vae
+    assert len(x_axes) == 2 + 2 * 4, axes
+    for a in x_axes:
+        assert a["labels"] and all(re.fullmatch(r"\d+x\d+", t) for t, *_ in a["labels"]), a
+    _readable(axes)
+
+
+def test_the_scaling_page_picks_every_run_by_default(profile_server, profile_results, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(profile_server + "/?page=Scaling")
+        page.wait_for_url(lambda u: "run=" in u, timeout=90_000)
+        assert _query(page.url)["run"] == [p.name for p in list_runs(profile_results)]  # every run, not the latest
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize("by, charts", [("backend", 3), ("run", 1)])
+def test_the_compare_page_of_a_make_profile_run_is_readable(profile_server, profile_results, browser, by, charts):
+    runs = "&".join(f"run={p.name}" for p in list_runs(profile_results))
+    _readable(_measured(browser, f"{profile_server}/?page=Compare&by={by}&{runs}", charts, f"compare-by-{by}.png"))
+
+
+def test_the_report_fits_a_window_and_its_cells_have_units(profile_results, browser, tmp_path):
+    """Issue 26: the report of a `make profile`-shaped store fits a 1400 px window (wide tables scroll in their own
+    box) and its cells table shows numbers with units, not raw floats like 1.0729395843944966e-06."""
+    pytest.importorskip("vl_convert", reason="the report embeds vl-convert-python's Vega bundle")
+    from profiler.cli import main
+
+    out = tmp_path / "report.html"
+    assert main(["report", *[p.name for p in list_runs(profile_results)], "--results", str(profile_results),
+                 "--html", str(out)]) == 0
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(out.as_uri())
+        page.wait_for_function("document.body.dataset.rendered === document.body.dataset.charts", timeout=60_000)
+        width = page.evaluate("document.documentElement.scrollWidth")
+        texts = page.evaluate("() => Array.from(document.querySelectorAll('table.cells td')).map(t => t.textContent)")
+        header = page.evaluate("() => Array.from(document.querySelectorAll('table.cells th')).map(t => t.textContent)")
+    finally:
+        page.close()
+    assert width <= 1400
+    raw = [t for t in texts if re.fullmatch(r"-?\d+\.\d{4,}(e[-+]\d+)?|-?\d\.\d+e[-+]\d+", t) and len(t) > 9]
+    assert raw == [] and len(texts) > 100
+    column = lambda name: texts[header.index(name)::len(header)]  # noqa: E731
+    assert all(re.fullmatch(r"\d\.\d\de[-+]\d\d|-", t) for t in column("max_rel_err")), column("max_rel_err")
+    assert all(t.endswith("FLOP/s") or t == "-" for t in column("attention_achieved_flops_per_s"))
+
+
+# Each axis title on the page: its text, whether it lies whole inside its chart's box.
+TITLES = """() => Array.from(document.querySelectorAll('[data-testid=stVegaLiteChart] svg')).flatMap(svg => {
+    const box = svg.getBoundingClientRect();
+    return Array.from(svg.querySelectorAll('.role-axis-title text')).map(t => {
+        const r = t.getBoundingClientRect();
+        return [t.textContent, r.left >= box.left - 1 && r.right <= box.right + 1 && r.top >= box.top - 1
+                && r.bottom <= box.bottom + 1];
+    });
+})"""
+
+
+def test_the_run_pages_title_names_a_controlnet_only_on_a_cell_that_has_one(profile_server, profile_results,
+                                                                          browser):
+    """Issue 26: the title says "and its ControlNet" on a ControlNet cell only; and no axis title on the page (the
+    roofline's y title was clipped) is cut short or drawn outside its chart."""
+    from profiler.store import Run
+
+    run = list_runs(profile_results)[0]
+    cells = Run.open(run).cells()
+    ok = cells[cells["status"] == "ok"]
+    controlnet = ok[ok["settings"].str.contains("controlnet")].iloc[0]["cell_id"]
+    plain = ok[(ok["settings"] == "{}") & (ok["model"] == "tiny-sd15")].iloc[0]["cell_id"]
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    titles = {}
+    try:
+        for name, cell in (("controlnet", controlnet), ("plain", plain)):
+            page.goto(f"{profile_server}/?page=Run&run={run.name}&cell={run.name}/{cell}")
+            heading = page.get_by_test_id("stHeading").filter(has_text="The U-Net")
+            heading.wait_for(timeout=90_000)
+            titles[name] = heading.inner_text()
+        page.get_by_text("Roofline: each call against").wait_for(timeout=60_000)
+        time.sleep(2)  # let the charts finish drawing
+        axis_titles = page.evaluate(TITLES)
+    finally:
+        page.close()
+    assert "achieved FLOP/s (FLOPs / median time)" in {t for t, _ in axis_titles}
+    assert [(t, whole) for t, whole in axis_titles if not whole or t.endswith("…")] == []
+    assert titles["controlnet"].startswith("The U-Net and its ControlNet: ")
+    assert titles["plain"].startswith("The U-Net: ") and "ControlNet" not in titles["plain"]
+
+
+def test_the_planners_bars_name_every_backend_whole(profile_server, browser):
+    from profiler import backends
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{profile_server}/?page=Planner&plan_model=tiny-sd15&plan_size=64x64")
+        chart = page.get_by_test_id("stVegaLiteChart").first
+        chart.locator("svg").first.wait_for(state="visible", timeout=120_000)
+        time.sleep(1)
+        labels = page.evaluate("""() => Array.from(document.querySelectorAll(
+            '[data-testid=stVegaLiteChart] g.role-axis[aria-label^="Y-axis"] .role-axis-label text'))
+            .map(t => t.textContent)""")
+    finally:
+        page.close()
+    assert labels == backends.names()  # diffusers:_native_flash and diffusers:_native_math, not "diffusers:_native..."

@@ -142,6 +142,39 @@ def test_unet_layout_places_blocks_on_the_u():
         T.unet_layout(pd.DataFrame(rows[:1] + [_block("x.attn1", 0, 0, "self", 1, 1, cell="c2")]))
 
 
+def test_the_unet_title_names_a_controlnet_and_image_tokens_only_where_the_cell_has_them():
+    plain = pd.DataFrame({"block": ["down_blocks.0.attentions.0.transformer_blocks.0.attn1",
+                                    "down_blocks.0.attentions.0.transformer_blocks.0.attn2"],
+                          "kind": ["self", "cross"]})
+    assert T.unet_title(plain) == "The U-Net: down, mid and up by level; each tile one attention call (self | cross)"
+    both = pd.concat([plain, pd.DataFrame({
+        "block": ["controlnet.down_blocks.0.attentions.0.transformer_blocks.0.attn1",
+                  "down_blocks.0.attentions.0.transformer_blocks.0.attn2.image"], "kind": ["self", "image"]})])
+    assert T.unet_title(both) == ("The U-Net and its ControlNet: down, mid and up by level; each tile one attention "
+                                  "call (self | cross | image: IP-Adapter's image tokens)")
+    vae = pd.DataFrame({"block": ["decoder.mid_block.attentions.0"], "kind": ["self"]})
+    assert T.unet_title(vae).startswith("The VAE: ")
+
+
+def test_panels_by_model_and_settings_lines_by_backend_split_by_run_only_where_runs_overlap():
+    rows = [{"model": m, "settings_label": st, "dtype": "float32", "batch": 1, "aspect": "1:1", "backend_label": b,
+             "run_id": r, "size": f"{w}x{w}", "pixels": w * w}
+            for m, st in (("tiny-sd15", "none"), ("tiny-sd15", "controlnet"), ("tiny-vae", "none"))
+            for b in ("naive", "sdpa") for r, w in (("r1", 64), ("r2", 128))]
+    apart, panels, legend = T.panelled(pd.DataFrame(rows))
+    assert (panels, legend) == ("model, settings", "backend")  # each run holds its own size: one line through both
+    assert sorted(set(apart["panel"])) == ["tiny-sd15 (controlnet)", "tiny-sd15 (none)", "tiny-vae (none)"]
+    assert sorted(set(apart["label"])) == ["naive", "sdpa"]
+    again = pd.DataFrame(rows + [{**r, "run_id": "r3"} for r in rows])  # a third run repeating both sizes
+    overlapping, _, legend = T.panelled(again)
+    assert legend == "backend, run" and "sdpa r3" in set(overlapping["label"])
+    ticks = T.size_ticks(pd.DataFrame({"pixels": [16384, 4096, 4096, 524288, 524288],
+                                       "size": ["128x128", "64x64", "64x64", "512x1024", "1024x512"]}))
+    assert ticks["values"] == [4096, 16384, 524288]
+    assert ticks["labelExpr"] == ("datum.value == 4096 ? '64x64' : datum.value == 16384 ? '128x128' : "
+                                  "datum.value == 524288 ? '512x1024 / 1024x512' : ''")
+
+
 def test_scaling_table_sums_time_and_takes_the_largest_call():
     rows = [_block("a.attn1", 0, 0, "self", 64, 64, time_ms=1.5, peak=3 * MiB),
             _block("a.attn2", 1, 0, "cross", 64, 77, time_ms=0.5, peak=5 * MiB),
@@ -196,6 +229,14 @@ def test_units_for_people():
     assert shown["attention peak mem"].tolist() == ["3.0 GiB", "1.5 MiB"]
     assert shown["attention time"].tolist() == ["0.500 ms", "250 ms"]
     assert shown["time_ratio"].tolist() == ["0.25x", "-"]
+    floats = pd.DataFrame({"attention_achieved_flops_per_s": [1003951230.8199871, math.nan],
+                           "max_rel_err": [1.0729395843944966e-06, None], "compile_s": [None, 1.5],
+                           "attention_pct_of_peak": [12.345, 0.5], "bytes_moved": [1024, 3 * MiB],
+                           "flops": [2e12, 5], "noisy": [True, False]})
+    assert T.display(floats).to_dict("list") == {
+        "attention_achieved_flops_per_s": ["1.00GFLOP/s", "-"], "max_rel_err": ["1.07e-06", "-"],
+        "compile": ["-", "1.50 s"], "attention_pct_of_peak": ["12.3%", "0.5%"], "bytes_moved": ["1.0 KiB", "3.0 MiB"],
+        "flops": ["2.00TFLOP", "5FLOP"], "noisy": [True, False]}  # the raw floats, with their units
     assert raw["attention_peak_mem_bytes"].tolist() == [3 * GiB, 1536 * 1024]  # the raw table is untouched
 
 
