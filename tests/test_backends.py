@@ -126,7 +126,7 @@ def test_registry_names_and_families():
                                 "sdpa-math", "sdpa-cudnn", "xformers", "flash-attn", "flash-attn-3", "flex",
                                 "sage", *dispatcher]
     assert {n: b.family for n, b in backends.BACKENDS.items() if b.family != "fused exact"} == {
-        "naive": "reference", "sliced": "chunked", "split": "chunked", "subquad": "chunked",
+        "naive": "materialised", "sliced": "chunked", "split": "chunked", "subquad": "chunked",
         "sage": "fused approximate", **{n: "fused approximate" for n in dispatcher if "sage" in n}}
     assert backends.BACKENDS["subquad"].options == {"query_chunk": 1024, "key_chunk": 4096}
     with pytest.raises(AttributeError):

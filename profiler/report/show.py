@@ -118,6 +118,22 @@ def _of_peak(pct, bound) -> str:
     return f"{pct:.1f}% of {bound}" if _known(pct) else "-"
 
 
+def _rel_err(c: dict) -> str:
+    from ..measure.cell import REFERENCE_BACKEND
+
+    if c["backend"] == REFERENCE_BACKEND and c["max_rel_err"] == 0:  # the reference itself: 0 by construction
+        return "0 (= ref)"
+    return f"{c['max_rel_err']:.1e}{'' if c['error_ok'] else ' (!)'}"
+
+
+def _references(cells) -> str:
+    """What the run's errors are measured against, as its cells record it (sdpa/float32, where it ran)."""
+    from ..measure.cell import REFERENCE_BACKEND, REFERENCE_DTYPE
+
+    named = sorted({str(r) for r in cells.get("reference", []) if isinstance(r, str) and r})
+    return "; ".join(named) or f"{REFERENCE_BACKEND}/{REFERENCE_DTYPE}"
+
+
 def format_run(run: Run) -> str:
     from .findings import findings, format_findings
 
@@ -151,8 +167,7 @@ def format_run(run: Run) -> str:
             "fwd predicted": human_bytes(c.get("predicted_forward_peak_bytes")),
             "ratio": _ratio(c.get("forward_peak_total_bytes"), c.get("predicted_forward_peak_bytes")) if ok else "",
             "of peak": _of_peak(c.get("attention_pct_of_peak"), c.get("attention_roofline_bound")) if ok else "-",
-            "rel err": f"{c['max_rel_err']:.1e}{'' if c['error_ok'] else ' (!)'}" if ok and _known(
-                c.get("max_rel_err")) else "-",
+            "rel err": _rel_err(c) if ok and _known(c.get("max_rel_err")) else "-",
             "noisy": "noisy" if ok and c["noisy"] else "",
             "note": "" if ok else str(c["error"])[:90],
         })
@@ -162,9 +177,9 @@ def format_run(run: Run) -> str:
             "attention", "rel err", "attn peak", "predicted", "fwd peak", "fwd predicted", "ratio", "of peak", "noisy",
             "note"]
     lines.append(table(rows, [(c, c) for c in cols]))
-    lines += ["", "Rows by family (reference, chunked, fused exact, fused approximate). rel err: the U-Net output's "
-              "largest error against the fp32 reference, over its largest value ((!): past the dtype's tolerance), beside the "
-              "attention time. compile: seconds flex spent compiling its kernels, apart from every timed forward. "
+    lines += ["", f"Rows by family ({', '.join(backends.FAMILIES)}). rel err: the output's largest error against "
+              f"the reference output ({_references(cells)}: the same weights and inputs), over its largest value "
+              "((!): past the dtype's tolerance); '0 (= ref)': the cell is the reference itself. compile: seconds flex spent compiling its kernels, apart from every timed forward. "
               "attn peak: the largest call's measured transient; predicted: its memory model. fwd peak: the "
               "forward's peak counted as the planner counts it (weights + inputs + the forward's transient), beside "
               "the planner's prediction from fake tensors (attnprof plan), and their ratio. of peak: the attention's "
