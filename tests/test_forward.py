@@ -240,3 +240,41 @@ def test_every_ok_cell_of_the_cpu_default_sweep_peaks_as_predicted(cpu_default):
     assert off.empty, off.to_string()
     vae_sdpa = ok[(ok["model"] == "tiny-vae") & (ok["backend"] == "sdpa")].iloc[0]
     assert vae_sdpa["forward_peak_mem_bytes"] > 2 * 16 * 256 * 256 * 4  # two 16-channel full-size blocked copies
+
+
+@pytest.mark.parametrize("ic, oc, side, k, stride, bias", [
+    (16, 8, 160, 3, 1, True),  # oneDNN: input and output in 16-channel blocks, the output's padded; padded bias
+    (16, 8, 160, 3, 1, False),
+    (8, 8, 160, 3, 1, True),  # fewer input channels than a block: the input read as it is
+    (3, 16, 160, 3, 1, True),
+    (40, 24, 96, 3, 1, True),  # channels padded up to whole blocks
+    (24, 40, 96, 1, 1, True),
+    (96, 256, 96, 3, 2, True),
+    (64, 64, 12, 3, 1, True),  # small: PyTorch's im2col path (Slow2d), its columns buffer
+    (64, 64, 12, 1, 1, True),  # 1x1 without padding on that path: no buffer
+])
+def test_a_cpu_convolutions_buffers_are_what_the_allocation_timeline_shows(ic, oc, side, k, stride, bias):
+    """plan/cpu_conv.py against the profiler's allocation timeline of one real float32 convolution: the peak over
+    the bytes alive before it, less its output, to the byte."""
+    import torch
+
+    from profiler import devices
+    from profiler.measure.probes import traced
+    from profiler.plan.cpu_conv import block, workspace_bytes
+
+    if block() != 16:
+        pytest.skip("measured with AVX-512's 16-channel blocks")
+    conv = torch.nn.Conv2d(ic, oc, k, stride=stride, padding=k // 2, bias=bias)
+    x = torch.randn(1, ic, side, side)
+    with torch.no_grad():
+        conv(x)  # oneDNN's primitive made once
+        with traced(devices.get("cpu")) as prof:
+            out = conv(x)
+    running = peak = 0
+    for _, n in sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                       if e.name() == "[memory]"):
+        running += n
+        peak = max(peak, running)
+    args = (x, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, False, (0, 0), 1)
+    assert running == out.numel() * 4
+    assert workspace_bytes(args, out) == peak - running
