@@ -212,3 +212,15 @@ def test_show_names_the_error_reference_and_marks_the_cell_that_is_it(capsys, da
     assert naive and all("e-" in ln and "(= ref)" not in ln for ln in naive)  # naive: a real, small error
     assert "against the reference output (sdpa/float32: the same weights and inputs)" in " ".join(out.split())
     assert "materialised" in out and "reference," not in out
+
+
+def test_backends_says_before_a_probe_that_compiles(capsys, monkeypatch):
+    """flex's probe compiles a kernel (a minute on a fresh machine): a line says so before the wait, and only there.
+    The probes themselves are stubbed: what is tested is what the user sees while they run."""
+    from profiler import backends
+
+    monkeypatch.setattr(backends, "availability", lambda name, *a, **k: (True, ""))
+    code, out, err = run(capsys, "backends", "--device", "cpu")
+    assert code == 0 and "on cpu in float32" in out
+    compiling = [ln.split(":")[0].strip(" (") for ln in err.splitlines() if "its probe compiles a kernel" in ln]
+    assert compiling == [n for n in backends.names() if backends.compiles(n)] == ["flex"]
