@@ -227,8 +227,9 @@ def _sweep_from_args(args):
             raise InputError(f"--{key} {value} is too small: use {'1' if key == 'repeats' else '0'} or more")
     settings = _settings(args, args.model)
     return Sweep(models=(args.model,), sizes=tuple(sizes), batch=(batch,), dtypes=(dtype,) if args.dtype else (),
-                 backends=tuple(entries), repeats=args.repeats, warmup=args.warmup, device=devices.parse(args.device, "--device"),
-                 out=args.out, timeout_s=args.timeout_s, model_settings=tuple((n, (v,)) for n, v in settings),
+                 backends=tuple(entries), repeats=args.repeats, warmup=args.warmup,
+                 device=devices.parse(args.device, "--device"), out=args.out, timeout_s=args.timeout_s,
+                 model_settings=tuple((n, (v,)) for n, v in settings),
                  memory_budget=parse_bytes(args.memory_budget, "--memory-budget") if args.memory_budget else None)
 
 

@@ -179,7 +179,8 @@ def format_run(run: Run) -> str:
     lines.append(table(rows, [(c, c) for c in cols]))
     lines += ["", f"Rows by family ({', '.join(backends.FAMILIES)}). rel err: the output's largest error against "
               f"the reference output ({_references(cells)}: the same weights and inputs), over its largest value "
-              "((!): past the dtype's tolerance); '0 (= ref)': the cell is the reference itself. compile: seconds flex spent compiling its kernels, apart from every timed forward. "
+              "((!): past the dtype's tolerance); '0 (= ref)': the cell is the reference itself. compile: seconds "
+              "flex spent compiling its kernels, apart from every timed forward. "
               "attn peak: the largest call's measured transient; predicted: its memory model. fwd peak: the "
               "forward's peak counted as the planner counts it (weights + inputs + the forward's transient), beside "
               "the planner's prediction from fake tensors (attnprof plan), and their ratio. of peak: the attention's "
