@@ -135,7 +135,7 @@ def test_registry_names_and_families():
 
 def test_a_plugin_names_a_family_the_reports_group_by():
     plugin = backends.Backend("mine", "fused", "a plugin", factory=lambda: None, memory_like="sdpa")
-    with pytest.raises(ValueError, match="family .fused.: use one of reference, chunked, fused exact, fused approx"):
+    with pytest.raises(ValueError, match="family .fused.: use one of materialised, chunked, fused exact, fused approx"):
         backends.register(plugin)
     assert "mine" not in backends.BACKENDS
 
