@@ -42,7 +42,7 @@ def test_plan_json_one_object_per_size(capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["plan", "--model", "sd14"], "unknown model 'sd14': known models are sd15, sd15-controlnet, sd15-vae, sd21-base, sdxl-base"),
+    (["plan", "--model", "sd14"], "unknown model 'sd14': did you mean sd15? known models are sd15, sd15-controlnet, sd15-vae, sd21-base, sdxl-base"),
     (["plan", "--model", "sd15", "--size", "500x512"], "width 500 is not a positive multiple of 8"),
     (["plan", "--model", "sd15", "--size", "0x512"], "width 0 is not a positive multiple of 8"),
     (["plan", "--model", "sd15", "--size", "512by512"], "malformed size '512by512'"),
