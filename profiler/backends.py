@@ -27,8 +27,10 @@ from .spec import InputError, parse_dtype, torch_dtype
 MiB = 2**20
 
 
-REFERENCE, CHUNKED, EXACT, APPROXIMATE = "reference", "chunked", "fused exact", "fused approximate"
-FAMILIES = (REFERENCE, CHUNKED, EXACT, APPROXIMATE)  # the order in which reports group backends
+# materialised: the score table whole, as the textbook algorithm (naive). The outputs' error reference is another
+# thing: sdpa in float32 (measure/cell.py REFERENCE_BACKEND), which scales to every size the device holds
+MATERIALISED, CHUNKED, EXACT, APPROXIMATE = "materialised", "chunked", "fused exact", "fused approximate"
+FAMILIES = (MATERIALISED, CHUNKED, EXACT, APPROXIMATE)  # the order in which reports group backends
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ class _Registry(MutableMapping):
 
 
 BACKENDS: MutableMapping[str, Backend] = _Registry((
-    Backend("naive", REFERENCE, "diffusers AttnProcessor: baddbmm + softmax, the whole score table materialised"),
+    Backend("naive", MATERIALISED, "diffusers AttnProcessor: baddbmm + softmax, the whole score table materialised"),
     Backend("sliced", CHUNKED, "diffusers SlicedAttnProcessor: slice_size (batch*heads) rows of tables at a time",
             {"slice_size": 1}),
     Backend("split", CHUNKED, "query chunks sized so one chunk's score table fits budget_bytes (ComfyUI's split)",

@@ -17,7 +17,20 @@ RETRY_HELP = "run again the cells of the latest run of this config that did not 
 CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whose output pipe was closed
 
 
+class _Help(argparse.HelpFormatter):
+    """argparse's help, wrapped without breaking at hyphens: a path such as docs/sweeps-and-service.md stays whole."""
+
+    def _fill_text(self, text, width, indent):
+        import textwrap
+
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent,
+                             break_on_hyphens=False)
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{"formatter_class": _Help, **kwargs})
+
     def error(self, message):  # one line instead of usage + message
         raise InputError(f"{message} (see {self.prog} --help)")
 
@@ -36,7 +49,7 @@ def _add_shape_args(p, sizes_default=("512x512",)):
     p.add_argument("--size", action="append", metavar="WxH",
                    help=f"image size in pixels, repeatable (default {' '.join(sizes_default)})")
     p.add_argument("--batch", default="1", help="batch size (default 1)")
-    p.add_argument("--dtype", default="float16", help="float16 | bfloat16 | float32 (default float16)")
+    p.add_argument("--dtype", help="float16 | bfloat16 | float32 (default float32 on the CPU, float16 on CUDA)")
 
 
 def _add_settings_args(p):
@@ -64,16 +77,28 @@ def _settings(args, model: str) -> tuple:
     return check_settings(model, given)
 
 
-def _shape(args, sizes_default=("512x512",)):
+def _dtype(args, device: str, say: bool = False) -> str:
+    """--dtype, or without it the device's default (float32 on the CPU, float16 on CUDA); with say, float16 on the
+    CPU is said (once: here) to be emulated."""
+    from . import devices
+
+    dtype = parse_dtype(args.dtype) if args.dtype else devices.default_dtype(device)
+    note = devices.dtype_note(device, [dtype]) if say else None
+    if note:
+        print(f"attnprof: {note}", file=sys.stderr, flush=True)
+    return dtype
+
+
+def _shape(args, device: str, sizes_default=("512x512",), say: bool = False):
     sizes = [parse_size(s) for s in (args.size or sizes_default)]
-    return sizes, parse_batch(args.batch), parse_dtype(args.dtype)
+    return sizes, parse_batch(args.batch), _dtype(args, device, say)
 
 
 def cmd_plan(args) -> int:
     from .plan import format_plan, plan
     from .execute.grid import parse_bytes
 
-    sizes, batch, dtype = _shape(args)
+    sizes, batch, dtype = _shape(args, args.device, say=True)
     options = _backend_options(args.option)
     if args.backend:
         from .backends import check_options
@@ -102,7 +127,8 @@ def cmd_fit(args) -> int:
 
     if (args.model is None) == (args.pipeline is None):
         raise InputError("give --model NAME (one model's forward) or --pipeline sd15|sdxl (a whole generation)")
-    budget, dtype, batch = parse_bytes(args.budget, "--budget"), parse_dtype(args.dtype), parse_batch(args.batch)
+    budget, batch = parse_bytes(args.budget, "--budget"), parse_batch(args.batch)
+    dtype = _dtype(args, args.device, say=True)
     aspect = parse_aspect(args.aspect)
     _gpu_arch(args)
     say = (lambda line: None) if args.quiet else (lambda line: print(f"attnprof fit: {line}", file=sys.stderr,
@@ -178,7 +204,8 @@ def _backend_options(pairs) -> dict:
 def cmd_backends(args) -> int:
     from . import backends, devices
 
-    device, dtype = devices.resolve(devices.parse(args.device, "--device")), parse_dtype(args.dtype)
+    device = devices.resolve(devices.parse(args.device, "--device"))
+    dtype = _dtype(args, device)
     if args.model:
         from .plan import plan
 
@@ -190,6 +217,9 @@ def cmd_backends(args) -> int:
     for family, names in backends.by_family(backends.names()):
         print(f"\n{family}:")
         for name in names:
+            if backends.compiles(name):  # its probe compiles a kernel: say so before the wait
+                print(f"  ({name}: its probe compiles a kernel, up to a minute the first time on this machine)",
+                      file=sys.stderr, flush=True)
             ok, reason = backends.availability(name, device, dtype, head_dims)
             print(f"  {name:{width}s} {'available' if ok else f'unavailable: {reason}'}", flush=True)
     return 0
@@ -202,16 +232,17 @@ def _sweep_from_args(args):
     entries = []
     for name in args.backend or ["sdpa"]:
         entries.append((name, tuple(sorted(backends.check_options(name, _backend_options(args.option)).items()))))
-    sizes, batch, dtype = _shape(args)
+    sizes, batch, dtype = _shape(args, devices.parse(args.device, "--device"))
     models.resolve(args.model)
     for key in ("repeats", "warmup"):
         value = getattr(args, key)
         if value < (1 if key == "repeats" else 0):
             raise InputError(f"--{key} {value} is too small: use {'1' if key == 'repeats' else '0'} or more")
     settings = _settings(args, args.model)
-    return Sweep(models=(args.model,), sizes=tuple(sizes), batch=(batch,), dtypes=(dtype,), backends=tuple(entries),
-                 repeats=args.repeats, warmup=args.warmup, device=devices.parse(args.device, "--device"),
-                 out=args.out, timeout_s=args.timeout_s, model_settings=tuple((n, (v,)) for n, v in settings),
+    return Sweep(models=(args.model,), sizes=tuple(sizes), batch=(batch,), dtypes=(dtype,) if args.dtype else (),
+                 backends=tuple(entries), repeats=args.repeats, warmup=args.warmup,
+                 device=devices.parse(args.device, "--device"), out=args.out, timeout_s=args.timeout_s,
+                 model_settings=tuple((n, (v,)) for n, v in settings),
                  memory_budget=parse_bytes(args.memory_budget, "--memory-budget") if args.memory_budget else None)
 
 
@@ -302,8 +333,7 @@ def cmd_replay(args) -> int:
     else:
         models.resolve(args.model)
         sizes = [parse_size(s) for s in (args.size or ["512x512"])]
-        targets = targets_of_plan(args.model, sizes, parse_batch(args.batch or "1"), parse_dtype(args.dtype or
-                                                                                                    "float16"))
+        targets = targets_of_plan(args.model, sizes, parse_batch(args.batch or "1"), _dtype(args, device, say=True))
         chosen, source = [("sdpa", {})], f"a plan of {args.model}"
     if args.backend:
         chosen = [(name, backends.check_options(name, options)) for name in args.backend]
@@ -469,7 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "enable_sequential_cpu_offload; default none)")
     p.add_argument("--budget", required=True, help="memory budget: bytes or e.g. 12GiB")
     p.add_argument("--backend", action="append", help="backend, repeatable (default: every one)")
-    p.add_argument("--dtype", default="float16", help="float16 | bfloat16 | float32 (default float16)")
+    p.add_argument("--dtype", help="float16 | bfloat16 | float32 (default float32 with --device cpu, else float16)")
     p.add_argument("--batch", default="1", help="batch size (default 1; 2 under classifier-free guidance)")
     p.add_argument("--aspect", default="1:1", help="W:H of the sizes searched (default 1:1)")
     p.add_argument("--buckets", action="store_true", help="judge SDXL's aspect buckets (832x1216, 1024x1024, ...) "
@@ -486,7 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("backends", help="list the attention backends and whether each is available here")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
-    p.add_argument("--dtype", default="float16", help="dtype to check support for (default float16)")
+    p.add_argument("--dtype", help="dtype to check support for (default float32 on the CPU, float16 on CUDA)")
     p.add_argument("--model", help="probe at this model's head dims (default: 40, 64, 80 and 160)")
     p.set_defaults(func=cmd_backends)
 
@@ -507,7 +537,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("sweep", help="run a YAML sweep from configs/sweeps (resumable)",
-                       description="Run a sweep config; see README for the keys.", epilog=EXIT_CODES)
+                       description="Run a sweep config: its keys, their defaults and the rules are in "
+                                   "docs/sweeps-and-service.md.", epilog=EXIT_CODES)
     p.add_argument("config", help="a YAML file, e.g. configs/sweeps/default.yaml")
     p.add_argument("--resume", action="store_true", help="continue the latest run of this config")
     p.add_argument("--retry-failed", action="store_true", help=RETRY_HELP)
@@ -516,7 +547,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("profile", help="run the built-in default sweep (GPU: default.yaml, CPU: cpu-default.yaml)",
-                       epilog=EXIT_CODES)
+                       description="Run the built-in default sweep for this machine: configs/sweeps/default.yaml "
+                                   "where a GPU is visible (SD 1.5 and SDXL across sizes and backends, float16), "
+                                   "else configs/sweeps/cpu-default.yaml (tiny-sd15, SD 1.5's block topology with "
+                                   "few channels, with its VAE, IP-Adapter + ToMe and ControlNet, in float32: a few "
+                                   "minutes on 2 cores). Resumable; then attnprof show, diff, report or the "
+                                   "dashboard.", epilog=EXIT_CODES)
     p.add_argument("--resume", action="store_true", help="continue the latest default run")
     p.add_argument("--retry-failed", action="store_true", help=RETRY_HELP)
     _add_exec_args(p, out_default=None)
@@ -532,7 +568,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pickle_arg(p)
     p.add_argument("--size", action="append", metavar="WxH", help="with --model: image size, repeatable (512x512)")
     p.add_argument("--batch", help="with --model: batch size (default 1)")
-    p.add_argument("--dtype", help="with --model: float16 | bfloat16 | float32 (default float16)")
+    p.add_argument("--dtype", help="with --model: float16 | bfloat16 | float32 (default float32 on the CPU, "
+                                   "float16 on CUDA)")
     p.add_argument("--backend", action="append", help="backend, repeatable (default: the run's, or sdpa)")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="backend option, e.g. slice_size=4")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")

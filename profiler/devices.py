@@ -453,3 +453,22 @@ def full_fp32():
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
+def _on_cpu(device: str) -> bool:
+    """Whether a device as typed is the CPU (auto resolved here; a CUDA name is not checked: a plan targets one)."""
+    return (resolve(device) if device == "auto" else device) == "cpu"
+
+
+def default_dtype(device: str) -> str:
+    """The dtype a cell runs in where none is given: float32 on the CPU (it has no fast float16 path), float16 on
+    CUDA ('auto' is resolved first)."""
+    return "float32" if _on_cpu(device) else "float16"
+
+
+def dtype_note(device: str, dtypes) -> str | None:
+    """What to say once where a command runs (or plans) float16 on the CPU, else None."""
+    if not _on_cpu(device) or "float16" not in set(dtypes):
+        return None
+    return ("note: float16 on the CPU is emulated (no fast float16 kernels there): its times are several times "
+            "float32's, the CPU's default dtype")

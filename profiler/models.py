@@ -3,6 +3,7 @@ real-weight builds, and the example inputs of one U-Net forward. A model is of o
 UNet2DConditionModel), `vae` (AutoencoderKL) or `controlnet` (ControlNetModel.from_unet of a registry U-Net)."""
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -10,10 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import yaml
 
 from . import checkpoint
-from .spec import InputError, torch_dtype
+from .spec import InputError, load_yaml, torch_dtype
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "models"
 _REQUIRED = ("down_block_types", "up_block_types", "block_out_channels", "cross_attention_dim")
@@ -60,10 +60,7 @@ _VAE_REQUIRED = ("down_block_types", "up_block_types", "block_out_channels", "la
 
 
 def _read_yaml(path: Path) -> ModelSource:
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise InputError(f"{path}: not valid YAML ({str(e).splitlines()[0]}): fix the file") from None
+    doc = load_yaml(path.read_text(), str(path))
     kind = next((k for k in KINDS if isinstance(doc, dict) and k in doc), None)
     if kind is None:
         raise InputError(f"{path} describes no model: expected a top-level 'unet:', 'vae:' or 'controlnet:' mapping")
@@ -130,11 +127,29 @@ def resolve(name: str) -> ModelSource:
         raise InputError(f"no such folder {name!r}: check the path to the diffusers model folder (or give a "
                          "single-file checkpoint, .safetensors)")
     if "/" not in name:
-        raise InputError(f"unknown model {name!r}: known models are {', '.join(known)}; or give a folder or hub id")
+        near = [k for k in known if k.startswith(name)] or difflib.get_close_matches(name, list(known), n=1)
+        hint = f"did you mean {near[0]}? " if near else ""
+        raise InputError(f"unknown model {name!r}: {hint}known models are {', '.join(known)}; or give a folder or "
+                         "hub id")
     return _read_hub(name)
 
 
 def _read_hub(repo_id: str) -> ModelSource:
+    """A hub id's U-Net config (unet/config.json, else config.json): from the local Hugging Face cache first, as
+    HF_HUB_OFFLINE would; where it is not cached, from the hub, after one quick request says the hub answers."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    for sub in ("unet", None):
+        cached = try_to_load_from_cache(repo_id, f"{sub}/config.json" if sub else "config.json")
+        if isinstance(cached, str):
+            return _hub_source(repo_id, json.loads(Path(cached).read_text()), sub)
+    fix = (f"download it where there is network (hf download {repo_id}) into this cache ({constants.HF_HUB_CACHE}), "
+           "or give a local diffusers folder")
+    if constants.HF_HUB_OFFLINE:
+        raise InputError(f"model {repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: {fix}")
+    unreachable = _hub_unreachable(repo_id)
+    if unreachable:
+        raise InputError(f"model {repo_id!r} is not in the local Hugging Face cache and {unreachable}: {fix}")
     from diffusers import UNet2DConditionModel
 
     for sub in ("unet", None):
@@ -143,9 +158,27 @@ def _read_hub(repo_id: str) -> ModelSource:
         except Exception as e:  # hub/network errors come in many types; report the last one as one line
             err = e
             continue
-        return ModelSource(repo_id, _check_unet_config(dict(config), repo_id), weights=repo_id, subfolder=sub)
+        return _hub_source(repo_id, dict(config), sub)
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     raise InputError(f"model {repo_id!r} is not a known name, a folder, or a reachable hub id ({first})")
+
+
+def _hub_source(repo_id: str, config: dict, sub: str | None) -> ModelSource:
+    return ModelSource(repo_id, _check_unet_config(config, repo_id), weights=repo_id, subfolder=sub)
+
+
+def _hub_unreachable(repo_id: str, timeout_s: float = 5.0) -> str | None:
+    """Why the hub cannot give this repository, from one request without retries (None: it answers and has it)."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    try:
+        status = get_session().head(f"{constants.ENDPOINT}/api/models/{repo_id}", timeout=timeout_s).status_code
+    except Exception as e:  # the HTTP client's connection and timeout errors: no hub from here
+        return f"the hub ({constants.ENDPOINT}) cannot be reached ({type(e).__name__}: {str(e)[:120]})"
+    if status in (401, 403, 404):
+        return f"the hub ({constants.ENDPOINT}) has no repository {repo_id} that this machine may read (HTTP {status})"
+    return None
 
 
 def _from_config(source: ModelSource) -> torch.nn.Module:

@@ -13,6 +13,19 @@ class InputError(ValueError):
     """Bad input from the user: the CLI prints the message as one line and exits with code 2."""
 
 
+def load_yaml(text: str, where: str):
+    """The YAML document of a config's text; a syntax error as one line naming the file, line and column."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise InputError(f"{where}: not valid YAML{at} ({problem}): fix the file") from None
+
+
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 _DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32"}
 

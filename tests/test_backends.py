@@ -126,7 +126,7 @@ def test_registry_names_and_families():
                                 "sdpa-math", "sdpa-cudnn", "xformers", "flash-attn", "flash-attn-3", "flex",
                                 "sage", *dispatcher]
     assert {n: b.family for n, b in backends.BACKENDS.items() if b.family != "fused exact"} == {
-        "naive": "reference", "sliced": "chunked", "split": "chunked", "subquad": "chunked",
+        "naive": "materialised", "sliced": "chunked", "split": "chunked", "subquad": "chunked",
         "sage": "fused approximate", **{n: "fused approximate" for n in dispatcher if "sage" in n}}
     assert backends.BACKENDS["subquad"].options == {"query_chunk": 1024, "key_chunk": 4096}
     with pytest.raises(AttributeError):
@@ -135,7 +135,7 @@ def test_registry_names_and_families():
 
 def test_a_plugin_names_a_family_the_reports_group_by():
     plugin = backends.Backend("mine", "fused", "a plugin", factory=lambda: None, memory_like="sdpa")
-    with pytest.raises(ValueError, match="family .fused.: use one of reference, chunked, fused exact, fused approx"):
+    with pytest.raises(ValueError, match="family .fused.: use one of materialised, chunked, fused exact, fused approx"):
         backends.register(plugin)
     assert "mine" not in backends.BACKENDS
 

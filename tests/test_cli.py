@@ -42,7 +42,7 @@ def test_plan_json_one_object_per_size(capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["plan", "--model", "sd14"], "unknown model 'sd14': known models are sd15, sd15-controlnet, sd15-vae, sd21-base, sdxl-base"),
+    (["plan", "--model", "sd14"], "unknown model 'sd14': did you mean sd15? known models are sd15, sd15-controlnet, sd15-vae, sd21-base, sdxl-base"),
     (["plan", "--model", "sd15", "--size", "500x512"], "width 500 is not a positive multiple of 8"),
     (["plan", "--model", "sd15", "--size", "0x512"], "width 0 is not a positive multiple of 8"),
     (["plan", "--model", "sd15", "--size", "512by512"], "malformed size '512by512'"),
@@ -153,3 +153,74 @@ def test_plan_names_the_backend_with_its_options(capsys):
     code, out, _ = run(capsys, *argv, "--json")
     p = json.loads(out)[0]
     assert (p["backend_options"], p["backend_label"]) == ({"slice_size": 4}, "sliced(slice_size=4)")
+
+
+NOTE = "float16 on the CPU is emulated"
+
+
+@pytest.mark.parametrize("argv, dtype, noted", [
+    (("--device", "cpu"), "float32", False),  # the CPU's default: it has no fast float16 path
+    (("--device", "cpu", "--dtype", "float16"), "float16", True),  # asked for: said once
+    ((), "float16", False),  # a GPU plan (the default --device cuda) stays float16
+])
+def test_plan_defaults_to_float32_on_the_cpu_and_says_float16_is_emulated_there(capsys, argv, dtype, noted):
+    code, out, err = run(capsys, "plan", "--model", "tiny-sd15", "--size", "64x64", "--json", *argv)
+    assert code == 0 and json.loads(out)[0]["dtype"] == dtype
+    assert err.count(NOTE) == (1 if noted else 0), err
+
+
+@pytest.mark.parametrize("argv, dtype, noted", [((), "float32", False), (("--dtype", "float16"), "float16", True)])
+def test_run_on_the_cpu_defaults_to_float32_and_says_once_that_float16_is_emulated(capsys, tmp_path, argv, dtype,
+                                                                                 noted):
+    from profiler.store import Run, list_runs
+
+    code, _, err = run(capsys, "run", "--model", "tiny-sd15", "--size", "64x64", "--backend", "sdpa", "--device",
+                       "cpu", "--repeats", "1", "--warmup", "0", "--in-process", "--quiet", "--out", str(tmp_path),
+                       *argv)
+    assert code == 0, err
+    assert err.count(NOTE) == (1 if noted else 0), err
+    assert Run.open(list_runs(tmp_path)[-1]).cells()["dtype"].tolist() == [dtype]
+
+
+def test_a_sweep_without_dtypes_runs_the_devices_default():
+    from profiler.execute.grid import loads
+
+    sweep = loads("models: [tiny-sd15]\nsizes: [64x64]\n", "s.yaml")
+    assert {c.dtype for c in sweep.cells("cpu")} == {"float32"}
+    assert {c.dtype for c in sweep.cells("cuda:0")} == {"float16"}
+
+
+@pytest.mark.parametrize("command, says", [
+    ("profile", "configs/sweeps/cpu-default.yaml"),  # a description, not only the usage line
+    ("sweep", "docs/sweeps-and-service.md"),  # where the keys are
+])
+def test_help_describes_the_command_and_points_to_its_docs(capsys, command, says):
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and says in " ".join(out.split())
+    assert (REPO / "docs" / "sweeps-and-service.md").is_file()
+
+
+def test_show_names_the_error_reference_and_marks_the_cell_that_is_it(capsys, dashboard_results):
+    """sdpa in float32 is the reference: its error is 0 by construction, said as such, not as 0.0e+00."""
+    code, out, _ = run(capsys, "show", "latest", "--results", str(dashboard_results))
+    assert code == 0
+    sdpa = [ln for ln in out.splitlines() if " sdpa " in ln and " ok " in ln]
+    assert sdpa and all("0 (= ref)" in ln for ln in sdpa)
+    naive = [ln for ln in out.splitlines() if " naive " in ln and " ok " in ln]
+    assert naive and all("e-" in ln and "(= ref)" not in ln for ln in naive)  # naive: a real, small error
+    assert "against the reference output (sdpa/float32: the same weights and inputs)" in " ".join(out.split())
+    assert "materialised" in out and "reference," not in out
+
+
+def test_backends_says_before_a_probe_that_compiles(capsys, monkeypatch):
+    """flex's probe compiles a kernel (a minute on a fresh machine): a line says so before the wait, and only there.
+    The probes themselves are stubbed: what is tested is what the user sees while they run."""
+    from profiler import backends
+
+    monkeypatch.setattr(backends, "availability", lambda name, *a, **k: (True, ""))
+    code, out, err = run(capsys, "backends", "--device", "cpu")
+    assert code == 0 and "on cpu in float32" in out
+    compiling = [ln.split(":")[0].strip(" (") for ln in err.splitlines() if "its probe compiles a kernel" in ln]
+    assert compiling == [n for n in backends.names() if backends.compiles(n)] == ["flex"]

@@ -61,7 +61,7 @@ def test_math_copies_half_inputs_to_float32_and_sdpa_follows_its_kernel():
 def test_a_registered_backend_moves_the_bytes_of_the_builtin_it_is_like():
     from diffusers.models.attention_processor import AttnProcessor
 
-    backends.register(backends.Backend("mine", "reference", "a plugin", factory=AttnProcessor, memory_like="naive"))
+    backends.register(backends.Backend("mine", "materialised", "a plugin", factory=AttnProcessor, memory_like="naive"))
     try:
         assert backends.bytes_moved("mine", ROW, "float32") == backends.bytes_moved("naive", ROW, "float32")
     finally:

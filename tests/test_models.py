@@ -121,7 +121,7 @@ def test_config_only_model_has_no_real_weights():
 @pytest.mark.parametrize("content, message", [
     ("unet: {foo: 1}", "does not describe a UNet2DConditionModel"),
     ("just text", "describes no model: expected a top-level 'unet:', 'vae:' or 'controlnet:' mapping"),
-    ("unet: [1, 2", "not valid YAML"),
+    ("unet: [1, 2", "not valid YAML at line 1, column 12"),
     ("vae: {block_out_channels: [8]}", "does not describe an AutoencoderKL .it lacks down_block_types"),
     ("controlnet: {unet: sd99}", "controlnet.unet must name a U-Net of the registry, not 'sd99'"),
 ])
@@ -136,3 +136,49 @@ def test_folder_with_another_models_config(tmp_path):
     (tmp_path / "config.json").write_text('{"_class_name": "AutoencoderKL", "block_out_channels": [1]}')
     with pytest.raises(InputError, match="its class is AutoencoderKL"):
         models.resolve(str(tmp_path))
+
+
+@pytest.mark.parametrize("typed, meant", [("sdxl", "sdxl-base"), ("sd-15", "sd15"), ("tiny-vea", "tiny-vae")])
+def test_an_unknown_name_suggests_the_nearest_known_one(typed, meant):
+    with pytest.raises(InputError, match=f"unknown model '{typed}': did you mean {meant}\\? known models are "):
+        models.resolve(typed)
+
+
+def _hub_cache(root, repo_id: str, config: dict) -> None:
+    """A Hugging Face hub cache holding one repository's unet/config.json, laid out as huggingface_hub lays it."""
+    import json
+
+    repo = root / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    (repo / "snapshots" / ("0" * 40) / "unet").mkdir(parents=True)
+    (repo / "snapshots" / ("0" * 40) / "unet" / "config.json").write_text(json.dumps(config))
+
+
+def test_a_cached_hub_id_resolves_from_the_cache_without_the_hub(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    config = models.resolve("tiny-sd15").config
+    _hub_cache(tmp_path, "someone/tiny-unet", {"_class_name": "UNet2DConditionModel", **config})
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    source = models.resolve("someone/tiny-unet")
+    assert (source.config, source.weights, source.subfolder) == (config, "someone/tiny-unet", "unet")
+
+
+@pytest.mark.parametrize("offline, message", [(True, "HF_HUB_OFFLINE is set"),
+                                              (False, r"the hub \(http://127.0.0.1:9\) cannot be reached")])
+def test_an_uncached_hub_id_fails_at_once_with_one_line(tmp_path, monkeypatch, offline, message):
+    """No retries: offline it is refused from the cache alone; online, one request to a hub that does not answer."""
+    import time
+
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens there
+    started = time.monotonic()
+    with pytest.raises(InputError, match=f"model 'someone/not-cached' is not in the local Hugging Face cache and "
+                                         f"{message}.*give a local diffusers folder") as e:
+        models.resolve("someone/not-cached")
+    assert time.monotonic() - started < 10 and "\n" not in str(e.value)

@@ -36,12 +36,12 @@ def _cli(*args, timeout=120, env=None) -> subprocess.CompletedProcess:
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
-def _serve(service) -> None:
+def _serve(service, host: tuple = ("--host", "0.0.0.0")) -> None:
     """Start attnprof serve (again) in a process group of its own, as a terminal would, and wait for the page."""
     log = open(service["root"] / "serve.log", "a")
     service["proc"] = subprocess.Popen(
         [sys.executable, "-m", "profiler", "serve", "--results", str(service["results"]), "--port", service["port"],
-         "--ray-port", service["ray_port"], "--jobs-port", service["jobs_port"], "--host", "0.0.0.0"], cwd=REPO,
+         "--ray-port", service["ray_port"], "--jobs-port", service["jobs_port"], *host], cwd=REPO,
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     direct, deadline = urllib.request.build_opener(urllib.request.ProxyHandler({})), time.time() + 240
     while True:
@@ -55,15 +55,18 @@ def _serve(service) -> None:
         time.sleep(0.5)
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    root = tmp_path_factory.mktemp("service")
+def _ports(root: Path) -> dict:
     ports = set()
     while len(ports) < 3:
         ports.add(_free_port())
     port, jobs_port, ray_port = sorted(ports)
-    service = {"url": f"http://127.0.0.1:{port}", "results": root / "results", "root": root, "port": str(port),
-               "jobs": f"http://127.0.0.1:{jobs_port}", "jobs_port": str(jobs_port), "ray_port": str(ray_port)}
+    return {"url": f"http://127.0.0.1:{port}", "results": root / "results", "root": root, "port": str(port),
+            "jobs": f"http://127.0.0.1:{jobs_port}", "jobs_port": str(jobs_port), "ray_port": str(ray_port)}
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    service = _ports(tmp_path_factory.mktemp("service"))
     try:
         _serve(service)
         yield service
@@ -71,6 +74,42 @@ def service(tmp_path_factory):
         service["proc"].terminate()
         service["proc"].wait(timeout=30)
         subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
+
+
+def test_serve_by_default_listens_on_loopback_only_with_a_job_running(tmp_path):
+    """attnprof serve without --host: every TCP socket that the head's processes (GCS, raylet, dashboard and its
+    agents, Ray client server, metrics, the workers and the job's driver), and the dashboard, listen on is on
+    127.0.0.1, sampled from /proc (as ss -ltnp reads it) while a queued sweep runs. First in this file: the module's
+    head (on 0.0.0.0) is not up yet."""
+    from tests.sockets import listeners_of, pid_listening_on, session_of
+
+    service = _ports(tmp_path)
+    seen = set()
+    try:
+        _serve(service, host=())
+        head = pid_listening_on(int(service["ray_port"]))
+        assert head is not None, (service["root"] / "serve.log").read_text()
+        config = tmp_path / "sweep.yaml"
+        config.write_text(SMALL)
+        p = _cli("submit", str(config), "--address", service["jobs"], "--results", str(service["results"]))
+        assert p.returncode == 0, p.stderr
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            seen.update(listeners_of(session_of(head) + session_of(service["proc"].pid)))
+            row = _jobs(service).get(p.stdout.strip())
+            if row and row["status"] in ("SUCCEEDED", "FAILED", "STOPPED"):
+                break
+            time.sleep(0.5)
+        assert row["status"] == "SUCCEEDED", row
+    finally:
+        service["proc"].terminate()
+        service["proc"].wait(timeout=30)
+        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
+    names = {name for _, _, _, name in seen}
+    assert {"gcs_server", "raylet"} <= names and int(service["port"]) in {port for _, port, _, _ in seen}
+    assert len(seen) >= 10, seen  # the head's own dozen: a listing that missed most of them proves nothing
+    beyond = sorted(row for row in seen if row[0] not in ("127.0.0.1", "::1"))
+    assert not beyond, f"listening beyond loopback: {beyond}"
 
 
 def _jobs(service) -> dict[str, dict]:

@@ -82,7 +82,8 @@ def test_bad_configs_are_rejected_before_any_model_is_built(tmp_path, capsys, ex
 
 
 @pytest.mark.parametrize("content, message", [
-    ("models: [tiny-sd15\n", "not valid YAML"),
+    ("models: [tiny-sd15\n", "not valid YAML at line 2, column 1"),
+    ("models: [tiny-sd15]\nsizes: [64x64]\n  backends: [sdpa]\n", "not valid YAML at line 3, column 3 (expected "),
     ("- tiny-sd15\n", "expected a mapping of keys"),
     ("sizes: [64x64]\n", "key 'models' is missing"),
     ("models: [sd14]\n", "key 'models': unknown model 'sd14'"),

@@ -49,7 +49,7 @@ def test_backend_label_shows_only_options_that_differ_from_the_defaults():
 def test_family_comes_from_the_backend_registry():
     assert [backends.family(n) for n in ("naive", "subquad", "sliced", "sdpa-flash", "xformers", "flex", "sage",
                                   "diffusers:_sage_qk_int8_pv_fp8_cuda", "diffusers:_native_math", "unknown")] == \
-           ["reference", "chunked", "chunked", "fused exact", "fused exact", "fused exact", "fused approximate",
+           ["materialised", "chunked", "chunked", "fused exact", "fused exact", "fused exact", "fused approximate",
             "fused approximate", "fused exact", "other"]
 
 
@@ -57,7 +57,7 @@ def test_by_family_groups_in_family_order_and_keeps_the_order_given():
     from profiler import backends
 
     got = backends.by_family(["sage", "sdpa", "mine", "split", "naive", "diffusers:sage", "flex", "sdpa", "sliced"])
-    assert got == [("reference", ["naive"]), ("chunked", ["split", "sliced"]), ("fused exact", ["sdpa", "flex"]),
+    assert got == [("materialised", ["naive"]), ("chunked", ["split", "sliced"]), ("fused exact", ["sdpa", "flex"]),
                    ("fused approximate", ["sage", "diffusers:sage"]), ("other", ["mine"])]
     assert backends.by_family([]) == []
 
@@ -71,7 +71,7 @@ def test_family_table_puts_the_error_beside_the_time_grouped_by_family():
     cells = cells.assign(family=cells["backend"].map(backends.family), backend_label=cells["backend"])
     table = T.family_table(cells)
     assert table["backend_label"].tolist() == ["naive", "sdpa", "sage"]  # split did not end ok
-    assert table["family"].tolist() == ["reference", "fused exact", "fused approximate"]
+    assert table["family"].tolist() == ["materialised", "fused exact", "fused approximate"]
     columns = table.columns.tolist()
     assert columns.index("max_rel_err") == columns.index("attention_time_ms") + 1
     assert table.loc[2, "max_rel_err"] == 3e-2 and not table.loc[2, "error_ok"]
@@ -119,7 +119,7 @@ def test_largest_ok_size_and_the_first_failure_above_it():
     assert out.loc["sdpa", ["largest_ok_size", "failed_above"]].tolist() == ["832x1216", ""]  # a failure below
     assert out.loc["xformers", ["largest_ok_size", "largest_ok_pixels", "failed_above"]].tolist() == \
            ["none", 0, "unavailable at 64x64"]
-    assert out.loc["naive", "family"] == "reference" and out.loc["naive", "sizes_tried"] == 4
+    assert out.loc["naive", "family"] == "materialised" and out.loc["naive", "sizes_tried"] == 4
 
 
 def test_unet_layout_places_blocks_on_the_u():
@@ -254,7 +254,7 @@ def test_index_and_run_from_a_real_run(dashboard_results):
     assert row["backends"] == "naive, sdpa, subquad, xformers" and row["versions"].startswith("torch ")
     cells, blocks = T.load_run(list_runs(dashboard_results)[0])
     assert "time_samples_ms" not in blocks and len(blocks) == 5 * 32  # SD1.5 topology: 32 calls per forward
-    assert set(blocks["family"]) == {"reference", "fused exact", "chunked"}
+    assert set(blocks["family"]) == {"materialised", "fused exact", "chunked"}
     scale = T.scaling_table(blocks).set_index(["backend_label", "size"])
     assert scale.loc[("sdpa", "128x128"), "tokens_max"] == 4 * scale.loc[("sdpa", "64x64"), "tokens_max"] == 256
     finest = blocks[(blocks["kind"] == "self") & (blocks["level"] == 0) & (blocks["backend"] == "sdpa")]

@@ -8,10 +8,9 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import yaml
 
 from .. import backends, devices, models
-from ..spec import CellSpec, InputError, parse_batch, parse_dtype, parse_size
+from ..spec import CellSpec, InputError, load_yaml, parse_batch, parse_dtype, parse_size
 from ..workload import SETTINGS, _value, check_settings
 
 GRID_KEYS = {"models": "list of model names", "sizes": "list of WxH strings", "batch": "list of batch sizes",
@@ -33,7 +32,7 @@ class Sweep:
     models: tuple[str, ...]
     sizes: tuple[tuple[int, int], ...] = ((512, 512),)
     batch: tuple[int, ...] = (1,)
-    dtypes: tuple[str, ...] = ("float16",)
+    dtypes: tuple[str, ...] = ()  # none: the device's default (devices.default_dtype: float32 on the CPU)
     backends: tuple[tuple[str, tuple], ...] = (("sdpa", ()),)
     repeats: int = 3
     warmup: int = 1
@@ -62,7 +61,8 @@ class Sweep:
                 axes = [(n, vals) for n, vals in grid.model_settings if SETTINGS[n][0] == kind]
                 for combo in itertools.product(*(vals for _, vals in axes)):
                     settings = check_settings(m, dict(zip((n for n, _ in axes), combo)))
-                    for c in (CellSpec(m, w, h, b, dt, name, device, opts, settings) for dt in grid.dtypes
+                    for c in (CellSpec(m, w, h, b, dt, name, device, opts, settings)
+                              for dt in grid.dtypes or (devices.default_dtype(device),)
                               for (w, h) in grid.sizes for b in grid.batch for name, opts in grid.backends):
                         out.setdefault(c.cell_id, c)
         return list(out.values())
@@ -140,10 +140,7 @@ def load(path: str | Path) -> Sweep:
 
 def loads(text: str, where: str) -> Sweep:
     """Validate a sweep config's text; `where` names it in every error."""
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise InputError(f"{where}: not valid YAML ({str(e).splitlines()[0]}): fix the file") from None
+    doc = load_yaml(text, where)
     if not isinstance(doc, dict):
         raise InputError(f"{where}: expected a mapping of keys ({', '.join(KEYS)})")
     unknown = [k for k in doc if k not in KEYS]

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import backends
+from .. import backends, devices
 from ..checkpoint import model_files
 from ..measure.limits import cell_peaks
 from ..spec import CellSpec
@@ -103,7 +103,11 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
     budget = sweep.memory_budget or executor.free_memory(device)
     run = _find_resumable(sweep) if resume or retry_failed else None
     resumed, job_id = run is not None, os.environ.get("ATTNPROF_JOB_ID")  # set in a queued job (attnprof submit)
-    limits = _limits(run.manifest() if resumed else {}, executor, device, sweep.dtypes)
+    dtypes = sorted({c.dtype for c in cells})
+    note = devices.dtype_note(device, dtypes)
+    if note:
+        print(f"attnprof: {note}", file=sys.stderr, flush=True)
+    limits = _limits(run.manifest() if resumed else {}, executor, device, dtypes)
     if not resumed:
         run = Run.create(Path(sweep.out), {
             "command": command, "sweep": sweep.settings(), "memory_budget_bytes": budget,

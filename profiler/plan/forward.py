@@ -24,8 +24,10 @@ their memory model for the attention call, and say so; so does FlexAttention (fl
 through Dynamo, where this count's dispatch mode cannot follow; so do the chunked
 backends for a call of more than 64 chunks (tracing thousands of chunks of a huge image costs minutes, and every
 chunk repeats the first: the tests hold the model to the trace where both run). Kernels' internal buffers are
-modelled: _safe_softmax's mask (one byte per score), which the math kernel holds beside its two tables, and the CPU
-flash kernel's per-thread buffers (backends.cpu_flash_tiles).
+modelled: _safe_softmax's mask (one byte per score), which the math kernel holds beside its two tables, the CPU
+flash kernel's per-thread buffers (backends.cpu_flash_tiles), and on the CPU every convolution's (cpu_conv: oneDNN's
+blocked copies of input, weight and output, or PyTorch's im2col columns), which are the forward's peak wherever
+attention's tables are small (a VAE decode or a ControlNet under sdpa: a full-resolution convolution).
 """
 from __future__ import annotations
 
@@ -40,32 +42,35 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_leaves
 
 from .. import backends, devices, models
+from . import cpu_conv
 from ..recorder import Recorder
 from ..workload import Workload
 from ..spec import parse_dtype
 
 LEFT_OUT = ("the CUDA context (a few hundred MiB per process), cuBLAS / cuDNN workspaces (MiB to tens "
             "of MiB), the caching allocator's rounding and reserve (make gpu-check measures these where a GPU is "
-            "lent); on the CPU, oneDNN's convolution weight copies")
+            "lent); on the CPU, the scratchpad of oneDNN's float16 / bfloat16 convolutions")
 
 
-def _efficient_accumulator(args) -> int:
+def _efficient_accumulator(args, out=None) -> int:
     """The mem-efficient kernel's float32 output accumulator, which it allocates where the output cannot stay in
     registers: head_dim above 128 with a float16 / bfloat16 output. q, v: (B, h, T, d)."""
     q, v = args[0], args[2]
     return q.shape[0] * q.shape[1] * q.shape[2] * v.shape[-1] * 4 if v.shape[-1] > 128 and q.element_size() < 4 else 0
 
 
-def _cpu_flash_tiles(args) -> int:
+def _cpu_flash_tiles(args, out=None) -> int:
     """aten's CPU flash kernel's per-thread buffers (backends.cpu_flash_tiles). q, k: (B, h, T, d)."""
     q, k = args[0], args[1]
     return backends.cpu_flash_tiles(q.shape[2], k.shape[2], q.shape[3], q.element_size())
 
 
-# kernel buffers that no fake implementation allocates, by op: _safe_softmax's bool mask of -inf rows
-_WORKSPACE = {torch.ops.aten._safe_softmax.default: lambda args: args[0].numel(),
+# kernel buffers that no fake implementation allocates, by op (args, out) -> bytes: _safe_softmax's bool mask of -inf
+# rows; on the CPU, a convolution's (cpu_conv)
+_WORKSPACE = {torch.ops.aten._safe_softmax.default: lambda args, out: args[0].numel(),
               torch.ops.aten._scaled_dot_product_efficient_attention.default: _efficient_accumulator,
               torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default: _cpu_flash_tiles}
+_CPU_WORKSPACE = {**_WORKSPACE, torch.ops.aten.convolution.default: cpu_conv.workspace_bytes}
 _CUDA_KERNELS = {"sdpa-flash": "flash", "sdpa-efficient": "efficient", "sdpa-cudnn": "cudnn"}
 MAX_TRACED_CHUNKS = 64
 
@@ -73,8 +78,9 @@ MAX_TRACED_CHUNKS = 64
 class LiveBytes(TorchDispatchMode):
     """Bytes alive after each op, over those held when it began; `peak` is the highest since reset_peak()."""
 
-    def __init__(self, held: list[torch.Tensor]):
+    def __init__(self, held: list[torch.Tensor], device: str = "cuda"):
         super().__init__()
+        self.workspace = _CPU_WORKSPACE if device == "cpu" else _WORKSPACE
         self.held = {t.untyped_storage()._cdata for t in held}
         self.alive: dict[int, weakref.ref] = {}
         self.now = self.peak = 0
@@ -102,10 +108,11 @@ class LiveBytes(TorchDispatchMode):
             for t in tree_leaves(out):
                 if isinstance(t, torch.Tensor):
                     self._track(t)
-            extra = _WORKSPACE.get(func)
-            self.peak = max(self.peak, self.now + (extra(args) if extra else 0))
+            extra = self.workspace.get(func)
+            at = self.now + (extra(args, out) if extra else 0)
+            self.peak = max(self.peak, at)
             if self.moments is not None:
-                self.moments.append(self.now + (extra(args) if extra else 0))
+                self.moments.append(at)
         return out
 
 
@@ -303,7 +310,7 @@ def trace(model: str, width: int, height: int, batch: int = 1, dtype: str = "flo
         weights = models.weights_bytes(module)
         tensors = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tree_leaves(inputs)
                    if isinstance(t, torch.Tensor)}
-        tr.live = LiveBytes(held)
+        tr.live = LiveBytes(held, device)
         tr.live.moments = [] if moments else None
         with Recorder(module, processor=lambda: _EveryBackend(tr)) as rec, tr.live:
             tr.recorder = rec

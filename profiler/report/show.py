@@ -126,6 +126,22 @@ def _files_lines(m: dict) -> list[str]:
             for path, f in (m.get("model_files") or {}).items()]
 
 
+def _rel_err(c: dict) -> str:
+    from ..measure.cell import REFERENCE_BACKEND
+
+    if c["backend"] == REFERENCE_BACKEND and c["max_rel_err"] == 0:  # the reference itself: 0 by construction
+        return "0 (= ref)"
+    return f"{c['max_rel_err']:.1e}{'' if c['error_ok'] else ' (!)'}"
+
+
+def _references(cells) -> str:
+    """What the run's errors are measured against, as its cells record it (sdpa/float32, where it ran)."""
+    from ..measure.cell import REFERENCE_BACKEND, REFERENCE_DTYPE
+
+    named = sorted({str(r) for r in cells.get("reference", []) if isinstance(r, str) and r})
+    return "; ".join(named) or f"{REFERENCE_BACKEND}/{REFERENCE_DTYPE}"
+
+
 def format_run(run: Run) -> str:
     from .findings import findings, format_findings
 
@@ -160,8 +176,7 @@ def format_run(run: Run) -> str:
             "fwd predicted": human_bytes(c.get("predicted_forward_peak_bytes")),
             "ratio": _ratio(c.get("forward_peak_total_bytes"), c.get("predicted_forward_peak_bytes")) if ok else "",
             "of peak": _of_peak(c.get("attention_pct_of_peak"), c.get("attention_roofline_bound")) if ok else "-",
-            "rel err": f"{c['max_rel_err']:.1e}{'' if c['error_ok'] else ' (!)'}" if ok and _known(
-                c.get("max_rel_err")) else "-",
+            "rel err": _rel_err(c) if ok and _known(c.get("max_rel_err")) else "-",
             "noisy": "noisy" if ok and c["noisy"] else "",
             "note": str(c.get("attention_note") or "")[:90] if ok else str(c["error"])[:90],
         })
@@ -173,13 +188,14 @@ def format_run(run: Run) -> str:
             "attention", "rel err", "attn peak", "predicted", "fwd peak", "fwd predicted", "ratio", "of peak", "noisy",
             *eager, "note"]
     lines.append(table(rows, [(c, c) for c in cols]))
-    lines += ["", "Rows by family (reference, chunked, fused exact, fused approximate). rel err: the U-Net output's "
-              "largest error against the fp32 reference, over its largest value ((!): past the dtype's tolerance), beside the "
-              "attention time. compile: seconds flex spent compiling its kernels, or a compiled U-Net its first forward (cold: "
-              "Inductor compiled its graphs; warm: they came from its cache), apart from every timed forward; graph "
-              "breaks: Dynamo's, where a compiled cell has any. A compiled cell's attention is its attention op alone "
-              "(no time where Inductor fused it away: note); eager forward / attn peak / fwd peak: the eager cell of "
-              "the same shape and backend in this run. "
+    lines += ["", f"Rows by family ({', '.join(backends.FAMILIES)}). rel err: the output's largest error against "
+              f"the reference output ({_references(cells)}: the same weights and inputs), over its largest value "
+              "((!): past the dtype's tolerance); '0 (= ref)': the cell is the reference itself. compile: seconds "
+              "flex spent compiling its kernels, or a compiled U-Net its first forward (cold: Inductor compiled its "
+              "graphs; warm: they came from its cache), apart from every timed forward; graph breaks: Dynamo's, "
+              "where a compiled cell has any. A compiled cell's attention is its attention op alone (no time where "
+              "Inductor fused it away: note); eager forward / attn peak / fwd peak: the eager cell of the same shape "
+              "and backend in this run. "
               "attn peak: the largest call's measured transient; predicted: its memory model. fwd peak: the "
               "forward's peak counted as the planner counts it (weights + inputs + the forward's transient), beside "
               "the planner's prediction from fake tensors (attnprof plan), and their ratio. of peak: the attention's "

@@ -6,7 +6,14 @@ foreground process group) ends the dashboard only, and queued jobs and their run
 serve`, which then finds the head running. A head found running whose job server does not answer is restarted where
 this command started it, else named in one line with the fix. `ray stop` ends it. Everything binds to 127.0.0.1
 unless --host says otherwise; beyond the loopback address the Queue page asks for Ray's token before it queues,
-stops or shows logs."""
+stops or shows logs.
+
+On the loopback address the head is a single-node cluster: Ray turns a loopback --node-ip-address into the machine's
+own address (services.resolve_ip_for_localhost) and binds the GCS and raylet to every interface, unless
+RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (LOOPBACK_ENV), Ray's single-node mode of macOS and Windows, where the node's
+address is 127.0.0.1 and every listener of the head (GCS, raylet, object manager, dashboard and its agents, runtime
+env agent, metrics export, Ray client server, and the workers and job drivers it starts, which inherit the
+variable) binds to it; no other node can join."""
 from __future__ import annotations
 
 import os
@@ -17,6 +24,9 @@ import time
 from pathlib import Path
 
 from ..spec import InputError
+
+
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 def _answers(url: str) -> bool:
@@ -73,6 +83,7 @@ def start_head(host: str, ray_port: int, jobs_port: int, say=print) -> tuple[str
            "--include-dashboard=true", "--disable-usage-stats"]
     if client_host == "127.0.0.1" and host != "0.0.0.0":
         cmd.append("--node-ip-address=127.0.0.1")
+        env.update(LOOPBACK_ENV)
     say(f"attnprof serve: starting a Ray head (ray start --head --port {ray_port}, jobs at {url}, token auth on)",
         flush=True)
     # a session of its own: the terminal's Ctrl-C reaches serve's process group, never the head's processes
