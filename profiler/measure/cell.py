@@ -2,6 +2,7 @@
 reference. Models are built once per (model, dtype, device) and kept for the cells that follow."""
 from __future__ import annotations
 
+import statistics
 import time
 import traceback
 from pathlib import Path
@@ -246,12 +247,14 @@ def _compile_pass(spec: CellSpec, work, unet, inputs, factory, dev) -> tuple[flo
 
 
 def attention_summary(blocks: list[dict], roof: tuple) -> dict:
-    """A cell's attention figures from its calls' rows (a measured cell's or a replay's): times summed over the
-    calls (per timed round for the samples), the largest call's peaks, the kernels, and the calls together on the
-    roofline against roof = (peak FLOP/s, peak bytes/s)."""
-    totals = (sum(b[k] for b in blocks) for k in ("flops", "bytes_moved", "time_ms"))
-    return {"attention_time_ms": sum(b["time_ms"] for b in blocks),
-            "attention_time_samples_ms": [sum(samples) for samples in zip(*(b["time_samples_ms"] for b in blocks))],
+    """A cell's attention figures from its calls' rows (a measured cell's or a replay's): its attention time
+    (report.compare.ATTENTION_TIME: per timed round the calls summed, the median of those sums; the sum of the calls' medians where
+    no call has samples), the largest call's peaks, the kernels, and the calls together on the roofline against
+    roof = (peak FLOP/s, peak bytes/s)."""
+    samples = [sum(round_ms) for round_ms in zip(*(b["time_samples_ms"] for b in blocks))]
+    time_ms = statistics.median(samples) if samples else sum(b["time_ms"] for b in blocks)
+    totals = (*(sum(b[k] for b in blocks) for k in ("flops", "bytes_moved")), time_ms)
+    return {"attention_time_ms": time_ms, "attention_time_samples_ms": samples,
             "attention_peak_mem_bytes": max(b["peak_mem_bytes"] for b in blocks),
             "predicted_peak_bytes": max(b["predicted_peak_bytes"] for b in blocks),
             "calls": len(blocks), "kernel": " | ".join(dict.fromkeys(b["kernel"] for b in blocks)),

@@ -11,6 +11,7 @@ from ..backends import label
 from ..fmt import human_bytes, human_count, table
 from ..store import BLOCKS, CELLS, DONE_STATUSES, Run, Unreadable, list_runs
 from ..workload import label as settings_label
+from .compare import ATTENTION_TIME
 
 UNREADABLE = (OSError, ValueError, KeyError, TypeError)  # JSON, Arrow (ValueError) and missing-key errors
 
@@ -167,7 +168,8 @@ def format_run(run: Run) -> str:
             "attention", "rel err", "attn peak", "predicted", "fwd peak", "fwd predicted", "ratio", "of peak", "noisy",
             "note"]
     lines.append(table(rows, [(c, c) for c in cols]))
-    lines += ["", "Rows by family (reference, chunked, fused exact, fused approximate). rel err: the U-Net output's "
+    lines += ["", f"Rows by family (reference, chunked, fused exact, fused approximate). attention: {ATTENTION_TIME}. "
+              "rel err: the U-Net output's "
               "largest error against the fp32 reference, over its largest value ((!): past the dtype's tolerance), beside the "
               "attention time. compile: seconds flex spent compiling its kernels, apart from every timed forward. "
               "attn peak: the largest call's measured transient; predicted: its memory model. fwd peak: the "
