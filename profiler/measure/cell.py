@@ -246,13 +246,14 @@ def _compile_pass(spec: CellSpec, work, unet, inputs, factory, dev) -> tuple[flo
     return CompileClock.seconds - before, time.perf_counter() - t0
 
 
-def attention_summary(blocks: list[dict], roof: tuple) -> dict:
+def attention_summary(blocks: list[dict], roof: tuple, per_forward: bool = True) -> dict:
     """A cell's attention figures from its calls' rows (a measured cell's or a replay's): its attention time
-    (report.compare.ATTENTION_TIME: per timed round the calls summed, the median of those sums; the sum of the calls' medians where
-    no call has samples), the largest call's peaks, the kernels, and the calls together on the roofline against
-    roof = (peak FLOP/s, peak bytes/s)."""
+    (report.compare.ATTENTION_TIME: per timed forward the calls summed, the median of those sums; with per_forward
+    False, a replay's, whose shapes are timed apart and as often as each needs, the sum of its calls' medians), the
+    largest call's peaks, the kernels, and the calls together on the roofline against roof = (peak FLOP/s, peak
+    bytes/s)."""
     samples = [sum(round_ms) for round_ms in zip(*(b["time_samples_ms"] for b in blocks))]
-    time_ms = statistics.median(samples) if samples else sum(b["time_ms"] for b in blocks)
+    time_ms = statistics.median(samples) if per_forward and samples else sum(b["time_ms"] for b in blocks)
     totals = (*(sum(b[k] for b in blocks) for k in ("flops", "bytes_moved")), time_ms)
     return {"attention_time_ms": time_ms, "attention_time_samples_ms": samples,
             "attention_peak_mem_bytes": max(b["peak_mem_bytes"] for b in blocks),
