@@ -322,16 +322,19 @@ def compare_backends(cells: pd.DataFrame, baseline: str, sizes: list[str]) -> No
 def compare_runs(cells: pd.DataFrame, by: str, baseline: str, sizes: list[str]) -> None:
     """Runs side by side: each backend's time per size, a series per run (or environment value), and each other
     run judged against the baseline run cell by cell with the noise rule (profiler.report.compare)."""
-    from profiler.report.compare import THRESHOLD, compare, rule_text, summary, summary_text
+    from profiler.report.compare import THRESHOLD, compare, machine_text, rule_text, summary, summary_text
+    from profiler.store import Run
 
     ok, title = T.labelled(cells[cells["status"] == "ok"], T.CELL_SERIES[:-1])  # the runs: side by side
     st.subheader(f"Attention time per {title} and size, side by side by {by}")
     chart(ok, C.side_by_side(sizes, by, title), stretch=False)
     base = cells[cells["run_id"] == baseline]
     for run_id in [r for r in dict.fromkeys(cells["run_id"]) if r != baseline]:
-        result = compare(base, cells[cells["run_id"] == run_id])
+        manifests = tuple(Run.open(results_dir() / r).manifest() for r in (baseline, run_id))
+        result = compare(base, cells[cells["run_id"] == run_id], manifests=manifests)
         st.subheader(f"{run_id} against {baseline}")
-        st.caption(f"{summary_text(summary(result))}. As attnprof diff judges: {rule_text(THRESHOLD)}.")
+        st.caption(f"{summary_text(summary(result))}. As attnprof diff judges: {rule_text(THRESHOLD)}. "
+                   f"{machine_text(result)}.")
         table(result["matched"], f"diff-{run_id}")
         for side, name in (("only_a", baseline), ("only_b", run_id)):
             if len(result[side]):

@@ -13,6 +13,7 @@ import pandas as pd
 
 from dashboards import charts as C
 from dashboards import transforms as T
+from profiler.report.compare import ATTENTION_TIME
 from profiler.store import Run
 
 
@@ -111,8 +112,8 @@ th {{ background: #f3f3f3; }} p {{ color: #555; max-width: 60rem; }}
 <body data-charts="{len(specs)}" data-rendered="0">
 <h1>attnprof report</h1>
 <p>Runs {html.escape(names)}; written {dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")} by attnprof
-report. Times are medians of the timed forwards; peaks are each call's transient peak over what was held when it
-began. Everything, the chart library included, is in this file: it needs no server and no network.</p>
+report. Times: {html.escape(ATTENTION_TIME)} (a call's time: the median of its timed calls); peaks are each call's
+transient peak over what was held when it began. Everything, the chart library included, is in this file: it needs no server and no network.</p>
 <h2>Findings</h2>{found or "<p>No cells recorded.</p>"}
 <h2>Runs and environment</h2>{_table(meta)}{_table(env, "env")}
 <h2>Charts</h2>{"".join(sections) or "<p>No cell ended ok: nothing to draw.</p>"}

@@ -297,7 +297,9 @@ def _execute(sweep, args) -> int:
     print(f"  summary:   attnprof show {outcome.run_path.name} --results {outcome.run_path.parent}")
     print(f"  dashboard: make dashboard  (or attnprof dashboard --results {outcome.run_path.parent})")
     if outcome.interrupted:
-        print("interrupted: the cells recorded so far are kept; run again with --resume to finish", file=sys.stderr)
+        print(f"interrupted: the cells recorded so far are kept; run again with --resume to finish: "
+              f"{resume_command(sys.argv[1:])}",
+              file=sys.stderr)
         return 130
     cells = run.cells()
     if not len(cells) or not (cells["status"] == "ok").any():
@@ -305,6 +307,13 @@ def _execute(sweep, args) -> int:
               file=sys.stderr, flush=True)
         return NO_CELL_OK
     return 0
+
+
+def resume_command(argv: list[str]) -> str:
+    """The command line that finishes an interrupted run, sweep or profile: the one given, with --resume."""
+    import shlex
+
+    return shlex.join(["attnprof", *argv, *([] if "--resume" in argv else ["--resume"])])
 
 
 def cmd_replay(args) -> int:
@@ -367,11 +376,12 @@ def cmd_diff(args) -> int:
     if not 0 <= args.threshold < 1:
         raise InputError(f"--threshold {args.threshold} is not a fraction: use e.g. 0.05 for 5%")
     a, b = find_run(args.results, args.run_a), find_run(args.results, args.run_b)
-    result = compare(a.cells(), b.cells(), args.threshold)
+    result = compare(a.cells(), b.cells(), args.threshold, (a.manifest(), b.manifest()))
     s = summary(result)
     if args.json:
         json.dump({"a": a.id, "b": b.id, "threshold": args.threshold, "summary": s,
-                   **{k: v.to_dict("records") for k, v in result.items()}}, sys.stdout, indent=1, default=str)
+                   **{k: v.to_dict("records") if hasattr(v, "to_dict") else v for k, v in result.items()}},
+                  sys.stdout, indent=1, default=str)
         print()
     else:
         print(format_diff(a.id, b.id, result, args.threshold))
@@ -532,6 +542,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-budget",
                    help="skip cells predicted above this (bytes or e.g. 20GiB; default: free device memory)")
     p.add_argument("--timeout-s", type=float, help="stop a cell after this many seconds")
+    p.add_argument("--resume", action="store_true", help="continue the latest run of the same grid under --out")
     _add_exec_args(p)
     _add_settings_args(p)
     p.set_defaults(func=cmd_run)

@@ -114,6 +114,17 @@ class RunBusy(InputError):
     """Another process runs this run's cells now."""
 
 
+class Unreadable(InputError):
+    """A file of a run that cannot be read (a torn copy, a disk error, an edit by hand); its cause is the reader's
+    own error (JSONDecodeError, pyarrow's ArrowInvalid, ...)."""
+
+
+def unreadable(path: Path, e: BaseException) -> Unreadable:
+    detail = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return Unreadable(f"{path} cannot be read ({type(e).__name__}{': ' + detail if detail else ''}): restore it from "
+                      f"a copy, or move the run folder {path.parent} out of the results folder")
+
+
 def environment(device: str) -> dict:
     """Library versions, hardware and the profiler's git revision: a number without these is not comparable.
     The device is described from torch's properties and NVML, which make no CUDA context here."""
@@ -173,7 +184,14 @@ class Run:
         return run
 
     def manifest(self) -> dict:
-        return json.loads((self.path / MANIFEST).read_text())
+        path = self.path / MANIFEST
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise unreadable(path, e) from e
+        if not isinstance(data, dict):
+            raise unreadable(path, TypeError(f"a JSON {type(data).__name__}, not an object")) from None
+        return data
 
     def update_manifest(self, **fields) -> None:
         with _flock(self.path / LOCK):
@@ -310,7 +328,12 @@ def _concat(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
 
 
 def _read(path: Path) -> pd.DataFrame:
-    return pd.read_parquet(path) if path.is_file() else pd.DataFrame()
+    if not path.is_file():
+        return pd.DataFrame()
+    try:
+        return pd.read_parquet(path)
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise unreadable(path, e) from e
 
 
 def _read_many(paths: list[Path]) -> pd.DataFrame:
@@ -321,6 +344,8 @@ def _read_many(paths: list[Path]) -> pd.DataFrame:
             tables.append(pq.ParquetFile(path).read())
         except FileNotFoundError:  # replaced since it was listed (readers hold the lock shared: rare)
             continue
+        except (OSError, ValueError) as e:
+            raise unreadable(path, e) from e
     if not tables:
         return pd.DataFrame()
     return pa.concat_tables(tables, promote_options="permissive").to_pandas()

@@ -71,6 +71,24 @@ class DiesInProbe:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+class Scaled:
+    """Runs SDPA, then waits SCALED_MS x $ATTNPROF_FAULT_FACTOR (default 1) on every call: a backend made slower by
+    a set factor (at 2, twice as slow: the wait is most of each call at tiny-sd15's sizes), whatever the machine's
+    load. The runs compared keep one backend name and so one cell to match."""
+
+    def __call__(self, attn, hidden_states, *args, **kwargs):
+        import time
+
+        from diffusers.models.attention_processor import AttnProcessor2_0
+
+        out = AttnProcessor2_0()(attn, hidden_states, *args, **kwargs)
+        time.sleep(SCALED_MS / 1e3 * float(os.environ.get("ATTNPROF_FAULT_FACTOR", "1")))
+        return out
+
+
+SCALED_MS = 20.0
+
+
 FAULTS = {
     "fault-torch-oom": _torch_oom,
     "fault-text-oom": lambda: RuntimeError("CUDA out of memory. Tried to allocate 3.16 GiB"),
@@ -88,12 +106,14 @@ def register_all() -> None:
                      memory_like="sdpa"))
     register(Backend("fault-die-probe", "fused exact", "test: kills its process when probed",
                      factory=DiesInProbe, memory_like="sdpa"))
+    register(Backend("fault-scaled", "fused exact", f"test: SDPA, then {SCALED_MS:g} ms x $ATTNPROF_FAULT_FACTOR on "
+                     "every call", factory=Scaled, memory_like="sdpa"))
 
 
 def unregister_all() -> None:
     from profiler.backends import BACKENDS
 
-    for name in [*FAULTS, "fault-slow", "fault-fd1", "fault-die-probe"]:
+    for name in [*FAULTS, "fault-slow", "fault-fd1", "fault-die-probe", "fault-scaled"]:
         BACKENDS.pop(name, None)
 
 

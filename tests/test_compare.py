@@ -6,18 +6,19 @@ import pandas as pd
 import pytest
 
 from profiler.cli import main
-from profiler.report.compare import (IMPROVEMENT, MIN_SAMPLES, REGRESSION, SAME, compare, peak_verdict, quartiles,
-                                     summary, time_verdict)
+from profiler.report.compare import (IMPROVEMENT, MIN_SAMPLES, NOT_JUDGED, REGRESSION, SAME, compare,
+                                     environment_changes, machine_change, peak_verdict, quartiles, summary,
+                                     time_verdict)
 from profiler.store import Run, list_runs
 
 MiB = 2**20
 
 
 def cell(backend: str, samples: list[float], peak: float = 10 * MiB, status: str = "ok", size: int = 512,
-         options: str = "{}") -> dict:
+         options: str = "{}", settings: str = "{}") -> dict:
     return {"model": "sd15", "width": size, "height": size, "batch": 1, "dtype": "float16", "backend": backend,
             "backend_options": options, "status": status, "attention_time_samples_ms": samples,
-            "attention_peak_mem_bytes": peak, "cell_id": f"{backend}{size}{options}"}
+            "attention_peak_mem_bytes": peak, "cell_id": f"{backend}{size}{options}{settings}", "settings": settings}
 
 
 def test_quartiles_of_the_samples():
@@ -82,12 +83,65 @@ def test_cells_are_matched_on_their_spec_and_the_unmatched_are_listed():
                                                                                            IMPROVEMENT]
     assert r["only_a"]["backend_options"].tolist() == ['{"slice_size": 1}']
     assert r["only_b"]["backend_options"].tolist() == ['{"slice_size": 4}']
-    assert summary(r) == {"matched": 5, "regressions": 3, "improvements": 2, "within_noise": 0,
+    assert summary(r) == {"matched": 5, "regressions": 3, "improvements": 2, "within_noise": 0, "not_judged": 0,
                           "too_few_samples": 1, "only_a": 1, "only_b": 1}  # naive 1024: two samples
 
 
-def _run(root, run_id, cells):
-    run = Run.create(root, {"command": "test", "cells": [], "environment": {"torch_threads": 1}}, run_id=run_id)
+SLOWER = [9.8, 9.9, 10.0, 10.1, 10.2], [10.8, 10.9, 11.0, 11.1, 11.2]  # 10% slower; IQRs [9.9, 10.1], [10.9, 11.1]
+TWICE = [10.0, 10.1, 10.2], [20.0, 20.2, 20.4]  # 2x slower; IQRs [10.05, 10.15], [20.1, 20.3]
+FASTER = [10.0, 10.1, 10.2], [8.0, 8.08, 8.16]  # 20% faster; IQRs [10.05, 10.15], [8.04, 8.12]
+
+
+@pytest.mark.parametrize("a, b, machine, verdict, note", [
+    # B's machine up to 2% slower: 1.1 > 1.05 x 1.02 = 1.071 and B's Q1 10.9 > 1.02 x A's Q3 10.1 = 10.30: judged
+    (*SLOWER, (1.02, 0.98), REGRESSION, ""),
+    # up to 20% slower: 1.1 is under 1.05 x 1.2 = 1.26, so the machine explains it
+    (*SLOWER, (1.2, 1.1), NOT_JUDGED, "not judged: the machine was 20% slower in B"),
+    # a 2x slowdown clears a machine 30% slower: 2.0 > 1.365 and 20.1 > 1.3 x 10.15 = 13.2
+    (*TWICE, (1.3, 1.2), REGRESSION, ""),
+    # a machine more than 50% slower: nothing slower is judged, not even 2x
+    (*TWICE, (1.6, 1.5), NOT_JUDGED, "not judged: the machine was 60% slower in B"),
+    # a machine up to 10% faster: 0.8 < 0.95 x 0.9 = 0.855 and B's Q3 8.12 < 0.9 x A's Q1 10.05 = 9.045
+    (*FASTER, (1.0, 0.9), IMPROVEMENT, ""),
+    # up to 25% faster (0.8 = 1 / 1.25): 0.8 is not under 0.95 x 0.8 = 0.76
+    (*FASTER, (1.0, 0.8), NOT_JUDGED, "not judged: the machine was 25% faster in B"),
+    # a machine that was slower never widens an improvement, nor a faster one a regression
+    (*FASTER, (1.4, 1.01), IMPROVEMENT, ""),
+    (*SLOWER, (0.99, 0.7), REGRESSION, ""),
+])
+def test_the_machine_s_own_speed_widens_or_refuses_a_verdict(a, b, machine, verdict, note):
+    assert time_verdict(a, b, 0.05, machine)[1:] == (verdict, note)
+
+
+def _calibrated(*ms: float, when=("start", "end")) -> list[dict]:
+    return [{"when": w, "median_ms": m} for w, m in zip(when, ms)]
+
+
+def test_the_machine_change_pairs_the_calibrations_and_environments_are_named():
+    a = {"calibration": _calibrated(10.0, 11.0), "environment": {"torch_threads": 2, "torch": "2.5.1"}}
+    b = {"calibration": _calibrated(13.0, 12.0), "environment": {"torch_threads": 1, "torch": "2.5.1"}}
+    assert machine_change(a, b) == (pytest.approx(1.3), pytest.approx(12 / 11))  # 13 / 10 at the start, 12 / 11
+    resumed = {"calibration": _calibrated(9.0, 20.0, 13.2, when=("start", "start", "end"))}
+    assert machine_change(a, resumed) == (pytest.approx(1.2), pytest.approx(0.9))  # 13.2 / 11 and 9 / 10
+    stopped = {"calibration": _calibrated(12.0, 99.0, when=("start", "middle"))}  # no end: the starts alone
+    assert machine_change(a, stopped) == (pytest.approx(1.2), pytest.approx(1.2))
+    unpaired = {"calibration": _calibrated(15.0, when=("end",))}
+    assert machine_change(stopped, unpaired) == (pytest.approx(15 / 12), pytest.approx(15 / 99))  # no shared point
+    assert machine_change(a, {}) == (1.0, 1.0)  # a run made before calibrations: the plain rule
+    assert environment_changes(a, b) == ["torch_threads 2 -> 1"]
+    r = compare(pd.DataFrame([cell("naive", SLOWER[0])]), pd.DataFrame([cell("naive", SLOWER[1])]), 0.05,
+                (a, b))
+    row = r["matched"].iloc[0]
+    assert (row["verdict"], row["time_note"]) == (NOT_JUDGED, "not judged: the machine was 30% slower in B")
+    a["calibration"] = b["calibration"] = _calibrated(10.0)
+    row = compare(pd.DataFrame([cell("naive", SLOWER[0])]), pd.DataFrame([cell("naive", SLOWER[1])]), 0.05,
+                  (a, b))["matched"].iloc[0]
+    assert (row["verdict"], row["environment"]) == (REGRESSION, "torch_threads 2 -> 1")  # judged, the change named
+
+
+def _run(root, run_id, cells, calibration=(), threads=1):
+    run = Run.create(root, {"command": "test", "cells": [], "environment": {"torch_threads": threads},
+                            "calibration": _calibrated(*calibration)}, run_id=run_id)
     for c in cells:
         run.record(c, [])
     return run
@@ -106,6 +160,27 @@ def test_diff_exits_1_on_a_regression_and_0_otherwise(tmp_path, capsys):
     assert data["summary"]["improvements"] == 1 and data["matched"][0]["verdict"] in (IMPROVEMENT, SAME)
     assert main(["diff", "a", "b", "--results", str(tmp_path), "--threshold", "0.5"]) == 0  # 19% < 50%
     assert main(["diff", "a", "nope", "--results", str(tmp_path)]) == 2
+
+
+def test_diff_names_the_machine_the_environment_and_the_settings_of_every_row(tmp_path, capsys):
+    controlnet = '{"controlnet": true}'
+    _run(tmp_path, "a", [cell("naive", TWICE[0]), cell("naive", SLOWER[0], settings=controlnet)], [10.0, 10.5])
+    _run(tmp_path, "b", [cell("naive", TWICE[1]), cell("naive", SLOWER[1], settings=controlnet)], [12.0, 11.5],
+         threads=2)
+    assert main(["diff", "a", "b", "--results", str(tmp_path)]) == 1  # the 2x clears a machine 20% slower
+    out = capsys.readouterr().out
+    assert "time: a cell's attention time: per timed forward its attention calls' times summed, the median" in out
+    assert "machine: B's calibrations were 1.20x to 1.10x A's" in out  # 12 / 10 at the start, 11.5 / 10.5 at the end
+    assert "environment differs: torch_threads 1 -> 2" in out
+    rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("sd15 ")}
+    assert set(rows) == {"-", "controlnet"}  # the settings column tells the two naive cells apart
+    assert "regression" in rows["-"] and "torch_threads 1 -> 2" in rows["-"]
+    assert "not judged: the machine was 20% slower in B" in rows["controlnet"]
+    assert "1 regressions, 0 improvements, 0 within noise, 1 not judged" in out
+    assert main(["diff", "b", "a", "--results", str(tmp_path), "--json"]) == 0  # faster: no regression
+    data = json.loads(capsys.readouterr().out)
+    assert data["machine"] == [pytest.approx(10.5 / 11.5), pytest.approx(10.0 / 12.0)]  # B: 10 and 10.5 now
+    assert data["summary"]["improvements"] == 1 and data["summary"]["not_judged"] == 1
 
 
 def test_report_bad_input_gets_one_line_and_no_traceback(dashboard_results, tmp_path, capsys):

@@ -48,6 +48,14 @@ class LocalExecutor:
 
         return device_limits(device, dtypes)
 
+    def calibrate(self, device: str, when: str) -> dict:
+        """The machine's speed now (measure/calibrate.py): here, or on CUDA in a subprocess of its own."""
+        if self.workers and device.startswith("cuda"):
+            return _subprocess("--calibrate", [device, when], "the calibration")
+        from ..measure.calibrate import calibrate
+
+        return calibrate(device, when)
+
     def run(self, groups: list[list[CellSpec]], run, sweep, flight, extra: dict) -> None:
         from .sweep import run_group
 

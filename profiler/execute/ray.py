@@ -75,6 +75,13 @@ def _limits(device: str, dtypes: list[str]) -> dict:
 
 
 @ray.remote(max_retries=0)
+def _calibrate(device: str, when: str) -> dict:
+    from ..measure.calibrate import calibrate
+
+    return calibrate(device, when)
+
+
+@ray.remote(max_retries=0)
 def _group(rows: list[dict], repeats: int, warmup: int, extra: dict, trace: bool):
     """A Ray generator task: one chunk of cells with one model build, as group_events yields them (with trace,
     each done event carries the cell's trace files: the driver stores them, so no disk need be shared)."""
@@ -128,6 +135,10 @@ class RayExecutor:
     def limits(self, device: str, dtypes: list[str]) -> dict:
         """Measured on a GPU (or CPU) of the cluster, as its cells run: on a cluster of mixed devices, one of them."""
         return ray.get(_limits.options(**_resources(device)).remote(device, dtypes))
+
+    def calibrate(self, device: str, when: str) -> dict:
+        """The speed of a GPU (or CPU) of the cluster now, as its cells run (measure/calibrate.py)."""
+        return ray.get(_calibrate.options(**_resources(device)).remote(device, when))
 
     def availability(self, asks: list[tuple]) -> list[tuple[bool, str]]:
         if not asks:

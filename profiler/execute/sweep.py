@@ -118,6 +118,7 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
         if resumed:
             jobs = run.manifest().get("job_ids", []) + ([job_id] if job_id else [])
             run.update_manifest(resumed_at=now(), ended_at=None, memory_budget_bytes=budget, job_ids=jobs, **limits)
+        _calibrate(run, executor, device, "start")
         done = run.done_cells()
         pending = [c for c in cells if c.cell_id not in done or (retry_failed and done[c.cell_id] != "ok")]
         flight = InFlight(run, _progress(len(cells), len(cells) - len(pending), progress))
@@ -139,9 +140,18 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
             flight.close()
             done = run.done_cells()  # any cell not recorded (a stop, a crash of ours) leaves the run interrupted
             interrupted = interrupted or any(c.cell_id not in done for c in cells)
+            if not interrupted:
+                _calibrate(run, executor, device, "end")
             run.update_manifest(ended_at=now(), interrupted=interrupted)
             run.compact()
     return Outcome(run.path, interrupted)
+
+
+def _calibrate(run, executor, device: str, when: str) -> None:
+    """A calibration of the machine's speed (measure/calibrate.py) added to the manifest's list: at the start of
+    every session on the run (a resume adds its own) and at the end of one that finished."""
+    found = executor.calibrate(device, when)
+    run.update_manifest(calibration=[*run.manifest().get("calibration", []), found])
 
 
 def _limits(manifest: dict, executor, device: str, dtypes) -> dict:

@@ -1,6 +1,7 @@
 """A sweep worker: reads one job (JSON) on stdin, runs its cells, prints one JSON event per line on stdout.
 With --probe: reads a JSON list of (backend, device, dtype, head dims) and prints one JSON list of (ok, reason); with
---limits: reads [device, dtypes] and prints the device's measured limits; so that the sweep's parent never makes a
+--limits: reads [device, dtypes] and prints the device's measured limits; with --calibrate: reads [device, when]
+and prints a calibration (measure/calibrate.py); so that the sweep's parent never makes a
 CUDA context of its own."""
 import faulthandler
 import json
@@ -36,6 +37,11 @@ def main() -> None:
 
         out.write(json.dumps(device_limits(*json.loads(sys.stdin.read()))) + "\n")
         out.flush()
+        return
+    if sys.argv[1:] == ["--calibrate"]:
+        from ..measure.calibrate import calibrate
+
+        print(json.dumps(calibrate(*json.loads(sys.stdin.read()))))
         return
     from ..store import Run
     from .sweep import run_group

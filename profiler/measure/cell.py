@@ -2,6 +2,7 @@
 reference. Models are built once per (model, dtype, device) and kept for the cells that follow."""
 from __future__ import annotations
 
+import statistics
 import time
 import traceback
 from pathlib import Path
@@ -304,14 +305,16 @@ def _compile_pass(spec: CellSpec, work, unet, inputs, factory, dev) -> tuple[flo
     return CompileClock.seconds - before, time.perf_counter() - t0
 
 
-def attention_summary(blocks: list[dict], roof: tuple) -> dict:
-    """A cell's attention figures from its calls' rows (a measured cell's or a replay's): times summed over the
-    calls (per timed round for the samples; NaN and none where the calls have no time: compiled, fused away), the
-    largest call's peaks, the kernels, and the calls together on the roofline against roof = (peak FLOP/s, peak
-    bytes/s)."""
-    totals = (sum(b[k] for b in blocks) for k in ("flops", "bytes_moved", "time_ms"))
-    return {"attention_time_ms": sum(b["time_ms"] for b in blocks),
-            "attention_time_samples_ms": [sum(samples) for samples in zip(*(b["time_samples_ms"] for b in blocks))],
+def attention_summary(blocks: list[dict], roof: tuple, per_forward: bool = True) -> dict:
+    """A cell's attention figures from its calls' rows (a measured cell's or a replay's): its attention time
+    (report.compare.ATTENTION_TIME: per timed forward the calls summed, the median of those sums; with per_forward
+    False, a replay's, whose shapes are timed apart and as often as each needs, the sum of its calls' medians; NaN
+    where the calls have no time: compiled, fused away), the largest call's peaks, the kernels, and the calls
+    together on the roofline against roof = (peak FLOP/s, peak bytes/s)."""
+    samples = [sum(round_ms) for round_ms in zip(*(b["time_samples_ms"] for b in blocks))]
+    time_ms = statistics.median(samples) if per_forward and samples else sum(b["time_ms"] for b in blocks)
+    totals = (*(sum(b[k] for b in blocks) for k in ("flops", "bytes_moved")), time_ms)
+    return {"attention_time_ms": time_ms, "attention_time_samples_ms": samples,
             "attention_peak_mem_bytes": max((b["peak_mem_bytes"] for b in blocks if b["peak_mem_bytes"] is not None),
                                             default=None),  # None: no call's memory is its own (compiled, fused)
             "predicted_peak_bytes": max(b["predicted_peak_bytes"] for b in blocks),

@@ -188,7 +188,8 @@ def _replay_cell(spec, rows, in_model, repeats, warmup, measured: dict, peaks: d
         oom = devices.oom_message(e)
         dev.release()
         return failed_cell(spec, "oom" if oom else "error", oom or _describe(e), **dev.identity()), []
-    cell = {**spec.as_row(), **facts_of(spec.model), "status": "ok", "error": "", **attention_summary(blocks, roof),
+    cell = {**spec.as_row(), **facts_of(spec.model), "status": "ok", "error": "",
+            **attention_summary(blocks, roof, per_forward=False),
             "noisy": any(b["noisy"] for b in blocks), "shapes": len({shape_of(b) for b in blocks}),
             **peaks, **dev.identity(), "torch_threads": torch.get_num_threads(), "wall_s": time.time() - started}
     return cell, blocks

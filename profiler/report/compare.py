@@ -4,12 +4,21 @@ regression or an improvement only where it is larger than the noise of both runs
 lines up with the eager (or otherwise compiled) cell of its shape and backend: that pair is judged on the forward's
 time and peak, since a compiled call's time is its attention op alone and an eager call's its whole processor.
 
-The noise rule, on the stored samples of each cell's attention time (per timed forward, the sum over its calls;
-the forward's samples for runs recorded before those were kept):
+The noise rule, on the stored samples of each cell's attention time (ATTENTION_TIME: per timed forward, the sum
+over its calls; the forward's samples for runs recorded before those were kept):
 - time: a regression where B's median is more than `threshold` (5%) above A's AND B's interquartile range lies
   wholly above A's (B's first quartile over A's third); an improvement the other way round; else within noise.
   A cell with fewer than MIN_SAMPLES (3) samples in either run is within noise, with that reason: one sample has
   no spread (its interquartile range is zero, so any change would count), two have too little to judge by.
+- the machine's own state: each run holds calibrations (measure/calibrate.py: a fixed small workload timed at its
+  start and its end). Where B's machine was up to k times slower than A's (B's calibration over A's at the start,
+  and at the end: the larger), a regression must also clear k: B's median over (1 + threshold) k times A's and
+  B's first quartile over k times A's third; where it was more than MACHINE_LIMIT (50%) slower, no regression is
+  judged at all. A change the plain rule calls but the machine explains is "not judged", with the machine's change
+  named; the same the other way round for improvements on a faster machine. Runs without calibrations are judged
+  by the plain rule.
+- the environment (torch threads, versions, device) of the two runs: where it differs the verdicts stand and the
+  differences are named beside them (a one-thread run against a two-thread run is a regression worth seeing).
 - peak memory (deterministic, so no spread): a regression where B's attention peak is more than `threshold` above
   A's, an improvement more than `threshold` below, and in both cases by at least PEAK_FLOOR (1 MiB: CPU kernels
   take per-thread scratch, allocators round up; a 0.5 MiB change in a 1 MiB peak is not a finding).
@@ -24,12 +33,19 @@ import pandas as pd
 
 from ..backends import label
 from ..fmt import human_bytes, table
+from ..workload import label as settings_label
 
 KEY = ["model", "settings", "width", "height", "batch", "dtype", "backend", "backend_options"]
-REGRESSION, IMPROVEMENT, SAME = "regression", "improvement", "within noise"
+REGRESSION, IMPROVEMENT, SAME, NOT_JUDGED = "regression", "improvement", "within noise", "not judged"
 PEAK_FLOOR = 2**20
 THRESHOLD = 0.05  # the default smallest relative change that counts
 MIN_SAMPLES = 3  # timed forwards per cell, in each run, before its time gets a verdict (the default repeats)
+MACHINE_LIMIT = 0.5  # a machine this much slower (or faster) in B than in A: no time verdict in that direction
+ENV_KEYS = ("device", "device_name", "cpu_count", "torch_threads", "torch", "diffusers", "python", "cuda", "cudnn",
+            "driver")  # what a run's figures depend on beside the code: named where two runs differ in it
+ATTENTION_TIME = ("a cell's attention time: per timed forward its attention calls' times summed, the median over "
+                  "the timed forwards")  # what show, the findings, diff and the report give (measure/cell.py)
+STEADY = (1.0, 1.0)  # (how many times slower B's machine was at most, how many times faster): no change known
 
 
 def rule_text(threshold: float | str = "--threshold") -> str:
@@ -37,7 +53,9 @@ def rule_text(threshold: float | str = "--threshold") -> str:
     past = threshold if isinstance(threshold, str) else f"{100 * threshold:g}%"
     return (f"a time change counts past {past} and only where the interquartile ranges of the two runs' samples do "
             f"not overlap, each run holding at least {MIN_SAMPLES} samples of the cell (repeats {MIN_SAMPLES} or "
-            f"more); a peak change counts past {past} and {human_bytes(PEAK_FLOOR)}")
+            f"more), and beyond what the machine's own speed explains (each run's calibrations at its start and end, "
+            f"B's over A's; none judged past {100 * MACHINE_LIMIT:g}% slower); a peak change counts past "
+            f"{past} and {human_bytes(PEAK_FLOOR)}")
 
 
 def time_samples(cell: dict, forward: bool = False) -> list[float]:
@@ -79,17 +97,50 @@ def quartiles(samples: list[float]) -> tuple[float, float, float]:
     return q1, med, q3
 
 
-def time_verdict(a: list[float], b: list[float], threshold: float) -> tuple[float, str, str]:
-    """(B's median / A's, the verdict by the noise rule, why it could not judge: '' where it could)."""
+def time_verdict(a: list[float], b: list[float], threshold: float,
+                 machine: tuple[float, float] = STEADY) -> tuple[float, str, str]:
+    """(B's median / A's, the verdict by the noise rule, why it could not judge: '' where it could). machine: (how
+    many times slower B's machine was at most, how many times faster at most), from the runs' calibrations."""
     (a1, am, a3), (b1, bm, b3) = quartiles(a), quartiles(b)
     ratio = bm / am
     if min(len(a), len(b)) < MIN_SAMPLES:
         return ratio, SAME, f"too few samples: {len(a)} in A, {len(b)} in B"
+    slower, faster = max(machine[0], 1.0), min(machine[1], 1.0)
     if ratio > 1 + threshold and b1 > a3:
-        return ratio, REGRESSION, ""
+        if slower <= 1 + MACHINE_LIMIT and ratio > (1 + threshold) * slower and b1 > a3 * slower:
+            return ratio, REGRESSION, ""
+        return ratio, NOT_JUDGED, f"not judged: the machine was {100 * (slower - 1):.0f}% slower in B"
     if ratio < 1 - threshold and b3 < a1:
-        return ratio, IMPROVEMENT, ""
+        if faster >= 1 / (1 + MACHINE_LIMIT) and ratio < (1 - threshold) * faster and b3 < a1 * faster:
+            return ratio, IMPROVEMENT, ""
+        return ratio, NOT_JUDGED, f"not judged: the machine was {100 * (1 / faster - 1):.0f}% faster in B"
     return ratio, SAME, ""
+
+
+def calibrations(manifest: dict, when: str | None = None) -> list[float]:
+    """The medians of a run's calibrations (measure/calibrate.py) in ms, those taken at `when` (start, end) only
+    where given: none for runs made before they were recorded."""
+    return [float(c["median_ms"]) for c in manifest.get("calibration") or []
+            if c.get("median_ms") and when in (None, c.get("when"))]
+
+
+def machine_change(manifest_a: dict, manifest_b: dict) -> tuple[float, float]:
+    """(how many times slower B's machine may have been than A's, how many times faster): B's calibration over A's at
+    the same point of the run (the first start against the first start, the last end against the last end), the
+    largest and the smallest of those; where the runs share no such point, B's slowest over A's fastest and B's
+    fastest over A's slowest; STEADY where either run has none."""
+    ratios = [b[i] / a[i] for when, i in (("start", 0), ("end", -1))
+              if (a := calibrations(manifest_a, when)) and (b := calibrations(manifest_b, when))]
+    if ratios:
+        return max(ratios), min(ratios)
+    a, b = calibrations(manifest_a), calibrations(manifest_b)
+    return (max(b) / min(a), min(b) / max(a)) if a and b else STEADY
+
+
+def environment_changes(manifest_a: dict, manifest_b: dict) -> list[str]:
+    """'torch_threads 2 -> 1' for each of ENV_KEYS in which the two runs' recorded environments differ."""
+    ea, eb = manifest_a.get("environment") or {}, manifest_b.get("environment") or {}
+    return [f"{k} {ea.get(k)} -> {eb.get(k)}" for k in ENV_KEYS if str(ea.get(k)) != str(eb.get(k))]
 
 
 def peak_verdict(a: float, b: float, threshold: float) -> tuple[float, str]:
@@ -111,13 +162,18 @@ def _keys(df: pd.DataFrame) -> pd.Series:
     return keyed.agg("|".join, axis=1)
 
 
-def compare(a: pd.DataFrame, b: pd.DataFrame, threshold: float = THRESHOLD) -> dict[str, pd.DataFrame]:
-    """{"matched": one row per cell in both runs, "only_a": cells only in A, "only_b": cells only in B}. Cells
-    match on KEY; those left then match on KEY with the settings but compile, so that a compiled run lines up with
-    an eager one: such a pair is judged on the forward's time and peak (a compiled call's time is its attention op
-    alone, an eager call's its whole processor), with each side's largest call in its note."""
+def compare(a: pd.DataFrame, b: pd.DataFrame, threshold: float = THRESHOLD,
+            manifests: tuple[dict, dict] | None = None) -> dict:
+    """{"matched": one row per cell in both runs, "only_a": cells only in A, "only_b": cells only in B (frames),
+    "machine": (times slower, times faster) of B's machine, "environment": how the runs' environments differ}.
+    manifests: the two runs' (A's, B's), for their calibrations and environments. Cells match on KEY; those left
+    then match on KEY with the settings but compile, so that a compiled run lines up with an eager one: such a pair
+    is judged on the forward's time and peak (a compiled call's time is its attention op alone, an eager call's its
+    whole processor), with each side's largest call in its note."""
     a, b = (df if "settings" in df else df.assign(settings="{}") for df in (a, b))  # runs before settings existed
     a, b = (df.assign(settings=df["settings"].fillna("{}")).reset_index(drop=True) for df in (a, b))
+    machine = machine_change(*manifests) if manifests else STEADY
+    changed = environment_changes(*manifests) if manifests else []
     a, b = (df.assign(_key=_keys(df), _loose=_keys(df.assign(settings=df["settings"].map(_loose)))) for df in (a, b))
     pairs, used_a, used_b = [], set(), set()
     for column in ("_key", "_loose"):
@@ -127,33 +183,36 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, threshold: float = THRESHOLD) -> d
                 pairs.append((i, by_key[k]))
                 used_a.add(i)
                 used_b.add(by_key[k])
-    rows = [_matched_row(a.loc[i].to_dict(), b.loc[j].to_dict(), threshold) for i, j in pairs]
+    rows = [_matched_row(a.loc[i].to_dict(), b.loc[j].to_dict(), threshold, machine, changed) for i, j in pairs]
     columns = KEY + ["compile_a", "compile_b", "status_a", "status_b", "time_a_ms", "time_b_ms", "time_ratio",
                      "time_verdict", "time_note", "peak_a_bytes", "peak_b_bytes", "peak_ratio", "peak_verdict",
-                     "verdict", "forward_a_ms", "forward_b_ms", "forward_peak_a_bytes", "forward_peak_b_bytes",
-                     "attention_peak_a_bytes", "attention_peak_b_bytes", "note"]
+                     "verdict", "environment", "forward_a_ms", "forward_b_ms", "forward_peak_a_bytes",
+                     "forward_peak_b_bytes", "attention_peak_a_bytes", "attention_peak_b_bytes", "note"]
     only = lambda df, used: df[~df.index.isin(used)].drop_duplicates("_key")[KEY + ["status"]]  # noqa: E731
     return {"matched": pd.DataFrame(rows, columns=columns), "only_a": only(a, used_a).reset_index(drop=True),
-            "only_b": only(b, used_b).reset_index(drop=True)}
+            "only_b": only(b, used_b).reset_index(drop=True), "machine": machine, "environment": changed}
 
 
-def _matched_row(ca: dict, cb: dict, threshold: float) -> dict:
+def _matched_row(ca: dict, cb: dict, threshold: float, machine: tuple[float, float], changed: list[str]) -> dict:
     """One matched pair's figures and verdicts: the attention's time and largest call's peak, or where one side is
-    compiled and the other not (or compiled otherwise), the forward's time and peak."""
+    compiled and the other not (or compiled otherwise), the forward's time and peak; the environments' differences
+    beside a verdict that found a change."""
     row = {k: ca[k] for k in KEY} | {"status_a": ca["status"], "status_b": cb["status"],
                                      "compile_a": compile_of(ca["settings"]), "compile_b": compile_of(cb["settings"])}
     cross = row["compile_a"] != row["compile_b"]
     ok_a, ok_b = ca["status"] == "ok", cb["status"] == "ok"
     if not (ok_a and ok_b):
-        return row | {"verdict": REGRESSION if ok_a else IMPROVEMENT if ok_b else SAME}
+        verdict = REGRESSION if ok_a else IMPROVEMENT if ok_b else SAME
+        return row | {"verdict": verdict, "environment": "; ".join(changed) if verdict != SAME else ""}
     sa, sb = time_samples(ca, forward=cross), time_samples(cb, forward=cross)
     row.update(time_a_ms=statistics.median(sa), time_b_ms=statistics.median(sb))
-    row["time_ratio"], row["time_verdict"], row["time_note"] = time_verdict(sa, sb, threshold)
+    row["time_ratio"], row["time_verdict"], row["time_note"] = time_verdict(sa, sb, threshold, machine)
     peak = "forward_peak_mem_bytes" if cross else "attention_peak_mem_bytes"
     row.update(peak_a_bytes=ca.get(peak), peak_b_bytes=cb.get(peak))
     row["peak_ratio"], row["peak_verdict"] = peak_verdict(row["peak_a_bytes"], row["peak_b_bytes"], threshold)
     verdicts = {row["time_verdict"], row["peak_verdict"]}
-    row["verdict"] = REGRESSION if REGRESSION in verdicts else IMPROVEMENT if IMPROVEMENT in verdicts else SAME
+    row["verdict"] = next(v for v in (REGRESSION, IMPROVEMENT, NOT_JUDGED, SAME) if v in verdicts)
+    row["environment"] = "; ".join(changed) if row["verdict"] in (REGRESSION, IMPROVEMENT) else ""
     row.update(forward_a_ms=ca.get("forward_time_ms"), forward_b_ms=cb.get("forward_time_ms"),
                forward_peak_a_bytes=ca.get("forward_peak_mem_bytes"),
                forward_peak_b_bytes=cb.get("forward_peak_mem_bytes"),
@@ -173,9 +232,10 @@ def _mode(compile: str) -> str:
 def summary(result: dict) -> dict:
     matched = result["matched"]
     verdicts = matched["verdict"].value_counts().to_dict()
+    notes = matched["time_note"].fillna("")
     return {"matched": len(matched), "regressions": verdicts.get(REGRESSION, 0),
             "improvements": verdicts.get(IMPROVEMENT, 0), "within_noise": verdicts.get(SAME, 0),
-            "too_few_samples": int((matched["time_note"].fillna("") != "").sum()),
+            "not_judged": verdicts.get(NOT_JUDGED, 0), "too_few_samples": int(notes.str.startswith("too few").sum()),
             "only_a": len(result["only_a"]), "only_b": len(result["only_b"])}
 
 
@@ -183,38 +243,61 @@ def summary_text(s: dict) -> str:
     """The summary line of attnprof diff and of the dashboard's comparison."""
     few = (f"; the time of {s['too_few_samples']} could not be judged: too few samples (a verdict needs "
            f"{MIN_SAMPLES} per cell in each run: repeats {MIN_SAMPLES} or more)") if s["too_few_samples"] else ""
+    unjudged = (f", {s['not_judged']} not judged (the machine's own speed moved as much: see their notes)"
+                if s.get("not_judged") else "")
     return (f"{s['matched']} cells matched: {s['regressions']} regressions, {s['improvements']} improvements, "
-            f"{s['within_noise']} within noise{few}")
+            f"{s['within_noise']} within noise{unjudged}{few}")
+
+
+def machine_text(result: dict) -> str:
+    """What the calibrations say of the machine between the two runs, and how the environments differ."""
+    slower, faster = result.get("machine", STEADY)
+    if (slower, faster) == STEADY:
+        line = "machine: no calibrations in one of the runs (made before they were recorded): the plain rule"
+    else:
+        line = (f"machine: B's calibrations were {slower:.2f}x to {faster:.2f}x A's (at the start and at the end of "
+                "the runs); a time change must clear that too")
+    changed = result.get("environment") or []
+    return line + (f"\nenvironment differs: {'; '.join(changed)} (the verdicts stand, named beside them)"
+                   if changed else "")
 
 
 def format_diff(run_a: str, run_b: str, result: dict, threshold: float) -> str:
-    rows = []
-    for r in result["matched"].to_dict("records"):
-        ran = r["status_a"] == "ok" and r["status_b"] == "ok"
-        rows.append({"model": r["model"], "size": f"{r['width']}x{r['height']}", "batch": r["batch"],
-                     "dtype": r["dtype"], "backend": label(r["backend"], r["backend_options"]),
-                     "compile": r["compile_a"] if r["compile_a"] == r["compile_b"] else
-                     f"{r['compile_a']} / {r['compile_b']}",
-                     "time A": f"{r['time_a_ms']:.2f} ms" if ran else r["status_a"],
-                     "time B": f"{r['time_b_ms']:.2f} ms" if ran else r["status_b"],
-                     "time": f"{r['time_ratio']:.3f}x" if ran else "-",
-                     "peak A": human_bytes(r["peak_a_bytes"]) if ran else "-",
-                     "peak B": human_bytes(r["peak_b_bytes"]) if ran else "-",
-                     "peak": f"{r['peak_ratio']:.3f}x" if ran else "-", "verdict": r["verdict"],
-                     "note": "; ".join(n for n in (r["time_note"] if ran else "", r.get("note")) if isinstance(n, str)
-                                       and n)})
+    records = result["matched"].to_dict("records")
+    settings = any(settings_label(_loose(r["settings"])) for r in records)
+    rows = [_diff_row(r) for r in records]
     compiled = any(r["compile"] != "none" for r in rows)
-    cols = [(c, c) for c in ("model", "size", "batch", "dtype", "backend", *(["compile"] if compiled else []),
-                             "time A", "time B", "time", "peak A", "peak B", "peak", "verdict", "note")]
+    cols = [(c, c) for c in ("model", *(["settings"] if settings else []), "size", "batch", "dtype", "backend",
+                             *(["compile"] if compiled else []), "time A", "time B", "time", "peak A", "peak B",
+                             "peak", "verdict", "note")]
     across = "" if not compiled else " (the forward's, for a compiled cell against an eager one: compile A / B)"
-    lines = [f"A = {run_a}, B = {run_b}; time: the attention time's median over the timed forwards{across}; "
-             f"{rule_text(threshold)}", "", table(rows, cols) if rows else "(no cell in both runs)", "",
+    lines = [f"A = {run_a}, B = {run_b}; time: {ATTENTION_TIME}{across}; {rule_text(threshold)}",
+             machine_text(result), "", table(rows, cols) if rows else "(no cell in both runs)", "",
              summary_text(summary(result))]
     for side, name in (("only_a", run_a), ("only_b", run_b)):
         if len(result[side]):
-            cells = ", ".join(f"{r['model']} {r['width']}x{r['height']} b{r['batch']} {r['dtype']} "
+            cells = ", ".join(f"{r['model']}{_settings(r)} {r['width']}x{r['height']} b{r['batch']} {r['dtype']} "
                               f"{label(r['backend'], r['backend_options'])}"
                               for r in result[side].to_dict("records"))
             lines.append(f"left out, only in {name}: {cells}")
     return "\n".join(lines)
 
+
+def _settings(r: dict) -> str:
+    return f" ({settings_label(r['settings'])})" if settings_label(r["settings"]) else ""
+
+
+def _diff_row(r: dict) -> dict:
+    ran = r["status_a"] == "ok" and r["status_b"] == "ok"
+    note = "; ".join(n for n in (r["time_note"] if ran else "", r.get("note"), r["environment"])
+                     if isinstance(n, str) and n)
+    return {"model": r["model"], "settings": settings_label(_loose(r["settings"])) or "-",
+            "compile": r["compile_a"] if r["compile_a"] == r["compile_b"] else f"{r['compile_a']} / {r['compile_b']}",
+            "size": f"{r['width']}x{r['height']}", "batch": r["batch"],
+            "dtype": r["dtype"], "backend": label(r["backend"], r["backend_options"]),
+            "time A": f"{r['time_a_ms']:.2f} ms" if ran else r["status_a"],
+            "time B": f"{r['time_b_ms']:.2f} ms" if ran else r["status_b"],
+            "time": f"{r['time_ratio']:.3f}x" if ran else "-",
+            "peak A": human_bytes(r["peak_a_bytes"]) if ran else "-",
+            "peak B": human_bytes(r["peak_b_bytes"]) if ran else "-",
+            "peak": f"{r['peak_ratio']:.3f}x" if ran else "-", "verdict": r["verdict"], "note": note}

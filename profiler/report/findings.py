@@ -79,7 +79,8 @@ def per_shape(cells: pd.DataFrame) -> list[str]:
             continue
         fast, small, base = fastest[key], smallest[key], naive.get(key)
         ran = base is not None and base["status"] == "ok" and base["attention_time_ms"] == base["attention_time_ms"]
-        line = (f"{where} {fast['label']} was the fastest: {_ms(fast['attention_time_ms'])} of attention per forward"
+        line = (f"{where} {fast['label']} was the fastest: {_ms(fast['attention_time_ms'])} of attention per forward "
+                "(the median of the timed forwards, each its calls summed)"
                 f"{_against_naive(fast, base, 'attention_time_ms', 'faster', _ms) if ran else ''}; {small['label']} "
                 f"needed the least memory: its largest call peaked at {human_bytes(small['attention_peak_mem_bytes'])}"
                 f"{_against_naive(small, base, 'attention_peak_mem_bytes', 'less', human_bytes) if ran else ''}")

@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 from .. import backends
 from ..backends import label
 from ..fmt import human_bytes, human_count, table
-from ..store import BLOCKS, CELLS, DONE_STATUSES, Run, list_runs
+from ..store import BLOCKS, CELLS, DONE_STATUSES, Run, Unreadable, list_runs
 from ..workload import label as settings_label
-from .compare import eager_twins
+from .compare import ATTENTION_TIME, eager_twins
 
 UNREADABLE = (OSError, ValueError, KeyError, TypeError)  # JSON, Arrow (ValueError) and missing-key errors
 
@@ -42,6 +42,7 @@ def _index_row(path: Path) -> dict:
         cells = run.cells()
         counts = cells["status"].value_counts() if len(cells) else pd.Series(dtype=int)
     except UNREADABLE as e:
+        e = e.__cause__ if isinstance(e, Unreadable) and e.__cause__ else e  # the reader's own error
         row["warning"] = f"unreadable: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         return row
     row.update({s: int(counts.get(s, 0)) for s in DONE_STATUSES}, readable=True)
@@ -58,10 +59,14 @@ def format_runs(root: Path) -> str:
     if not len(index):
         return f"no runs under {root}: make one with make profile, attnprof run or attnprof sweep"
     rows = []
-    for r in index.to_dict("records"):
-        counts = ", ".join(f"{r[s]} {s}" for s in DONE_STATUSES if r.get(s)) if r["readable"] else ""
-        rows.append({"run": r["run_id"], "created": r.get("created") or "", "models": r.get("models") or "",
-                     "device": r.get("device") or "", "cells": f"{r.get('cells') or 0}: {counts or '-'}",
+    for r in index.astype(object).where(index.notna(), None).to_dict("records"):  # NaN: not read, so blank
+        if not r["readable"]:
+            rows.append({"run": r["run_id"], "created": "", "models": "", "device": "", "cells": "-",
+                         "note": r["warning"]})
+            continue
+        counts = ", ".join(f"{int(r[s])} {s}" for s in DONE_STATUSES if r.get(s))
+        rows.append({"run": r["run_id"], "created": r["created"] or "", "models": r["models"] or "",
+                     "device": r["device"] or "", "cells": f"{int(r['cells'] or 0)}: {counts or '-'}",
                      "note": r["warning"]})
     return table(rows, [(c, c) for c in ("run", "created", "models", "device", "cells", "note")])
 
@@ -188,7 +193,7 @@ def format_run(run: Run) -> str:
             "attention", "rel err", "attn peak", "predicted", "fwd peak", "fwd predicted", "ratio", "of peak", "noisy",
             *eager, "note"]
     lines.append(table(rows, [(c, c) for c in cols]))
-    lines += ["", f"Rows by family ({', '.join(backends.FAMILIES)}). rel err: the output's largest error against "
+    lines += ["", f"Rows by family ({', '.join(backends.FAMILIES)}). attention: {ATTENTION_TIME}. rel err: the output's largest error against "
               f"the reference output ({_references(cells)}: the same weights and inputs), over its largest value "
               "((!): past the dtype's tolerance); '0 (= ref)': the cell is the reference itself. compile: seconds "
               "flex spent compiling its kernels, or a compiled U-Net its first forward (cold: Inductor compiled its "
