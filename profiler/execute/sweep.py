@@ -114,7 +114,9 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
         done = run.done_cells()
         pending = [c for c in cells if c.cell_id not in done or (retry_failed and done[c.cell_id] != "ok")]
         pre, predicted = preflight(pending, budget, force, executor.availability)
-        extra = {c.cell_id: {**predicted[c.cell_id], **cell_peaks(limits, c.dtype)} for c in pending}
+        times = _predicted_times([c for c in pending if c.cell_id not in pre], limits, sweep)
+        extra = {c.cell_id: {**predicted[c.cell_id], **cell_peaks(limits, c.dtype), **times.get(c.cell_id, {})}
+                 for c in pending}
         flight = InFlight(run, _progress(len(cells), len(cells) - len(pending), progress))
         interrupted = False
         try:
@@ -135,6 +137,15 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
             run.update_manifest(ended_at=now(), interrupted=interrupted)
             run.compact()
     return Outcome(run.path, interrupted)
+
+
+def _predicted_times(cells: list[CellSpec], limits: dict, sweep: Sweep) -> dict[str, dict]:
+    """Each cell's predicted time (plan/timing.py), and the sweep's total printed (stderr) before the first cell."""
+    from ..plan.timing import predict_cells, sweep_text
+
+    times = predict_cells(cells, limits, Path(sweep.out))
+    print(f"attnprof: {sweep_text(times, sweep.warmup + sweep.repeats + 1)}", file=sys.stderr, flush=True)
+    return times
 
 
 def _limits(manifest: dict, executor, device: str, dtypes) -> dict:
@@ -211,6 +222,7 @@ def group_events(cells: list[CellSpec], repeats: int, warmup: int, extra: dict |
     event with its rows (and with trace, its trace files: name -> bytes) after it, and an end event with the group's
     seconds. Every executor runs groups so. extra: per cell, the sweep's predictions and the device's limits."""
     from ..measure.cell import ModelCache, run_cell
+    from ..plan.timing import attach
 
     t0, cache, host = time.perf_counter(), ModelCache(), socket.gethostname()
     cache.expect(cells)  # the group's fp32 references come first, with one model freed before the first cell's
@@ -220,7 +232,7 @@ def group_events(cells: list[CellSpec], repeats: int, warmup: int, extra: dict |
         with tempfile.TemporaryDirectory(prefix="attnprof-trace-") if trace else contextlib.nullcontext() as tmp:
             cell, blocks = run_cell(c, cache, repeats, warmup, more, Path(tmp) if tmp else None)
             files = {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir())} if tmp else {}
-        cell.update(more)
+        cell.update(attach(cell, blocks, more))
         yield {"event": "done", "cell_id": c.cell_id, "status": cell["status"], "cell": cell, "blocks": blocks,
                "files": files}
     yield {"event": "end", "seconds": time.perf_counter() - t0}  # the group's time, model build included
