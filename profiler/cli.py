@@ -117,7 +117,8 @@ def _fit_time(args, result: dict, dtype: str, batch: int) -> str:
             p = plan(args.model, *b["largest"], batch, dtype, settings=_settings(args, args.model))
             t = timing.predict(p, b["backend"], {}, *where, args.device)
             b["predicted_forward_time_ms"] = t["predicted_forward_time_ms"]
-            lines.append(f"  {b['backend']:14s} {t['predicted_forward_time_ms']:10.4g} ms at {p['width']}x{p['height']}")
+            lines.append(f"  {b['backend']:14s} {t['predicted_forward_time_ms']:10.4g} ms at "
+                         f"{p['width']}x{p['height']}")
     return "\n".join(["", f"forward time at the largest size ({t['time_source']}):", *lines]) if lines else ""
 
 
@@ -506,7 +507,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shape_args(p)
     p.add_argument("--backend", help="add each call's predicted peak memory for this backend (attnprof backends)")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="backend option, e.g. slice_size=4")
-    p.add_argument("--memory-budget", metavar="BYTES", help="with --backend: say whether the forward fits, e.g. 24GiB or 4090")
+    p.add_argument("--memory-budget", metavar="SIZE",
+                   help="with --backend: say whether the forward fits, e.g. 24GiB or 4090")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                    help="with --backend: the device whose attention kernels the forward is traced with (default cuda)")
     p.add_argument("--gpu-arch", metavar="SM", help=GPU_ARCH_HELP)

@@ -45,6 +45,15 @@ def test_fit_model_leave_one_out_is_exact_on_noiseless_rows_and_measures_a_wrong
     assert loo["c"]["predicted_ms"] == pytest.approx(loo["c"]["measured_ms"] / 1.2, rel=1e-6)
 
 
+def _features(row, backend, call_ops) -> dict:
+    peak = PEAKS[0]["float32"], PEAKS[1]
+    return timing.call_features(row, backend, {}, "float32", timing.roof_ms(call_ops, *peak), *peak)
+
+
+def _rest(ops) -> float:
+    return REST["rest"] * timing.roof_ms(ops["rest"], PEAKS[0]["float32"], PEAKS[1]) + REST["ops"] * len(ops["rest"])
+
+
 def _synthetic_run(root, sizes, backend="naive"):
     """A stored run of tiny-sd15 whose every call takes what TRUE says on the device of PEAKS (and its rest what
     REST says), recorded with this machine's CPU limits key, so that plan --device cpu --results finds it."""
@@ -58,11 +67,10 @@ def _synthetic_run(root, sizes, backend="naive"):
         ops = timing.walk("tiny-sd15", w, h, 1, "float32")
         blocks = []
         for i, (row, call_ops) in enumerate(zip(p["blocks"], ops["calls"])):
-            f = timing.call_features(row, backend, {}, "float32", timing.roof_ms(call_ops, PEAKS[0]["float32"],
-                                                                                 PEAKS[1]), PEAKS[0]["float32"], PEAKS[1])
+            f = _features(row, backend, call_ops)
             blocks.append({**spec.as_row(), **{k: v for k, v in row.items() if k != "traced_peak_bytes"},
                            "call_index": i, "time_ms": sum(TRUE[k] * f[k] for k in TRUE)})
-        rest = REST["rest"] * timing.roof_ms(ops["rest"], PEAKS[0]["float32"], PEAKS[1]) + REST["ops"] * len(ops["rest"])
+        rest = _rest(ops)
         attention = sum(b["time_ms"] for b in blocks)
         run.record({**spec.as_row(), "status": "ok", "attention_time_ms": attention,
                     "forward_time_ms": attention + rest}, blocks)
@@ -79,12 +87,11 @@ def test_plan_predicts_a_new_size_from_a_stored_run_exactly(capsys, tmp_path):
     ops = timing.walk("tiny-sd15", 128, 192, 1, "float32")
     want_calls = []
     for row, call_ops in zip(out["blocks"], ops["calls"]):
-        f = timing.call_features(row, "naive", {}, "float32", timing.roof_ms(call_ops, PEAKS[0]["float32"], PEAKS[1]),
-                                 PEAKS[0]["float32"], PEAKS[1])
+        f = _features(row, "naive", call_ops)
         want_calls.append(sum(TRUE[k] * f[k] for k in TRUE))
     assert [b["predicted_time_ms"] for b in out["blocks"]] == pytest.approx(want_calls, rel=1e-6)
     t = out["totals"]
-    rest = REST["rest"] * timing.roof_ms(ops["rest"], PEAKS[0]["float32"], PEAKS[1]) + REST["ops"] * len(ops["rest"])
+    rest = _rest(ops)
     assert t["predicted_attention_time_ms"] == pytest.approx(sum(want_calls), rel=1e-6)
     assert t["predicted_forward_time_ms"] == pytest.approx(sum(want_calls) + rest, rel=1e-6)
     assert t["time_source"].startswith("calibrated on 3 cells in 1 runs of this device, leave-one-out error 0.0%")

@@ -19,7 +19,8 @@ GRID_KEYS = {"models": "list of model names", "sizes": "list of WxH strings", "b
              **{name: f"list of values ({takes})" for name, (_, _, takes) in SETTINGS.items()}}
 KEYS = {**GRID_KEYS, "repeats": "timed forwards per cell", "warmup": "warm-up forwards per cell",
         "device": "auto, cpu, cuda or cuda:N", "out": "results folder",
-        "memory_budget": "a size with its unit such as 20GiB, or a GPU name such as 4090", "timeout_s": "seconds per cell",
+        "memory_budget": "a size with its unit such as 20GiB, or a GPU name such as 4090",
+        "timeout_s": "seconds per cell",
         "executor": "local or ray", "ray_address": "a Ray cluster's address (with executor: ray)",
         "also": "list of further grids, each a mapping of grid keys (the others as at the top)",
         "trace": "true or false: a Chrome / Perfetto trace of each cell's probe forward"}
@@ -78,7 +79,8 @@ class Sweep:
                 "ray_address": self.ray_address, "also": [g.grid() for g in self.also], "trace": self.trace, "source": self.source}
 
 
-SIZE_HINT = "write a unit, e.g. 24GiB (2^30 bytes each) or 24GB (10^9), or a GPU by name, e.g. 4090 (attnprof gpus lists them)"
+SIZE_HINT = ("write a unit, e.g. 24GiB (2^30 bytes each) or 24GB (10^9), or a GPU by name, e.g. 4090 (attnprof gpus "
+             "lists them)")
 
 
 def parse_bytes(value, where: str) -> int:

@@ -115,7 +115,8 @@ def walk(model: str, width: int, height: int, batch: int = 1, dtype: str = "floa
         inputs = w.inputs(module, batch, width, height)
         with Recorder(module, processor=lambda: _Projections(counter)) as rec, counter:
             w.forward(module, inputs)
-    return {"blocks": [r["block"] for r in rec.rows], "calls": [np.array(c, float).reshape(-1, 2) for c in counter.calls],
+    return {"blocks": [r["block"] for r in rec.rows],
+            "calls": [np.array(c, float).reshape(-1, 2) for c in counter.calls],
             "rest": np.array(counter.rest, float).reshape(-1, 2)}
 
 
@@ -226,7 +227,8 @@ def _cell_samples(cell: dict, rows: list[dict], manifest: dict) -> tuple[list[di
                       "group": group})
     rest = roof_ms(w["rest"], *peaks)
     return calls, {"rest": rest, "ops": float(len(w["rest"])), "floor_ms": rest, "cell_id": cell["cell_id"],
-                   "group": group, "dtype": cell["dtype"], "rest_ms": cell["forward_time_ms"] - cell["attention_time_ms"],
+                   "group": group, "dtype": cell["dtype"],
+                   "rest_ms": cell["forward_time_ms"] - cell["attention_time_ms"],
                    "attention_time_ms": cell["attention_time_ms"], "forward_time_ms": cell["forward_time_ms"]}
 
 
@@ -289,7 +291,8 @@ def source_text(fitted: dict | None, gpu: dict | None = None) -> str:
     if gpu is not None:
         return f"roofline bound on the {gpu['name']}'s published figures: a lower bound, not a measurement"
     if not fitted:
-        return "roofline bound on this device's measured limits (no stored runs of this device and backend to calibrate on)"
+        return ("roofline bound on this device's measured limits (no stored runs of this device and backend to "
+                "calibrate on)")
     loo = fitted["loo_error_pct"]
     fwd = fitted.get("loo_forward_error_pct")
     err = "no leave-one-out error (one cell)" if loo is None else \
@@ -312,7 +315,8 @@ def _sdpa_kernels(blocks: list[dict], backend: str, dtype: str, device: str, gpu
 def predict(p: dict, backend: str, options: dict, limits: dict, calibration: dict | None = None,
             gpu: dict | None = None, device: str = "cuda") -> dict:
     """Each call's predicted_time_ms and roofline_time_ms added to the plan's blocks (in place), and the totals:
-    predicted_attention_time_ms, predicted_rest_time_ms, predicted_forward_time_ms, their roofline bounds, the source."""
+    predicted_attention_time_ms, predicted_rest_time_ms, predicted_forward_time_ms, their roofline bounds, the
+    source."""
     dtype = p["dtype"]
     _sdpa_kernels(p["blocks"], backend, dtype, device, gpu)
     peaks = limits["device_peak_flops"][dtype], limits["device_peak_bytes_per_s"]
@@ -379,7 +383,7 @@ def predict_cells(cells: list, limits: dict, results: Path) -> dict[str, dict]:
         t = predict(p, c.backend, c.options, limits, calibration, device=c.device.split(":")[0])
         out[c.cell_id] = {"predicted_forward_time_ms": t["predicted_forward_time_ms"],
                           "predicted_attention_time_ms": t["predicted_attention_time_ms"],
-                          "time_source": t["time_source"],
+                          "time_source": f"{t['time_backend']}: {t['time_source']}",
                           "predicted_call_times_ms": [r["predicted_time_ms"] for r in p["blocks"]]}
     return out
 
@@ -418,8 +422,29 @@ def format_versus(cells) -> str | None:
         return None
     lines = ["predicted against measured (ms per forward; ratio = measured / predicted):"]
     for r in ok.to_dict("records"):
-        lines.append(f"  {r['backend']:10s} {r['width']}x{r['height']}: attention {r['predicted_attention_time_ms']:.4g}"
-                     f" vs {r['attention_time_ms']:.4g} ({r['attention_time_ms'] / r['predicted_attention_time_ms']:.2f}x),"
-                     f" forward {r['predicted_forward_time_ms']:.4g} vs {r['forward_time_ms']:.4g} "
-                     f"({r['forward_time_ms'] / r['predicted_forward_time_ms']:.2f}x)")
+        att, fwd = r["predicted_attention_time_ms"], r["predicted_forward_time_ms"]
+        lines.append(f"  {r['backend']:10s} {r['width']}x{r['height']}: attention {att:.4g}"
+                     f" vs {r['attention_time_ms']:.4g} ({r['attention_time_ms'] / att:.2f}x),"
+                     f" forward {fwd:.4g} vs {r['forward_time_ms']:.4g} ({r['forward_time_ms'] / fwd:.2f}x)")
     return "\n".join(lines)
+
+
+def by_size(model: str, sizes: list[tuple[int, int]], names: list[str], dtype: str, batch: int,
+            gpu_name: str) -> list[dict]:
+    """Each backend's roofline-bound attention and forward time per size on a GPU of the table (the dashboard's
+    Planner page): one row per (backend, size)."""
+    from .. import gpus
+    from . import plan
+
+    gpu = gpus.get(gpu_name)
+    limits = gpus.limits(gpu, dtype)
+    rows = []
+    for w, h in sizes:
+        planned = plan(model, w, h, batch, dtype)
+        for name in names:
+            p = {**planned, "blocks": [dict(r) for r in planned["blocks"]], "totals": dict(planned["totals"])}
+            t = predict(p, name, {}, limits, gpu=gpu)
+            rows.append({"backend": name, "size": f"{w}x{h}", "pixels": w * h, "gpu": gpu["name"],
+                         "attention_ms": t["predicted_attention_time_ms"], "forward_ms": t["predicted_forward_time_ms"],
+                         "source": t["time_source"]})
+    return rows
