@@ -114,7 +114,7 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
         done = run.done_cells()
         pending = [c for c in cells if c.cell_id not in done or (retry_failed and done[c.cell_id] != "ok")]
         pre, predicted = preflight(pending, budget, force, executor.availability)
-        times = _predicted_times([c for c in pending if c.cell_id not in pre], limits, sweep)
+        times = _predicted_times([c for c in pending if c.cell_id not in pre], limits, sweep, progress)
         extra = {c.cell_id: {**predicted[c.cell_id], **cell_peaks(limits, c.dtype), **times.get(c.cell_id, {})}
                  for c in pending}
         flight = InFlight(run, _progress(len(cells), len(cells) - len(pending), progress))
@@ -139,12 +139,14 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
     return Outcome(run.path, interrupted)
 
 
-def _predicted_times(cells: list[CellSpec], limits: dict, sweep: Sweep) -> dict[str, dict]:
-    """Each cell's predicted time (plan/timing.py), and the sweep's total printed (stderr) before the first cell."""
+def _predicted_times(cells: list[CellSpec], limits: dict, sweep: Sweep, say: bool) -> dict[str, dict]:
+    """Each cell's predicted time (plan/timing.py), and the sweep's total printed (stderr, beside the progress bar)
+    before the first cell."""
     from ..plan.timing import predict_cells, sweep_text
 
     times = predict_cells(cells, limits, Path(sweep.out))
-    print(f"attnprof: {sweep_text(times, sweep.warmup + sweep.repeats + 1)}", file=sys.stderr, flush=True)
+    if say and times:
+        print(f"attnprof: {sweep_text(times, sweep.warmup + sweep.repeats + 1)}", file=sys.stderr, flush=True)
     return times
 
 
