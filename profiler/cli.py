@@ -117,7 +117,7 @@ def _fit_time(args, result: dict, dtype: str, batch: int) -> str:
             p = plan(args.model, *b["largest"], batch, dtype, settings=_settings(args, args.model))
             t = timing.predict(p, b["backend"], {}, *where, args.device)
             b["predicted_forward_time_ms"] = t["predicted_forward_time_ms"]
-            lines.append(f"  {b['backend']:14s} {t['predicted_forward_time_ms']:10.4g} ms at "
+            lines.append(f"  {b['backend']:14s} {t['predicted_forward_time_ms']:12,.1f} ms at "
                          f"{p['width']}x{p['height']}")
     return "\n".join(["", f"forward time at the largest size ({t['time_source']}):", *lines]) if lines else ""
 
