@@ -122,6 +122,26 @@ def _fit_time(args, result: dict, dtype: str, batch: int) -> str:
     return "\n".join(["", f"forward time at the largest size ({t['time_source']}):", *lines]) if lines else ""
 
 
+def _step_time(args, result: dict, dtype: str, batch: int) -> str:
+    """A whole generation's predicted time per denoising step at its largest size: the U-Net's forward (with its
+    ControlNet where given) at the step's batch (twice the images under classifier-free guidance)."""
+    from .plan import plan, timing
+    from .plan.pipeline import PIPELINES
+    from .workload import check_settings
+
+    where = timing.target(args.device, dtype, args.gpu, args.results)
+    if where is None or not result.get("largest"):
+        return ""
+    unet = PIPELINES[args.pipeline]["unet"]
+    settings = check_settings(unet, {"controlnet": bool(args.controlnet), "ip_adapter_tokens": args.ip_adapter_tokens
+                                     or 0, "tome": args.tome or 0.0})
+    p = plan(unet, *result["largest"], batch * (2 if args.cfg else 1), dtype, settings=settings)
+    t = timing.predict(p, (args.backend or ["sdpa"])[0], {}, *where, args.device)
+    result["predicted_step_time_ms"] = t["predicted_forward_time_ms"]
+    return (f"\ntime per denoising step at {p['width']}x{p['height']}: {t['predicted_forward_time_ms']:,.1f} ms "
+            f"({t['time_source']})")
+
+
 def cmd_gpus(args) -> int:
     from . import gpus
     from .fmt import table
@@ -169,7 +189,7 @@ def cmd_fit(args) -> int:
                               args.offload, bool(args.vae_tiling), bool(args.controlnet),
                               args.ip_adapter_tokens or 0, args.tome or 0.0, aspect, args.buckets, args.device,
                               args.gpu_arch, say)
-        text = format_pipeline(result)
+        text = format_pipeline(result) + _step_time(args, result, dtype, batch)
     else:
         models.resolve(args.model)
         result = fit(args.model, budget, args.backend, dtype, batch, aspect, args.buckets, args.device, say=say,

@@ -155,3 +155,22 @@ def test_attach_carries_the_prediction_and_ratio():
     assert [b["time_ratio"] for b in blocks] == [2.0, 1.0] and blocks[0]["predicted_time_ms"] == 2.0
     assert more == {"predicted_forward_time_ms": 20.0, "predicted_attention_time_ms": 10.0, "x": 1,
                     "forward_time_ratio": 1.5, "attention_time_ratio": 1.2}
+
+
+def test_the_sweeps_predicted_total_and_its_end_summary():
+    import pandas as pd
+
+    predicted = {"a": {"predicted_forward_time_ms": 100.0, "time_source": "naive: roofline bound"},
+                 "b": {"predicted_forward_time_ms": 300.0, "time_source": "sdpa: calibrated on 2 cells"}}
+    text = timing.sweep_text(predicted, 5)  # 5 forwards a cell: (100 + 300) ms x 5 = 2 s
+    assert text.startswith("predicted: 2 cells, 2.0 s of forwards (5 a cell")
+    assert "naive: roofline bound; sdpa: calibrated on 2 cells" in text
+    cells = pd.DataFrame([{"status": "ok", "backend": "sdpa", "width": 64, "height": 64, "attention_time_ms": 30.0,
+                           "forward_time_ms": 90.0, "predicted_attention_time_ms": 20.0,
+                           "predicted_forward_time_ms": 60.0},
+                          {"status": "oom", "backend": "naive", "width": 64, "height": 64, "attention_time_ms": None,
+                           "forward_time_ms": None, "predicted_attention_time_ms": 5.0,
+                           "predicted_forward_time_ms": 9.0}])
+    lines = timing.format_versus(cells).splitlines()
+    assert len(lines) == 2  # the oom cell has no measurement to set against its prediction
+    assert lines[1] == "  sdpa       64x64: attention 20 vs 30 (1.50x), forward 60 vs 90 (1.50x)"
