@@ -37,7 +37,7 @@ def test_one_row_per_call_per_cell_with_every_field(run):
     # each row carries the time model's prediction made before the run, and measured / predicted (plan/timing.py);
     # the results folder held no run of this device before, so the prediction is the roofline bound
     assert (blocks["predicted_time_ms"] > 0).all()
-    assert np.allclose(blocks["time_ratio"], blocks["time_ms"] / blocks["predicted_time_ms"])
+    assert np.allclose(blocks["predicted_time_ratio"], blocks["time_ms"] / blocks["predicted_time_ms"])
     ok = run.cells().query("status == 'ok'")
     assert ok["time_source"].str.contains("roofline bound on this device's measured limits").all()
     assert np.allclose(ok["forward_time_ratio"], ok["forward_time_ms"] / ok["predicted_forward_time_ms"])
