@@ -371,6 +371,64 @@ def format_times(t: dict) -> list[tuple[str, str]]:
             ("time from", t["time_source"])] + ([("GPU figures", t["gpu_figures"])] if t.get("gpu_figures") else [])
 
 
+def predict_cells(cells: list, limits: dict, results: Path) -> dict[str, dict]:
+    """Per cell of a sweep, before it runs: its predicted forward and attention time and each call's, on the device
+    whose limits the sweep measured, calibrated on the runs under results made on it."""
+    from . import plan
+
+    calibration = calibrate(Path(results), limits["device_limits"]["key"]) if Path(results).is_dir() else None
+    out = {}
+    for c in cells:
+        p = plan(c.model, c.width, c.height, c.batch, c.dtype, settings=c.settings)
+        t = predict(p, c.backend, c.options, limits, calibration, device=c.device.split(":")[0])
+        out[c.cell_id] = {"predicted_forward_time_ms": t["predicted_forward_time_ms"],
+                          "predicted_attention_time_ms": t["predicted_attention_time_ms"],
+                          "time_source": f"{t['time_backend']}: {t['time_source']}",
+                          "predicted_call_times_ms": [r["predicted_time_ms"] for r in p["blocks"]]}
+    return out
+
+
+def sweep_text(predicted: dict[str, dict], forwards_per_cell: int) -> str:
+    """The line a sweep prints before its first cell."""
+    if not predicted:
+        return "predicted: no cell to run"
+    total = sum(v["predicted_forward_time_ms"] for v in predicted.values()) * forwards_per_cell / 1e3
+    sources = sorted({v["time_source"] for v in predicted.values()})
+    return (f"predicted: {len(predicted)} cells, {total:.1f} s of forwards ({forwards_per_cell} a cell: warm-up, timed "
+            f"and probe; model builds and references not counted), from {'; '.join(sources)}")
+
+
+def attach(cell: dict, blocks: list[dict], more: dict) -> dict:
+    """A measured cell's prediction onto its rows: each call's predicted_time_ms and predicted_time_ratio (measured
+    over predicted), the cell's attention and forward ratios. Returns `more` less the per-call list, for the cell row."""
+    more = dict(more)
+    calls = more.pop("predicted_call_times_ms", None)
+    if cell.get("status") != "ok" or calls is None or len(calls) != len(blocks):
+        return more
+    for row, t in zip(blocks, calls):
+        row.update(predicted_time_ms=t, predicted_time_ratio=row["time_ms"] / t if t else None)
+    for what in ("forward", "attention"):
+        t = more.get(f"predicted_{what}_time_ms")
+        more[f"{what}_time_ratio"] = cell[f"{what}_time_ms"] / t if t else None
+    return more
+
+
+def format_versus(cells) -> str | None:
+    """The end of a run: predicted against measured, over its ok cells that carry a prediction."""
+    if "predicted_forward_time_ms" not in cells or "forward_time_ms" not in cells:
+        return None
+    ok = cells[(cells["status"] == "ok") & cells["predicted_forward_time_ms"].notna()]
+    if not len(ok):
+        return None
+    lines = ["predicted against measured (ms per forward; ratio = measured / predicted):"]
+    for r in ok.to_dict("records"):
+        att, fwd = r["predicted_attention_time_ms"], r["predicted_forward_time_ms"]
+        lines.append(f"  {r['backend']:10s} {r['width']}x{r['height']}: attention {att:.4g}"
+                     f" vs {r['attention_time_ms']:.4g} ({r['attention_time_ms'] / att:.2f}x),"
+                     f" forward {fwd:.4g} vs {r['forward_time_ms']:.4g} ({r['forward_time_ms'] / fwd:.2f}x)")
+    return "\n".join(lines)
+
+
 def by_size(model: str, sizes: list[tuple[int, int]], names: list[str], dtype: str, batch: int,
             gpu_name: str) -> list[dict]:
     """Each backend's roofline-bound attention and forward time per size on a GPU of the table (the dashboard's
