@@ -69,6 +69,9 @@ def report_button(root: Path, run_ids: list[str]) -> None:
                            mime="text/html", key="report-html", on_click="ignore")
 
 
+TIME_SIZES = (512, 768, 1024, 1280, 1536)  # square sizes of the Planner page's time chart
+
+
 @st.cache_data(show_spinner="Tracing the forward on fake tensors...", max_entries=16)
 def load_trace(model: str, width: int, height: int, batch: int, dtype: str) -> dict:
     from profiler.plan.forward import trace
@@ -88,6 +91,15 @@ def load_pipeline(pipeline: str, batch: int, dtype: str) -> list[dict]:
     from profiler.plan.pipeline import pipeline_by_budget
 
     return pipeline_by_budget(pipeline, [g * T.GiB for g in T.GPU_SIZES_GIB], dtype=dtype, batch=batch)
+
+
+@st.cache_data(show_spinner="Counting each forward's ops on fake tensors...", max_entries=8)
+def load_times(model: str, batch: int, dtype: str, gpu: str) -> pd.DataFrame:
+    from profiler import backends
+    from profiler.plan.timing import by_size
+
+    names = [n for n in backends.names() if not n.startswith("diffusers:")]
+    return pd.DataFrame(by_size(model, [(s, s) for s in TIME_SIZES], names, dtype, batch, gpu))
 
 
 def load_selected(root: Path, run_ids: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
@@ -362,7 +374,7 @@ def planner_ui() -> tuple:
     size = text_ui("Size (WxH pixels)", "plan_size", "512x512", where=b)
     batch = text_ui("Batch", "plan_batch", "1", where=c)
     dtype = choice_ui("Dtype", ["float16", "bfloat16", "float32"], "plan_dtype", "float16", where=d)
-    budget = text_ui("Memory budget", "budget", "24GiB", where=e)
+    budget = text_ui("Memory budget (or a GPU: 4090, L4, H100)", "budget", "24GiB", where=e)
     return model, size, batch, dtype, budget
 
 
@@ -374,7 +386,7 @@ def guidance(batch: int) -> str:
 
 
 def planner_page(model: str, size: str, batch: str, dtype: str, budget: str) -> None:
-    from profiler.execute.grid import parse_bytes
+    from profiler.execute.grid import parse_bytes, size_text
     from profiler.plan.forward import LEFT_OUT
     from profiler.spec import InputError, parse_batch, parse_size
 
@@ -388,7 +400,7 @@ def planner_page(model: str, size: str, batch: str, dtype: str, budget: str) -> 
     shown, unit = T.with_mem_unit(plan, ["need_bytes", "budget_bytes"])
     fits = int(plan["fits"].sum())
     st.caption(f"{model} at {width}x{height}, batch {n}{guidance(n)}, {dtype}, on a CUDA GPU: "
-               f"{fits} of {len(plan)} backends fit in {T.human_bytes(limit)}. Need = the whole forward's peak: "
+               f"{fits} of {len(plan)} backends fit in {size_text(budget)}. Need = the whole forward's peak: "
                "weights, inputs and every activation, traced on fake tensors (no GPU and no run needed). Not "
                f"counted: {LEFT_OUT}.")
     chart(shown, C.planner_needs(unit, limit / T.UNITS[unit], len(shown)))
@@ -407,6 +419,25 @@ def planner_page(model: str, size: str, batch: str, dtype: str, budget: str) -> 
     with st.expander("Per-call figures (tokens, score tables, FLOPs, traced peaks)"):
         table(pd.DataFrame([{k: v for k, v in r.items() if k != "traced_peak_bytes"} for r in traced["rows"]]),
               "planner-blocks")
+    times_section(model, n, dtype)
+
+
+def times_section(model: str, n: int, dtype: str) -> None:
+    """Predicted time per backend and size on a GPU of the table (profiler/gpus.py): the roofline bound."""
+    from profiler import gpus
+    from profiler.spec import InputError
+
+    gpu = choice_ui("GPU for the time", gpus.names(), "plan_gpu", "H100-SXM")
+    try:
+        times = load_times(model, n, dtype, gpu)
+    except InputError as e:  # no such tensor rate on this GPU (bfloat16 on a T4)
+        st.error(str(e))
+        return
+    st.subheader(f"Predicted forward time per backend and size on the {gpu} ({model}, batch {n}, {dtype})")
+    st.caption(f"{times['source'].iloc[0]}: {gpus.describe(gpus.get(gpu), dtype)}. Each call at the roofline of its "
+               "FLOPs and the bytes its backend moves, the rest of the forward from its own ops (plan/timing.py); "
+               "attnprof plan --results calibrates it on stored runs of the device you have.")
+    chart(times, C.planner_times([f"{s}x{s}" for s in TIME_SIZES]))
 
 
 # ---- the Queue page: profiles queued as Ray Jobs (profiler.service.jobs)

@@ -224,6 +224,17 @@ def planner_needs(unit: str, budget: float, backends: int) -> dict:
         _rule(x={"datum": budget})]}
 
 
+def planner_times(sizes: list[str]) -> dict:
+    """Each backend's predicted forward time (the data: plan.timing.by_size) against the image size, a line per
+    backend; the attention's share in the tooltip."""
+    return {"height": 300, "mark": {"type": "line", "point": True, "tooltip": True}, "encoding": {
+        "x": {"field": "size", "type": "ordinal", "sort": sizes, "title": SIZE_X},
+        "y": log_axis("forward_ms", "predicted forward time (ms, roofline bound)"),
+        "color": colour("backend", "backend"),
+        "tooltip": [tip("backend", "backend"), tip("size", "size"), num("forward_ms", "forward (ms)", ".3f"),
+                    num("attention_ms", "attention (ms)", ".3f"), tip("gpu", "GPU")]}}
+
+
 def roofline(lines: pd.DataFrame, legend: str = "backend") -> dict:
     """Each attention call a point (FLOPs per byte moved against achieved FLOP/s, log-log; the data:
     transforms.roofline_points through transforms.labelled), coloured by its `label`; the device's two limits

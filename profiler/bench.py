@@ -12,6 +12,9 @@
    own times over 2; target within 1.2x.
 6. The whole-forward planner: SDXL base at 1024x1024 on fake tensors, one backend (the fake model built first)
    under 5 s; all 11 backends at one size under 15 s; attnprof fit for SDXL base, all backends, 24 GiB, under 60 s.
+7. The time model (plan/timing.py): its leave-one-out error of predicted against measured attention and forward
+   time over the stored runs of this machine's CPU under --results (default results), per backend: each cell
+   predicted from a fit to the others.
 """
 from __future__ import annotations
 
@@ -179,11 +182,14 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--sweep", default=str(REPO / "configs" / "sweeps" / "cpu-default.yaml"))
     p.add_argument("--out", default="results/bench")
-    p.add_argument("--only", nargs="+", choices=["recorder", "planner", "forward", "store", "ray", "sweep"],
+    p.add_argument("--only", nargs="+", choices=["recorder", "planner", "forward", "store", "ray", "sweep", "time"],
                    help="run only these benches (default: all)")
+    p.add_argument("--results", default="results", help="for the time model: the stored runs it is judged on")
     args = p.parse_args(argv)
 
-    run = set(args.only or ["recorder", "planner", "forward", "store", "ray", "sweep"])
+    run = set(args.only or ["recorder", "planner", "forward", "store", "ray", "sweep", "time"])
+    if "time" in run:
+        print(time_model_error(Path(args.results)))
     if "recorder" in run:
         r = recorder_overhead(args.model, args.size, args.backend, args.rounds)
         print(f"recorder overhead, {args.model} {args.size}x{args.size} {args.backend} fp32 cpu, "
@@ -214,6 +220,23 @@ def main(argv=None) -> int:
         print(f"  wall {h['wall_s']:.1f} s, forwards {h['forwards_s']:.1f} s, ratio {h['harness_ratio']:.3f}x "
               f"(target < 1.15x); cells {h['statuses']}; run {h['run']}")
     return 0
+
+
+def time_model_error(results: Path) -> str:
+    """The time model's leave-one-out error per backend over this CPU's stored runs under results."""
+    from .measure.limits import device_key
+    from .plan.timing import calibrate
+
+    c = calibrate(results, device_key("cpu"), write=False) if results.is_dir() else None
+    if not c:
+        return f"time model: no stored runs of this CPU under {results} to judge it on"
+    lines = [f"time model, leave-one-out over {len(c['runs'])} runs of this CPU under {results} (each cell predicted "
+             "from a fit to the others; mean |predicted - measured| / measured):"]
+    for group, f in c["backends"].items():
+        att, fwd = f["loo_error_pct"], f["loo_forward_error_pct"]
+        lines.append(f"  {group:24s} {f['cells']:3d} cells  attention {'-' if att is None else f'{att:.1f}%':>7s}  "
+                     f"forward {'-' if fwd is None else f'{fwd:.1f}%':>7s}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

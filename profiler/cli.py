@@ -109,9 +109,14 @@ def cmd_plan(args) -> int:
     budget = parse_bytes(args.memory_budget, "--memory-budget") if args.memory_budget else None
     _gpu_arch(args)
     settings = _settings(args, args.model)
+    if args.gpu:
+        from . import gpus
+
+        gpus.limits(gpus.get(args.gpu), dtype)  # a GPU we know, with this dtype: before any work
     plans = [plan(args.model, w, h, batch, dtype, backend=args.backend, backend_options=options,
                   memory_budget=budget, device=args.device, gpu_arch=args.gpu_arch, settings=settings)
              for w, h in sizes]
+    _plan_time(args, plans, dtype)
     if args.json:
         json.dump(plans, sys.stdout, indent=1)
         print()
@@ -120,13 +125,89 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def _plan_time(args, plans: list[dict], dtype: str) -> None:
+    """Each plan's predicted times (plan/timing.py) for --backend (sdpa where none is given): on --gpu's published
+    figures, or on this machine's device, calibrated on the runs under --results made on it."""
+    from . import gpus
+    from .plan import timing
+
+    where = timing.target(args.device, dtype, args.gpu, args.results)
+    if where is None:
+        return
+    limits, calibration, gpu = where
+    for p in plans:
+        timing.predict(p, args.backend or "sdpa", p["backend_options"], limits, calibration, gpu, args.device)
+        if gpu:
+            p["totals"]["gpu_figures"] = gpus.describe(gpu, dtype)
+
+
+def _fit_time(args, result: dict, dtype: str, batch: int) -> str:
+    """Each backend's predicted forward time at its largest size, added to the fit's entries; the lines to print."""
+    from .plan import plan, timing
+
+    where = timing.target(args.device, dtype, args.gpu, args.results)
+    if where is None:
+        return ""
+    lines = []
+    for b in result.get("backends", []):
+        if b.get("largest"):
+            p = plan(args.model, *b["largest"], batch, dtype, settings=_settings(args, args.model))
+            t = timing.predict(p, b["backend"], {}, *where, args.device)
+            b["predicted_forward_time_ms"] = t["predicted_forward_time_ms"]
+            lines.append(f"  {b['backend']:14s} {t['predicted_forward_time_ms']:12,.1f} ms at "
+                         f"{p['width']}x{p['height']}")
+    return "\n".join(["", f"forward time at the largest size ({t['time_source']}):", *lines]) if lines else ""
+
+
+def _step_time(args, result: dict, dtype: str, batch: int) -> str:
+    """A whole generation's predicted time per denoising step at its largest size: the U-Net's forward (with its
+    ControlNet where given) at the step's batch (twice the images under classifier-free guidance)."""
+    from .plan import plan, timing
+    from .plan.pipeline import PIPELINES
+    from .workload import check_settings
+
+    where = timing.target(args.device, dtype, args.gpu, args.results)
+    if where is None or not result.get("largest"):
+        return ""
+    unet = PIPELINES[args.pipeline]["unet"]
+    settings = check_settings(unet, {"controlnet": bool(args.controlnet), "ip_adapter_tokens": args.ip_adapter_tokens
+                                     or 0, "tome": args.tome or 0.0})
+    p = plan(unet, *result["largest"], batch * (2 if args.cfg else 1), dtype, settings=settings)
+    t = timing.predict(p, (args.backend or ["sdpa"])[0], {}, *where, args.device)
+    result["predicted_step_time_ms"] = t["predicted_forward_time_ms"]
+    return (f"\ntime per denoising step at {p['width']}x{p['height']}: {t['predicted_forward_time_ms']:,.1f} ms "
+            f"({t['time_source']})")
+
+
+def cmd_gpus(args) -> int:
+    from . import gpus
+    from .fmt import table
+
+    rows = [dict(g := gpus.find(n), aliases=", ".join(g["aliases"]), memory=f"{g['memory_gib']} GiB",
+                 bandwidth=f"{g['bytes_per_s'] / 1e9:g} GB/s",
+                 **{d: "-" if v is None else f"{v:g}" for d, v in g["tflops"].items()}) for n in gpus.names()]
+    cols = [("name", "name"), ("aliases", "aliases"), ("arch", "arch"), ("memory", "memory"),
+            ("bandwidth", "bandwidth"), ("fp16 TFLOP/s", "float16"), ("bf16", "bfloat16"), ("fp32", "float32"),
+            ("source", "source")]
+    print(table(rows, cols))
+    print("\n(dense throughput, no sparsity; profiler/gpus.py. --budget NAME and --gpu NAME read this table)")
+    return 0
+
+
 def cmd_fit(args) -> int:
     from . import models
-    from .execute.grid import parse_bytes
+    from .execute.grid import parse_bytes, size_text
     from .plan.fit import fit, format_fit, parse_aspect
 
     if (args.model is None) == (args.pipeline is None):
         raise InputError("give --model NAME (one model's forward) or --pipeline sd15|sdxl (a whole generation)")
+    if not (args.budget or args.gpu):
+        raise InputError("give --budget SIZE (24GiB, 24GB or a GPU's name such as 4090) or --gpu NAME")
+    if args.gpu:
+        from . import gpus
+
+        gpus.get(args.gpu)  # a GPU we know: before any work
+    args.budget = args.budget or args.gpu  # a GPU's memory
     budget, batch = parse_bytes(args.budget, "--budget"), parse_batch(args.batch)
     dtype = _dtype(args, args.device, say=True)
     aspect = parse_aspect(args.aspect)
@@ -146,12 +227,14 @@ def cmd_fit(args) -> int:
                               args.offload, bool(args.vae_tiling), bool(args.controlnet),
                               args.ip_adapter_tokens or 0, args.tome or 0.0, aspect, args.buckets, args.device,
                               args.gpu_arch, say)
-        text = format_pipeline(result)
+        text = format_pipeline(result) + _step_time(args, result, dtype, batch)
     else:
         models.resolve(args.model)
         result = fit(args.model, budget, args.backend, dtype, batch, aspect, args.buckets, args.device, say=say,
                      gpu_arch=args.gpu_arch, settings=_settings(args, args.model))
-        text = format_fit(result)
+        text = format_fit(result) + _fit_time(args, result, dtype, batch)
+    result["budget_given"] = size_text(args.budget)
+    text += f"\nbudget: {result['budget_given']}"
     if args.json:
         json.dump(result, sys.stdout, indent=1)
         print()
@@ -290,6 +373,7 @@ def _execute(sweep, args) -> int:
 
     run = Run.open(outcome.run_path)
     print(status_table(run))
+    _print_versus(run)
     found = findings(*run.read())
     if found:
         print(f"\nfindings:\n{format_findings(found)}")
@@ -314,6 +398,14 @@ def resume_command(argv: list[str]) -> str:
     import shlex
 
     return shlex.join(["attnprof", *argv, *([] if "--resume" in argv else ["--resume"])])
+
+
+def _print_versus(run) -> None:
+    from .plan.timing import format_versus
+
+    text = format_versus(run.cells())
+    if text:
+        print(f"\n{text}")
 
 
 def cmd_replay(args) -> int:
@@ -466,6 +558,13 @@ def _add_exec_args(p, out_default="results"):
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def _add_time_args(p):
+    g = p.add_argument_group("time (plan/timing.py: the roofline, calibrated on stored runs of this device)")
+    g.add_argument("--gpu", metavar="NAME", help="predict for this GPU from its published figures (attnprof gpus): "
+                                                 "the roofline bound, no GPU needed")
+    g.add_argument("--results", metavar="DIR", help="calibrate on the runs under DIR made on this machine's device")
+
+
 GPU_ARCH_HELP = ("on cuda, the GPU whose SDPA kernel choice to follow, as a compute capability (sm80, sm89, sm90, "
                  "sm100, ...; default: this machine's GPU, else sm90, an H100 / H200)")
 
@@ -481,13 +580,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shape_args(p)
     p.add_argument("--backend", help="add each call's predicted peak memory for this backend (attnprof backends)")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="backend option, e.g. slice_size=4")
-    p.add_argument("--memory-budget", metavar="BYTES", help="with --backend: say whether the forward fits, e.g. 24GiB")
+    p.add_argument("--memory-budget", metavar="SIZE",
+                   help="with --backend: say whether the forward fits, e.g. 24GiB or 4090")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                    help="with --backend: the device whose attention kernels the forward is traced with (default cuda)")
     p.add_argument("--gpu-arch", metavar="SM", help=GPU_ARCH_HELP)
     p.add_argument("--json", action="store_true", help="print a JSON array, one object per size")
+    _add_time_args(p)
     _add_settings_args(p)
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("gpus", help="the GPU table: memory, dense throughput and bandwidth, with their sources")
+    p.set_defaults(func=cmd_gpus)
 
     p = sub.add_parser("fit", help="the largest image whose forward (--model) or whole generation (--pipeline) "
                                    "fits a memory budget; no GPU",
@@ -507,7 +611,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--offload", choices=["none", "model", "sequential"], default="none",
                    help="with --pipeline: what stays on the device (diffusers: none, enable_model_cpu_offload, "
                         "enable_sequential_cpu_offload; default none)")
-    p.add_argument("--budget", required=True, help="memory budget: bytes or e.g. 12GiB")
+    p.add_argument("--budget", help="memory budget with its unit (12GiB, 12GB) or a GPU's name (4090, "
+                                                     "L4, A100-40GB, H100: attnprof gpus)")
     p.add_argument("--backend", action="append", help="backend, repeatable (default: every one)")
     p.add_argument("--dtype", help="float16 | bfloat16 | float32 (default float32 with --device cpu, else float16)")
     p.add_argument("--batch", default="1", help="batch size (default 1; 2 under classifier-free guidance)")
@@ -518,6 +623,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-arch", metavar="SM", help=GPU_ARCH_HELP)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _add_time_args(p)
     _add_settings_args(p)
     p.set_defaults(func=cmd_fit)
 
@@ -540,7 +646,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="timed forwards per cell (default 3)")
     p.add_argument("--warmup", type=int, default=1, help="warm-up forwards per cell (default 1)")
     p.add_argument("--memory-budget",
-                   help="skip cells predicted above this (bytes or e.g. 20GiB; default: free device memory)")
+                   help="skip cells predicted above this (e.g. 20GiB, 20GB or a GPU name; default: free device memory)")
     p.add_argument("--timeout-s", type=float, help="stop a cell after this many seconds")
     p.add_argument("--resume", action="store_true", help="continue the latest run of the same grid under --out")
     _add_exec_args(p)

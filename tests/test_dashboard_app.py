@@ -271,6 +271,10 @@ def test_planner_page_needs_no_run(tmp_path, monkeypatch):
     assert plan.loc["naive", "largest_call"] == "down_blocks.0.attentions.0.transformer_blocks.0.attn1"
     assert plan.loc["naive", "need"].endswith("MiB")
     assert plan.loc["xformers", "how"].startswith("attention calls from the memory model")
+    at.text_input(key="budget").set_value("4090").run()
+    assert "fit in 4090 = the RTX-4090's 24 GiB" in at.caption[0].value
+    at.text_input(key="budget").set_value("24").run()
+    assert "has no unit" in at.error[0].value
     at.text_input(key="budget").set_value("300MiB").run()
     plan = _table(at, 0).set_index("backend")
     assert not plan.loc["naive", "fits"] and plan.loc["sdpa", "fits"]  # naive holds two 256 MiB score tables
@@ -278,6 +282,11 @@ def test_planner_page_needs_no_run(tmp_path, monkeypatch):
     spec, data = _charts(at)[0]
     assert spec["layer"][0]["encoding"]["x"]["title"] == "predicted need (GiB)"  # sdpa-math needs over 1 GiB
     assert spec["layer"][1]["encoding"]["x"]["datum"] == pytest.approx(300 / 1024)  # the budget line, in GiB
+    spec, data = _charts(at)[1]  # predicted time per backend and size on the H100 (profiler/gpus.py)
+    assert spec["encoding"]["y"]["title"] == "predicted forward time (ms, roofline bound)"
+    naive, sdpa = (data[data["backend"] == b].set_index("size")["forward_ms"] for b in ("naive", "sdpa"))
+    assert naive["1536x1536"] > naive["512x512"] and naive["1536x1536"] > sdpa["1536x1536"]  # its table passes
+    assert set(data["gpu"]) == {"H100-SXM"}
     largest = _table(at, 1).set_index("backend")
     assert list(largest.columns) == ["8 GiB", "12 GiB", "16 GiB", "24 GiB", "40 GiB", "48 GiB", "80 GiB", "141 GiB"]
     side = lambda size: int(size.split("x")[0])  # noqa: E731

@@ -34,6 +34,13 @@ def test_one_row_per_call_per_cell_with_every_field(run):
     assert blocks[BLOCK_FIELDS].notna().all().all()
     assert (blocks["time_ms"] > 0).all() and blocks["time_samples_ms"].map(len).eq(2).all()
     assert set(blocks["status"]) == {"ok"}
+    # each row carries the time model's prediction made before the run, and measured / predicted (plan/timing.py);
+    # the results folder held no run of this device before, so the prediction is the roofline bound
+    assert (blocks["predicted_time_ms"] > 0).all()
+    assert np.allclose(blocks["predicted_time_ratio"], blocks["time_ms"] / blocks["predicted_time_ms"])
+    ok = run.cells().query("status == 'ok'")
+    assert ok["time_source"].str.contains("roofline bound on this device's measured limits").all()
+    assert np.allclose(ok["forward_time_ratio"], ok["forward_time_ms"] / ok["predicted_forward_time_ms"])
     assert not (run.path / "traces").exists() and "trace_files" not in run.cells()  # --trace is off by default
     kernels = blocks.groupby("backend")["kernel"].first().to_dict()
     assert kernels["naive"] == "aten::baddbmm,aten::bmm"

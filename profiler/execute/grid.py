@@ -18,7 +18,8 @@ GRID_KEYS = {"models": "list of model names", "sizes": "list of WxH strings", "b
              **{name: f"list of values ({takes})" for name, (_, _, takes) in SETTINGS.items()}}
 KEYS = {**GRID_KEYS, "repeats": "timed forwards per cell", "warmup": "warm-up forwards per cell",
         "device": "auto, cpu, cuda or cuda:N", "out": "results folder",
-        "memory_budget": "bytes or a string such as 20GiB", "timeout_s": "seconds per cell",
+        "memory_budget": "a size with its unit such as 20GiB, or a GPU name such as 4090",
+        "timeout_s": "seconds per cell",
         "executor": "local or ray", "ray_address": "a Ray cluster's address (with executor: ray)",
         "also": "list of further grids, each a mapping of grid keys (the others as at the top)",
         "trace": "true or false: a Chrome / Perfetto trace of each cell's probe forward",
@@ -79,15 +80,37 @@ class Sweep:
                 "ray_address": self.ray_address, "also": [g.grid() for g in self.also], "trace": self.trace, "source": self.source}
 
 
+SIZE_HINT = ("write a unit, e.g. 24GiB (2^30 bytes each) or 24GB (10^9), or a GPU by name, e.g. 4090 (attnprof gpus "
+             "lists them)")
+
+
 def parse_bytes(value, where: str) -> int:
-    if isinstance(value, bool):
-        raise InputError(f"{where}: {value!r} is not a size: write bytes or a string such as 20GiB")
-    if isinstance(value, (int, float)) and value > 0:
-        return int(value)
+    """A memory size: a number with its unit (B, KB / MB / GB / TB in powers of 10, KiB / MiB / GiB / TiB in powers of
+    2), or a GPU's name from the GPU table (profiler/gpus.py: its memory). A number without a unit is refused: 8 would
+    be 8 bytes."""
+    from .. import gpus
+
+    gpu = gpus.find(value) if isinstance(value, str) else None
+    if gpu is not None:
+        return gpu["memory_bytes"]
     m = re.fullmatch(r"\s*([\d.]+)\s*([a-zA-Z]*)\s*", str(value))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise InputError(f"{where}: {value!r} is not a size: write bytes or a string such as 20GiB")
+    if isinstance(value, bool) or not m or m.group(2).lower() not in _UNITS or float(m.group(1)) <= 0:
+        raise InputError(f"{where}: {value!r} is not a size: {SIZE_HINT}")
+    if not m.group(2):
+        raise InputError(f"{where}: {value!r} has no unit (it would mean {value} bytes): {SIZE_HINT}")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def size_text(value) -> str:
+    """What a size given to parse_bytes means, in words: '24GB = 24.0e9 bytes = 22.35 GiB', '4090 = the RTX-4090's
+    24 GiB (source)'."""
+    from .. import gpus
+
+    n = parse_bytes(value, "size")
+    gpu = gpus.find(value) if isinstance(value, str) else None
+    if gpu is not None:
+        return f"{value} = the {gpu['name']}'s {gpu['memory_gib']} GiB ({gpu['source']})"
+    return f"{str(value).strip()} = {n:,} bytes = {n / 2**30:.2f} GiB = {n / 1e9:.2f} GB"
 
 
 def _as_list(doc: dict, key: str, where: str) -> list:

@@ -125,7 +125,9 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
         interrupted = False
         try:  # from the preflight on: whatever fails, the manifest says the run ended, and how
             pre, predicted = preflight(pending, budget, force, executor.availability)
-            extra = {c.cell_id: {**predicted[c.cell_id], **cell_peaks(limits, c.dtype)} for c in pending}
+            times = _predicted_times([c for c in pending if c.cell_id not in pre], limits, sweep, progress)
+            extra = {c.cell_id: {**predicted[c.cell_id], **cell_peaks(limits, c.dtype), **times.get(c.cell_id, {})}
+                     for c in pending}
             for c in [c for c in pending if c.cell_id in pre]:
                 run.record(pre[c.cell_id], [])
                 flight.bar.update(1)
@@ -152,6 +154,17 @@ def _calibrate(run, executor, device: str, when: str) -> None:
     every session on the run (a resume adds its own) and at the end of one that finished."""
     found = executor.calibrate(device, when)
     run.update_manifest(calibration=[*run.manifest().get("calibration", []), found])
+
+
+def _predicted_times(cells: list[CellSpec], limits: dict, sweep: Sweep, say: bool) -> dict[str, dict]:
+    """Each cell's predicted time (plan/timing.py), and the sweep's total printed (stderr, beside the progress bar)
+    before the first cell."""
+    from ..plan.timing import predict_cells, sweep_text
+
+    times = predict_cells(cells, limits, Path(sweep.out))
+    if say and times:
+        print(f"attnprof: {sweep_text(times, sweep.warmup + sweep.repeats + 1)}", file=sys.stderr, flush=True)
+    return times
 
 
 def _limits(manifest: dict, executor, device: str, dtypes) -> dict:
@@ -228,6 +241,7 @@ def group_events(cells: list[CellSpec], repeats: int, warmup: int, extra: dict |
     event with its rows (and with trace, its trace files: name -> bytes) after it, and an end event with the group's
     seconds. Every executor runs groups so. extra: per cell, the sweep's predictions and the device's limits."""
     from ..measure.cell import ModelCache, run_cell
+    from ..plan.timing import attach
 
     t0, cache, host = time.perf_counter(), ModelCache(), socket.gethostname()
     cache.expect(cells)  # the group's fp32 references come first, with one model freed before the first cell's
@@ -238,7 +252,7 @@ def group_events(cells: list[CellSpec], repeats: int, warmup: int, extra: dict |
         with tempfile.TemporaryDirectory(prefix="attnprof-trace-") if trace else contextlib.nullcontext() as tmp:
             cell, blocks = run_cell(c, cache, repeats, warmup, more, Path(tmp) if tmp else None)
             files = {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir())} if tmp else {}
-        cell.update(more)
+        cell.update(attach(cell, blocks, more))
         yield {"event": "done", "cell_id": c.cell_id, "status": cell["status"], "cell": cell, "blocks": blocks,
                "files": files}
     yield {"event": "end", "seconds": time.perf_counter() - t0}  # the group's time, model build included

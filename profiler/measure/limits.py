@@ -49,6 +49,13 @@ def _key(dev) -> str:
                                     f"cuda {torch.version.cuda}", f"threads {torch.get_num_threads()}")))
 
 
+def device_key(device: str) -> str:
+    """The key of this machine's device in the limits' cache (and in the time model's calibration file)."""
+    dev = devices.get(device)
+    with dev.guard():
+        return _key(dev)
+
+
 def _read(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())

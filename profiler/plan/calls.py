@@ -113,9 +113,12 @@ def format_plan(p: dict) -> str:
             ("score table", "score_h"), ("FLOPs", "flops_h")]
     if p["backend"]:
         cols += [(f"peak ({p['backend_label']})", "peak_h"), ("model", "model_h")]
+    if p["blocks"] and "predicted_time_ms" in p["blocks"][0]:
+        cols += [("time (ms)", "time_h")]
     rows = [dict(r, scores=human_count(r["score_elements"]), score_h=human_bytes(r["score_bytes"]),
                  flops_h=human_count(r["flops"]), peak_h=human_bytes(r.get("traced_peak_bytes")),
-                 model_h=_versus(r.get("predicted_peak_bytes"), r.get("traced_peak_bytes")))
+                 model_h=_versus(r.get("predicted_peak_bytes"), r.get("traced_peak_bytes")),
+                 time_h=f"{r.get('predicted_time_ms', 0):.3g}")
             for r in p["blocks"]]
     t = p["totals"]
     from ..workload import label
@@ -151,6 +154,9 @@ def format_plan(p: dict) -> str:
         facts.append(("fits the budget", f"{verdict}: the forward peak "
                                          f"{human_bytes(t['predicted_forward_peak_bytes'])} of "
                                          f"{human_bytes(t['memory_budget_bytes'])}"))
+    from .timing import format_times
+
+    facts += format_times(t)
     facts += [("params_total", f"{t['params_total'] / 1e6:.2f}M"),
               ("params_transformer_blocks", share("transformer_blocks")), ("params_attention", share("attention"))]
     width = max(len(k) for k, _ in facts) + 2  # the longest name, its colon and a space

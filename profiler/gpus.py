@@ -1,0 +1,96 @@
+"""One table of GPUs, shipped as data: each one's memory (for --budget NAME and the dashboard's Planner page) and its
+published dense throughput and memory bandwidth (for plan / fit --gpu NAME: the roofline bound of a GPU you do not
+have). Every row names its source, the vendor's datasheet or architecture whitepaper.
+
+Throughput is dense (the datasheets' starred figures are with 2:4 sparsity, twice these), in TFLOP/s: fp16 and bf16
+are the tensor-core rates with float32 accumulation (what PyTorch's matmuls and SDPA kernels use; the GeForce cards
+run it at half their float16-accumulate rate), fp32 the CUDA-core FP32 rate (PyTorch's float32 matmuls do not use
+TF32 unless asked: torch.backends.cuda.matmul.allow_tf32). Bandwidth in GB/s (10^9 bytes), memory as the datasheet
+writes it: "80 GB" of HBM or GDDR is 80 GiB of chips (binary sizes; nvidia-smi shows a little less, some held for
+ECC and the driver), so memory is read as GiB. None: the GPU has no such tensor rate (bfloat16 before Ampere).
+"""
+from __future__ import annotations
+
+import re
+
+from .spec import InputError
+
+GiB = 2**30
+_H100 = "NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100)"
+_A100 = "NVIDIA A100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/a100)"
+
+# name, aliases, architecture (compute capability), memory GiB, bandwidth GB/s, fp16 / bf16 / fp32 TFLOP/s, source
+_ROWS = (
+    ("H200", ("H200-SXM",), "sm90", 141, 4800, 989.5, 989.5, 67.0,
+     "NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200), H200 SXM"),
+    ("H100-SXM", ("H100", "H100-SXM5"), "sm90", 80, 3350, 989.5, 989.5, 67.0, f"{_H100}, H100 SXM"),
+    ("H100-PCIE", ("H100-PCIe",), "sm90", 80, 2000, 756.5, 756.5, 51.0, f"{_H100}, H100 PCIe"),
+    ("A100-80GB", ("A100-SXM-80GB", "A100-80G"), "sm80", 80, 2039, 312.0, 312.0, 19.5,
+     f"{_A100}, A100 80GB SXM"),
+    ("A100-40GB", ("A100", "A100-SXM-40GB", "A100-40G"), "sm80", 40, 1555, 312.0, 312.0, 19.5,
+     f"{_A100}, A100 40GB"),
+    ("L40S", (), "sm89", 48, 864, 362.05, 362.05, 91.6,
+     "NVIDIA L40S datasheet (nvidia.com/en-us/data-center/l40s)"),
+    ("L4", (), "sm89", 24, 300, 121.0, 121.0, 30.3,
+     "NVIDIA L4 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/l4)"),
+    ("A10", (), "sm86", 24, 600, 125.0, 125.0, 31.2,
+     "NVIDIA A10 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/products/a10-gpu)"),
+    ("RTX-4090", ("4090", "RTX4090"), "sm89", 24, 1008, 165.2, 165.2, 82.6,
+     "NVIDIA Ada Lovelace GPU Architecture whitepaper v2.0, appendix table 2 (GeForce RTX 4090)"),
+    ("RTX-3090", ("3090", "RTX3090"), "sm86", 24, 936, 71.0, 71.0, 35.6,
+     "NVIDIA Ampere GA102 GPU Architecture whitepaper v2.0, table 9 (GeForce RTX 3090)"),
+    ("T4", (), "sm75", 16, 320, 65.0, None, 8.1,
+     "NVIDIA T4 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/tesla-t4)"),
+    ("V100-32GB", ("V100",), "sm70", 32, 900, 125.0, None, 15.7,
+     "NVIDIA V100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/v100), V100 SXM2"),
+)
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[\s_-]", "", str(name)).upper()
+
+
+_BY_NAME = {_norm(n): row for row in _ROWS for n in (row[0], *row[1])}
+
+
+def names() -> list[str]:
+    return [row[0] for row in _ROWS]
+
+
+def known_line() -> str:
+    return "known GPUs: " + ", ".join(f"{r[0]} ({r[3]} GiB)" for r in _ROWS)
+
+
+def find(name: str) -> dict | None:
+    """The GPU of this name or alias (case, spaces, '-' and '_' ignored), else None."""
+    row = _BY_NAME.get(_norm(name))
+    if row is None:
+        return None
+    name, aliases, arch, mem, bw, fp16, bf16, fp32, source = row
+    return {"name": name, "aliases": list(aliases), "arch": arch, "memory_bytes": mem * GiB, "memory_gib": mem,
+            "bytes_per_s": bw * 1e9, "tflops": {"float16": fp16, "bfloat16": bf16, "float32": fp32},
+            "source": source}
+
+
+def get(name: str, where: str = "--gpu") -> dict:
+    """find(), or one line naming the known GPUs."""
+    gpu = find(name)
+    if gpu is None:
+        raise InputError(f"{where} {name!r} is not a known GPU: {known_line()}")
+    return gpu
+
+
+def limits(gpu: dict, dtype: str) -> dict:
+    """The GPU's published limits in the shape of a measured device's (measure/limits.py), for the roofline."""
+    tflops = gpu["tflops"][dtype]
+    if tflops is None:
+        raise InputError(f"the {gpu['name']} has no {dtype} tensor throughput ({gpu['source']}): plan another "
+                         "dtype (--dtype float16)")
+    return {"device_peak_flops": {dtype: tflops * 1e12}, "device_peak_bytes_per_s": gpu["bytes_per_s"],
+            "device_limits": {"key": f"{gpu['name']} (published)", "source": gpu["source"]}}
+
+
+def describe(gpu: dict, dtype: str) -> str:
+    t = gpu["tflops"][dtype]
+    return (f"{gpu['name']} ({gpu['arch']}): {t:g} TFLOP/s dense {dtype}, {gpu['bytes_per_s'] / 1e12:g} TB/s, "
+            f"{gpu['memory_gib']} GiB (published: {gpu['source']})")

@@ -1,0 +1,450 @@
+"""Time before you measure: each attention call's time, and the whole forward's, on a device, from the roofline and
+the device's own stored runs.
+
+What a call costs (ms), from four features on the device's limits (peak FLOP/s P of the dtype, bandwidth B):
+    compute   = the call's attention FLOPs / P              (QK^T and PV: the row's `flops`)
+    memory    = the backend's bytes moved / B               (backends.bytes_moved: score-table passes, chunks)
+    projections = the sum over the call's own other ops (to_q, to_k, to_v, to_out, layouts) of max(FLOPs / P,
+                bytes / B): a call's measured time includes its projections (the recorder times the processor)
+    1         = a per-call overhead (launches, dispatch)
+The roofline bound is core + projections, core = max(compute, memory): a lower bound, every kernel at the peak and
+no overhead. Calibrated, time = a.core (a per shape class: self or cross attention) + c.projections + d, the
+coefficients >= 0 fitted by least squares to every ok call of the device's stored runs, per (device, backend with
+its options, dtype): 1/a is the backend's efficiency against the roofline there. (Fitting compute and memory apart
+was tried and dropped: for one backend both grow as tokens squared, so their split is noise, and on a loaded
+machine the fit gave it to whichever term the noise favoured.) The rest of the
+forward (convolutions, norms, the feed-forwards, every op outside attention calls) costs e.rest + f.ops, rest the sum
+of max(FLOPs / P, bytes / B) over its ops and ops their number (per-op dispatch), fitted per (device, dtype) to the
+cells' forward_time_ms - attention_time_ms. A prediction is never below the roofline bound.
+
+The ops come from one forward on fake tensors (plan/forward.py's fake model): every aten op is counted with its
+FLOPs (torch.utils.flop_counter's formulas: matmuls and convolutions) and the bytes of its tensor inputs and outputs
+(views move nothing); inside an attention call the attention itself is left out (it is modelled per backend above),
+so the call's ops are its projections. The device is the measured one (its limits in each run's manifest, keyed as
+measure/limits.py keys them), or a GPU you do not have from the GPU table (profiler/gpus.py), whose published
+figures give the roofline bound only. The fit, its leave-one-out error and residuals go to time-calibration.json
+beside the device limits' cache, keyed like it.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from .. import backends
+
+CALIBRATION_FILE = "time-calibration.json"
+CALL_FEATURES = ("core_self", "core_cross", "projections", "overhead")
+REST_FEATURES = ("rest", "ops")
+_NO_TRAFFIC = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "zeros", "ones", "full",
+               "arange", "scalar_tensor", "lift_fresh", "detach"}
+
+
+class OpCount(TorchDispatchMode):
+    """Every op's (FLOPs, bytes moved): outside attention calls into `rest`, inside one into its list in `calls`."""
+
+    def __init__(self):
+        super().__init__()
+        self.rest: list[tuple[float, float]] = []
+        self.calls: list[list[tuple[float, float]]] = []
+        self.inside: list | None = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.utils.flop_counter import flop_registry
+
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        returns = func._schema.returns
+        if func.overloadpacket.__name__ in _NO_TRAFFIC or \
+                any(r.alias_info is not None and not r.alias_info.is_write for r in returns):
+            return out  # a view or an allocation: no traffic
+        tensors = lambda x: [t for t in tree_leaves(x) if isinstance(t, torch.Tensor)]  # noqa: E731
+        moved = sum(t.numel() * t.element_size() for t in tensors((args, kwargs)) + tensors(out))
+        count = flop_registry.get(func.overloadpacket)
+        flops = count(*args, **kwargs, out_val=out) if count else 0
+        (self.inside if self.inside is not None else self.rest).append((float(flops), float(moved)))
+        return out
+
+
+class _NoCore(TorchFunctionMode):
+    """scaled_dot_product_attention answered with an empty output of its shape: the core is modelled apart."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not torch.nn.functional.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        q, v = args[0], args[2] if len(args) > 2 else kwargs["value"]
+        return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+class _Projections:
+    """A call's processor in the walk: diffusers' AttnProcessor2_0 without its attention core, its ops counted."""
+
+    def __init__(self, counter: OpCount):
+        from diffusers.models.attention_processor import AttnProcessor2_0
+
+        self.counter, self.inner = counter, AttnProcessor2_0()
+
+    def __call__(self, attn, *args, **kwargs):
+        self.counter.inside = []
+        self.counter.calls.append(self.counter.inside)
+        try:
+            with _NoCore():
+                return self.inner(attn, *args, **kwargs)
+        finally:
+            self.counter.inside = None
+
+
+@functools.lru_cache(maxsize=64)
+def walk(model: str, width: int, height: int, batch: int = 1, dtype: str = "float16", settings: tuple = ()) -> dict:
+    """The forward's ops on fake tensors: {"blocks": each attention call's block, "calls": per call an array of its
+    own ops' (FLOPs, bytes), "rest": the same for every op outside attention calls}."""
+    from ..recorder import Recorder
+    from .forward import fake_mode, fake_model
+
+    w, module = fake_model(model, dtype, settings)
+    counter = OpCount()
+    with fake_mode(), torch.no_grad(), w.applied(module):
+        inputs = w.inputs(module, batch, width, height)
+        with Recorder(module, processor=lambda: _Projections(counter)) as rec, counter:
+            w.forward(module, inputs)
+    return {"blocks": [r["block"] for r in rec.rows],
+            "calls": [np.array(c, float).reshape(-1, 2) for c in counter.calls],
+            "rest": np.array(counter.rest, float).reshape(-1, 2)}
+
+
+def roof_ms(ops: np.ndarray, peak_flops: float, peak_bytes_per_s: float) -> float:
+    """The ops one after another, each at the roofline's bound."""
+    return float(np.maximum(ops[:, 0] / peak_flops, ops[:, 1] / peak_bytes_per_s).sum() * 1e3)
+
+
+def call_features(row: dict, backend: str, options: dict, dtype: str, projections_ms: float, peak_flops: float,
+                  peak_bytes_per_s: float) -> dict:
+    """A call's features in ms (module docstring), and its roofline bound."""
+    compute = row["flops"] / peak_flops * 1e3
+    memory = backends.bytes_moved(backend, row, dtype, **options) / peak_bytes_per_s * 1e3
+    core, self_ = max(compute, memory), row["kind"] == "self"
+    return {"core_self": core * self_, "core_cross": core * (not self_), "projections": projections_ms,
+            "overhead": 1.0, "roofline_ms": core + projections_ms}
+
+
+def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0: the best of the unconstrained fits on each subset of the columns
+    whose coefficients all come out >= 0 (a handful of columns here, so every subset is tried)."""
+    best, best_err = np.zeros(x.shape[1]), float(np.sum(y ** 2))
+    used = [j for j in range(x.shape[1]) if np.any(x[:, j])]
+    for k in range(1, len(used) + 1):
+        for cols in itertools.combinations(used, k):
+            coef = np.linalg.lstsq(x[:, cols], y, rcond=None)[0]
+            if np.all(coef >= 0):
+                err = float(np.sum((x[:, cols] @ coef - y) ** 2))
+                if err < best_err - 1e-12 * max(best_err, 1e-30):
+                    best, best_err = np.zeros(x.shape[1]), err
+                    best[list(cols)] = coef
+    return best
+
+
+def fit_model(samples: list[dict], features: tuple, target: str) -> dict:
+    """Coefficients (>= 0) of target on the features over the samples, and the leave-one-out error: each cell's
+    samples predicted from a fit to the other cells' (each at least its roofline bound, floor_ms), their sum against
+    the cell's measured sum."""
+    x = np.array([[s[f] for f in features] for s in samples], float).reshape(-1, len(features))
+    y = np.array([s[target] for s in samples], float)
+    floor = np.array([s.get("floor_ms", 0.0) for s in samples], float)
+    cells = list(dict.fromkeys(s["cell_id"] for s in samples))
+    loo = []
+    for cell in cells if len(cells) > 1 else []:
+        inside = np.array([s["cell_id"] == cell for s in samples])
+        c = nnls(x[~inside], y[~inside])
+        loo.append({"cell_id": cell, "measured_ms": float(y[inside].sum()),
+                    "predicted_ms": float(np.maximum(x[inside] @ c, floor[inside]).sum())})
+    return {"coefficients": dict(zip(features, map(float, nnls(x, y)))), "samples": len(samples),
+            "cells": len(cells), "loo": loo, "loo_error_pct": mean_error(loo)}
+
+
+def mean_error(pairs: list[dict]) -> float | None:
+    """The mean of |predicted - measured| / measured, in percent."""
+    if not pairs:
+        return None
+    return float(100 * np.mean([abs(e["predicted_ms"] - e["measured_ms"]) / e["measured_ms"] for e in pairs]))
+
+
+def apply(fitted: dict | None, features: dict, floor: float) -> float:
+    if not fitted:
+        return floor
+    return max(floor, sum(v * features[f] for f, v in fitted["coefficients"].items()))
+
+
+def group_key(backend: str, options, dtype: str) -> str:
+    return f"{backends.label(backend, options)} {dtype}"
+
+
+def _settings(cell: dict) -> tuple:
+    return tuple(sorted(json.loads(cell.get("settings") or "{}").items()))
+
+
+def samples(results: Path, key: str) -> tuple[list[dict], list[dict], dict, list[str]]:
+    """From every ok cell of the runs under results measured on the device of this limits key: (one sample per
+    attention call, one per cell, the device's limits from the latest such run's manifest, the run ids)."""
+    from ..store import Run, list_runs
+
+    calls, cells, limits, runs = [], [], {}, []
+    for path in list_runs(Path(results)):
+        run = Run.open(path)
+        manifest = run.manifest()
+        if (manifest.get("device_limits") or {}).get("key") != key or not manifest.get("device_peak_bytes_per_s"):
+            continue
+        table, blocks = run.read()
+        ok = table[table["status"] == "ok"] if len(table) else table
+        limits = {k: manifest[k] for k in ("device_peak_flops", "device_peak_bytes_per_s", "device_limits")}
+        runs.append(run.id)
+        for cell in ok.to_dict("records"):
+            rows = blocks[blocks["cell_id"] == cell["cell_id"]].sort_values("call_index").to_dict("records")
+            c, r = _cell_samples(cell, rows, manifest)
+            calls += [{**s, "run": run.id} for s in c]
+            cells.append({**r, "run": run.id})
+    return calls, cells, limits, runs
+
+
+def _cell_samples(cell: dict, rows: list[dict], manifest: dict) -> tuple[list[dict], dict]:
+    peaks = manifest["device_peak_flops"][cell["dtype"]], manifest["device_peak_bytes_per_s"]
+    w = walk(cell["model"], int(cell["width"]), int(cell["height"]), int(cell["batch"]), cell["dtype"],
+             _settings(cell))
+    group, options = group_key(cell["backend"], cell["backend_options"], cell["dtype"]), \
+        json.loads(cell["backend_options"] or "{}")
+    calls = []
+    for row in rows:
+        f = call_features(row, cell["backend"], options, cell["dtype"], roof_ms(w["calls"][row["call_index"]], *peaks),
+                          *peaks)
+        calls.append({**f, "floor_ms": f["roofline_ms"], "time_ms": row["time_ms"], "cell_id": cell["cell_id"],
+                      "group": group})
+    rest = roof_ms(w["rest"], *peaks)
+    return calls, {"rest": rest, "ops": float(len(w["rest"])), "floor_ms": rest, "cell_id": cell["cell_id"],
+                   "group": group, "dtype": cell["dtype"],
+                   "rest_ms": cell["forward_time_ms"] - cell["attention_time_ms"],
+                   "attention_time_ms": cell["attention_time_ms"], "forward_time_ms": cell["forward_time_ms"]}
+
+
+def calibrate(results: Path, key: str, write: bool = True) -> dict | None:
+    """The time model of the device of this limits key, fitted to its stored runs under results (None where it has
+    none): {"key", "runs", "limits", "backends": {group: fit}, "rest": {dtype: fit}}, each backend's fit with its
+    leave-one-out error of the forward too. Written to the calibration file under the key."""
+    calls, cells, limits, runs = samples(results, key)
+    if not cells:
+        return None
+    out = {"key": key, "results": str(results), "runs": runs, "limits": limits, "backends": {}, "rest": {}}
+    for dtype in sorted({c["dtype"] for c in cells}):
+        out["rest"][dtype] = fit_model([c for c in cells if c["dtype"] == dtype], REST_FEATURES, "rest_ms")
+    for group in sorted({c["group"] for c in calls}):
+        fitted = fit_model([c for c in calls if c["group"] == group], CALL_FEATURES, "time_ms")
+        fitted["loo_forward"] = _forward_loo(fitted, cells, out["rest"])
+        fitted["loo_forward_error_pct"] = mean_error(fitted["loo_forward"])
+        fitted["runs"] = len({c["run"] for c in calls if c["group"] == group})
+        out["backends"][group] = fitted
+    if write:
+        _write(key, out)
+    return out
+
+
+def _forward_loo(fitted: dict, cells: list[dict], rest: dict) -> list[dict]:
+    """Each cell's forward left out: its calls' and its rest's predictions from fits to the other cells."""
+    by_cell = {c["cell_id"]: c for c in cells}
+    out = []
+    for e in fitted["loo"]:
+        cell = by_cell[e["cell_id"]]
+        rest_e = next((r for r in rest[cell["dtype"]]["loo"] if r["cell_id"] == e["cell_id"]), None)
+        if rest_e:
+            out.append({"cell_id": e["cell_id"], "measured_ms": cell["forward_time_ms"],
+                        "predicted_ms": e["predicted_ms"] + rest_e["predicted_ms"]})
+    return out
+
+
+def calibration_path() -> Path:
+    from ..measure.limits import cache_path
+
+    return cache_path().with_name(CALIBRATION_FILE)
+
+
+def _write(key: str, calibration: dict) -> None:
+    from ..store import write_json
+
+    path = calibration_path()
+    try:
+        old = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        old = {}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, {**(old if isinstance(old, dict) else {}), key: calibration})
+    except OSError:  # a cache that cannot be written is fitted again next time
+        pass
+
+
+def source_text(fitted: dict | None, gpu: dict | None = None) -> str:
+    if gpu is not None:
+        return f"roofline bound on the {gpu['name']}'s published figures: a lower bound, not a measurement"
+    if not fitted:
+        return ("roofline bound on this device's measured limits (no stored runs of this device and backend to "
+                "calibrate on)")
+    loo = fitted["loo_error_pct"]
+    fwd = fitted.get("loo_forward_error_pct")
+    err = "no leave-one-out error (one cell)" if loo is None else \
+        f"leave-one-out error {loo:.1f}% (attention)" + (f", {fwd:.1f}% (forward)" if fwd is not None else "")
+    return f"calibrated on {fitted['cells']} cells in {fitted['runs']} runs of this device, {err}"
+
+
+def _sdpa_kernels(blocks: list[dict], backend: str, dtype: str, device: str, gpu: dict | None) -> None:
+    """The SDPA kernel of each call where the plan has none (a meta-device plan): bytes_moved differs for math."""
+    from .. import devices
+
+    if not backends.uses_sdpa(backend) or all(r.get("sdpa_kernel") for r in blocks):
+        return
+    target = devices.gpu_target(gpu["arch"]) if gpu else None
+    where = "cuda" if gpu else device
+    for r in blocks:
+        r.setdefault("sdpa_kernel", devices.sdpa_choice(dtype, r["head_dim"], r["tokens_k"], where, target))
+
+
+def predict(p: dict, backend: str, options: dict, limits: dict, calibration: dict | None = None,
+            gpu: dict | None = None, device: str = "cuda") -> dict:
+    """Each call's predicted_time_ms and roofline_time_ms added to the plan's blocks (in place), and the totals:
+    predicted_attention_time_ms, predicted_rest_time_ms, predicted_forward_time_ms, their roofline bounds, the
+    source."""
+    dtype = p["dtype"]
+    _sdpa_kernels(p["blocks"], backend, dtype, device, gpu)
+    peaks = limits["device_peak_flops"][dtype], limits["device_peak_bytes_per_s"]
+    w = walk(p["model"], p["width"], p["height"], p["batch"], dtype, tuple(sorted((p.get("settings") or {}).items())))
+    if [r["block"] for r in p["blocks"]] != w["blocks"]:
+        raise RuntimeError("the walk's attention calls differ from the plan's")  # the same forward: a bug if so
+    fitted = (calibration or {}).get("backends", {}).get(group_key(backend, options, dtype))
+    rest_fit = (calibration or {}).get("rest", {}).get(dtype) if fitted else None
+    for row, ops in zip(p["blocks"], w["calls"]):
+        f = call_features(row, backend, options, dtype, roof_ms(ops, *peaks), *peaks)
+        row.update(roofline_time_ms=f["roofline_ms"], predicted_time_ms=apply(fitted, f, f["roofline_ms"]))
+    rest_roof = roof_ms(w["rest"], *peaks)
+    rest = apply(rest_fit, {"rest": rest_roof, "ops": float(len(w["rest"]))}, rest_roof)
+    attention = sum(r["predicted_time_ms"] for r in p["blocks"])
+    roof = sum(r["roofline_time_ms"] for r in p["blocks"])
+    times = {"predicted_attention_time_ms": attention, "predicted_rest_time_ms": rest,
+             "predicted_forward_time_ms": attention + rest, "roofline_attention_time_ms": roof,
+             "roofline_forward_time_ms": roof + rest_roof, "time_backend": backends.label(backend, options),
+             "time_source": source_text(fitted, gpu), "time_calibrated": bool(fitted),
+             "time_limits": {"peak_flops_per_s": peaks[0], "peak_bytes_per_s": peaks[1],
+                             "key": limits.get("device_limits", {}).get("key")}}
+    p["totals"].update(times)
+    return times
+
+
+def target(device: str, dtype: str, gpu_name: str | None = None, results: str | None = None) -> tuple | None:
+    """(limits, calibration, gpu) of the device to predict for: the GPU table's gpu_name (its published figures), or
+    this machine's device (its measured limits, calibrated on the stored runs under results made on it); None for
+    CUDA on a machine without a GPU and no gpu_name."""
+    from .. import gpus
+    from ..measure.limits import device_key, device_limits
+
+    if gpu_name:
+        gpu = gpus.get(gpu_name)
+        return gpus.limits(gpu, dtype), None, gpu
+    if device == "cuda" and not torch.cuda.is_available():
+        return None
+    calibration = calibrate(Path(results), device_key(device)) if results else None
+    if calibration and dtype in calibration["limits"]["device_peak_flops"]:
+        return calibration["limits"], calibration, None
+    return device_limits(device, [dtype]), calibration, None
+
+
+def format_times(t: dict) -> list[tuple[str, str]]:
+    """The plan's time lines (facts) from its totals."""
+    if "predicted_forward_time_ms" not in t:
+        return []
+    what = "calibrated" if t["time_calibrated"] else "roofline bound"
+    return [("predicted time", f"{t['time_backend']} ({what}): attention {t['predicted_attention_time_ms']:.3g} ms + "
+                               f"the rest of the forward {t['predicted_rest_time_ms']:.3g} ms = forward "
+                               f"{t['predicted_forward_time_ms']:.3g} ms"),
+            ("time from", t["time_source"])] + ([("GPU figures", t["gpu_figures"])] if t.get("gpu_figures") else [])
+
+
+def predict_cells(cells: list, limits: dict, results: Path) -> dict[str, dict]:
+    """Per cell of a sweep, before it runs: its predicted forward and attention time and each call's, on the device
+    whose limits the sweep measured, calibrated on the runs under results made on it."""
+    from . import plan
+
+    calibration = calibrate(Path(results), limits["device_limits"]["key"]) if Path(results).is_dir() else None
+    out = {}
+    for c in cells:
+        p = plan(c.model, c.width, c.height, c.batch, c.dtype, settings=c.settings)
+        t = predict(p, c.backend, c.options, limits, calibration, device=c.device.split(":")[0])
+        out[c.cell_id] = {"predicted_forward_time_ms": t["predicted_forward_time_ms"],
+                          "predicted_attention_time_ms": t["predicted_attention_time_ms"],
+                          "time_source": f"{t['time_backend']}: {t['time_source']}",
+                          "predicted_call_times_ms": [r["predicted_time_ms"] for r in p["blocks"]]}
+    return out
+
+
+def sweep_text(predicted: dict[str, dict], forwards_per_cell: int) -> str:
+    """The line a sweep prints before its first cell."""
+    if not predicted:
+        return "predicted: no cell to run"
+    total = sum(v["predicted_forward_time_ms"] for v in predicted.values()) * forwards_per_cell / 1e3
+    sources = sorted({v["time_source"] for v in predicted.values()})
+    return (f"predicted: {len(predicted)} cells, {total:.1f} s of forwards ({forwards_per_cell} a cell: warm-up, timed "
+            f"and probe; model builds and references not counted), from {'; '.join(sources)}")
+
+
+def attach(cell: dict, blocks: list[dict], more: dict) -> dict:
+    """A measured cell's prediction onto its rows: each call's predicted_time_ms and predicted_time_ratio (measured
+    over predicted), the cell's attention and forward ratios. Returns `more` less the per-call list, for the cell row."""
+    more = dict(more)
+    calls = more.pop("predicted_call_times_ms", None)
+    if cell.get("status") != "ok" or calls is None or len(calls) != len(blocks):
+        return more
+    for row, t in zip(blocks, calls):
+        row.update(predicted_time_ms=t, predicted_time_ratio=row["time_ms"] / t if t else None)
+    for what in ("forward", "attention"):
+        t = more.get(f"predicted_{what}_time_ms")
+        more[f"{what}_time_ratio"] = cell[f"{what}_time_ms"] / t if t else None
+    return more
+
+
+def format_versus(cells) -> str | None:
+    """The end of a run: predicted against measured, over its ok cells that carry a prediction."""
+    if "predicted_forward_time_ms" not in cells or "forward_time_ms" not in cells:
+        return None
+    ok = cells[(cells["status"] == "ok") & cells["predicted_forward_time_ms"].notna()]
+    if not len(ok):
+        return None
+    lines = ["predicted against measured (ms per forward; ratio = measured / predicted):"]
+    for r in ok.to_dict("records"):
+        att, fwd = r["predicted_attention_time_ms"], r["predicted_forward_time_ms"]
+        lines.append(f"  {r['backend']:10s} {r['width']}x{r['height']}: attention {att:.4g}"
+                     f" vs {r['attention_time_ms']:.4g} ({r['attention_time_ms'] / att:.2f}x),"
+                     f" forward {fwd:.4g} vs {r['forward_time_ms']:.4g} ({r['forward_time_ms'] / fwd:.2f}x)")
+    return "\n".join(lines)
+
+
+def by_size(model: str, sizes: list[tuple[int, int]], names: list[str], dtype: str, batch: int,
+            gpu_name: str) -> list[dict]:
+    """Each backend's roofline-bound attention and forward time per size on a GPU of the table (the dashboard's
+    Planner page): one row per (backend, size)."""
+    from .. import gpus
+    from . import plan
+
+    gpu = gpus.get(gpu_name)
+    limits = gpus.limits(gpu, dtype)
+    rows = []
+    for w, h in sizes:
+        planned = plan(model, w, h, batch, dtype)
+        for name in names:
+            p = {**planned, "blocks": [dict(r) for r in planned["blocks"]], "totals": dict(planned["totals"])}
+            t = predict(p, name, {}, limits, gpu=gpu)
+            rows.append({"backend": name, "size": f"{w}x{h}", "pixels": w * h, "gpu": gpu["name"],
+                         "attention_ms": t["predicted_attention_time_ms"], "forward_ms": t["predicted_forward_time_ms"],
+                         "source": t["time_source"]})
+    return rows

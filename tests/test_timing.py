@@ -1,0 +1,176 @@
+"""The time model (plan/timing.py) and the GPU table (profiler/gpus.py): the fit on synthetic rows with a known
+answer, the CLI on a small stored run whose times the test writes itself (no timing of anything)."""
+import json
+
+import numpy as np
+import pytest
+
+from profiler import gpus
+from profiler.cli import main
+from profiler.execute.grid import parse_bytes, size_text
+from profiler.measure.limits import device_key
+from profiler.plan import plan, timing
+from profiler.spec import CellSpec, InputError
+from profiler.store import Run
+
+TRUE = {"core_self": 3.0, "core_cross": 1.5, "projections": 2.0, "overhead": 0.25}  # the synthetic device's answer
+REST = {"rest": 4.0, "ops": 0.01}
+PEAKS = {"float32": 2e11}, 1.5e10  # FLOP/s, bytes/s
+
+
+def test_nnls_recovers_known_coefficients_and_clips_negative_ones():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0.1, 2.0, size=(40, 3))
+    assert np.allclose(timing.nnls(x, x @ np.array([2.0, 0.5, 3.0])), [2.0, 0.5, 3.0])
+    # a target that an unconstrained fit would give a negative weight: that weight is 0, the rest refitted
+    y = x @ np.array([2.0, -1.0, 0.0])
+    coef = timing.nnls(x, y)
+    assert coef[1] == coef[2] == 0  # column 2 alone would come out negative once column 1 is gone: it goes too
+    assert coef[0] == pytest.approx(np.linalg.lstsq(x[:, [0]], y, rcond=None)[0][0])
+
+
+def test_fit_model_leave_one_out_is_exact_on_noiseless_rows_and_measures_a_wrong_cell():
+    rows = []
+    for cell, scale in (("a", 1.0), ("b", 2.0), ("c", 3.0)):
+        for k in range(6):
+            f = {"core_self": scale * (k + 1) * (k % 2), "core_cross": scale * (k + 1) * (1 - k % 2),
+                 "projections": 0.1 * scale * k, "overhead": 1.0}
+            rows.append({**f, "time_ms": timing.apply({"coefficients": TRUE}, f, 0.0), "cell_id": cell})
+    fitted = timing.fit_model(rows, timing.CALL_FEATURES, "time_ms")
+    assert fitted["coefficients"] == pytest.approx(TRUE)
+    assert fitted["cells"] == 3 and fitted["loo_error_pct"] == pytest.approx(0, abs=1e-6)
+    for r in rows:  # cell c measured 20% slower than the model: its left-out prediction is 1/1.2 of it
+        r["time_ms"] *= 1.2 if r["cell_id"] == "c" else 1.0
+    loo = {e["cell_id"]: e for e in timing.fit_model(rows, timing.CALL_FEATURES, "time_ms")["loo"]}
+    assert loo["c"]["predicted_ms"] == pytest.approx(loo["c"]["measured_ms"] / 1.2, rel=1e-6)
+
+
+def _features(row, backend, call_ops) -> dict:
+    peak = PEAKS[0]["float32"], PEAKS[1]
+    return timing.call_features(row, backend, {}, "float32", timing.roof_ms(call_ops, *peak), *peak)
+
+
+def _rest(ops) -> float:
+    return REST["rest"] * timing.roof_ms(ops["rest"], PEAKS[0]["float32"], PEAKS[1]) + REST["ops"] * len(ops["rest"])
+
+
+def _synthetic_run(root, sizes, backend="naive"):
+    """A stored run of tiny-sd15 whose every call takes what TRUE says on the device of PEAKS (and its rest what
+    REST says), recorded with this machine's CPU limits key, so that plan --device cpu --results finds it."""
+    key = device_key("cpu")
+    manifest = {"device_peak_flops": PEAKS[0], "device_peak_bytes_per_s": PEAKS[1],
+                "device_limits": {"key": key, "measured_at": "synthetic"}}
+    run = Run.create(root, manifest, run_id="synthetic")
+    for w, h in sizes:
+        spec = CellSpec("tiny-sd15", w, h, 1, "float32", backend, "cpu")
+        p = plan("tiny-sd15", w, h, 1, "float32", backend=backend, device="cpu")
+        ops = timing.walk("tiny-sd15", w, h, 1, "float32")
+        blocks = []
+        for i, (row, call_ops) in enumerate(zip(p["blocks"], ops["calls"])):
+            f = _features(row, backend, call_ops)
+            blocks.append({**spec.as_row(), **{k: v for k, v in row.items() if k != "traced_peak_bytes"},
+                           "call_index": i, "time_ms": sum(TRUE[k] * f[k] for k in TRUE)})
+        rest = _rest(ops)
+        attention = sum(b["time_ms"] for b in blocks)
+        run.record({**spec.as_row(), "status": "ok", "attention_time_ms": attention,
+                    "forward_time_ms": attention + rest}, blocks)
+    return run
+
+
+def test_plan_predicts_a_new_size_from_a_stored_run_exactly(capsys, tmp_path):
+    _synthetic_run(tmp_path, [(64, 64), (128, 128), (192, 128)])
+    code = main(["plan", "--model", "tiny-sd15", "--size", "128x192", "--backend", "naive", "--dtype", "float32",
+                 "--device", "cpu", "--results", str(tmp_path), "--json"])
+    out = json.loads(capsys.readouterr().out)[0]
+    assert code == 0
+    # the answer the synthetic device gives at 128x192, a size the run does not hold
+    ops = timing.walk("tiny-sd15", 128, 192, 1, "float32")
+    want_calls = []
+    for row, call_ops in zip(out["blocks"], ops["calls"]):
+        f = _features(row, "naive", call_ops)
+        want_calls.append(sum(TRUE[k] * f[k] for k in TRUE))
+    assert [b["predicted_time_ms"] for b in out["blocks"]] == pytest.approx(want_calls, rel=1e-6)
+    t = out["totals"]
+    rest = _rest(ops)
+    assert t["predicted_attention_time_ms"] == pytest.approx(sum(want_calls), rel=1e-6)
+    assert t["predicted_forward_time_ms"] == pytest.approx(sum(want_calls) + rest, rel=1e-6)
+    assert t["time_source"].startswith("calibrated on 3 cells in 1 runs of this device, leave-one-out error 0.0%")
+    assert all(b["predicted_time_ms"] >= b["roofline_time_ms"] for b in out["blocks"])
+    # the fit and its residuals went to the calibration file, under the device's key
+    stored = json.loads(timing.calibration_path().read_text())[device_key("cpu")]
+    assert stored["backends"]["naive float32"]["coefficients"] == pytest.approx(TRUE, rel=1e-6)
+
+
+def test_plan_on_a_gpu_from_the_table_is_the_roofline_bound(capsys):
+    code = main(["plan", "--model", "sd15", "--size", "512x512", "--gpu", "H100-SXM"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "roofline bound on the H100-SXM's published figures" in out
+    assert "H100-SXM (sm90): 989.5 TFLOP/s dense float16, 3.35 TB/s, 80 GiB" in out and "datasheet" in out
+    p = plan("sd15", 512, 512)
+    t = timing.predict(p, "sdpa", {}, gpus.limits(gpus.get("H100"), "float16"), gpu=gpus.get("H100"))
+    # sdpa on a GPU is fused: Q, K, V read and O written once; the largest call is compute-bound there
+    big = max(p["blocks"], key=lambda r: r["flops"])
+    assert big["roofline_time_ms"] >= big["flops"] / 989.5e12 * 1e3
+    assert t["predicted_forward_time_ms"] == t["roofline_forward_time_ms"] > t["predicted_attention_time_ms"]
+
+
+def test_unknown_gpu_lists_the_known_ones_in_one_line_exit_2(capsys):
+    assert main(["plan", "--model", "sd15", "--gpu", "H101"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "H200 (141 GiB)" in err and "RTX-4090 (24 GiB)" in err
+    assert main(["plan", "--model", "sd15", "--gpu", "T4", "--dtype", "bfloat16"]) == 2
+    assert "no bfloat16 tensor throughput" in capsys.readouterr().err
+
+
+def test_budget_by_gpu_name_and_units():
+    assert parse_bytes("4090", "--budget") == parse_bytes("rtx 4090", "x") == 24 * 2**30
+    assert parse_bytes("A100-40GB", "--budget") == 40 * 2**30 and parse_bytes("L4", "x") == 24 * 2**30
+    assert parse_bytes("24GB", "x") == 24 * 10**9 and parse_bytes("24GiB", "x") == 24 * 2**30
+    assert size_text("24GB") == "24GB = 24,000,000,000 bytes = 22.35 GiB = 24.00 GB"
+    assert size_text("4090").startswith("4090 = the RTX-4090's 24 GiB (NVIDIA Ada Lovelace")
+    for bad in ("8", 8, "8 GiBs"):
+        with pytest.raises(InputError, match="unit|not a size"):
+            parse_bytes(bad, "--budget")
+
+
+def test_fit_budget_8_exits_2_naming_the_unit(capsys):
+    assert main(["fit", "--model", "sd15", "--budget", "8"]) == 2
+    assert "has no unit (it would mean 8 bytes)" in capsys.readouterr().err
+
+
+def test_every_gpu_row_has_a_source_and_dense_figures_below_the_sparse_ones():
+    for name in gpus.names():
+        g = gpus.get(name)
+        assert g["source"] and g["memory_gib"] > 0 and g["bytes_per_s"] > 1e11
+        assert g["tflops"]["float16"] > g["tflops"]["float32"] > 0
+    assert gpus.get("H100")["tflops"]["float16"] == 989.5  # the datasheet's 1,979 is with sparsity
+
+
+def test_attach_carries_the_prediction_and_ratio():
+    cell = {"status": "ok", "forward_time_ms": 30.0, "attention_time_ms": 12.0}
+    blocks = [{"time_ms": 4.0}, {"time_ms": 8.0}]
+    more = timing.attach(cell, blocks, {"predicted_forward_time_ms": 20.0, "predicted_attention_time_ms": 10.0,
+                                        "predicted_call_times_ms": [2.0, 8.0], "x": 1})
+    assert [b["predicted_time_ratio"] for b in blocks] == [2.0, 1.0] and blocks[0]["predicted_time_ms"] == 2.0
+    assert more == {"predicted_forward_time_ms": 20.0, "predicted_attention_time_ms": 10.0, "x": 1,
+                    "forward_time_ratio": 1.5, "attention_time_ratio": 1.2}
+
+
+def test_the_sweeps_predicted_total_and_its_end_summary():
+    import pandas as pd
+
+    predicted = {"a": {"predicted_forward_time_ms": 100.0, "time_source": "naive: roofline bound"},
+                 "b": {"predicted_forward_time_ms": 300.0, "time_source": "sdpa: calibrated on 2 cells"}}
+    text = timing.sweep_text(predicted, 5)  # 5 forwards a cell: (100 + 300) ms x 5 = 2 s
+    assert text.startswith("predicted: 2 cells, 2.0 s of forwards (5 a cell")
+    assert "naive: roofline bound; sdpa: calibrated on 2 cells" in text
+    cells = pd.DataFrame([{"status": "ok", "backend": "sdpa", "width": 64, "height": 64, "attention_time_ms": 30.0,
+                           "forward_time_ms": 90.0, "predicted_attention_time_ms": 20.0,
+                           "predicted_forward_time_ms": 60.0},
+                          {"status": "oom", "backend": "naive", "width": 64, "height": 64, "attention_time_ms": None,
+                           "forward_time_ms": None, "predicted_attention_time_ms": 5.0,
+                           "predicted_forward_time_ms": 9.0}])
+    lines = timing.format_versus(cells).splitlines()
+    assert len(lines) == 2  # the oom cell has no measurement to set against its prediction
+    assert lines[1] == "  sdpa       64x64: attention 20 vs 30 (1.50x), forward 60 vs 90 (1.50x)"
