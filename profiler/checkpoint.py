@@ -59,25 +59,6 @@ class Checkpoint:
                 "model_file_config": self.config_name}
 
 
-def facts_of(model: str) -> dict:
-    """Checkpoint.facts of a model that is a single file; {} for the others (never resolved here: a hub id is not
-    asked again) and for a file gone since its cell was measured (the cell's error says what failed)."""
-    from . import models
-
-    if Path(model).suffix not in SUFFIXES:
-        return {}
-    try:
-        return models.resolve(model).checkpoint.facts()
-    except InputError:
-        return {}
-
-
-def model_files(cells) -> dict:
-    """{model: facts_of(model)} of the cells' models that are single files: the run's manifest records them."""
-    facts = {m: facts_of(m) for m in dict.fromkeys(c.model for c in cells)}
-    return {m: f for m, f in facts.items() if f}
-
-
 def describe(facts: dict) -> str:
     """' (SDXL base, single file sd_xl_base_1.0.safetensors; U-Net config sdxl-base)', or '' for no file."""
     if not facts:
@@ -164,8 +145,9 @@ def _refused(path: Path, found: str) -> InputError:
                       f"profiles: give an SD 1.x, SD 2.x or SDXL base checkpoint ({', '.join(SUPPORTED)})")
 
 
-def resolve(path: Path) -> tuple[Checkpoint, dict]:
-    """(what the file is, its U-Net's diffusers config) from the header alone."""
+def resolve(path: Path, registry) -> tuple[Checkpoint, dict]:
+    """(what the file is, its U-Net's diffusers config) from the header alone; registry() gives the known configs,
+    (name, kind, config) each (the registry's: models.registry_configs)."""
     if not path.is_file():
         raise InputError(f"checkpoint file {path} does not exist: check the path")
     if path.suffix in PICKLES and os.environ.get(PICKLE_ENV) != "1":  # asked each time: never from the cache
@@ -173,12 +155,12 @@ def resolve(path: Path) -> tuple[Checkpoint, dict]:
                          "--allow-pickle (a sweep: allow_pickle: true) if you trust the file, or convert it to "
                          ".safetensors")
     stat = path.stat()
-    found, config = _resolve(str(path), stat.st_size, stat.st_mtime_ns)
+    found, config = _resolve(str(path), stat.st_size, stat.st_mtime_ns, registry)
     return found, dict(config)  # the cached config stays as read
 
 
 @functools.lru_cache(maxsize=16)
-def _resolve(path: str, size: int, mtime_ns: int) -> tuple[Checkpoint, dict]:
+def _resolve(path: str, size: int, mtime_ns: int, registry) -> tuple[Checkpoint, dict]:
     p = Path(path)
     shapes, header = read_header(p) if p.suffix == ".safetensors" else _read_pickle(p)
     shapes, unet_only = _unet_view(shapes)
@@ -186,7 +168,7 @@ def _resolve(path: str, size: int, mtime_ns: int) -> tuple[Checkpoint, dict]:
     if found not in SUPPORTED:
         raise _refused(p, found)
     kind, first = SUPPORTED[found]
-    name, config = _matching_config(p, shapes, first)
+    name, config = _matching_config(p, shapes, first, registry())
     return Checkpoint(path, found, kind, name, size, hashlib.sha256(header).hexdigest(), unet_only), config
 
 
@@ -207,23 +189,21 @@ def _from_header(config: dict, shapes: dict) -> dict:
     return out
 
 
-def _matching_config(path: Path, shapes: dict, first: str) -> tuple[str, dict]:
+def _matching_config(path: Path, shapes: dict, first: str, known: list) -> tuple[str, dict]:
     """The registry U-Net config (the kind's own first, then the others of the same first-level width) whose U-Net
     has exactly the file's U-Net tensors; else an InputError naming the first difference from the kind's own."""
-    from . import models
-
     mine = {k[len(PREFIX):]: s for k, s in shapes.items() if k.startswith(PREFIX)}
     if not mine:
         raise InputError(f"{path.name} holds no U-Net tensors (none under {PREFIX}, nor bare LDM names such as "
                          "input_blocks.0.0.weight): give a checkpoint with a U-Net")
     width = (mine.get("input_blocks.0.0.weight") or (None,))[0]
-    names = [first] + [n for n in models.known_models() if n != first]
+    by_name = {name: (kind, config) for name, kind, config in known}
     problem = None
-    for name in names:
-        source = models.resolve(name)
-        if source.kind != "unet" or source.config["block_out_channels"][0] != width:
+    for name in [first] + [n for n in by_name if n != first]:
+        kind, base = by_name[name]
+        if kind != "unet" or base["block_out_channels"][0] != width:
             continue
-        config = _from_header(source.config, shapes)
+        config = _from_header(base, shapes)
         diff = _difference(mine, ldm_shapes(config))
         if diff is None:
             return name, config

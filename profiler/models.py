@@ -119,7 +119,7 @@ def resolve(name: str) -> ModelSource:
             raise InputError(f"model file {name} does not exist: check the path")
         return _read_yaml(path)
     if path.suffix in checkpoint.SUFFIXES:
-        found, config = checkpoint.resolve(path)
+        found, config = checkpoint.resolve(path, registry_configs)
         return ModelSource(name, config, weights=str(path), checkpoint=found)
     if path.is_dir():
         return _read_folder(path)
@@ -282,3 +282,25 @@ def param_counts(unet: torch.nn.Module) -> dict:
     tb, attn = inside(Transformer2DModel), inside(Attention)
     return {"params_total": total, "params_transformer_blocks": tb, "params_attention": attn,
             "share_transformer_blocks": tb / total, "share_attention": attn / total}
+
+
+def registry_configs() -> list[tuple[str, str, dict]]:
+    """(name, kind, config) of every registry model, in name order: what a single file's U-Net is matched to."""
+    return [(name, source.kind, source.config) for name in known_models() for source in [resolve(name)]]
+
+
+def facts_of(model: str) -> dict:
+    """checkpoint.Checkpoint.facts of a model that is a single file; {} for the others (never resolved here: a hub id is not
+    asked again) and for a file gone since its cell was measured (the cell's error says what failed)."""
+    if Path(model).suffix not in checkpoint.SUFFIXES:
+        return {}
+    try:
+        return resolve(model).checkpoint.facts()
+    except InputError:
+        return {}
+
+
+def model_files(cells) -> dict:
+    """{model: facts_of(model)} of the cells' models that are single files: the run's manifest records them."""
+    facts = {m: facts_of(m) for m in dict.fromkeys(c.model for c in cells)}
+    return {m: f for m, f in facts.items() if f}

@@ -132,10 +132,10 @@ def _die_once(cell_backend: str, when: str) -> None:
 
 def _arm_worker_deaths() -> None:
     """Wrap the sweep's event stream and the store's record, in a sweep worker only."""
-    from profiler.execute import sweep
+    from profiler.execute import groups
     from profiler.store import Run
 
-    events, record = sweep.group_events, Run.record
+    events, record = groups.group_events, Run.record
 
     def group_events(cells, *args, **kwargs):
         backend = {c.cell_id: c.backend for c in cells}
@@ -149,7 +149,7 @@ def _arm_worker_deaths() -> None:
         _recorded_in.append(self.path)
         _die_once(cell["backend"], "after-record")
 
-    sweep.group_events, Run.record = group_events, dying_record
+    groups.group_events, Run.record = group_events, dying_record
 
 
 if os.environ.get("ATTNPROF_FAULT_EXIT") and sys.argv[0].endswith(os.path.join("execute", "worker.py")):

@@ -63,7 +63,8 @@ def test_each_compiled_call_has_its_sdpa_op_time_and_memory(compiled_run):
     out_bytes = mine["batch"] * mine["heads"] * mine["tokens_q"] * mine["head_dim"] * 4  # the op's fp32 output
     assert (mine["peak_mem_bytes"] >= out_bytes).all()
     c = by["regional"]
-    assert c["attention_time_ms"] == pytest.approx(mine["time_ms"].sum())
+    per_forward = [sum(r) for r in zip(*mine["time_samples_ms"])]  # the attention time: the median of these
+    assert c["attention_time_ms"] == pytest.approx(sorted(per_forward)[1])
     assert c["attention_op_time_ms"] == c["attention_time_ms"]
     assert c["attention_peak_mem_bytes"] == mine["peak_mem_bytes"].max()
     assert c["forward_peak_mem_bytes"] > c["attention_peak_mem_bytes"]

@@ -119,7 +119,7 @@ def test_a_controlnet_leaves_the_device_when_the_cells_that_run_it_are_done(monk
     import gc
     import weakref
 
-    from profiler.execute.sweep import group_events
+    from profiler.execute.groups import group_events
     from profiler.spec import CellSpec
     from profiler.workload import Workload
 

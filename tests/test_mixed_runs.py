@@ -52,7 +52,7 @@ def test_diffs_left_out_list_names_backends_with_their_options(mixed_results, ca
 
 
 def test_the_sweeps_progress_label_names_the_options():
-    from profiler.execute.sweep import label
+    from profiler.execute.groups import label
     from profiler.spec import CellSpec
 
     cell = CellSpec("tiny-sd15", 64, 64, 1, "float32", "sliced", "cpu", (("slice_size", 4),))

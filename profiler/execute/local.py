@@ -57,7 +57,7 @@ class LocalExecutor:
         return calibrate(device, when)
 
     def run(self, groups: list[list[CellSpec]], run, sweep, flight, extra: dict) -> None:
-        from .sweep import run_group
+        from .groups import run_group
 
         for group in groups:
             if self.workers:
@@ -107,7 +107,7 @@ def _answers(procs: list[subprocess.Popen], whats: list[str]) -> list:
 def _isolation(name: str) -> str:
     """Which asks share one probe subprocess: the backends of torch and diffusers alone (naive, chunked, SDPA's
     kernels, diffusers' native ones) together; every other backend (an extension, a compiler, a plugin) apart."""
-    native = backends.family(name) in (backends.REFERENCE, backends.CHUNKED) or name.startswith("sdpa") or \
+    native = backends.family(name) in (backends.MATERIALISED, backends.CHUNKED) or name.startswith("sdpa") or \
         name.startswith("diffusers:") and backends.uses_sdpa(name)
     return "torch" if native and not backends.NEEDS.get(name, backends.Needs()).package else name
 
@@ -151,7 +151,7 @@ def _run_in_workers(group: list[CellSpec], run, sweep, flight, extra: dict) -> N
     is replaced by a new one for the rest; one that dies in a cell leaves that cell `error` (or `timeout`), unless
     the cell's own row was recorded before the worker died, which is kept. A new worker that dies before starting
     any cell means the environment is broken: that raises."""
-    from .sweep import failed_in_flight
+    from .groups import failed_in_flight
 
     remaining, progressed = list(group), True
     while remaining:

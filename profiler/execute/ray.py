@@ -85,7 +85,7 @@ def _calibrate(device: str, when: str) -> dict:
 def _group(rows: list[dict], repeats: int, warmup: int, extra: dict, trace: bool):
     """A Ray generator task: one chunk of cells with one model build, as group_events yields them (with trace,
     each done event carries the cell's trace files: the driver stores them, so no disk need be shared)."""
-    from .sweep import group_events
+    from .groups import group_events
 
     yield from group_events([CellSpec.from_row(r) for r in rows], repeats, warmup, extra, trace)
 
@@ -188,7 +188,7 @@ class _Tasks:
         self.active[gen] = {"cells": list(cells), "in_flight": None, "cancelled": False, "retry": retry}
 
     def step(self, gen) -> None:
-        from .sweep import failed_in_flight
+        from .groups import failed_in_flight
 
         state = self.active[gen]
         try:

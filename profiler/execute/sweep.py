@@ -3,20 +3,17 @@
 Where the groups run is the executor's business: worker subprocesses here (local.py) or Ray tasks (ray.py)."""
 from __future__ import annotations
 
-import contextlib
 import os
-import socket
 import sys
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import backends, devices
-from ..checkpoint import model_files
+from .. import devices
+from ..models import model_files
 from ..measure.limits import cell_peaks
 from ..spec import CellSpec
 from .grid import Sweep
+from .groups import InFlight
 
 
 def predict(cells: list[CellSpec]) -> tuple[dict[str, dict], dict[str, tuple[int, ...]]]:
@@ -199,82 +196,3 @@ def _progress(total: int, initial: int, enabled: bool):
 
     return tqdm(total=total, initial=initial, unit="cell", disable=not enabled, dynamic_ncols=True,
                 file=sys.stderr, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} cells [{elapsed}<{remaining}]")
-
-
-class InFlight:
-    """The cells running now, by worker, for every executor: progress.json in the run folder lists them (with the
-    worker's pid and host) and the progress bar shows the latest."""
-
-    def __init__(self, run, bar):
-        self.run, self.bar, self.cells = run, bar, {}
-
-    def start(self, worker, event: dict) -> None:
-        self.cells[worker] = {"cell_id": event["cell_id"], "label": event["label"], "worker_pid": event["pid"],
-                              "host": event["host"], "started": time.time()}
-        self.bar.set_description_str(event["label"])
-        self._write()
-
-    def end(self, worker) -> None:
-        self.cells.pop(worker, None)
-        self.bar.update(1)
-        self._write()
-
-    def started(self, worker) -> float | None:
-        return self.cells.get(worker, {}).get("started")
-
-    def _write(self) -> None:
-        from ..store import write_json
-
-        if self.cells:
-            write_json(self.run.path / "progress.json", {"in_flight": list(self.cells.values())})
-        else:
-            (self.run.path / "progress.json").unlink(missing_ok=True)
-
-    def close(self) -> None:
-        self.cells.clear()
-        self._write()
-        self.bar.close()
-
-
-def group_events(cells: list[CellSpec], repeats: int, warmup: int, extra: dict | None = None, trace: bool = False):
-    """Run cells that share one (model, dtype, device) with one model build: a start event before each cell, a done
-    event with its rows (and with trace, its trace files: name -> bytes) after it, and an end event with the group's
-    seconds. Every executor runs groups so. extra: per cell, the sweep's predictions and the device's limits."""
-    from ..measure.cell import ModelCache, run_cell
-    from ..plan.timing import attach
-
-    t0, cache, host = time.perf_counter(), ModelCache(), socket.gethostname()
-    cache.expect(cells)  # the group's fp32 references come first, with one model freed before the first cell's
-    for i, c in enumerate(cells):
-        cache.keep_only(cells[i:])  # a part no cell left needs (a ControlNet) leaves the device before this cell
-        yield {"event": "start", "cell_id": c.cell_id, "label": label(c), "pid": os.getpid(), "host": host}
-        more = (extra or {}).get(c.cell_id, {})
-        with tempfile.TemporaryDirectory(prefix="attnprof-trace-") if trace else contextlib.nullcontext() as tmp:
-            cell, blocks = run_cell(c, cache, repeats, warmup, more, Path(tmp) if tmp else None)
-            files = {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir())} if tmp else {}
-        cell.update(attach(cell, blocks, more))
-        yield {"event": "done", "cell_id": c.cell_id, "status": cell["status"], "cell": cell, "blocks": blocks,
-               "files": files}
-    yield {"event": "end", "seconds": time.perf_counter() - t0}  # the group's time, model build included
-
-
-def run_group(cells: list[CellSpec], run, repeats: int, warmup: int, emit, extra: dict | None = None,
-              trace: bool = False) -> None:
-    """group_events with each cell recorded where it ran (in this process, or in a local worker)."""
-    for event in group_events(cells, repeats, warmup, extra, trace):
-        if event["event"] == "done":
-            run.record(event.pop("cell"), event.pop("blocks"), event.pop("files"))
-        emit(event)
-
-
-def label(c: CellSpec) -> str:
-    return f"{c.model} {c.size} b{c.batch} {c.dtype} {backends.label(c.backend, c.backend_options)}"
-
-
-def failed_in_flight(spec: CellSpec, timed_out: bool, timeout_s: float | None, reason: str) -> dict:
-    """The row of a cell whose worker died (or was stopped past timeout_s) while it ran."""
-    from ..measure.cell import failed_cell
-
-    if timed_out:
-        return failed_cell(spec, "timeout", f"cell ran past timeout_s={timeout_s:g} and was stopped")
-    return failed_cell(spec, "error", f"worker died: {reason}")

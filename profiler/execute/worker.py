@@ -44,7 +44,7 @@ def main() -> None:
         print(json.dumps(calibrate(*json.loads(sys.stdin.read()))))
         return
     from ..store import Run
-    from .sweep import run_group
+    from .groups import run_group
 
     job = json.loads(sys.stdin.read())
 

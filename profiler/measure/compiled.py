@@ -97,7 +97,7 @@ def matched(rows: list[dict], ops: list[dict], backend: str) -> str:
 def measure_compiled(spec: CellSpec, cache, repeats: int, warmup: int, dev, peaks: dict,
                      trace_dir) -> tuple[dict, list[dict]]:
     """measure_cell for a compiled cell (see the module's text)."""
-    from .cell import attention_summary, cell_row, timed_forwards
+    from .rows import attention_summary, cell_row, timed_forwards
 
     reference = cache.reference(spec)
     forwards_s, cache.reference_forward_s = cache.reference_forward_s, 0.0
@@ -151,7 +151,7 @@ def _traced_forwards(work, unet, inputs, dev, repeats: int, spec: CellSpec, trac
 def _call_row(spec: CellSpec, row: dict, ops: list[dict], roof: tuple) -> dict:
     """One call's row from its op in each traced forward; where the calls have no op of their own (no ops), its
     shape and memory model with status `fused` and no time."""
-    from .cell import block_row
+    from .rows import block_row
 
     if not ops:
         out = block_row(spec, row, [], {}, None, roof)

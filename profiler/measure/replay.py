@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from .. import backends, devices
-from ..checkpoint import facts_of
+from ..models import facts_of
 from ..spec import CellSpec, torch_dtype
 from .limits import cell_peaks, device_limits, place
 from .probes import CallProbe, CallTimer, summarize, trace_windows, traced

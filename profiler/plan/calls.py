@@ -29,7 +29,7 @@ def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "floa
     from ..backends import check_options, label, predicted_peak_bytes
 
     options = check_options(backend, backend_options or {}) if backend else {}
-    from ..checkpoint import facts_of
+    from ..models import facts_of
 
     p = {"model": model, **facts_of(model), "width": width, "height": height, "batch": batch, "dtype": dtype,
          "settings": dict(settings), "backend": backend, "backend_options": options,
