@@ -570,11 +570,17 @@ GPU_ARCH_HELP = ("on cuda, the GPU whose SDPA kernel choice to follow, as a comp
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .report.compare import THRESHOLD, rule_text
-
+    """attnprof's parser: one _add_<command> per subcommand, in the order --help lists them."""
     parser = _Parser(prog="attnprof", description="Profile the attention blocks of Stable Diffusion U-Nets.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for add in (_add_plan, _add_gpus, _add_fit, _add_models, _add_backends, _add_run, _add_sweep, _add_profile,
+                _add_replay, _add_runs, _add_show, _add_serve, _add_submit, _add_jobs, _add_diff, _add_report,
+                _add_dashboard):
+        add(sub)
+    return parser
 
+
+def _add_plan(sub) -> None:
     p = sub.add_parser("plan", help="per-block tokens, score tables, FLOPs and predicted peak; no GPU, no weights",
                        description="Per-block figures from a meta-device forward: no weights, no GPU.")
     _add_shape_args(p)
@@ -590,9 +596,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings_args(p)
     p.set_defaults(func=cmd_plan)
 
+
+def _add_gpus(sub) -> None:
     p = sub.add_parser("gpus", help="the GPU table: memory, dense throughput and bandwidth, with their sources")
     p.set_defaults(func=cmd_gpus)
 
+
+def _add_fit(sub) -> None:
     p = sub.add_parser("fit", help="the largest image whose forward (--model) or whole generation (--pipeline) "
                                    "fits a memory budget; no GPU",
                        description="With --model: for each backend, the largest image whose whole forward (weights, "
@@ -627,15 +637,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings_args(p)
     p.set_defaults(func=cmd_fit)
 
+
+def _add_models(sub) -> None:
     p = sub.add_parser("models", help="list the models in configs/models")
     p.set_defaults(func=cmd_models)
 
+
+def _add_backends(sub) -> None:
     p = sub.add_parser("backends", help="list the attention backends and whether each is available here")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     p.add_argument("--dtype", help="dtype to check support for (default float32 on the CPU, float16 on CUDA)")
     p.add_argument("--model", help="probe at this model's head dims (default: 40, 64, 80 and 160)")
     p.set_defaults(func=cmd_backends)
 
+
+def _add_run(sub) -> None:
     p = sub.add_parser("run", help="measure per-block time and memory for each backend; writes a run",
                        description="Measure attention per block: the cartesian product of sizes and backends.",
                        epilog=EXIT_CODES)
@@ -653,6 +669,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings_args(p)
     p.set_defaults(func=cmd_run)
 
+
+def _add_sweep(sub) -> None:
     p = sub.add_parser("sweep", help="run a YAML sweep from configs/sweeps (resumable)",
                        description="Run a sweep config: its keys, their defaults and the rules are in "
                                    "docs/sweeps-and-service.md.", epilog=EXIT_CODES)
@@ -663,6 +681,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_exec_args(p, out_default=None)
     p.set_defaults(func=cmd_sweep)
 
+
+def _add_profile(sub) -> None:
     p = sub.add_parser("profile", help="run the built-in default sweep (GPU: default.yaml, CPU: cpu-default.yaml)",
                        description="Run the built-in default sweep for this machine: configs/sweeps/default.yaml "
                                    "where a GPU is visible (SD 1.5 and SDXL across sizes and backends, float16), "
@@ -675,6 +695,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_exec_args(p, out_default=None)
     p.set_defaults(func=cmd_profile)
 
+
+def _add_replay(sub) -> None:
     p = sub.add_parser("replay", help="each distinct attention shape of a run or a plan, its kernel alone; a run",
                        description="Time each distinct attention shape of a run's ok cells (RUN) or of a plan "
                                    "(--model, --size) with the backend's kernel alone on random Q, K, V: no U-Net "
@@ -698,15 +720,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_replay)
 
+
+def _add_runs(sub) -> None:
     p = sub.add_parser("runs", help="list the runs under the results folder")
     p.add_argument("--results", default="results", help="results folder (default results)")
     p.set_defaults(func=cmd_runs)
 
+
+def _add_show(sub) -> None:
     p = sub.add_parser("show", help="print a run's summary")
     p.add_argument("run", nargs="?", default="latest", help="run id, a unique prefix, 'latest' or a folder")
     p.add_argument("--results", default="results", help="results folder (default results)")
     p.set_defaults(func=cmd_show)
 
+
+def _add_serve(sub) -> None:
     p = sub.add_parser("serve", help="the service: a Ray head (or --address's cluster) and the dashboard with its "
                                      "Queue page", description="Start a Ray head on this machine (token "
                        "authentication on; it keeps running after the dashboard stops, so jobs survive a restart), "
@@ -721,6 +749,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs-port", type=int, default=8265, help="Ray's job server / dashboard port (default 8265)")
     p.set_defaults(func=cmd_serve)
 
+
+def _add_submit(sub) -> None:
     p = sub.add_parser("submit", help="queue a sweep config as a Ray Job; prints the job id",
                        description="Validate a sweep config as attnprof sweep would, then queue it as a Ray Job "
                                    "that runs it with --ray on the cluster.")
@@ -731,12 +761,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the latest run of this config there")
     p.set_defaults(func=cmd_submit)
 
+
+def _add_jobs(sub) -> None:
     p = sub.add_parser("jobs", help="list the queued profiles with status, cells done / total and run; stop one",
                        description="The attnprof jobs of the cluster (Ray Jobs), newest first.")
     p.add_argument("--address", help="the job server (default: $ATTNPROF_JOBS_ADDRESS or http://127.0.0.1:8265)")
     p.add_argument("--stop", metavar="ID", help="stop this job (its finished cells stay stored, the run resumable)")
     p.add_argument("--logs", metavar="ID", help="print this job's log")
     p.set_defaults(func=cmd_jobs)
+
+
+def _add_diff(sub) -> None:
+    from .report.compare import THRESHOLD, rule_text
 
     p = sub.add_parser("diff", help="run B against run A, cell by cell; exit 1 on a regression (for CI)",
                        description="Cells matched on model, size, batch, dtype and backend with options; per cell the "
@@ -752,18 +788,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON: summary, matched, only_a, only_b")
     p.set_defaults(func=cmd_diff)
 
+
+def _add_report(sub) -> None:
     p = sub.add_parser("report", help="one self-contained HTML file of one or more runs (no server, no network)")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run ids, unique prefixes, 'latest' or folders")
     p.add_argument("--html", required=True, metavar="FILE", help="where to write the report")
     p.add_argument("--results", default="results", help="results folder (default results)")
     p.set_defaults(func=cmd_report)
 
+
+def _add_dashboard(sub) -> None:
     p = sub.add_parser("dashboard", help="serve the Streamlit dashboard over the runs under the results folder")
     p.add_argument("--results", default="results", help="results folder (default results)")
     p.add_argument("--port", type=int, default=8501, help="port (default 8501)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.set_defaults(func=cmd_dashboard)
-    return parser
 
 
 def main(argv=None) -> int:
