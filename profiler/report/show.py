@@ -162,12 +162,21 @@ def format_run(run: Run) -> str:
              f"command: {m.get('command')}", *_limits_line(m), *_files_lines(m), ""]
     if not len(cells):
         return "\n".join(lines + [f"no cells recorded yet ({len(m.get('cells', []))} planned)"])
+    twins = eager_twins(cells)
+    rows = _cell_rows(cells, twins)
+    lines += [table(rows, [(c, c) for c in _cell_columns(rows, twins)]), "", _footnote(cells)]
+    if len(blocks):
+        lines += ["", "largest measured per-call peaks:", _largest_calls(blocks)]
+    return "\n".join(lines)
+
+
+def _cell_rows(cells, twins: dict) -> list[dict]:
+    """A row per cell, grouped by family (stable within one)."""
     rows = []
     order = {name: i for i, name in enumerate(n for _, group in backends.by_family(cells["backend"]) for n in group)}
-    twins = eager_twins(cells)
-    for c in sorted(cells.to_dict("records"), key=lambda c: order[c["backend"]]):  # grouped by family, stable
+    for c in sorted(cells.to_dict("records"), key=lambda c: order[c["backend"]]):
         ok = c["status"] == "ok"
-        rows.append({**_beside_eager(c, twins.get(c["cell_id"]), ok), 
+        rows.append({**_beside_eager(c, twins.get(c["cell_id"]), ok),
             "model": c["model"], "settings": settings_label(c.get("settings")) or "-",
             "size": f"{c['width']}x{c['height']}", "batch": c["batch"], "dtype": c["dtype"],
             "family": backends.family(c["backend"]),
@@ -185,41 +194,44 @@ def format_run(run: Run) -> str:
             "noisy": "noisy" if ok and c["noisy"] else "",
             "note": str(c.get("attention_note") or "")[:90] if ok else str(c["error"])[:90],
         })
+    return rows
+
+
+def _cell_columns(rows: list[dict], twins: dict) -> list[str]:
+    """The columns the rows need: settings, compile and graph breaks only where a row has them."""
     eager = ["eager forward", "eager attn peak", "eager fwd peak"] if twins else []
-    cols = ["model"] + (["settings"] if any(r["settings"] != "-" for r in rows) else []) + [
+    return ["model"] + (["settings"] if any(r["settings"] != "-" for r in rows) else []) + [
             "size", "batch", "dtype", "family", "backend", "status", "forward"] + (
             ["compile"] if any(r["compile"] for r in rows) else []) + (
             ["graph breaks"] if any(r["graph breaks"] for r in rows) else []) + [
             "attention", "rel err", "attn peak", "predicted", "fwd peak", "fwd predicted", "ratio", "of peak", "noisy",
             *eager, "note"]
-    lines.append(table(rows, [(c, c) for c in cols]))
-    lines += ["", f"Rows by family ({', '.join(backends.FAMILIES)}). attention: {ATTENTION_TIME}. rel err: the output's largest error against "
-              f"the reference output ({_references(cells)}: the same weights and inputs), over its largest value "
-              "((!): past the dtype's tolerance); '0 (= ref)': the cell is the reference itself. compile: seconds "
-              "flex spent compiling its kernels, or a compiled U-Net its first forward (cold: Inductor compiled its "
-              "graphs; warm: they came from its cache), apart from every timed forward; graph breaks: Dynamo's, "
-              "where a compiled cell has any. A compiled cell's attention is its attention op alone (no time where "
-              "Inductor fused it away: note); eager forward / attn peak / fwd peak: the eager cell of the same shape "
-              "and backend in this run. "
-              "attn peak: the largest call's measured transient; predicted: its memory model. fwd peak: the "
-              "forward's peak counted as the planner counts it (weights + inputs + the forward's transient), beside "
-              "the planner's prediction from fake tensors (attnprof plan), and their ratio. of peak: the attention's "
-              "achieved FLOP/s against the roofline bound that applies (the device's measured compute peak, or its "
-              "bandwidth x the calls' FLOPs per byte moved)."]
-    if len(blocks):
-        ok = blocks[blocks["status"] == "ok"]
-        top = ok.sort_values("peak_mem_bytes", ascending=False).head(5)
-        lines += ["", "largest measured per-call peaks:"]
-        lines.append(table([{
-            "backend": label(b["backend"], b["backend_options"]), "size": f"{b['width']}x{b['height']}",
-            "block": b["block"],
-            "tokens": f"{b['tokens_q']}x{b['tokens_k']}", "time": f"{b['time_ms']:.2f} ms",
-            "peak": human_bytes(b["peak_mem_bytes"]), "predicted": human_bytes(b["predicted_peak_bytes"]),
-            "of peak": _of_peak(b.get("pct_of_peak"), b.get("roofline_bound")),
-            "kernel": b["kernel"]} for b in top.to_dict("records")],
-            [(c, c) for c in ("backend", "size", "block", "tokens", "time", "peak", "predicted", "of peak",
-                              "kernel")]))
-    return "\n".join(lines)
+
+
+def _footnote(cells) -> str:
+    return (f"Rows by family ({', '.join(backends.FAMILIES)}). attention: {ATTENTION_TIME}. rel err: the output's "
+            f"largest error against the reference output ({_references(cells)}: the same weights and inputs), over "
+            "its largest value ((!): past the dtype's tolerance); '0 (= ref)': the cell is the reference itself. "
+            "compile: seconds flex spent compiling its kernels, or a compiled U-Net its first forward (cold: "
+            "Inductor compiled its graphs; warm: they came from its cache), apart from every timed forward; graph "
+            "breaks: Dynamo's, where a compiled cell has any. A compiled cell's attention is its attention op alone "
+            "(no time where Inductor fused it away: note); eager forward / attn peak / fwd peak: the eager cell of "
+            "the same shape and backend in this run. attn peak: the largest call's measured transient; predicted: "
+            "its memory model. fwd peak: the forward's peak counted as the planner counts it (weights + inputs + "
+            "the forward's transient), beside the planner's prediction from fake tensors (attnprof plan), and their "
+            "ratio. of peak: the attention's achieved FLOP/s against the roofline bound that applies (the device's "
+            "measured compute peak, or its bandwidth x the calls' FLOPs per byte moved).")
+
+
+def _largest_calls(blocks) -> str:
+    top = blocks[blocks["status"] == "ok"].sort_values("peak_mem_bytes", ascending=False).head(5)
+    return table([{
+        "backend": label(b["backend"], b["backend_options"]), "size": f"{b['width']}x{b['height']}",
+        "block": b["block"], "tokens": f"{b['tokens_q']}x{b['tokens_k']}", "time": f"{b['time_ms']:.2f} ms",
+        "peak": human_bytes(b["peak_mem_bytes"]), "predicted": human_bytes(b["predicted_peak_bytes"]),
+        "of peak": _of_peak(b.get("pct_of_peak"), b.get("roofline_bound")),
+        "kernel": b["kernel"]} for b in top.to_dict("records")],
+        [(c, c) for c in ("backend", "size", "block", "tokens", "time", "peak", "predicted", "of peak", "kernel")])
 
 
 def _compile(c: dict) -> str:
