@@ -87,14 +87,7 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
     time: a second one gets store.RunBusy naming the first."""
     from ..store import Run, now
 
-    if sweep.executor == "ray":
-        from .ray import RayExecutor
-
-        executor = RayExecutor(sweep.ray_address, sweep.out)
-    else:
-        from .local import LocalExecutor
-
-        executor = LocalExecutor(workers)
+    executor = _executor(sweep, workers)
     device = executor.device(sweep.device)
     cells = sweep.cells(device)
     budget = sweep.memory_budget or executor.free_memory(device)
@@ -121,18 +114,7 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
         flight = InFlight(run, _progress(len(cells), len(cells) - len(pending), progress))
         interrupted = False
         try:  # from the preflight on: whatever fails, the manifest says the run ended, and how
-            pre, predicted = preflight(pending, budget, force, executor.availability)
-            times = _predicted_times([c for c in pending if c.cell_id not in pre], limits, sweep, progress)
-            extra = {c.cell_id: {**predicted[c.cell_id], **cell_peaks(limits, c.dtype), **times.get(c.cell_id, {})}
-                     for c in pending}
-            for c in [c for c in pending if c.cell_id in pre]:
-                run.record(pre[c.cell_id], [])
-                flight.bar.update(1)
-            groups: dict[tuple, list[CellSpec]] = {}
-            for c in pending:
-                if c.cell_id not in pre:
-                    groups.setdefault((c.model, c.dtype, c.device), []).append(c)
-            executor.run(list(groups.values()), run, sweep, flight, extra)
+            _run_pending(pending, run, sweep, executor, flight, budget, force, limits, progress)
         except KeyboardInterrupt:
             interrupted = True
         finally:
@@ -144,6 +126,35 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
             run.update_manifest(ended_at=now(), interrupted=interrupted)
             run.compact()
     return Outcome(run.path, interrupted)
+
+
+def _executor(sweep: Sweep, workers: bool):
+    """The sweep's executor: Ray, or local worker subprocesses (in this process with workers=False)."""
+    if sweep.executor == "ray":
+        from .ray import RayExecutor
+
+        return RayExecutor(sweep.ray_address, sweep.out)
+    from .local import LocalExecutor
+
+    return LocalExecutor(workers)
+
+
+def _run_pending(pending: list[CellSpec], run, sweep: Sweep, executor, flight, budget: int, force: bool,
+                 limits: dict, progress: bool) -> None:
+    """The preflight's rows recorded, the predicted time said, then the rest group by group (one model build per
+    (model, dtype, device)) on the executor, each cell with its predictions and the device's limits."""
+    pre, predicted = preflight(pending, budget, force, executor.availability)
+    times = _predicted_times([c for c in pending if c.cell_id not in pre], limits, sweep, progress)
+    extra = {c.cell_id: {**predicted[c.cell_id], **cell_peaks(limits, c.dtype), **times.get(c.cell_id, {})}
+             for c in pending}
+    for c in [c for c in pending if c.cell_id in pre]:
+        run.record(pre[c.cell_id], [])
+        flight.bar.update(1)
+    groups: dict[tuple, list[CellSpec]] = {}
+    for c in pending:
+        if c.cell_id not in pre:
+            groups.setdefault((c.model, c.dtype, c.device), []).append(c)
+    executor.run(list(groups.values()), run, sweep, flight, extra)
 
 
 def _calibrate(run, executor, device: str, when: str) -> None:
