@@ -100,7 +100,7 @@ def test_attnprof_backends_lists_every_dispatcher_backend_by_family(monkeypatch,
     monkeypatch.setattr(backends, "_probe", lambda *a: (True, ""))  # the reasons said before running anything
     assert main(["backends", "--device", "cpu", "--dtype", "float32"]) == 0
     out = capsys.readouterr().out
-    for family in ("reference:", "chunked:", "fused exact:", "fused approximate:"):
+    for family in ("materialised:", "chunked:", "fused exact:", "fused approximate:"):
         assert f"\n{family}\n" in out
     for b in AttentionBackendName:
         assert f"  diffusers:{b.value} " in out

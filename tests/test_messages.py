@@ -23,7 +23,7 @@ COMMAND = re.compile(r"attnprof ([a-z]+)\b([^;:()`]*)")  # 'attnprof sweep CONFI
 # Flags of other programs that messages tell the user to type: `ray start --head`, the worker's own modes.
 OTHERS = {"head": "ray start --head", "probe": "execute/worker.py --probe", "limits": "execute/worker.py --limits",
           "calibrate": "execute/worker.py --calibrate", "generate": "ray get-auth-token --generate",
-          "report": "make gpu-check's --report (gpu_check.py's own parser)"}
+          "node-ip-address": "ray start --node-ip-address (attnprof serve's head)"}
 
 
 def _parsers() -> dict[str, argparse.ArgumentParser]:
@@ -54,7 +54,9 @@ def _texts() -> list[tuple[str, str]]:
 
 def test_every_flag_a_message_names_exists():
     parsers = _parsers()
-    known = set().union(*map(_flags, parsers.values())) | {"help"}
+    from profiler.gpu_check.runner import parser as gpu_check_parser
+
+    known = set().union(*map(_flags, parsers.values()), _flags(gpu_check_parser())) | {"help"}  # make gpu-check's
     unknown = [(where, flag) for where, text in _texts() for flag in FLAG.findall(text)
                if flag not in known and flag not in OTHERS]
     assert unknown == []

@@ -174,3 +174,22 @@ def test_the_sweeps_predicted_total_and_its_end_summary():
     lines = timing.format_versus(cells).splitlines()
     assert len(lines) == 2  # the oom cell has no measurement to set against its prediction
     assert lines[1] == "  sdpa       64x64: attention 20 vs 30 (1.50x), forward 60 vs 90 (1.50x)"
+
+
+def test_calibration_skips_cells_it_cannot_sample(tmp_path):
+    """A stored run may hold a plugin's backend that this process has not loaded (tests/faults.py's, in a Ray job
+    that did not set ATTNPROF_PLUGINS) or a model file gone since: those cells are left out, never an error that
+    stops the sweep before its first cell."""
+    from profiler.store import Run
+
+    good = _synthetic_run(tmp_path, [(64, 64), (128, 128)])
+    blocks = good.blocks()
+    other = Run.create(tmp_path, {"device_peak_flops": PEAKS[0], "device_peak_bytes_per_s": PEAKS[1],
+                                  "device_limits": {"key": device_key("cpu"), "measured_at": "synthetic"}},
+                       run_id="plugins")
+    for backend, model in (("fault-not-loaded", "tiny-sd15"), ("naive", str(tmp_path / "gone.safetensors"))):
+        spec = CellSpec(model, 64, 64, 1, "float32", backend, "cpu")
+        rows = [{**r, **spec.as_row()} for r in blocks[blocks["width"] == 64].to_dict("records")]
+        other.record({**spec.as_row(), "status": "ok", "attention_time_ms": 1.0, "forward_time_ms": 2.0}, rows)
+    calls, cells, _, runs = timing.samples(tmp_path, device_key("cpu"))
+    assert sorted(runs) == ["plugins", "synthetic"] and len(cells) == 2  # the two good cells only

@@ -39,6 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from .. import backends
+from ..spec import InputError
 
 CALIBRATION_FILE = "time-calibration.json"
 CALL_FEATURES = ("core_self", "core_cross", "projections", "overhead")
@@ -206,8 +207,14 @@ def samples(results: Path, key: str) -> tuple[list[dict], list[dict], dict, list
         limits = {k: manifest[k] for k in ("device_peak_flops", "device_peak_bytes_per_s", "device_limits")}
         runs.append(run.id)
         for cell in ok.to_dict("records"):
+            if cell["backend"] not in backends.BACKENDS or not cell.get("attention_time_ms") == \
+                    cell.get("attention_time_ms"):  # a plugin's backend not loaded here; no attention time (fused)
+                continue
             rows = blocks[blocks["cell_id"] == cell["cell_id"]].sort_values("call_index").to_dict("records")
-            c, r = _cell_samples(cell, rows, manifest)
+            try:
+                c, r = _cell_samples(cell, rows, manifest)
+            except InputError:  # its model no longer resolves here (a file moved, a hub id not cached)
+                continue
             calls += [{**s, "run": run.id} for s in c]
             cells.append({**r, "run": run.id})
     return calls, cells, limits, runs
