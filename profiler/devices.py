@@ -359,12 +359,12 @@ class GpuTarget:
 _ARCH = re.compile(r"(?:sm_?)?(\d+)(?:\.(\d))?")
 
 
-def gpu_target(arch: str | None = None) -> GpuTarget:
-    """This machine's first CUDA device (its capability and cuDNN read without making a CUDA context), else an
+def gpu_target(arch: str | None = None, index: int = 0) -> GpuTarget:
+    """This machine's CUDA device `index` (its capability and cuDNN read without making a CUDA context), else an
     assumed one: `arch` as sm90, sm_86 or 8.9, or by default sm90 (H100 / H200) with a recent cuDNN."""
     cuda_major = int(str(torch.version.cuda or "13").split(".")[0])
     if arch is None and torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
+        props = torch.cuda.get_device_properties(index)
         return GpuTarget(props.name, (props.major, props.minor), torch.backends.cudnn.version(), cuda_major, False)
     if arch is None:
         return GpuTarget("assumed: no GPU here, an H100 / H200", (9, 0), None, cuda_major, True)

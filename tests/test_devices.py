@@ -360,7 +360,8 @@ def test_where_a_cuda_context_exists_pytorch_is_asked_and_the_rule_kept_beside(m
     monkeypatch.setattr(devices, "asked_sdpa_choice", asked)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     h200 = devices.GpuTarget("NVIDIA H200", (9, 0), 91501, 13, False)
-    monkeypatch.setattr(devices, "gpu_target", lambda arch=None: h200)
+    asked_for = []
+    monkeypatch.setattr(devices, "gpu_target", lambda arch=None, index=0: asked_for.append(index) or h200)
     assert devices.sdpa_choice("float16", 160, 77, "cuda", h200) == "flash"  # asked
     assert devices.sdpa_choice("float16", 160, 77, "cuda", devices.GpuTarget("x", (9, 0), None, 13, True)) == "cudnn"
     blocks = [{"head_dim": 40, "tokens_k": 4096}, {"head_dim": 160, "tokens_k": 64}]
@@ -368,5 +369,7 @@ def test_where_a_cuda_context_exists_pytorch_is_asked_and_the_rule_kept_beside(m
     assert [(b["sdpa_kernel_asked"], b["sdpa_kernel_rule"]) for b in blocks] == [("cudnn", "cudnn"),
                                                                                  ("flash", "cudnn")]
     assert cell == {"sdpa_rule_differs": "head_dim 160 tokens_k 64: torch flash, rule cudnn"}
+    sdpa_choices(CellSpec("sd15", 512, 512, 1, "float16", "sdpa", "cuda:1"), blocks)
+    assert asked_for[-2:] == [0, 1]  # the rule of the cell's own GPU: cuda:1's, not device 0's
     assert sdpa_choices(CellSpec("sd15", 512, 512, 1, "float16", "sdpa-flash", "cuda"), blocks) == {}  # forced
     assert sdpa_choices(CellSpec("sd15", 512, 512, 1, "float16", "sdpa", "cpu"), blocks) == {}

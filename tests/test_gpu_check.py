@@ -2,6 +2,7 @@
 its budget held (checks that would not fit skipped, one that overruns stopped), SIGTERM leaving a report that says
 where it stopped, a failing shared run run once, and the record table kept. The checks themselves run on a GPU
 (tests/test_gpu.py, make gpu-check)."""
+import json
 import os
 import signal
 import subprocess
@@ -28,10 +29,10 @@ def _rows(report: Path) -> list[list[str]]:
             ln.split(" | ")[0].strip("| ").isdigit()]
 
 
-def _start(tmp_path, budget: float) -> subprocess.Popen:
+def _start(tmp_path, budget: float, session: bool = False) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "profiler.gpu_check", *DRY, "--out", str(tmp_path / "gc"),
                              "--budget-s", str(budget)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=session)
 
 
 def test_without_cuda_it_says_so_in_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
@@ -77,24 +78,32 @@ def test_the_dry_run_prints_its_plan_writes_as_it_goes_and_ends_within_its_budge
     assert proc.returncode == (1 if "stopped" in verdict[0] else 0), err[-2000:]
 
 
-def test_sigterm_ends_the_check_in_flight_and_leaves_a_report_that_says_so(tmp_path):
-    """SIGTERM while the sweep runs (the 14th check): the report keeps the 13 checks done and says where it
-    stopped; the exit is non-zero; the run folder (with its worker.log) is under --out."""
-    proc = _start(tmp_path, 600)
+@pytest.mark.parametrize("how", ["SIGTERM to the process", "SIGINT to its process group"])
+def test_a_stop_ends_the_check_in_flight_and_leaves_a_report_that_says_so(tmp_path, how):
+    """SIGTERM (a `timeout`) to the process, or SIGINT to its whole process group (Ctrl-C in a terminal: the sweep's
+    worker gets it too) while the sweep runs (the 14th check): the report keeps the 13 checks done and says where
+    it stopped; the exit is non-zero; the run folder (with its worker.log) is under --out."""
+    group = how.endswith("group")
+    proc = _start(tmp_path, 600, session=group)
     report, runs = tmp_path / "gc" / "gpu-validation.md", tmp_path / "gc" / "runs"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and not (runs.exists() and list(runs.iterdir())):  # the sweep's run began
         time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
+    if group:
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1, err[-2000:]
     rows, text = _rows(report), report.read_text()
     assert len(rows) == 13 and {r[2] for r in rows} == {"SKIP"}
-    assert f"**stopped after 13 of {len(gpu_check.CHECKS)} checks: SIGTERM received during forward peak matches " \
+    name = "SIGINT" if group else "SIGTERM"
+    assert f"**stopped after 13 of {len(gpu_check.CHECKS)} checks: {name} received during forward peak matches " \
            "the planner**" in text
     assert "stopped after 13" in (tmp_path / "gc" / "gpu-check.log").read_text()
     (run,) = runs.iterdir()
-    assert (run / "manifest.json").exists()
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["ended_at"] and manifest["interrupted"] is True  # the sweep's run closed as interrupted
 
 
 def test_a_failing_sweep_is_run_once_and_each_check_on_it_fails_with_the_reason(tmp_path, monkeypatch, capsys):

@@ -108,12 +108,12 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
         if resumed:
             jobs = run.manifest().get("job_ids", []) + ([job_id] if job_id else [])
             run.update_manifest(resumed_at=now(), ended_at=None, memory_budget_bytes=budget, job_ids=jobs, **limits)
-        _calibrate(run, executor, device, "start")
         done = run.done_cells()
         pending = [c for c in cells if c.cell_id not in done or (retry_failed and done[c.cell_id] != "ok")]
         flight = InFlight(run, _progress(len(cells), len(cells) - len(pending), progress))
         interrupted = False
-        try:  # from the preflight on: whatever fails, the manifest says the run ended, and how
+        try:  # from the calibration on: whatever fails or stops it, the manifest says the run ended, and how
+            _calibrate(run, executor, device, "start")
             _run_pending(pending, run, sweep, executor, flight, budget, force, limits, progress)
         except KeyboardInterrupt:
             interrupted = True

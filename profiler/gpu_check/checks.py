@@ -374,7 +374,8 @@ def check_sdpa_picks_the_kernel_the_planner_names(ctx: Context) -> str:
     if not len(sdpa):
         raise Skip("no sdpa cell of the sweep ended ok")
     device = ctx.device.split(":")[0]
-    where = devices.gpu_target().describe() if device == "cuda" else "the CPU"
+    where = devices.gpu_target(index=torch.device(ctx.device).index or 0).describe() if device == "cuda" \
+        else "the CPU"
     wrong, said, rule = [], [], []
     for r in sdpa.drop_duplicates(["dtype", "head_dim", "tokens_k"]).itertuples():
         ran = ",".join(sorted(set(sdpa[(sdpa["head_dim"] == r.head_dim) & (sdpa["tokens_k"] == r.tokens_k)]

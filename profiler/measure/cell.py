@@ -207,7 +207,7 @@ def sdpa_choices(spec: CellSpec, blocks: list[dict]) -> dict:
     (None where they agree; absent off CUDA, where the planner always asks)."""
     if not (backends.picks_sdpa_kernel(spec.backend) and spec.device.startswith("cuda")):
         return {}
-    target, differs = devices.gpu_target(), {}
+    target, differs = devices.gpu_target(index=torch.device(spec.device).index or 0), {}  # the cell's GPU
     for b in blocks:
         b["sdpa_kernel_asked"] = devices.asked_sdpa_choice(spec.dtype, b["head_dim"], b["tokens_k"],
                                                            torch.device(spec.device))
