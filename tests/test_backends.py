@@ -6,8 +6,9 @@ import pytest
 import torch
 from diffusers.models.attention_processor import Attention, AttnProcessor
 
-from profiler import backends, models
+from profiler import backends, chunked, models
 from profiler.measure.probes import cpu_peak_bytes
+from profiler.plan import memory
 from profiler.recorder import describe_call
 from profiler.spec import InputError
 
@@ -57,11 +58,11 @@ def test_backend_matches_float64_reference(name, kind, dtype, tol):
 
 
 CORES = {
-    "split": lambda q, k, v, mask=None, **kw: backends.split_attention(q, k, v, mask, budget_bytes=1, **kw),
-    "subquad-k1": lambda q, k, v, mask=None, **kw: backends.subquad_attention(q, k, v, mask, query_chunk=1,
-                                                                             key_chunk=1, **kw),
-    "subquad-k2": lambda q, k, v, mask=None, **kw: backends.subquad_attention(q, k, v, mask, query_chunk=2,
-                                                                             key_chunk=2, **kw),
+    "split": lambda q, k, v, mask=None, **kw: chunked.split_attention(q, k, v, mask, budget_bytes=1, **kw),
+    "subquad-k1": lambda q, k, v, mask=None, **kw: chunked.subquad_attention(q, k, v, mask, query_chunk=1,
+                                                                            key_chunk=1, **kw),
+    "subquad-k2": lambda q, k, v, mask=None, **kw: chunked.subquad_attention(q, k, v, mask, query_chunk=2,
+                                                                            key_chunk=2, **kw),
 }
 
 
@@ -191,7 +192,7 @@ def measure_call(name, dtype=torch.float32, **options):
     with torch.no_grad():
         _, measured = cpu_peak_bytes(lambda: processor(attn, x))
     row = describe_call(attn, x, None)
-    return measured, backends.predicted_peak_bytes(name, row, str(dtype).removeprefix("torch."), **options)
+    return measured, memory.predicted_peak_bytes(name, row, str(dtype).removeprefix("torch."), **options)
 
 
 @pytest.fixture(scope="module")
@@ -219,11 +220,11 @@ def test_memory_models_within_10_percent(name, options, naive_peak):
 def test_split_budget_bounds_the_chunk_table():
     row = {"batch": 2, "heads": 8, "head_dim": 40, "tokens_q": 4096, "tokens_k": 4096,
            "score_elements": 2 * 8 * 4096 * 4096, "score_bytes": 2 * 8 * 4096 * 4096 * 2}
-    assert backends.split_rows(16, 4096, 2, 64 * MiB) == 512
-    assert backends.split_rows(16, 4096, 2, 1) == 1
-    small = backends.predicted_peak_bytes("split", row, "float16", budget_bytes=16 * MiB)
-    large = backends.predicted_peak_bytes("split", row, "float16", budget_bytes=256 * MiB)
-    naive = backends.predicted_peak_bytes("naive", row, "float16")
+    assert chunked.split_rows(16, 4096, 2, 64 * MiB) == 512
+    assert chunked.split_rows(16, 4096, 2, 1) == 1
+    small = memory.predicted_peak_bytes("split", row, "float16", budget_bytes=16 * MiB)
+    large = memory.predicted_peak_bytes("split", row, "float16", budget_bytes=256 * MiB)
+    naive = memory.predicted_peak_bytes("naive", row, "float16")
     assert small < large < naive == 2 * row["score_bytes"] + 3 * 2 * 4096 * 320 * 2
 
 

@@ -7,7 +7,7 @@ import pytest
 from profiler.cli import main
 from profiler.execute.grid import Sweep
 from profiler.execute.sweep import execute
-from profiler.plan import plan
+from profiler.plan import memory, plan
 from profiler.plan.fit import BUCKETS, fit, fit_many
 from profiler.plan.forward import trace
 from profiler.store import Run
@@ -62,7 +62,7 @@ def test_memory_models_match_the_traced_calls_for_every_backend(device, dtype):
     for name, b in t["backends"].items():
         for row in t["rows"]:
             traced = row["traced_peak_bytes"][name]
-            model = backends.predicted_peak_bytes(name, row, dtype)
+            model = memory.predicted_peak_bytes(name, row, dtype)
             if not b["how"].startswith("memory model") and traced > MiB:
                 assert model == pytest.approx(traced, rel=0.1), (name, row["block"], model, traced)
 
@@ -85,7 +85,7 @@ def test_memory_models_hold_to_the_trace_for_every_call_at_real_head_dims(model,
         assert not t["backends"][name]["how"].startswith(("processor, chunks", "memory model")), name  # all traced
         for row in t["rows"]:
             traced = row["traced_peak_bytes"][name]
-            assert backends.predicted_peak_bytes(name, row, "float16") == pytest.approx(traced, rel=0.01), \
+            assert memory.predicted_peak_bytes(name, row, "float16") == pytest.approx(traced, rel=0.01), \
                 (name, row["block"], row["head_dim"], row["kind"])
     for row in t["rows"]:  # the accumulator (4 bytes per output element) only where head_dim is 160
         peaks = row["traced_peak_bytes"]
@@ -121,7 +121,7 @@ def _one_call(name: str, batch: int, head_dim: int, tokens_q: int, tokens_k: int
         with torch.no_grad(), live:
             backends.make_processor(name, **options)(attn, x, ctx)
         row = {**describe_call(attn, x, ctx), "device": "cpu", "sdpa_kernel": "flash"}  # the CPU's, as traced
-    return live.peak, backends.predicted_peak_bytes(name, row, str(dtype).removeprefix("torch."), **options)
+    return live.peak, memory.predicted_peak_bytes(name, row, str(dtype).removeprefix("torch."), **options)
 
 
 @pytest.mark.parametrize("name, options", [("naive", {}), ("sliced", {}), ("sliced", {"slice_size": 3}),

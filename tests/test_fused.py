@@ -11,7 +11,7 @@ from profiler import backends, fused
 from profiler.execute.grid import Sweep
 from profiler.execute.sweep import execute
 from profiler.measure.probes import cpu_peak_bytes
-from profiler.plan import plan
+from profiler.plan import memory, plan
 from profiler.plan.forward import trace
 from profiler.recorder import describe_call
 from profiler.store import Run
@@ -136,7 +136,7 @@ def test_dispatcher_memory_models_hold_to_the_trace_at_real_head_dims(model, hea
             assert not t["backends"][name]["how"].startswith("memory model"), (name, t["backends"][name]["how"])
             for row in t["rows"]:
                 traced = row["traced_peak_bytes"][name]
-                assert backends.predicted_peak_bytes(name, row, dtype) == pytest.approx(traced, rel=0.01), \
+                assert memory.predicted_peak_bytes(name, row, dtype) == pytest.approx(traced, rel=0.01), \
                     (device, name, row["block"], row["head_dim"], row["kind"])
 
 
@@ -165,7 +165,7 @@ def call_peak(name, tokens, head_dim, heads=8, **options):
         processor(attn, x)  # compiles, where the backend does
         _, measured = cpu_peak_bytes(lambda: processor(attn, x))
     row = {**describe_call(attn, x, None), "device": "cpu"}
-    return measured, backends.predicted_peak_bytes(name, row, "float32", **options)
+    return measured, memory.predicted_peak_bytes(name, row, "float32", **options)
 
 
 @pytest.mark.parametrize("name", ["diffusers:native", "diffusers:flex"])

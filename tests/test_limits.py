@@ -6,6 +6,7 @@ import pytest
 
 from profiler import backends
 from profiler.measure import limits
+from profiler.plan import memory
 
 # SD 1.5's finest self-attention at 512x512 in float32: batch 1, 8 heads of 40, 4096 x 4096 tokens
 ROW = {"batch": 1, "heads": 8, "head_dim": 40, "tokens_q": 4096, "tokens_k": 4096, "score_elements": 8 * 4096 * 4096,
@@ -46,16 +47,16 @@ def test_the_cache_lives_under_xdg_cache_home_unless_attnprof_cache_says(monkeyp
     ("sdpa-math", {}, QKVO + 4 * TABLE),  # float32 already: no copies
 ])
 def test_each_backends_model_of_the_bytes_a_call_moves(name, options, expected):
-    assert backends.bytes_moved(name, ROW, "float32", **options) == expected
+    assert memory.bytes_moved(name, ROW, "float32", **options) == expected
 
 
 def test_math_copies_half_inputs_to_float32_and_sdpa_follows_its_kernel():
     half = {**ROW, "score_bytes": TABLE // 2}
     a = 8 * 4096 * 40 * 2  # one projection in float16
-    assert backends.bytes_moved("sdpa-math", half, "float16") == 2 * 4 * a + 4 * TABLE + 3 * a * 3 + a * 3
-    assert backends.bytes_moved("sdpa", {**half, "sdpa_kernel": "math"}, "float16") == \
-        backends.bytes_moved("sdpa-math", half, "float16")
-    assert backends.bytes_moved("sdpa", {**half, "sdpa_kernel": "flash"}, "float16") == 4 * a
+    assert memory.bytes_moved("sdpa-math", half, "float16") == 2 * 4 * a + 4 * TABLE + 3 * a * 3 + a * 3
+    assert memory.bytes_moved("sdpa", {**half, "sdpa_kernel": "math"}, "float16") == \
+        memory.bytes_moved("sdpa-math", half, "float16")
+    assert memory.bytes_moved("sdpa", {**half, "sdpa_kernel": "flash"}, "float16") == 4 * a
 
 
 def test_a_registered_backend_moves_the_bytes_of_the_builtin_it_is_like():
@@ -63,7 +64,7 @@ def test_a_registered_backend_moves_the_bytes_of_the_builtin_it_is_like():
 
     backends.register(backends.Backend("mine", "materialised", "a plugin", factory=AttnProcessor, memory_like="naive"))
     try:
-        assert backends.bytes_moved("mine", ROW, "float32") == backends.bytes_moved("naive", ROW, "float32")
+        assert memory.bytes_moved("mine", ROW, "float32") == memory.bytes_moved("naive", ROW, "float32")
     finally:
         backends.BACKENDS.pop("mine")
 

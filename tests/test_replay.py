@@ -8,7 +8,7 @@ import pytest
 from profiler import backends
 from profiler.cli import main
 from profiler.measure.replay import shape_of
-from profiler.plan import plan
+from profiler.plan import memory, plan
 from profiler.store import Run, list_runs
 from tests.rss import fresh_process_peak_rss_of
 
@@ -43,7 +43,7 @@ def test_a_plans_every_distinct_shape_is_replayed_and_stored_as_a_run(tmp_path, 
     assert by_shape["time_ms"].nunique().eq(1).all()  # each shape measured once, its figures on all its calls
     assert by_shape["time_samples_ms"].first().map(len).ge(2).all()
     assert (blocks["kernel"] == "aten::_scaled_dot_product_flash_attention_for_cpu").all()
-    assert blocks["bytes_moved"].tolist() == [backends.bytes_moved("sdpa", r, "float32") for r in rows]
+    assert blocks["bytes_moved"].tolist() == [memory.bytes_moved("sdpa", r, "float32") for r in rows]
     assert blocks["pct_of_peak"].gt(0).all() and blocks["in_model_time_ms"].isna().all()
     assert cell["attention_time_ms"] == pytest.approx(blocks["time_ms"].sum())
     assert main(["show", run.id, "--results", str(out)]) == 0 and "tiny-sdxl" in capsys.readouterr().out

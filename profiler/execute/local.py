@@ -107,9 +107,9 @@ def _answers(procs: list[subprocess.Popen], whats: list[str]) -> list:
 def _isolation(name: str) -> str:
     """Which asks share one probe subprocess: the backends of torch and diffusers alone (naive, chunked, SDPA's
     kernels, diffusers' native ones) together; every other backend (an extension, a compiler, a plugin) apart."""
-    native = backends.family(name) in (backends.MATERIALISED, backends.CHUNKED) or name.startswith("sdpa") or \
-        name.startswith("diffusers:") and backends.uses_sdpa(name)
-    return "torch" if native and not backends.NEEDS.get(name, backends.Needs()).package else name
+    b = backends.BACKENDS[name]
+    native = b.family in (backends.MATERIALISED, backends.CHUNKED) or b.uses_sdpa
+    return "torch" if native and not b.needs.package else name
 
 
 def probe_apart(asks: list[tuple]) -> list[tuple[bool, str]]:

@@ -25,6 +25,7 @@ import torch
 
 from .. import backends, devices
 from ..models import facts_of
+from ..plan.memory import bytes_moved, predicted_peak_bytes
 from ..spec import CellSpec, torch_dtype
 from .limits import cell_peaks, device_limits, place
 from .probes import CallProbe, CallTimer, summarize, trace_windows, traced
@@ -174,13 +175,13 @@ def _replay_cell(spec, rows, in_model, repeats, warmup, measured: dict, peaks: d
             base = {k: row[k] for k in ("call_index", "block", "stage", "level", "kind", "batch", "heads", "head_dim",
                                         "tokens_q", "tokens_k", "score_elements", "score_bytes", "flops", "upcast")}
             modelled = {**base, "sdpa_kernel": figures["sdpa_kernel"], "device": spec.device}
-            moved = backends.bytes_moved(spec.backend, modelled, spec.dtype, **spec.options)
+            moved = bytes_moved(spec.backend, modelled, spec.dtype, **spec.options)
             qkv = (base["tokens_q"] + 2 * base["tokens_k"]) * base["batch"] * base["heads"] * base["head_dim"] * \
                 torch_dtype(spec.dtype).itemsize  # held before the call here, allocated by it inside the model
             inside = in_model.get((label, row["block"]))
             blocks.append({**spec.as_row(), **base, **figures,
-                           "predicted_peak_bytes": backends.predicted_peak_bytes(spec.backend, modelled, spec.dtype,
-                                                                                 **spec.options) - qkv,
+                           "predicted_peak_bytes": predicted_peak_bytes(spec.backend, modelled, spec.dtype,
+                                                                        **spec.options) - qkv,
                            "bytes_moved": moved, **place(row["flops"], moved, figures["time_ms"], *roof),
                            "in_model_time_ms": inside,
                            "gap_ms": None if inside is None else inside - figures["time_ms"], "status": "ok"})

@@ -9,6 +9,7 @@ from torch.utils._pytree import tree_leaves
 
 from .. import backends
 from ..models import facts_of
+from ..plan.memory import bytes_moved, predicted_peak_bytes
 from ..spec import CellSpec
 from .limits import place
 from .probes import CallTimer, summarize
@@ -51,12 +52,12 @@ def block_row(spec: CellSpec, row: dict, samples: list[float], seen: dict, peak:
     kernel, the SDPA kernel, GPU time, and its memory where `peak` is None), its memory model and roofline."""
     row = {k: v for k, v in row.items() if k != "pass_index"}
     timing = summarize(samples)
-    moved = backends.bytes_moved(spec.backend, row, spec.dtype, **spec.options)
+    moved = bytes_moved(spec.backend, row, spec.dtype, **spec.options)
     return {**spec.as_row(), **row, **timing, "time_samples_ms": samples,
             "sdpa_kernel": seen.get("sdpa_kernel") if backends.uses_sdpa(spec.backend) else None,  # where it ran
             "peak_mem_bytes": peak if peak is not None else seen.get("peak_mem_bytes"),
-            "predicted_peak_bytes": backends.predicted_peak_bytes(spec.backend, {**row, "device": spec.device},
-                                                                  spec.dtype, **spec.options),
+            "predicted_peak_bytes": predicted_peak_bytes(spec.backend, {**row, "device": spec.device}, spec.dtype,
+                                                         **spec.options),
             "kernel": seen.get("kernel", ""), "gpu_time_ms": seen.get("gpu_time_ms"),
             "gpu_kernels": ",".join(seen["gpu_kernels"]) if seen.get("gpu_time_ms") is not None else None,
             "bytes_moved": moved, **place(row["flops"], moved, timing["time_ms"], *roof), "status": "ok"}

@@ -26,7 +26,8 @@ def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "floa
     from ..spec import InputError
 
     dtype = parse_dtype(dtype)
-    from ..backends import check_options, label, predicted_peak_bytes
+    from ..backends import check_options, label
+    from .memory import predicted_peak_bytes
 
     options = check_options(backend, backend_options or {}) if backend else {}
     from ..models import facts_of

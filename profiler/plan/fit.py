@@ -20,6 +20,7 @@ from .. import backends, devices
 from ..fmt import human_bytes, table
 from ..spec import InputError, parse_dtype
 from ..workload import Workload
+from . import memory
 from .forward import LEFT_OUT, how_traced, method_text, trace
 
 # SDXL's trained aspect buckets (width x height), about 1024^2 pixels each
@@ -141,7 +142,7 @@ def fit_many(model: str, budgets: list[int], names: list[str] | None = None, dty
         screened[n] = []
         for w, h in sizes:
             pix = w * h
-            calls = [backends.predicted_peak_bytes(n, r, compute, **options) for r in _rows_at(t1["rows"], p1, pix)]
+            calls = [memory.predicted_peak_bytes(n, r, compute, **options) for r in _rows_at(t1["rows"], p1, pix)]
             transient = max(float((ma * pix + mb).max()), float((sa * pix + sb + np.array(calls)).max()))
             screened[n].append(t1["weights_bytes"] + ia * pix + ib + transient)
     results = []

@@ -25,7 +25,7 @@ through Dynamo, where this count's dispatch mode cannot follow; so do the chunke
 backends for a call of more than 64 chunks (tracing thousands of chunks of a huge image costs minutes, and every
 chunk repeats the first: the tests hold the model to the trace where both run). Kernels' internal buffers are
 modelled: _safe_softmax's mask (one byte per score), which the math kernel holds beside its two tables, the CPU
-flash kernel's per-thread buffers (backends.cpu_flash_tiles), and on the CPU every convolution's (cpu_conv: oneDNN's
+flash kernel's per-thread buffers (memory.cpu_flash_tiles), and on the CPU every convolution's (cpu_conv: oneDNN's
 blocked copies of input, weight and output, or PyTorch's im2col columns), which are the forward's peak wherever
 attention's tables are small (a VAE decode or a ControlNet under sdpa: a full-resolution convolution).
 """
@@ -42,7 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_leaves
 
 from .. import backends, devices, models
-from . import cpu_conv
+from . import cpu_conv, memory
 from ..recorder import Recorder
 from ..workload import Workload
 from ..spec import parse_dtype
@@ -60,9 +60,9 @@ def _efficient_accumulator(args, out=None) -> int:
 
 
 def _cpu_flash_tiles(args, out=None) -> int:
-    """aten's CPU flash kernel's per-thread buffers (backends.cpu_flash_tiles). q, k: (B, h, T, d)."""
+    """aten's CPU flash kernel's per-thread buffers (memory.cpu_flash_tiles). q, k: (B, h, T, d)."""
     q, k = args[0], args[1]
-    return backends.cpu_flash_tiles(q.shape[2], k.shape[2], q.shape[3], q.element_size())
+    return memory.cpu_flash_tiles(q.shape[2], k.shape[2], q.shape[3], q.element_size())
 
 
 # kernel buffers that no fake implementation allocates, by op (args, out) -> bytes: _safe_softmax's bool mask of -inf
@@ -71,7 +71,7 @@ _WORKSPACE = {torch.ops.aten._safe_softmax.default: lambda args, out: args[0].nu
               torch.ops.aten._scaled_dot_product_efficient_attention.default: _efficient_accumulator,
               torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default: _cpu_flash_tiles}
 _CPU_WORKSPACE = {**_WORKSPACE, torch.ops.aten.convolution.default: cpu_conv.workspace_bytes}
-_CUDA_KERNELS = {"sdpa-flash": "flash", "sdpa-efficient": "efficient", "sdpa-cudnn": "cudnn"}
+_CUDA_KERNELS = ("flash", "efficient", "cudnn")  # the SDPA kernels traced as their aten op on fake CUDA tensors
 MAX_TRACED_CHUNKS = 64
 
 
@@ -160,22 +160,15 @@ def how_traced(name: str, device: str, dtype: str) -> str | None:
     (no fake implementation of the kernel; after a ';' why), or None where the backend does not run on the device
     at all. A dispatcher backend that runs one of PyTorch's SDPA kernels is traced as that kernel is, through
     diffusers' dispatcher (its own processor); its other kernels come from their models."""
-    cuda = device == "cuda"
-    if name in ("flex", "diffusers:flex"):
+    b, cuda = backends.BACKENDS[name], device == "cuda"
+    if b.model in ("flex", "flex-eager"):  # FlexAttention, compiled or not (flex, diffusers:flex)
         return FLEX_HOW
-    if name.startswith("diffusers:"):
-        kernel = backends._DISPATCHER_MODELS.get(name.removeprefix("diffusers:"), "")
-        if kernel.startswith("sdpa"):
-            return how_traced(kernel, device, dtype)
-        return "memory model" if cuda else None
-    if name in ("xformers", "flash-attn", "flash-attn-3", "sage"):
-        return "memory model" if cuda else None
-    if name in _CUDA_KERNELS:
-        if not cuda:
-            return "processor" if name == "sdpa-flash" else None
-        return _CUDA_KERNELS[name]
-    if name == "sdpa" and cuda:
-        return "sdpa"  # PyTorch's choice, per call
+    if b.picks_sdpa_kernel:
+        return "sdpa" if cuda else "processor"  # PyTorch's choice, per call
+    if b.sdpa_kernel in _CUDA_KERNELS:
+        return b.sdpa_kernel if cuda else "processor" if b.sdpa_kernel == "flash" else None
+    if b.needs.package or name.startswith("diffusers:") and not b.uses_sdpa:
+        return "memory model" if cuda else None  # an extension's kernel, or one of diffusers' dispatcher's
     return "processor"
 
 
@@ -216,7 +209,7 @@ class _EveryBackend:
         if key not in tr.transient:
             tr.transient[key] = {}
             for name, proc in tr.processors.items():
-                if proc is not None and backends.chunks(name, row, tr.dtype, **tr.options[name]) <= MAX_TRACED_CHUNKS:
+                if proc is not None and memory.chunks(name, row, tr.dtype, **tr.options[name]) <= MAX_TRACED_CHUNKS:
                     live.reset_peak()
                     try:
                         out = proc(attn, hidden_states, encoder_hidden_states, attention_mask, **kwargs)
@@ -225,7 +218,7 @@ class _EveryBackend:
                         continue
                     except Exception as e:  # a processor of a plugin may not run on fake tensors: its model then
                         tr.failed.setdefault(name, f"{type(e).__name__}: {e}"[:160])
-                tr.transient[key][name] = backends.predicted_peak_bytes(name, row, tr.dtype, **tr.options[name])
+                tr.transient[key][name] = memory.predicted_peak_bytes(name, row, tr.dtype, **tr.options[name])
                 tr.modelled.add(name)
         live.reset_peak()
         out = tr.carry(attn, hidden_states, encoder_hidden_states, attention_mask, **kwargs)

@@ -3,7 +3,7 @@ the device's own stored runs.
 
 What a call costs (ms), from four features on the device's limits (peak FLOP/s P of the dtype, bandwidth B):
     compute   = the call's attention FLOPs / P              (QK^T and PV: the row's `flops`)
-    memory    = the backend's bytes moved / B               (backends.bytes_moved: score-table passes, chunks)
+    memory    = the backend's bytes moved / B               (memory.bytes_moved: score-table passes, chunks)
     projections = the sum over the call's own other ops (to_q, to_k, to_v, to_out, layouts) of max(FLOPs / P,
                 bytes / B): a call's measured time includes its projections (the recorder times the processor)
     1         = a per-call overhead (launches, dispatch)
@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_leaves
 
 from .. import backends
 from ..spec import InputError
+from .memory import bytes_moved
 
 CALIBRATION_FILE = "time-calibration.json"
 CALL_FEATURES = ("core_self", "core_cross", "projections", "overhead")
@@ -130,7 +131,7 @@ def call_features(row: dict, backend: str, options: dict, dtype: str, projection
                   peak_bytes_per_s: float) -> dict:
     """A call's features in ms (module docstring), and its roofline bound."""
     compute = row["flops"] / peak_flops * 1e3
-    memory = backends.bytes_moved(backend, row, dtype, **options) / peak_bytes_per_s * 1e3
+    memory = bytes_moved(backend, row, dtype, **options) / peak_bytes_per_s * 1e3
     core, self_ = max(compute, memory), row["kind"] == "self"
     return {"core_self": core * self_, "core_cross": core * (not self_), "projections": projections_ms,
             "overhead": 1.0, "roofline_ms": core + projections_ms}
