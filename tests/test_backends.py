@@ -1,5 +1,6 @@
 import copy
 import functools
+import json
 import math
 
 import pytest
@@ -9,6 +10,7 @@ from diffusers.models.attention_processor import Attention, AttnProcessor
 from profiler import backends, chunked, models
 from profiler.measure.probes import cpu_peak_bytes
 from profiler.plan import memory
+from profiler.processor import Processor
 from profiler.recorder import describe_call
 from profiler.spec import InputError
 
@@ -139,6 +141,59 @@ def test_a_plugin_names_a_family_the_reports_group_by():
     with pytest.raises(ValueError, match="family .fused.: use one of materialised, chunked, fused exact, fused approx"):
         backends.register(plugin)
     assert "mine" not in backends.BACKENDS
+
+
+class Textbook(Processor):
+    """softmax(q k^T * scale + mask) v written out, as diffusers' AttnProcessor computes it: a backend of a test's."""
+
+    def __init__(self, spare: int = 2):
+        self.spare = spare  # an option, to be labelled: it changes nothing
+
+    def attend(self, attn, hidden_states, context, mask):
+        q, k, v = (attn.head_to_batch_dim(p(x)) for p, x in
+                   ((attn.to_q, hidden_states), (attn.to_k, context), (attn.to_v, context)))  # (n, T, d)
+        return attn.batch_to_head_dim(torch.bmm(attn.get_attention_scores(q, k, mask), v))  # (B, Tq, C)
+
+
+def test_adding_a_backend_is_one_entry(capsys, monkeypatch, tmp_path):
+    """One register() call and its processor: `attnprof backends` lists it under its family, `plan --backend` gives
+    each call a predicted peak, a measured run stores its cells and `show` names it, and the dashboard's transforms
+    give it its family and label. (The other backends' probes are stubbed: `backends` would compile flex's.)"""
+    from dashboards import transforms
+    from profiler.cli import main
+    from profiler.store import list_runs
+
+    backends.register(backends.Backend("textbook", "materialised", "a test's: the softmax written out",
+                                       {"spare": 2}, factory=Textbook, model="naive"))
+    try:
+        probe = backends.availability
+        monkeypatch.setattr(backends, "availability", lambda name, *a: probe(name, *a) if name == "textbook" else
+                            (True, ""))
+        assert main(["backends", "--device", "cpu"]) == 0
+        out = capsys.readouterr().out
+        materialised = out.split("\nmaterialised:\n")[1].split("\n\n")[0].splitlines()
+        assert [ln.split() for ln in materialised] == [["naive", "available"], ["textbook", "available"]]
+        monkeypatch.undo()
+
+        assert main(["plan", "--model", "tiny-sd15", "--size", "64x64", "--backend", "textbook", "--json"]) == 0
+        (planned,) = json.loads(capsys.readouterr().out)
+        assert planned["backend"] == "textbook" and len(planned["blocks"]) == 32
+        assert all(b["predicted_peak_bytes"] == memory.predicted_peak_bytes("naive", b, planned["dtype"]) > 0
+                   for b in planned["blocks"])  # its model's: naive's
+
+        assert main(["run", "--model", "tiny-sd15", "--size", "64x64", "--backend", "textbook", "--option",
+                     "spare=3", "--device", "cpu", "--dtype", "float32", "--repeats", "1", "--warmup", "0",
+                     "--in-process", "--quiet", "--out", str(tmp_path)]) == 0
+        capsys.readouterr()
+        (run,) = list_runs(tmp_path)
+        cells, blocks = transforms.load_run(run)
+        assert cells["status"].tolist() == ["ok"] and len(blocks) == 32 and (blocks["status"] == "ok").all()
+        assert cells["family"].tolist() == ["materialised"] and cells["backend_label"].tolist() == ["textbook(spare=3)"]
+        assert main(["show", "latest", "--results", str(tmp_path)]) == 0
+        shown = capsys.readouterr().out
+        assert "textbook(spare=3)" in shown and "materialised" in shown
+    finally:
+        backends.BACKENDS.pop("textbook", None)
 
 
 def test_unknown_backend_and_bad_options():
