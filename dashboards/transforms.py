@@ -3,7 +3,6 @@
 Tables keep raw numbers with units in the column names (for CSV); display() turns them into MiB / GiB and ms."""
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pandas as pd
@@ -12,7 +11,6 @@ from profiler import backends
 from profiler.fmt import human_bytes, human_count
 from profiler.report.show import UNREADABLE, runs_index as load_index  # noqa: F401 (the Runs page's table)
 from profiler.store import DONE_STATUSES, Run  # noqa: F401 (DONE_STATUSES: the app's status columns)
-from profiler.workload import label
 
 FILTERS = ("model", "settings_label", "backend", "dtype", "size")
 GiB, MiB = 2**30, 2**20
@@ -22,26 +20,11 @@ UNITS = {"MiB": MiB, "GiB": GiB}
 # ---- the runs index and one run's tables
 
 def load_run(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(cells, blocks) of one run with size, pixels, backend_label and family added. Raises on a corrupt run.
-    The blocks' raw samples (time_samples_ms) are dropped: the dashboard shows medians, IQR and the noisy flag."""
+    """(cells, blocks) of one run, as the store reads them (profiler/report/frame.py: size, pixels, aspect,
+    backend_label, settings_label, family and forward_peak_ratio added). Raises on a corrupt run. The blocks' raw
+    samples (time_samples_ms) are dropped: the dashboard shows medians, IQR and the noisy flag."""
     cells, blocks = Run.open(path).read()
-    blocks = blocks.drop(columns=["time_samples_ms"], errors="ignore")
-    return _derive(cells), _derive(blocks)
-
-
-def _derive(df: pd.DataFrame) -> pd.DataFrame:
-    if not len(df):
-        return df
-    df = df.copy()
-    df["size"] = df["width"].astype(str) + "x" + df["height"].astype(str)
-    df["pixels"] = df["width"] * df["height"]
-    df["aspect"] = [f"{w // math.gcd(w, h)}:{h // math.gcd(w, h)}" for w, h in zip(df["width"], df["height"])]
-    df["backend_label"] = [backends.label(b, o) for b, o in zip(df["backend"], df["backend_options"])]
-    df["settings_label"] = [label(s) or "none" for s in (df["settings"] if "settings" in df else [None] * len(df))]
-    df["family"] = df["backend"].map(backends.family)
-    if {"forward_peak_total_bytes", "predicted_forward_peak_bytes"} <= set(df):  # measured beside predicted
-        df["forward_peak_ratio"] = df["forward_peak_total_bytes"] / df["predicted_forward_peak_bytes"]
-    return df
+    return cells, blocks.drop(columns=["time_samples_ms"], errors="ignore")
 
 
 def family_order(df: pd.DataFrame) -> pd.Series:
@@ -203,8 +186,7 @@ def largest_ok(cells: pd.DataFrame) -> pd.DataFrame:
 def roofline_points(blocks: pd.DataFrame) -> pd.DataFrame:
     """The ok calls that have a place on the roofline (achieved FLOP/s and FLOPs per byte moved; runs recorded
     before these fields have none), one row each."""
-    need = {"achieved_flops_per_s", "arithmetic_intensity"}
-    if not len(blocks) or not need <= set(blocks):
+    if not len(blocks):
         return pd.DataFrame()
     ok = blocks[(blocks["status"] == "ok") & blocks["achieved_flops_per_s"].gt(0)
                 & blocks["arithmetic_intensity"].gt(0)]
@@ -216,11 +198,9 @@ def roofline_lines(cells: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
     the memory-bandwidth line (FLOP/s = bandwidth x intensity) up to the ridge point, then the compute peak; each
     line's `limit` names it with its figure, and its first point carries it as a `name`."""
     limits = ["device_peak_flops_per_s", "device_peak_bytes_per_s"]
-    if not len(points) or not set(limits) <= set(cells):
+    if not len(points):
         return pd.DataFrame()
     ok = cells[(cells["status"] == "ok")].dropna(subset=limits)
-    if "device_name" not in ok:
-        ok = ok.assign(device_name=ok["device"])
     lo, hi = points["arithmetic_intensity"].min() / 2, points["arithmetic_intensity"].max() * 2
     rows = []
     for (device, dtype, peak, bandwidth), _ in ok.groupby(["device_name", "dtype", *limits], sort=False):
@@ -297,10 +277,6 @@ def best_backends(cells: pd.DataFrame, budget_bytes: int) -> pd.DataFrame:
     ok = cells[cells["status"] == "ok"].copy()
     if not len(ok):
         return pd.DataFrame()
-    if "device_name" not in ok:
-        ok["device_name"] = ok["device"]
-    if "settings_label" not in ok:
-        ok["settings_label"] = "none"
     need = ok["forward_peak_total_bytes"] if "forward_peak_total_bytes" in ok else ok["attention_peak_mem_bytes"]
     ok["fits"] = need.fillna(ok["attention_peak_mem_bytes"]) <= budget_bytes
     rows = []

@@ -30,6 +30,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .report.frame import normalised
 from .spec import InputError
 
 MANIFEST, BLOCKS, CELLS = "manifest.json", "blocks.parquet", "cells.parquet"
@@ -253,10 +254,11 @@ class Run:
         return _concat(compacted, fresh), ids
 
     def cells(self) -> pd.DataFrame:
-        """The recorded cells, in the order of the run's grid."""
+        """The recorded cells, in the order of the run's grid, in the one schema of every reader (report/frame.py:
+        what older runs lack filled, the display columns added)."""
         with _flock(self.path / LOCK, shared=True):
             cells, _ = self._read_cells()
-        return self._in_grid_order(cells)
+        return normalised(self._in_grid_order(cells))
 
     def _in_grid_order(self, cells: pd.DataFrame) -> pd.DataFrame:
         if len(cells):
@@ -275,10 +277,11 @@ class Run:
         return self.read()[1]
 
     def read(self) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """(cells, blocks) from one view of the run: every cell with all its block rows."""
+        """(cells, blocks) from one view of the run: every cell with all its block rows, both in the one schema of
+        every reader (report/frame.py)."""
         with _flock(self.path / LOCK, shared=True):
             cells, fresh = self._read_cells()
-            return self._in_grid_order(cells), self._named(self._blocks_of(cells, fresh))
+            return normalised(self._in_grid_order(cells)), normalised(self._named(self._blocks_of(cells, fresh)))
 
     def _blocks_of(self, cells: pd.DataFrame, fresh: set[str]) -> pd.DataFrame:
         if not len(cells):

@@ -8,6 +8,7 @@ import pytest
 
 from dashboards import transforms as T
 from profiler import backends
+from profiler.report.frame import normalised
 from profiler.store import list_runs
 
 GiB, MiB = 2**30, 2**20
@@ -25,7 +26,7 @@ def _cells(rows):
                     "attention_time_ms": t if ok else math.nan, "attention_peak_mem_bytes": peak if ok else math.nan,
                     "forward_time_ms": 3 * t if ok else math.nan, "forward_peak_mem_bytes": peak if ok else math.nan,
                     "max_rel_err": 1e-3 if ok else math.nan, "noisy": False if ok else None})
-    return T._derive(pd.DataFrame(out))
+    return normalised(pd.DataFrame(out))
 
 
 def _block(block, call_index, level, kind, tokens_q, tokens_k, time_ms=1.0, peak=MiB, cell="c1", status="ok"):
@@ -181,7 +182,7 @@ def test_scaling_table_sums_time_and_takes_the_largest_call():
             _block("b.attn1", 2, 1, "self", 16, 16, time_ms=0.25, peak=MiB)]
     big = [dict(r, width=2048, height=2048, cell_id="c2", tokens_q=4 * r["tokens_q"]) for r in rows]
     failed = [dict(rows[0], cell_id="c3", width=4096, height=4096, status="oom")]
-    out = T.scaling_table(T._derive(pd.DataFrame(rows + big + failed)))
+    out = T.scaling_table(normalised(pd.DataFrame(rows + big + failed)))
     assert out["size"].tolist() == ["1024x1024", "2048x2048"]  # the failed cell is left out
     first = out.iloc[0]
     assert first["attention_time_ms"] == pytest.approx(2.25)
@@ -305,9 +306,9 @@ def test_best_backend_per_device_and_size_within_a_budget():
     MiB = 2**20
 
     def cell(device, size, backend, ms, peak, forward, status="ok"):
-        return {"device_name": device, "model": "sd15", "dtype": "float16", "batch": 1, "size": f"{size}x{size}",
-                "pixels": size * size, "backend_label": backend, "status": status, "attention_time_ms": ms,
-                "attention_peak_mem_bytes": peak, "forward_peak_total_bytes": forward}
+        return {"device_name": device, "model": "sd15", "settings_label": "none", "dtype": "float16", "batch": 1,
+                "size": f"{size}x{size}", "pixels": size * size, "backend_label": backend, "status": status,
+                "attention_time_ms": ms, "attention_peak_mem_bytes": peak, "forward_peak_total_bytes": forward}
 
     cells = pd.DataFrame([cell("cpu-x", 512, "naive", 100.0, 900 * MiB, 1000 * MiB),
                           cell("cpu-x", 512, "sdpa", 40.0, 30 * MiB, 300 * MiB),
@@ -331,7 +332,7 @@ def test_runs_sharing_an_environment_value_keep_their_own_series():
 
 
 def test_a_label_names_what_varies_and_only_that():
-    cells = T._derive(pd.DataFrame({
+    cells = normalised(pd.DataFrame({
         "width": [512, 512, 832, 1216], "height": [512, 512, 1216, 832], "backend": ["sliced"] * 4,
         "backend_options": ['{"slice_size": 1}', '{"slice_size": 4}', "{}", "{}"], "model": ["sd15"] * 4,
         "dtype": ["float16", "float16", "float16", "bfloat16"], "batch": [1, 1, 2, 2], "run_id": ["r"] * 4}))

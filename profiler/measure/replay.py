@@ -123,8 +123,8 @@ def targets_of_run(cells: pd.DataFrame, blocks: pd.DataFrame) -> list[tuple[dict
 
 
 def shape_of(row: dict) -> tuple:
-    """A call's shape: what its kernel's cost depends on (a stored row's missing upcast is none)."""
-    return tuple((row.get(k) or "") if k == "upcast" else row[k] for k in SHAPE)
+    """A call's shape: what its kernel's cost depends on."""
+    return tuple(row[k] for k in SHAPE)
 
 
 def replay(targets, chosen: list[tuple[str, dict]], device: str, repeats: int, warmup: int, out, command: str,

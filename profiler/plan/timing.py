@@ -189,7 +189,7 @@ def group_key(backend: str, options, dtype: str) -> str:
 
 
 def _settings(cell: dict) -> tuple:
-    return tuple(sorted(json.loads(cell.get("settings") or "{}").items()))
+    return tuple(sorted(json.loads(cell["settings"]).items()))
 
 
 def samples(results: Path, key: str) -> tuple[list[dict], list[dict], dict, list[str]]:

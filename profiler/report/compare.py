@@ -69,19 +69,19 @@ def time_samples(cell: dict, forward: bool = False) -> list[float]:
 
 def compile_of(settings) -> str:
     """The cell's compile setting from its stored settings: none, regional or full."""
-    return json.loads(settings or "{}").get("compile", "none") if isinstance(settings, str) else "none"
+    return json.loads(settings).get("compile", "none")
 
 
 def _loose(settings) -> str:
     """The stored settings without compile: the key that lines up a compiled cell with an eager one."""
-    s = json.loads(settings or "{}") if isinstance(settings, str) else {}
+    s = json.loads(settings)
     return json.dumps({k: v for k, v in s.items() if k != "compile"}, sort_keys=True)
 
 
 def eager_twins(cells: pd.DataFrame) -> dict[str, dict]:
     """Per compiled cell of one run (by cell_id), the eager cell of its model, settings but compile, shape and
     backend with options, where the run holds one that ended ok."""
-    if "settings" not in cells or not len(cells):
+    if not len(cells):
         return {}
     key = ["model", "dtype", "batch", "width", "height", "backend", "backend_options"]
     records = [c for c in cells.to_dict("records") if c["status"] == "ok"]
@@ -170,8 +170,7 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, threshold: float = THRESHOLD,
     then match on KEY with the settings but compile, so that a compiled run lines up with an eager one: such a pair
     is judged on the forward's time and peak (a compiled call's time is its attention op alone, an eager call's its
     whole processor), with each side's largest call in its note."""
-    a, b = (df if "settings" in df else df.assign(settings="{}") for df in (a, b))  # runs before settings existed
-    a, b = (df.assign(settings=df["settings"].fillna("{}")).reset_index(drop=True) for df in (a, b))
+    a, b = (df.reset_index(drop=True) for df in (a, b))
     machine = machine_change(*manifests) if manifests else STEADY
     changed = environment_changes(*manifests) if manifests else []
     a, b = (df.assign(_key=_keys(df), _loose=_keys(df.assign(settings=df["settings"].map(_loose)))) for df in (a, b))

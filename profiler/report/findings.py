@@ -9,24 +9,15 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .. import backends
-from ..workload import label as settings_label
 from ..fmt import human_bytes
+from .frame import NO_SETTINGS
 
-SHAPE = ["model", "settings", "dtype", "batch", "width", "height"]
+SHAPE = ["model", "settings", "settings_label", "dtype", "batch", "width", "height"]  # settings_label: settings' words
 STOPPED = ("oom", "skipped")
 
 
 def _ms(ms: float) -> str:
     return f"{ms:,.0f} ms" if ms >= 100 else f"{ms:.2f} ms"
-
-
-def _labelled(cells: pd.DataFrame) -> pd.DataFrame:
-    options = cells["backend_options"] if "backend_options" in cells else pd.Series([None] * len(cells))
-    settings = cells["settings"].fillna("{}") if "settings" in cells else "{}"  # runs before settings existed
-    return cells.assign(settings=settings, size=cells["width"].astype(str) + "x" + cells["height"].astype(str),
-                        pixels=cells["width"] * cells["height"],
-                        label=[backends.label(b, o) for b, o in zip(cells["backend"], options)])
 
 
 def _varying(cells: pd.DataFrame) -> list[str]:
@@ -36,7 +27,8 @@ def _varying(cells: pd.DataFrame) -> list[str]:
 def _qualified(text: str, key: dict, varying: list[str]) -> str:
     """text with what tells apart the run's cells of one size: 'naive (tiny-sd15, controlnet)'."""
     parts = [str(key["model"]) if "model" in varying else "",
-             (settings_label(key["settings"]) or "no settings") if "settings" in varying else "",
+             (key["settings_label"] if key["settings_label"] != NO_SETTINGS else "no settings")
+             if "settings" in varying else "",
              str(key["dtype"]) if "dtype" in varying else "", f"batch {key['batch']}" if "batch" in varying else ""]
     extra = ", ".join(p for p in parts if p)
     return text + (f" ({extra})" if extra else "")
@@ -48,7 +40,7 @@ def _where(key: dict, varying: list[str]) -> str:
 
 def _against_naive(row, naive, column: str, how: str, fmt) -> str:
     """', 3.93x faster than naive's 5,631 ms' (the fastest or smallest is never above naive, which ran too)."""
-    if row["label"] == "naive":
+    if row["backend_label"] == "naive":
         return ""
     return f", {naive[column] / row[column]:.2f}x {how} than naive's {fmt(naive[column])}"
 
@@ -67,7 +59,7 @@ def per_shape(cells: pd.DataFrame) -> list[str]:
     by = ok.groupby(SHAPE, sort=False)
     fastest = _by_shape(ok.loc[by["attention_time_ms"].idxmin()]) if len(ok) else {}
     smallest = _by_shape(ok.loc[by["attention_peak_mem_bytes"].idxmin()]) if len(ok) else {}
-    naive = _by_shape(cells[cells["label"] == "naive"].drop_duplicates(SHAPE))
+    naive = _by_shape(cells[cells["backend_label"] == "naive"].drop_duplicates(SHAPE))
     statuses = cells.groupby(SHAPE, sort=False)["status"].agg(lambda s: ", ".join(sorted(set(s)))).to_dict()
     out = []
     for key in cells[SHAPE].drop_duplicates().itertuples(index=False, name=None):
@@ -79,10 +71,11 @@ def per_shape(cells: pd.DataFrame) -> list[str]:
             continue
         fast, small, base = fastest[key], smallest[key], naive.get(key)
         ran = base is not None and base["status"] == "ok" and base["attention_time_ms"] == base["attention_time_ms"]
-        line = (f"{where} {fast['label']} was the fastest: {_ms(fast['attention_time_ms'])} of attention per forward "
-                "(the median of the timed forwards, each its calls summed)"
-                f"{_against_naive(fast, base, 'attention_time_ms', 'faster', _ms) if ran else ''}; {small['label']} "
-                f"needed the least memory: its largest call peaked at {human_bytes(small['attention_peak_mem_bytes'])}"
+        line = (f"{where} {fast['backend_label']} was the fastest: {_ms(fast['attention_time_ms'])} of attention per "
+                "forward (the median of the timed forwards, each its calls summed)"
+                f"{_against_naive(fast, base, 'attention_time_ms', 'faster', _ms) if ran else ''}; "
+                f"{small['backend_label']} needed the least memory: its largest call peaked at "
+                f"{human_bytes(small['attention_peak_mem_bytes'])}"
                 f"{_against_naive(small, base, 'attention_peak_mem_bytes', 'less', human_bytes) if ran else ''}")
         if not ran:
             line += (" (no naive cell to compare)" if base is None else f" (naive {base['status']} here)"
@@ -94,7 +87,7 @@ def per_shape(cells: pd.DataFrame) -> list[str]:
 def stopped_fitting(cells: pd.DataFrame) -> list[str]:
     """Per backend: the first size where it ran out of memory or was skipped by the budget, and how far it ran."""
     out, varying = [], _varying(cells)
-    for _, g in cells.groupby(["label", "model", "settings", "dtype", "batch"], sort=False):
+    for _, g in cells.groupby(["backend_label", "model", "settings", "dtype", "batch"], sort=False):
         g = g.sort_values("pixels", kind="stable")
         stopped = g[g["status"].isin(STOPPED)]
         if not len(stopped):
@@ -102,7 +95,7 @@ def stopped_fitting(cells: pd.DataFrame) -> list[str]:
         first = stopped.iloc[0]
         ran = g[(g["status"] == "ok") & (g["pixels"] < first["pixels"])]
         reach = f"it ran up to {ran.iloc[-1]['size']}" if len(ran) else "it ran at no smaller size"
-        out.append(f"{_qualified(first['label'], first, varying)} stopped fitting at {first['size']} "
+        out.append(f"{_qualified(first['backend_label'], first, varying)} stopped fitting at {first['size']} "
                    f"({first['status']}: {str(first['error'])[:140]}); {reach}.")
     return out or ["Every backend that ran fitted at every size it was given."]
 
@@ -114,7 +107,7 @@ def largest_call(blocks: pd.DataFrame) -> list[str]:
     if not len(ok):
         return []
     b = ok.loc[ok["peak_mem_bytes"].idxmax()]
-    return [f"The largest call was {b['block']} under {backends.label(b['backend'], b.get('backend_options'))} at "
+    return [f"The largest call was {b['block']} under {b['backend_label']} at "
             f"{b['width']}x{b['height']}: {b['tokens_q']} x {b['tokens_k']} tokens, {b['heads']} "
             f"head{'s' if b['heads'] != 1 else ''}, a peak of {human_bytes(b['peak_mem_bytes'])} in "
             f"{_ms(b['time_ms'])}."]
@@ -132,7 +125,7 @@ def compiled_effect(cells: pd.DataFrame) -> list[str]:
     out = []
     for c in (c for c in cells.to_dict("records") if c.get("cell_id") in twins):
         e = twins[c["cell_id"]]
-        line = (f"{_where(c, varying)} compiled ({compile_of(c['settings'])}), {c['label']}'s forward took "
+        line = (f"{_where(c, varying)} compiled ({compile_of(c['settings'])}), {c['backend_label']}'s forward took "
                 f"{_ms(c['forward_time_ms'])} against {_ms(e['forward_time_ms'])} eager")
         share = [r["attention_op_time_ms"] / r["forward_time_ms"] if isinstance(r["attention_op_time_ms"], float)
                  else float("nan") for r in (e, c)]  # None: no op per call (naive, or compiled and fused away)
@@ -149,10 +142,10 @@ def compiled_effect(cells: pd.DataFrame) -> list[str]:
 
 def doubtful(cells: pd.DataFrame) -> list[str]:
     """Cells whose figure is doubtful (output off the fp32 reference, noisy times) and cells that failed."""
-    missing = cells[cells["status"] == "unavailable"].drop_duplicates("label")  # a backend's reason, once
+    missing = cells[cells["status"] == "unavailable"].drop_duplicates("backend_label")  # a backend's reason, once
     varying = _varying(cells)
     noisy = cells[(cells["status"] == "ok") & cells["noisy"].eq(True)] if "noisy" in cells else cells.iloc[:0]
-    cells = cells.assign(label=[_qualified(c["label"], c, varying) for c in cells.to_dict("records")])
+    cells = cells.assign(label=[_qualified(c["backend_label"], c, varying) for c in cells.to_dict("records")])
     ok = cells[cells["status"] == "ok"]
     off = ok[ok["error_ok"].eq(False)] if "error_ok" in ok else ok.iloc[:0]  # a replay has no reference: NaN
     out = []
@@ -161,7 +154,8 @@ def doubtful(cells: pd.DataFrame) -> list[str]:
                                             f"reference, over the {c['dtype']} tolerance"
                                             for c in off.to_dict("records")) + ".")
     if len(noisy):  # one clause per shape: a busy machine can make most cells noisy
-        by_shape = noisy.sort_values("pixels", kind="stable").groupby(SHAPE, sort=False)["label"].agg(", ".join)
+        by_shape = noisy.sort_values("pixels", kind="stable").groupby(SHAPE, sort=False)["backend_label"].agg(
+            ", ".join)
         out.append("Noisy times (IQR over 10% of the median), so doubtful: " + "; ".join(
             f"{_where(dict(zip(SHAPE, key)), varying).replace('At', 'at', 1)}: {labels}"
             for key, labels in by_shape.items()) + ".")
@@ -172,7 +166,7 @@ def doubtful(cells: pd.DataFrame) -> list[str]:
         out.append("Failed: " + "; ".join(f"{c['label']} at {c['size']} ({c['status']}: {str(c['error'])[:100]})"
                                           for c in failed.to_dict("records")) + ".")
     if len(missing):
-        out.append("Not available here: " + "; ".join(f"{c['label']} ({str(c['error'])[:100]})"
+        out.append("Not available here: " + "; ".join(f"{c['backend_label']} ({str(c['error'])[:100]})"
                                                       for c in missing.to_dict("records")) + ".")
     return out
 
@@ -181,7 +175,6 @@ def findings(cells: pd.DataFrame, blocks: pd.DataFrame) -> list[str]:
     """The run's headline findings, each a plain sentence; none for a run with no cells."""
     if not len(cells):
         return []
-    cells = _labelled(cells)
     return per_shape(cells) + compiled_effect(cells) + stopped_fitting(cells) + largest_call(blocks) + doubtful(cells)
 
 

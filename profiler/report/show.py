@@ -10,8 +10,8 @@ from .. import backends
 from ..backends import label
 from ..fmt import human_bytes, human_count, table
 from ..store import BLOCKS, CELLS, DONE_STATUSES, Run, Unreadable, list_runs
-from ..workload import label as settings_label
 from .compare import ATTENTION_TIME, eager_twins
+from .frame import NO_SETTINGS
 
 UNREADABLE = (OSError, ValueError, KeyError, TypeError)  # JSON, Arrow (ValueError) and missing-key errors
 
@@ -77,12 +77,8 @@ def status_table(run: Run) -> str:
     cells = run.cells()
     if not len(cells):
         return "no cells recorded"
-    settings = cells["settings"] if "settings" in cells else [None] * len(cells)
-    what = [f"{m}{' (' + settings_label(s) + ')' if settings_label(s) else ''}" for m, s in zip(cells["model"],
-                                                                                             settings)]
-    cells = cells.assign(size=cells["width"].astype(str) + "x" + cells["height"].astype(str),
-                         backend=[label(b, o) for b, o in zip(cells["backend"], cells["backend_options"])],
-                         what=what)
+    what = cells["model"] + cells["settings_label"].map(lambda s: "" if s == NO_SETTINGS else f" ({s})")
+    cells = cells.assign(backend=cells["backend_label"], what=what)
     if cells["what"].nunique() > 1:
         cells["backend"] = cells["what"] + " " + cells["backend"]
     sizes = list(dict.fromkeys(cells["size"]))
@@ -177,10 +173,9 @@ def _cell_rows(cells, twins: dict) -> list[dict]:
     for c in sorted(cells.to_dict("records"), key=lambda c: order[c["backend"]]):
         ok = c["status"] == "ok"
         rows.append({**_beside_eager(c, twins.get(c["cell_id"]), ok),
-            "model": c["model"], "settings": settings_label(c.get("settings")) or "-",
-            "size": f"{c['width']}x{c['height']}", "batch": c["batch"], "dtype": c["dtype"],
-            "family": backends.family(c["backend"]),
-            "backend": label(c["backend"], c["backend_options"]), "status": c["status"],
+            "model": c["model"], "settings": c["settings_label"] if c["settings_label"] != NO_SETTINGS else "-",
+            "size": c["size"], "batch": c["batch"], "dtype": c["dtype"], "family": c["family"],
+            "backend": c["backend_label"], "status": c["status"],
             "forward": _ms(c.get("forward_time_ms")) if ok else "-",  # a replay has no forward
             "compile": _compile(c) if ok and _known(c.get("compile_s")) else "",
             "attention": _ms(c["attention_time_ms"]) if ok else "-",
@@ -226,7 +221,7 @@ def _footnote(cells) -> str:
 def _largest_calls(blocks) -> str:
     top = blocks[blocks["status"] == "ok"].sort_values("peak_mem_bytes", ascending=False).head(5)
     return table([{
-        "backend": label(b["backend"], b["backend_options"]), "size": f"{b['width']}x{b['height']}",
+        "backend": b["backend_label"], "size": b["size"],
         "block": b["block"], "tokens": f"{b['tokens_q']}x{b['tokens_k']}", "time": f"{b['time_ms']:.2f} ms",
         "peak": human_bytes(b["peak_mem_bytes"]), "predicted": human_bytes(b["predicted_peak_bytes"]),
         "of peak": _of_peak(b.get("pct_of_peak"), b.get("roofline_bound")),
@@ -263,12 +258,11 @@ def format_replay(run: Run) -> str:
              "shape, the backend's kernel alone on random Q, K, V (projections handed in), median of the timed "
              "calls", *_limits_line(m)]
     for c in cells.to_dict("records"):
-        head = f"{c['model']} {c['width']}x{c['height']} batch {c['batch']} {c['dtype']} " \
-               f"{backends.label(c['backend'], c['backend_options'])}"
+        head = f"{c['model']} {c['size']} batch {c['batch']} {c['dtype']} {c['backend_label']}"
         if c["status"] != "ok":
             lines += ["", f"{head}: {c['status']}: {c['error']}"]
             continue
-        mine = blocks[blocks["cell_id"] == c["cell_id"]].assign(upcast=lambda d: d["upcast"].fillna(""))
+        mine = blocks[blocks["cell_id"] == c["cell_id"]]
         rows, inside_total = [], 0.0
         for _, g in mine.groupby(list(SHAPE), sort=False):
             b, inside = g.iloc[0], g["in_model_time_ms"].dropna() if "in_model_time_ms" in g else pd.Series([])
