@@ -70,13 +70,9 @@ class Call:
 
 def _upcast(row: dict, e: int) -> str:
     """How the call upcasts before its softmax: 'attention' (q and k to float32, scores in float32), 'softmax' (the
-    scores to float32) or '' (none, or float32 inputs, where an upcast copies nothing). Rows stored before the field
-    existed say so only through their 4-byte scores: those are U-Net rows, whose upcast is upcast_attention."""
-    if e == 4:
-        return ""
-    if "upcast" in row:
-        return row["upcast"] or ""
-    return "attention" if row["score_bytes"] != row["score_elements"] * e else ""
+    scores to float32) or '' (none, or float32 inputs, where an upcast copies nothing). Stored rows of runs made
+    before the field existed have it filled on read (report/frame.py)."""
+    return "" if e == 4 else row.get("upcast") or ""
 
 
 def _scores_phase(ns: int, row: dict, e: int, up: str, held: int) -> int:
