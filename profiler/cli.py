@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from .spec import InputError, parse_batch, parse_dtype, parse_size
+from .spec import InputError, parse_batch, parse_bytes, parse_dtype, parse_size, size_text
 
 
 NO_CELL_OK = 1  # run, sweep, profile: the run holds no cell that ended ok
@@ -96,7 +96,6 @@ def _shape(args, device: str, sizes_default=("512x512",), say: bool = False):
 
 def cmd_plan(args) -> int:
     from .plan import format_plan, plan
-    from .execute.grid import parse_bytes
 
     sizes, batch, dtype = _shape(args, args.device, say=True)
     options = _backend_options(args.option)
@@ -196,7 +195,6 @@ def cmd_gpus(args) -> int:
 
 def cmd_fit(args) -> int:
     from . import models
-    from .execute.grid import parse_bytes, size_text
     from .plan.fit import fit, format_fit, parse_aspect
 
     if (args.model is None) == (args.pipeline is None):
@@ -310,7 +308,7 @@ def cmd_backends(args) -> int:
 
 def _sweep_from_args(args):
     from . import backends, devices, models
-    from .execute.grid import Sweep, parse_bytes
+    from .execute.grid import Sweep
 
     entries = []
     for name in args.backend or ["sdpa"]:
@@ -342,10 +340,11 @@ def cmd_sweep(args) -> int:
 def cmd_profile(args) -> int:
     import torch
 
+    from .env import configs
     from .execute.grid import load
 
     name = "default.yaml" if torch.cuda.is_available() else "cpu-default.yaml"
-    config = Path(__file__).resolve().parent.parent / "configs" / "sweeps" / name
+    config = configs() / "sweeps" / name
     print(f"attnprof profile: the built-in default sweep for this machine, {config.relative_to(Path.cwd())}"
           if config.is_relative_to(Path.cwd()) else f"attnprof profile: {config}", flush=True)
     return _execute(_with_exec_args(load(config), args), args)

@@ -30,7 +30,7 @@ class LocalExecutor:
         return devices.free_memory_bytes(device)
 
     def environment(self, device: str) -> dict:
-        from ..store import environment
+        from ..env import environment
 
         return {**environment(device), "executor": "local" if self.workers else "in-process"}
 

@@ -19,8 +19,8 @@ import time
 import ray
 
 from ..checkpoint import PICKLE_ENV
+from ..env import REPO
 from ..spec import CellSpec, InputError
-from ..store import REPO
 from . import ExecutorError, stop_on_sigterm
 
 EXCLUDES = ["results", "test-output", ".whl", "*.parquet", "**/__pycache__"]  # Ray leaves out .git and .venv
@@ -55,7 +55,7 @@ def _resources(device: str) -> dict:
 def _survey(device: str) -> dict:
     """On a worker: the device's free memory (before this task touches it) and the environment."""
     from .. import devices
-    from ..store import environment
+    from ..env import environment
 
     return {"free": devices.free_memory_bytes(device), "environment": environment(device)}
 
