@@ -213,7 +213,7 @@ def cmd_fit(args) -> int:
     say = (lambda line: None) if args.quiet else (lambda line: print(f"attnprof fit: {line}", file=sys.stderr,
                                                                      flush=True))
     if args.pipeline:
-        from .plan.pipeline import fit_pipeline, format_pipeline
+        from .plan.pipeline import PipelineSpec, fit_pipeline, format_pipeline
 
         if args.backend and len(args.backend) > 1:
             raise InputError("--pipeline takes one --backend (every phase runs it; default sdpa)")
@@ -221,10 +221,11 @@ def cmd_fit(args) -> int:
         if vae:
             raise InputError(f"{vae[0]} is for --model NAME-vae: a pipeline decodes as its VAE config says "
                              "(give --vae-tiling for a tiled decode)")
-        result = fit_pipeline(args.pipeline, budget, (args.backend or ["sdpa"])[0], dtype, batch, args.cfg,
-                              args.offload, bool(args.vae_tiling), bool(args.controlnet),
-                              args.ip_adapter_tokens or 0, args.tome or 0.0, aspect, args.buckets, args.device,
-                              args.gpu_arch, say)
+        spec = PipelineSpec(args.pipeline, budget, (args.backend or ["sdpa"])[0], dtype, batch, args.cfg,
+                            args.offload, vae_tiling=bool(args.vae_tiling), controlnet=bool(args.controlnet),
+                            ip_adapter_tokens=args.ip_adapter_tokens or 0, tome=args.tome or 0.0, aspect=aspect,
+                            buckets=args.buckets, device=args.device, gpu_arch=args.gpu_arch)
+        result = fit_pipeline(spec, say)
         text = format_pipeline(result) + _step_time(args, result, dtype, batch)
     else:
         models.resolve(args.model)
