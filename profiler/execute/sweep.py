@@ -120,20 +120,23 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
             "cells": [c.as_row() for c in cells], "environment": executor.environment(device),
             "model_files": model_files(cells), **limits})
     with run.executor(command or "attnprof"):
-        if resumed:
-            jobs = run.manifest().get("job_ids", []) + ([job_id] if job_id else [])
-            run.update_manifest(resumed_at=now(), ended_at=None, memory_budget_bytes=budget, job_ids=jobs, **limits)
-        done = run.done_cells()
-        pending = [c for c in cells if c.cell_id not in done or (retry_failed and done[c.cell_id] != "ok")]
-        flight = InFlight(run, _progress(len(cells), len(cells) - len(pending), progress))
-        interrupted = False
-        try:  # from the calibration on: whatever fails or stops it, the manifest says the run ended, and how
+        flight, interrupted = None, False
+        try:  # from the lock on: whatever fails or stops it (a SIGTERM as soon as the run folder exists too), the
+            # manifest says the run ended, and how
+            if resumed:
+                jobs = run.manifest().get("job_ids", []) + ([job_id] if job_id else [])
+                run.update_manifest(resumed_at=now(), ended_at=None, memory_budget_bytes=budget, job_ids=jobs,
+                                    **limits)
+            done = run.done_cells()
+            pending = [c for c in cells if c.cell_id not in done or (retry_failed and done[c.cell_id] != "ok")]
+            flight = InFlight(run, _progress(len(cells), len(cells) - len(pending), progress))
             _calibrate(run, executor, device, "start")
             _run_pending(pending, run, sweep, executor, flight, budget, force, limits, progress)
         except KeyboardInterrupt:
             interrupted = True
         finally:
-            flight.close()
+            if flight is not None:
+                flight.close()
             done = run.done_cells()  # any cell not recorded (a stop, a crash of ours) leaves the run interrupted
             interrupted = interrupted or any(c.cell_id not in done for c in cells)
             if not interrupted:
