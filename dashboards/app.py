@@ -298,8 +298,7 @@ def compare_page(cells: pd.DataFrame, envs: pd.DataFrame, by: str, baseline: str
     else:
         compare_runs(T.with_series(cells, envs, by), by, baseline, sizes)
     st.subheader("Best backend here")
-    from profiler.execute.grid import parse_bytes
-    from profiler.spec import InputError
+    from profiler.spec import InputError, parse_bytes
 
     try:
         limit = parse_bytes(budget, "budget")
@@ -386,9 +385,8 @@ def guidance(batch: int) -> str:
 
 
 def planner_page(model: str, size: str, batch: str, dtype: str, budget: str) -> None:
-    from profiler.execute.grid import parse_bytes, size_text
     from profiler.plan.forward import LEFT_OUT
-    from profiler.spec import InputError, parse_batch, parse_size
+    from profiler.spec import InputError, parse_batch, parse_bytes, parse_size, size_text
 
     try:
         (width, height), n, limit = parse_size(size), parse_batch(batch), parse_bytes(budget, "memory budget")

@@ -143,3 +143,32 @@ def write(paths: list[Path], out: Path) -> Path:
         part.unlink(missing_ok=True)
         raise
     return out
+
+
+def main(argv=None) -> int:
+    """python -m dashboards.report --html FILE RUN_FOLDER ...: what attnprof report runs, as a process of its own so
+    that the core never imports its view. An unreadable run or a file that cannot be written: one line on stderr and
+    exit code 2 (the CLI says it as its own error); the file's path on stdout."""
+    import argparse
+    import sys
+
+    from profiler.spec import InputError
+
+    p = argparse.ArgumentParser(prog="python -m dashboards.report")
+    p.add_argument("--html", required=True)
+    p.add_argument("runs", nargs="+")
+    args = p.parse_args(argv)
+    try:
+        out = write([Path(r) for r in args.runs], Path(args.html))
+    except OSError as e:
+        print(f"cannot write the report to {args.html} ({e.strerror}): choose another --html path", file=sys.stderr)
+        return 2
+    except InputError as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

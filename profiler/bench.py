@@ -27,10 +27,9 @@ from pathlib import Path
 import torch
 
 from . import backends, devices, models
+from .env import configs
 from .measure.probes import CallTimer, traced
 from .recorder import Recorder
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _forward_ms(unet, inputs) -> float:
@@ -180,7 +179,7 @@ def main(argv=None) -> int:
     p.add_argument("--size", type=int, default=256, help="square image size for the recorder bench")
     p.add_argument("--backend", default="sdpa")
     p.add_argument("--rounds", type=int, default=15)
-    p.add_argument("--sweep", default=str(REPO / "configs" / "sweeps" / "cpu-default.yaml"))
+    p.add_argument("--sweep", default=str(configs() / "sweeps" / "cpu-default.yaml"))
     p.add_argument("--out", default="results/bench")
     p.add_argument("--only", nargs="+", choices=["recorder", "planner", "forward", "store", "ray", "sweep", "time"],
                    help="run only these benches (default: all)")

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from .spec import InputError, parse_batch, parse_dtype, parse_size
+from .spec import InputError, parse_batch, parse_bytes, parse_dtype, parse_size, size_text
 
 
 NO_CELL_OK = 1  # run, sweep, profile: the run holds no cell that ended ok
@@ -96,7 +96,6 @@ def _shape(args, device: str, sizes_default=("512x512",), say: bool = False):
 
 def cmd_plan(args) -> int:
     from .plan import format_plan, plan
-    from .execute.grid import parse_bytes
 
     sizes, batch, dtype = _shape(args, args.device, say=True)
     options = _backend_options(args.option)
@@ -196,7 +195,6 @@ def cmd_gpus(args) -> int:
 
 def cmd_fit(args) -> int:
     from . import models
-    from .execute.grid import parse_bytes, size_text
     from .plan.fit import fit, format_fit, parse_aspect
 
     if (args.model is None) == (args.pipeline is None):
@@ -215,7 +213,7 @@ def cmd_fit(args) -> int:
     say = (lambda line: None) if args.quiet else (lambda line: print(f"attnprof fit: {line}", file=sys.stderr,
                                                                      flush=True))
     if args.pipeline:
-        from .plan.pipeline import fit_pipeline, format_pipeline
+        from .plan.pipeline import PipelineSpec, fit_pipeline, format_pipeline
 
         if args.backend and len(args.backend) > 1:
             raise InputError("--pipeline takes one --backend (every phase runs it; default sdpa)")
@@ -223,10 +221,11 @@ def cmd_fit(args) -> int:
         if vae:
             raise InputError(f"{vae[0]} is for --model NAME-vae: a pipeline decodes as its VAE config says "
                              "(give --vae-tiling for a tiled decode)")
-        result = fit_pipeline(args.pipeline, budget, (args.backend or ["sdpa"])[0], dtype, batch, args.cfg,
-                              args.offload, bool(args.vae_tiling), bool(args.controlnet),
-                              args.ip_adapter_tokens or 0, args.tome or 0.0, aspect, args.buckets, args.device,
-                              args.gpu_arch, say)
+        spec = PipelineSpec(args.pipeline, budget, (args.backend or ["sdpa"])[0], dtype, batch, args.cfg,
+                            args.offload, vae_tiling=bool(args.vae_tiling), controlnet=bool(args.controlnet),
+                            ip_adapter_tokens=args.ip_adapter_tokens or 0, tome=args.tome or 0.0, aspect=aspect,
+                            buckets=args.buckets, device=args.device, gpu_arch=args.gpu_arch)
+        result = fit_pipeline(spec, say)
         text = format_pipeline(result) + _step_time(args, result, dtype, batch)
     else:
         models.resolve(args.model)
@@ -310,7 +309,7 @@ def cmd_backends(args) -> int:
 
 def _sweep_from_args(args):
     from . import backends, devices, models
-    from .execute.grid import Sweep, parse_bytes
+    from .execute.grid import Sweep
 
     entries = []
     for name in args.backend or ["sdpa"]:
@@ -342,10 +341,11 @@ def cmd_sweep(args) -> int:
 def cmd_profile(args) -> int:
     import torch
 
+    from .env import configs
     from .execute.grid import load
 
     name = "default.yaml" if torch.cuda.is_available() else "cpu-default.yaml"
-    config = Path(__file__).resolve().parent.parent / "configs" / "sweeps" / name
+    config = configs() / "sweeps" / name
     print(f"attnprof profile: the built-in default sweep for this machine, {config.relative_to(Path.cwd())}"
           if config.is_relative_to(Path.cwd()) else f"attnprof profile: {config}", flush=True)
     return _execute(_with_exec_args(load(config), args), args)
@@ -481,15 +481,21 @@ def cmd_diff(args) -> int:
 
 
 def cmd_report(args) -> int:
+    """The HTML file is the view's (dashboards/report.py: the dashboard's charts and tables): it is written by
+    `python -m dashboards.report` in a process of its own, so that the core never imports its view."""
+    import subprocess
+
     from .store import find_run
 
-    runs = [find_run(args.results, name).path for name in args.runs]
-    from dashboards.report import write
-
-    try:
-        out = write(runs, Path(args.html))
-    except OSError as e:
-        raise InputError(f"cannot write the report to {args.html} ({e.strerror}): choose another --html path")
+    runs = [str(find_run(args.results, name).path) for name in args.runs]
+    done = subprocess.run([sys.executable, "-m", "dashboards.report", "--html", args.html, *runs],
+                          capture_output=True, text=True)
+    if done.returncode == 2:  # an unreadable run, a file that cannot be written: its one line
+        raise InputError((done.stderr.strip().splitlines() or ["the report failed"])[-1])
+    if done.returncode:
+        sys.stderr.write(done.stderr)
+        return done.returncode
+    out = Path(done.stdout.strip().splitlines()[-1])
     print(f"attnprof report: {out} ({out.stat().st_size / 2**20:.1f} MiB, {len(runs)} run(s)); it opens in a "
           "browser with no server and no network")
     return 0

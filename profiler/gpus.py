@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from .spec import InputError
+from .errors import InputError
 
 GiB = 2**30
 _H100 = "NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100)"

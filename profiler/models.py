@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 
 from . import checkpoint
+from .env import configs
 from .spec import InputError, load_yaml, torch_dtype
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "models"
 _REQUIRED = ("down_block_types", "up_block_types", "block_out_channels", "cross_attention_dim")
 WEIGHTS = "diffusion_pytorch_model"  # diffusers' file name of a model's weights
 _SAFETENSORS = re.compile(rf"{WEIGHTS}(?:\.(\w+))?\.safetensors|{WEIGHTS}\.safetensors\.index(?:\.(\w+))?\.json")
@@ -42,7 +42,7 @@ class ModelSource:
 
 
 def known_models() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(CONFIG_DIR.glob("*.yaml"), key=lambda p: p.stem)}
+    return {p.stem: p for p in sorted((configs() / "models").glob("*.yaml"), key=lambda p: p.stem)}
 
 
 def _check_unet_config(config, where: str) -> dict:

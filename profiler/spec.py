@@ -1,4 +1,5 @@
-"""What to measure: sizes, dtypes and the frozen cell spec. Parsing here raises InputError with one clear line."""
+"""What to measure: sizes, dtypes, memory sizes and the frozen cell spec. Parsing here raises InputError with one clear
+line."""
 from __future__ import annotations
 
 import hashlib
@@ -8,9 +9,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-
-class InputError(ValueError):
-    """Bad input from the user: the CLI prints the message as one line and exits with code 2."""
+from .errors import InputError  # noqa: F401 (what the parsers here raise; importers take it from here)
 
 
 def load_yaml(text: str, where: str):
@@ -66,6 +65,41 @@ def parse_batch(value) -> int:
     if batch < 1 or str(value).strip() != str(batch):
         raise InputError(f"batch {value!r} is below 1 or not a whole number: use 1 or more")
     return batch
+
+
+_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+          "tib": 2**40}
+SIZE_HINT = ("write a unit, e.g. 24GiB (2^30 bytes each) or 24GB (10^9), or a GPU by name, e.g. 4090 (attnprof gpus "
+             "lists them)")
+
+
+def parse_bytes(value, where: str) -> int:
+    """A memory size: a number with its unit (B, KB / MB / GB / TB in powers of 10, KiB / MiB / GiB / TiB in powers of
+    2), or a GPU's name from the GPU table (profiler/gpus.py: its memory). A number without a unit is refused: 8 would
+    be 8 bytes."""
+    from . import gpus
+
+    gpu = gpus.find(value) if isinstance(value, str) else None
+    if gpu is not None:
+        return gpu["memory_bytes"]
+    m = re.fullmatch(r"\s*([\d.]+)\s*([a-zA-Z]*)\s*", str(value))
+    if isinstance(value, bool) or not m or m.group(2).lower() not in _UNITS or float(m.group(1)) <= 0:
+        raise InputError(f"{where}: {value!r} is not a size: {SIZE_HINT}")
+    if not m.group(2):
+        raise InputError(f"{where}: {value!r} has no unit (it would mean {value} bytes): {SIZE_HINT}")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def size_text(value) -> str:
+    """What a size given to parse_bytes means, in words: '24GB = 24.0e9 bytes = 22.35 GiB', '4090 = the RTX-4090's
+    24 GiB (source)'."""
+    from . import gpus
+
+    n = parse_bytes(value, "size")
+    gpu = gpus.find(value) if isinstance(value, str) else None
+    if gpu is not None:
+        return f"{value} = the {gpu['name']}'s {gpu['memory_gib']} GiB ({gpu['source']})"
+    return f"{str(value).strip()} = {n:,} bytes = {n / 2**30:.2f} GiB = {n / 1e9:.2f} GB"
 
 
 @dataclass(frozen=True)

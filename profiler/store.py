@@ -19,10 +19,8 @@ import datetime as dt
 import fcntl
 import json
 import os
-import platform
 import secrets
 import socket
-import subprocess
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -36,7 +34,6 @@ from .spec import InputError
 MANIFEST, BLOCKS, CELLS = "manifest.json", "blocks.parquet", "cells.parquet"
 CELL_DIR, BLOCK_DIR, TRACE_DIR, LOCK, EXECUTOR_LOCK = "cells", "blocks", "traces", ".lock", ".executor.lock"
 DONE_STATUSES = ("ok", "oom", "skipped", "unavailable", "error", "timeout")
-REPO = Path(__file__).resolve().parent.parent
 
 
 def now() -> str:
@@ -124,39 +121,6 @@ def unreadable(path: Path, e: BaseException) -> Unreadable:
     detail = str(e).strip().splitlines()[0] if str(e).strip() else ""
     return Unreadable(f"{path} cannot be read ({type(e).__name__}{': ' + detail if detail else ''}): restore it from "
                       f"a copy, or move the run folder {path.parent} out of the results folder")
-
-
-def environment(device: str) -> dict:
-    """Library versions, hardware and the profiler's git revision: a number without these is not comparable.
-    The device is described from torch's properties and NVML, which make no CUDA context here."""
-    import diffusers
-    import torch
-
-    from . import devices
-
-    env = {"python": platform.python_version(), "torch": torch.__version__, "diffusers": diffusers.__version__,
-           "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "platform": platform.platform(), "cpu": devices.cpu_name(),
-           "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": device,
-           "device_name": None, "driver": None}
-    if device.startswith("cuda") and torch.cuda.is_available():
-        described = devices.describe_cuda(torch.device(device).index or 0)
-        env.update({k: described[k] for k in ("device_name", "device_uuid", "pci_bus_id", "driver")})
-    else:
-        env["device_name"] = env["cpu"]
-    env["git_revision"] = _git_revision()
-    return env
-
-
-def _git_revision() -> str | None:
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if rev.returncode:
-        return None
-    return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 class Run:

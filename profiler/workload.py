@@ -35,7 +35,9 @@ SETTINGS = {  # name: (the model kind it applies to, default, what it takes)
 COMPILE_MODES = ("none", "regional", "full")
 
 
-def _value(name: str, value):
+def setting_value(name: str, value):
+    """A setting's value as given (YAML, the command line) in its own type, checked: what the grid and
+    check_settings both read."""
     kind, default, takes = SETTINGS[name]
     if isinstance(default, bool) or name == "vae_upcast":
         if isinstance(value, bool):
@@ -68,7 +70,7 @@ def check_settings(model: str, settings: dict) -> tuple[tuple[str, object], ...]
         if name not in SETTINGS:
             raise InputError(f"unknown setting {name!r}: the settings are {', '.join(SETTINGS)}")
         kind = SETTINGS[name][0]
-        value = _value(name, value)
+        value = setting_value(name, value)
         if source.kind != kind:
             raise InputError(f"setting {name} is for a {kind} model, not {model} (a {source.kind})")
         if value != _default(source, name):

@@ -7,7 +7,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 60
 LONG = {  # function: why it may stay long (each still one idea); none may be added without a reason here
-    ("profiler/plan/pipeline.py", "fit_pipeline"): "one search over a whole generation's phases; to be split (issue 27)",
 }
 
 

@@ -7,10 +7,9 @@ import pytest
 
 from profiler import gpus
 from profiler.cli import main
-from profiler.execute.grid import parse_bytes, size_text
 from profiler.measure.limits import device_key
 from profiler.plan import plan, timing
-from profiler.spec import CellSpec, InputError
+from profiler.spec import CellSpec, InputError, parse_bytes, size_text
 from profiler.store import Run
 
 TRUE = {"core_self": 3.0, "core_cross": 1.5, "projections": 2.0, "overhead": 0.25}  # the synthetic device's answer

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-
 from .. import backends, devices, models
-from ..spec import CellSpec, InputError, load_yaml, parse_batch, parse_dtype, parse_size
-from ..workload import SETTINGS, _value, check_settings
+from ..spec import CellSpec, InputError, load_yaml, parse_batch, parse_bytes, parse_dtype, parse_size
+from ..workload import SETTINGS, check_settings, setting_value
 
 GRID_KEYS = {"models": "list of model names", "sizes": "list of WxH strings", "batch": "list of batch sizes",
              "dtypes": "list of dtype names", "backends": "list of backend names or {name: {option: value}}",
@@ -24,8 +22,6 @@ KEYS = {**GRID_KEYS, "repeats": "timed forwards per cell", "warmup": "warm-up fo
         "also": "list of further grids, each a mapping of grid keys (the others as at the top)",
         "trace": "true or false: a Chrome / Perfetto trace of each cell's probe forward",
         "allow_pickle": "true or false: let models be .ckpt / .pt files, pickles that run any code they hold"}
-_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
-          "tib": 2**40}
 
 
 @dataclass(frozen=True)
@@ -78,39 +74,6 @@ class Sweep:
         return {**self.grid(), "repeats": self.repeats, "warmup": self.warmup, "device": self.device,
                 "memory_budget": self.memory_budget, "timeout_s": self.timeout_s, "executor": self.executor,
                 "ray_address": self.ray_address, "also": [g.grid() for g in self.also], "trace": self.trace, "source": self.source}
-
-
-SIZE_HINT = ("write a unit, e.g. 24GiB (2^30 bytes each) or 24GB (10^9), or a GPU by name, e.g. 4090 (attnprof gpus "
-             "lists them)")
-
-
-def parse_bytes(value, where: str) -> int:
-    """A memory size: a number with its unit (B, KB / MB / GB / TB in powers of 10, KiB / MiB / GiB / TiB in powers of
-    2), or a GPU's name from the GPU table (profiler/gpus.py: its memory). A number without a unit is refused: 8 would
-    be 8 bytes."""
-    from .. import gpus
-
-    gpu = gpus.find(value) if isinstance(value, str) else None
-    if gpu is not None:
-        return gpu["memory_bytes"]
-    m = re.fullmatch(r"\s*([\d.]+)\s*([a-zA-Z]*)\s*", str(value))
-    if isinstance(value, bool) or not m or m.group(2).lower() not in _UNITS or float(m.group(1)) <= 0:
-        raise InputError(f"{where}: {value!r} is not a size: {SIZE_HINT}")
-    if not m.group(2):
-        raise InputError(f"{where}: {value!r} has no unit (it would mean {value} bytes): {SIZE_HINT}")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
-def size_text(value) -> str:
-    """What a size given to parse_bytes means, in words: '24GB = 24.0e9 bytes = 22.35 GiB', '4090 = the RTX-4090's
-    24 GiB (source)'."""
-    from .. import gpus
-
-    n = parse_bytes(value, "size")
-    gpu = gpus.find(value) if isinstance(value, str) else None
-    if gpu is not None:
-        return f"{value} = the {gpu['name']}'s {gpu['memory_gib']} GiB ({gpu['source']})"
-    return f"{str(value).strip()} = {n:,} bytes = {n / 2**30:.2f} GiB = {n / 1e9:.2f} GB"
 
 
 def _as_list(doc: dict, key: str, where: str) -> list:
@@ -231,7 +194,7 @@ def _grid(doc: dict, where: str, inherit: dict | None = None) -> dict:
             values = doc[name] if isinstance(doc[name], list) else [doc[name]]
             if not values:
                 raise InputError(f"{where}: key '{name}' must be a value or a non-empty list of values")
-            axes[name] = tuple(_checked(where, name, lambda v: _value(name, v), v) for v in values)
+            axes[name] = tuple(_checked(where, name, lambda v: setting_value(name, v), v) for v in values)
     kw["model_settings"] = tuple(axes.items())
     return kw
 

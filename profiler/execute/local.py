@@ -30,7 +30,7 @@ class LocalExecutor:
         return devices.free_memory_bytes(device)
 
     def environment(self, device: str) -> dict:
-        from ..store import environment
+        from ..env import environment
 
         return {**environment(device), "executor": "local" if self.workers else "in-process"}
 
@@ -151,7 +151,7 @@ def _run_in_workers(group: list[CellSpec], run, sweep, flight, extra: dict) -> N
     is replaced by a new one for the rest; one that dies in a cell leaves that cell `error` (or `timeout`), unless
     the cell's own row was recorded before the worker died, which is kept. A new worker that dies before starting
     any cell means the environment is broken: that raises."""
-    from .groups import failed_in_flight
+    from .groups import failed_in_flight, with_extra
 
     remaining, progressed = list(group), True
     while remaining:
@@ -193,7 +193,7 @@ def _run_in_workers(group: list[CellSpec], run, sweep, flight, extra: dict) -> N
                 timed_out = bool(sweep.timeout_s and began and time.time() - began >= sweep.timeout_s)
                 words = _last_line(log) if code != -signal.SIGKILL else ""  # a SIGKILL leaves none
                 row = failed_in_flight(spec, timed_out, sweep.timeout_s, f"{exit_reason(code)}{words}")
-                run.record({**row, **extra.get(spec.cell_id, {})}, [])
+                run.record(with_extra(row, [], extra.get(spec.cell_id, {})), [])
             flight.end(proc.pid)
             remaining.remove(spec)
         elif remaining and not (started or progressed):

@@ -19,8 +19,8 @@ import time
 import ray
 
 from ..checkpoint import PICKLE_ENV
+from ..env import REPO
 from ..spec import CellSpec, InputError
-from ..store import REPO
 from . import ExecutorError, stop_on_sigterm
 
 EXCLUDES = ["results", "test-output", ".whl", "*.parquet", "**/__pycache__"]  # Ray leaves out .git and .venv
@@ -55,7 +55,7 @@ def _resources(device: str) -> dict:
 def _survey(device: str) -> dict:
     """On a worker: the device's free memory (before this task touches it) and the environment."""
     from .. import devices
-    from ..store import environment
+    from ..env import environment
 
     return {"free": devices.free_memory_bytes(device), "environment": environment(device)}
 
@@ -188,7 +188,7 @@ class _Tasks:
         self.active[gen] = {"cells": list(cells), "in_flight": None, "cancelled": False, "retry": retry}
 
     def step(self, gen) -> None:
-        from .groups import failed_in_flight
+        from .groups import failed_in_flight, with_extra
 
         state = self.active[gen]
         try:
@@ -203,7 +203,7 @@ class _Tasks:
             rest = [c for c in state["cells"] if c is not spec]
             if spec is not None:
                 row = failed_in_flight(spec, state["cancelled"], self.sweep.timeout_s, reason)
-                self.run.record({**row, **self.extra.get(spec.cell_id, {})}, [])
+                self.run.record(with_extra(row, [], self.extra.get(spec.cell_id, {})), [])
                 self.flight.end(id(gen))
             elif state["retry"]:
                 raise ExecutorError(f"a Ray task failed twice before starting a cell: {reason}") from None

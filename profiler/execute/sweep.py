@@ -7,13 +7,31 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from .. import devices
 from ..models import model_files
 from ..measure.limits import cell_peaks
 from ..spec import CellSpec
 from .grid import Sweep
-from .groups import InFlight
+from .groups import Executor, InFlight
+
+
+class Shape(NamedTuple):
+    """What one fake-tensor forward of the planner is traced for: the cells that share it share their prediction."""
+
+    model: str
+    width: int
+    height: int
+    batch: int
+    dtype: str
+    device: str  # the device type: cuda:1 as cuda
+    settings: tuple  # the model's settings less compile: the planner predicts a compiled U-Net as eager
+
+    @classmethod
+    def of(cls, c: CellSpec) -> "Shape":
+        eager = tuple(s for s in c.settings if s[0] != "compile")
+        return cls(c.model, c.width, c.height, c.batch, c.dtype, c.device.split(":")[0], eager)
 
 
 def predict(cells: list[CellSpec]) -> tuple[dict[str, dict], dict[str, tuple[int, ...]]]:
@@ -26,26 +44,23 @@ def predict(cells: list[CellSpec]) -> tuple[dict[str, dict], dict[str, tuple[int
     availability probe."""
     from ..plan.forward import trace
 
-    def shape(c: CellSpec) -> tuple:
-        eager = tuple(s for s in c.settings if s[0] != "compile")  # the planner predicts a compiled U-Net as eager
-        return c.model, c.width, c.height, c.batch, c.dtype, c.device.split(":")[0], eager  # cuda:1 as cuda
-
-    groups: dict[tuple, list[dict[str, tuple]]] = {}  # shape -> forwards, each {backend: its options}
+    groups: dict[Shape, list[dict[str, tuple]]] = {}  # shape -> forwards, each {backend: its options}
     for c in cells:
-        forwards = groups.setdefault(shape(c), [])
+        forwards = groups.setdefault(Shape.of(c), [])
         forward = next((f for f in forwards if f.get(c.backend, c.backend_options) == c.backend_options), None)
         if forward is None:
             forwards.append(forward := {})
         forward[c.backend] = c.backend_options
     traced, dims = {}, {}
-    for key, forwards in groups.items():
+    for s, forwards in groups.items():
         for forward in forwards:
-            t = trace(*key[:6], sorted(forward), {n: dict(o) for n, o in forward.items()}, settings=key[6])
-            dims.setdefault(key[0], set()).update(r["head_dim"] for r in t["rows"])
+            t = trace(s.model, s.width, s.height, s.batch, s.dtype, s.device, sorted(forward),
+                      {n: dict(o) for n, o in forward.items()}, settings=s.settings)
+            dims.setdefault(s.model, set()).update(r["head_dim"] for r in t["rows"])
             for name, options in forward.items():
                 peak = t["backends"].get(name, {}).get("predicted_forward_peak_bytes")
-                traced[key, name, options] = {"predicted_forward_peak_bytes": peak, "predicted_need_bytes": peak}
-    out = {c.cell_id: traced[shape(c), c.backend, c.backend_options] for c in cells}
+                traced[s, name, options] = {"predicted_forward_peak_bytes": peak, "predicted_need_bytes": peak}
+    out = {c.cell_id: traced[Shape.of(c), c.backend, c.backend_options] for c in cells}
     return out, {m: tuple(sorted(d)) for m, d in dims.items()}
 
 
@@ -105,20 +120,23 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
             "cells": [c.as_row() for c in cells], "environment": executor.environment(device),
             "model_files": model_files(cells), **limits})
     with run.executor(command or "attnprof"):
-        if resumed:
-            jobs = run.manifest().get("job_ids", []) + ([job_id] if job_id else [])
-            run.update_manifest(resumed_at=now(), ended_at=None, memory_budget_bytes=budget, job_ids=jobs, **limits)
-        done = run.done_cells()
-        pending = [c for c in cells if c.cell_id not in done or (retry_failed and done[c.cell_id] != "ok")]
-        flight = InFlight(run, _progress(len(cells), len(cells) - len(pending), progress))
-        interrupted = False
-        try:  # from the calibration on: whatever fails or stops it, the manifest says the run ended, and how
+        flight, interrupted = None, False
+        try:  # from the lock on: whatever fails or stops it (a SIGTERM as soon as the run folder exists too), the
+            # manifest says the run ended, and how
+            if resumed:
+                jobs = run.manifest().get("job_ids", []) + ([job_id] if job_id else [])
+                run.update_manifest(resumed_at=now(), ended_at=None, memory_budget_bytes=budget, job_ids=jobs,
+                                    **limits)
+            done = run.done_cells()
+            pending = [c for c in cells if c.cell_id not in done or (retry_failed and done[c.cell_id] != "ok")]
+            flight = InFlight(run, _progress(len(cells), len(cells) - len(pending), progress))
             _calibrate(run, executor, device, "start")
             _run_pending(pending, run, sweep, executor, flight, budget, force, limits, progress)
         except KeyboardInterrupt:
             interrupted = True
         finally:
-            flight.close()
+            if flight is not None:
+                flight.close()
             done = run.done_cells()  # any cell not recorded (a stop, a crash of ours) leaves the run interrupted
             interrupted = interrupted or any(c.cell_id not in done for c in cells)
             if not interrupted:
@@ -128,7 +146,7 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
     return Outcome(run.path, interrupted)
 
 
-def _executor(sweep: Sweep, workers: bool):
+def _executor(sweep: Sweep, workers: bool) -> Executor:
     """The sweep's executor: Ray, or local worker subprocesses (in this process with workers=False)."""
     if sweep.executor == "ray":
         from .ray import RayExecutor
@@ -139,10 +157,11 @@ def _executor(sweep: Sweep, workers: bool):
     return LocalExecutor(workers)
 
 
-def _run_pending(pending: list[CellSpec], run, sweep: Sweep, executor, flight, budget: int, force: bool,
-                 limits: dict, progress: bool) -> None:
+def _run_pending(pending: list[CellSpec], run, sweep: Sweep, executor: Executor, flight: InFlight, budget: int,
+                 force: bool, limits: dict, progress: bool) -> None:
     """The preflight's rows recorded, the predicted time said, then the rest group by group (one model build per
-    (model, dtype, device)) on the executor, each cell with its predictions and the device's limits."""
+    (model, dtype, device)) on the executor, each cell with its extra (groups.py): its predictions, the device's
+    limits for its dtype and its predicted times."""
     pre, predicted = preflight(pending, budget, force, executor.availability)
     times = _predicted_times([c for c in pending if c.cell_id not in pre], limits, sweep, progress)
     extra = {c.cell_id: {**predicted[c.cell_id], **cell_peaks(limits, c.dtype), **times.get(c.cell_id, {})}

@@ -22,9 +22,10 @@ import torch
 
 from .. import backends, devices, models
 from ..fmt import human_bytes
-from ..store import REPO, Run
+from ..env import REPO, configs
 from ..execute.grid import Sweep, load
 from ..execute.sweep import execute
+from ..store import Run
 
 SDPA_BACKENDS = {"sdpa-flash": "flash", "sdpa-efficient": "efficient", "sdpa-cudnn": "cudnn"}  # forced kernels
 PEAK_TOLERANCE = 0.05  # measured forward peak against the planner's prediction
@@ -65,7 +66,7 @@ class Context:
     def default_sweep(self) -> Sweep:
         """configs/sweeps/default.yaml reduced: its models at self.sizes, its backends less the last checks' ones
         (NEW_BACKENDS and diffusers' dispatcher), no `also`; on the CPU (a dry run) naive and sdpa in float32."""
-        default = load(REPO / "configs" / "sweeps" / "default.yaml")
+        default = load(configs() / "sweeps" / "default.yaml")
         cuda = self.device.startswith("cuda")
         kept = tuple(b for b in default.backends if b[0] not in NEW_BACKENDS and not b[0].startswith("diffusers:"))
         return replace(default, models=tuple(self.models or default.models), sizes=tuple((s, s) for s in self.sizes),

@@ -26,7 +26,7 @@ import torch
 
 from .. import backends, devices
 from ..fmt import human_bytes
-from ..store import REPO, environment
+from ..env import REPO, environment
 from .checks import CHECKS, SHARED_S, Context, Planned, SharedRunFailed, Skip, new_backend_reason
 
 RECORD = REPO / "docs" / "gpu-validation.md"

@@ -142,23 +142,23 @@ def _reference_label(where: str, device: str, why: str) -> str:
     return label if where == device else f"{label} on the CPU: {device} could not hold it ({why[:160]})"
 
 
-def measure_cell(spec: CellSpec, cache: ModelCache, repeats: int = 3, warmup: int = 1, peaks: dict | None = None,
+def measure_cell(spec: CellSpec, cache: ModelCache, repeats: int = 3, warmup: int = 1, extra: dict | None = None,
                  trace_dir: Path | None = None) -> tuple[dict, list[dict]]:
     """Run one cell on its device (made current for the whole cell); return (cell row, block rows). Raises on
-    failure: the caller turns that into a status. peaks: the device's limits for the cell (limits.cell_peaks),
-    against which each call is placed; trace_dir: where the probe forward's Chrome / Perfetto trace goes (and on
-    CUDA the allocator's memory snapshot of it), as <cell_id>.trace.json and <cell_id>.memory.pickle."""
+    failure: the caller turns that into a status. extra: the cell's extra (execute/groups.py), whose device limits
+    (limits.cell_peaks) each call is placed against; trace_dir: where the probe forward's Chrome / Perfetto trace
+    goes (and on CUDA the allocator's memory snapshot of it), as <cell_id>.trace.json and <cell_id>.memory.pickle."""
     dev = devices.get(spec.device)
     with dev.guard():
-        return _measure(spec, cache, repeats, warmup, dev, peaks or {}, trace_dir)
+        return _measure(spec, cache, repeats, warmup, dev, extra or {}, trace_dir)
 
 
-def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev, peaks: dict,
+def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev, extra: dict,
              trace_dir: Path | None) -> tuple[dict, list[dict]]:
     if dict(spec.settings).get("compile", "none") != "none":
         from .compiled import measure_compiled
 
-        return measure_compiled(spec, cache, repeats, warmup, dev, peaks, trace_dir)
+        return measure_compiled(spec, cache, repeats, warmup, dev, extra, trace_dir)
     reference = cache.reference(spec)  # before the model under test is built: never beside it
     forwards_s, cache.reference_forward_s = cache.reference_forward_s, 0.0  # every forward charged to this cell
     work, unet = cache.get(spec.model, spec.dtype, spec.device, spec.settings)
@@ -181,7 +181,7 @@ def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev, 
     if trace_dir:
         prof.export_chrome_trace(str(trace_dir / f"{spec.cell_id}.trace.json"))
     per_call, cpu_forward_peak = trace_windows(prof, probe.ranges)
-    roof = (peaks.get("device_peak_flops_per_s"), peaks.get("device_peak_bytes_per_s"))
+    roof = (extra.get("device_peak_flops_per_s"), extra.get("device_peak_bytes_per_s"))
     blocks = [block_row(spec, row, timer.samples.get(row["call_index"], []), per_call.get(row["call_index"], {}),
                         probe.peak.get(row["call_index"]), roof) for row in probe_rec.rows]
     cell = cell_row(spec, reference, inputs, weights, timed, None if dev.allocator else cpu_forward_peak, dev, nvml)
@@ -243,14 +243,14 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}{where}"
 
 
-def run_cell(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, peaks: dict | None = None,
+def run_cell(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, extra: dict | None = None,
              trace_dir: Path | None = None) -> tuple[dict, list[dict]]:
     """measure_cell with failures turned into rows: `oom` for every allocation failure (with the size asked for),
     else `error`. Unavailable backends never get here: the sweep's preflight records them."""
     started = time.time()
     dev = devices.get(spec.device)
     try:
-        cell, blocks = measure_cell(spec, cache, repeats, warmup, peaks, trace_dir)
+        cell, blocks = measure_cell(spec, cache, repeats, warmup, extra, trace_dir)
     except ReferenceFailed as e:
         cell, blocks = failed_cell(spec, "oom" if e.oom else "error", str(e)), []
     except Exception as e:  # any failure of one cell becomes its row; the run goes on

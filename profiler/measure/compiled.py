@@ -94,7 +94,7 @@ def matched(rows: list[dict], ops: list[dict], backend: str) -> str:
     return ""
 
 
-def measure_compiled(spec: CellSpec, cache, repeats: int, warmup: int, dev, peaks: dict,
+def measure_compiled(spec: CellSpec, cache, repeats: int, warmup: int, dev, extra: dict,
                      trace_dir) -> tuple[dict, list[dict]]:
     """measure_cell for a compiled cell (see the module's text)."""
     from .rows import attention_summary, cell_row, timed_forwards
@@ -121,7 +121,7 @@ def measure_compiled(spec: CellSpec, cache, repeats: int, warmup: int, dev, peak
         forwards_s += time.perf_counter() - t0 - compile_s
     rows = rec.passes()[0]
     note = next((n for n in (matched(rows, ops, spec.backend) for ops in traces) if n), "")  # every traced forward
-    roof = (peaks.get("device_peak_flops_per_s"), peaks.get("device_peak_bytes_per_s"))
+    roof = (extra.get("device_peak_flops_per_s"), extra.get("device_peak_bytes_per_s"))
     blocks = [_call_row(spec, row, [] if note else [ops[i] for ops in traces], roof) for i, row in enumerate(rows)]
     cell = cell_row(spec, reference, inputs, weights, timed, None if dev.allocator else cpu_forward_peak, dev, nvml)
     cell.update(**attention_summary(blocks, roof), **report, forwards_total_s=forwards_s, compile_s=compile_s,

@@ -131,7 +131,8 @@ def replay(targets, chosen: list[tuple[str, dict]], device: str, repeats: int, w
            source: str, say=lambda line: None):
     """Measure each target's distinct shapes under each backend (name, options) and store them as a run (returned):
     a cell per target and backend, a block row per call."""
-    from ..store import Run, environment, now
+    from ..env import environment
+    from ..store import Run, now
 
     specs = [CellSpec(t["model"], t["width"], t["height"], t["batch"], t["dtype"], name, device,
                       tuple(sorted(opts.items()))) for t, _, _ in targets for name, opts in chosen]

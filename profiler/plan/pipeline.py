@@ -20,6 +20,7 @@ scheduler's and the latents' few MiB, IP-Adapter's image encoder.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -84,91 +85,154 @@ def _largest_module(model: torch.nn.Module) -> int:
     return max((models.weights_bytes(m) for m in model.modules() if not list(m.children())), default=0)
 
 
-def fit_pipeline(pipeline: str, budget: int, backend: str = "sdpa", dtype: str = "float16", batch: int = 1,
-                 cfg: bool = True, offload: str = "none", vae_tiling: bool = False, controlnet: bool = False,
-                 ip_adapter_tokens: int = 0, tome: float = 0.0, aspect: tuple[int, int] = (1, 1),
-                 buckets: bool = False, device: str = "cuda", gpu_arch: str | None = None,
-                 say=lambda line: None) -> dict:
+@dataclass(frozen=True)
+class PipelineSpec:
+    """What attnprof fit --pipeline asks of a whole generation: the pipeline, the budget, the attention backend that
+    every phase runs, the batch (doubled for the U-Net under classifier-free guidance), the offload, the settings
+    (VAE tiling, ControlNet, IP-Adapter tokens, ToMe), the aspect (or SDXL's buckets) and the device it plans for."""
+
+    pipeline: str
+    budget: int
+    backend: str = "sdpa"
+    dtype: str = "float16"
+    batch: int = 1
+    cfg: bool = True
+    offload: str = "none"
+    vae_tiling: bool = False
+    controlnet: bool = False
+    ip_adapter_tokens: int = 0
+    tome: float = 0.0
+    aspect: tuple[int, int] = (1, 1)
+    buckets: bool = False
+    device: str = "cuda"
+    gpu_arch: str | None = None
+
+    def __post_init__(self):
+        if self.pipeline not in PIPELINES:
+            raise InputError(f"unknown pipeline {self.pipeline!r}: use {' or '.join(PIPELINES)}")
+        if self.offload not in OFFLOADS:
+            raise InputError(f"--offload {self.offload!r}: use none, model or sequential")
+
+    def summary(self) -> dict:
+        """The fields every answer starts with, before the phases' models."""
+        return {"pipeline": self.pipeline, "budget_bytes": self.budget, "backend": self.backend, "dtype": self.dtype,
+                "batch": self.batch, "cfg": self.cfg, "offload": self.offload, "vae_tiling": self.vae_tiling,
+                "controlnet": self.controlnet, "ip_adapter_tokens": self.ip_adapter_tokens, "tome": self.tome,
+                "device": self.device}
+
+
+class Generation:
+    """The three phases of one generation under a spec: each phase's models, settings and weights, what stays
+    resident beside it, and its need at a size."""
+
+    def __init__(self, spec: PipelineSpec, say=lambda line: None):
+        from ..workload import check_settings
+
+        self.spec, p = spec, PIPELINES[spec.pipeline]
+        self.unet, self.vae = p["unet"], p["vae"]
+        self.unet_settings = check_settings(p["unet"], {"controlnet": spec.controlnet,
+                                                        "ip_adapter_tokens": spec.ip_adapter_tokens,
+                                                        "tome": spec.tome})
+        self.vae_settings = check_settings(p["vae"], {"vae_tiling": spec.vae_tiling})
+        self.step_batch = spec.batch * (2 if spec.cfg else 1)
+        say(f"text encoders {', '.join(p['text'])}")
+        self.text = text_phase(p["text"], spec.dtype, self.step_batch)
+        self.weights = {"text": self.text["weights_bytes"], "denoise": _weights(p["unet"], spec.dtype,
+                                                                                 self.unet_settings),
+                        "decode": _weights(p["vae"], spec.dtype, self.vae_settings)}
+        self.largest = {"text": self.text["weights_bytes"],
+                        "denoise": _largest_module(_meta(p["unet"], spec.dtype, self.unet_settings)),
+                        "decode": _largest_module(_meta(p["vae"], spec.dtype, self.vae_settings))}
+        self.models = {"text": list(p["text"]),
+                       "denoise": [p["unet"]] + ([p["controlnet"]] if spec.controlnet else []), "decode": [p["vae"]]}
+
+    def beside(self, phase: str) -> int:
+        """What the other phases leave resident on the device while this one runs."""
+        return 0 if self.spec.offload != "none" else sum(w for k, w in self.weights.items() if k != phase)
+
+    def own(self, phase: str) -> int:
+        """The phase's own weights, as its trace counts them, less what offload streams."""
+        return self.weights[phase] - self.largest[phase] if self.spec.offload == "sequential" else 0
+
+    def runs(self) -> list[tuple[str, str, tuple, int]]:
+        """(phase, model, settings, batch) of the phases that run a traced forward: denoise and decode."""
+        return [("denoise", self.unet, self.unet_settings, self.step_batch),
+                ("decode", self.vae, self.vae_settings, self.spec.batch)]
+
+    def text_need(self) -> int:
+        return self.beside("text") + self.text["weights_bytes"] + self.text["transient_bytes"] - self.own("text")
+
+    def need(self, phase: str, size: tuple[int, int]) -> int:
+        """The phase's need at the size: what is resident beside it plus its forward's peak."""
+        if phase == "text":
+            return self.text_need()
+        s = self.spec
+        _, model, settings, b = next(r for r in self.runs() if r[0] == phase)
+        t = trace(model, size[0], size[1], b, s.dtype, s.device, [s.backend], settings=settings,
+                  gpu=_gpu(s.device, s.gpu_arch))
+        if s.backend not in t["backends"]:
+            raise InputError(f"backend {s.backend!r} does not run on {s.device}: choose another (--backend)")
+        return self.beside(phase) + t["backends"][s.backend]["predicted_forward_peak_bytes"] - self.own(phase)
+
+
+def fit_pipeline(spec: PipelineSpec, say=lambda line: None) -> dict:
     """The largest image (square, or of the aspect; or each of SDXL's buckets) whose every phase fits the budget:
     {"pipeline", ..., "phases": [{"phase", "models", "resident_bytes", "need_bytes", "next_need_bytes"}],
     "largest", "next", "limited_by"} (with buckets: "buckets": [{"width", "height", "needs": {phase: bytes},
     "fits"}])."""
-    from ..workload import check_settings
+    g = Generation(spec, say)
+    base = {**spec.summary(), "models": g.models}
+    if spec.buckets:
+        return {**base, "buckets": _buckets(g, say)}
+    return {**base, **_largest(g, say)}
 
-    if pipeline not in PIPELINES:
-        raise InputError(f"unknown pipeline {pipeline!r}: use {' or '.join(PIPELINES)}")
-    if offload not in OFFLOADS:
-        raise InputError(f"--offload {offload!r}: use none, model or sequential")
-    p = PIPELINES[pipeline]
-    unet_settings = check_settings(p["unet"], {"controlnet": controlnet, "ip_adapter_tokens": ip_adapter_tokens,
-                                               "tome": tome})
-    vae_settings = check_settings(p["vae"], {"vae_tiling": vae_tiling})
-    step_batch = batch * (2 if cfg else 1)
-    say(f"text encoders {', '.join(p['text'])}")
-    text = text_phase(p["text"], dtype, step_batch)
-    weights = {"text": text["weights_bytes"], "denoise": _weights(p["unet"], dtype, unet_settings),
-               "decode": _weights(p["vae"], dtype, vae_settings)}
-    largest = {"text": text["weights_bytes"],
-               "denoise": _largest_module(_meta(p["unet"], dtype, unet_settings)),
-               "decode": _largest_module(_meta(p["vae"], dtype, vae_settings))}
 
-    def beside(phase: str) -> int:
-        """What the other phases leave resident on the device while this one runs."""
-        return 0 if offload != "none" else sum(w for k, w in weights.items() if k != phase)
+def _buckets(g: Generation, say) -> list[dict]:
+    """Each of SDXL's buckets: every phase's need there, and whether all fit."""
+    rows = []
+    for w, h in BUCKETS:
+        needs = {ph: g.need(ph, (w, h)) for ph in ("text", "denoise", "decode")}
+        rows.append({"width": w, "height": h, "needs": needs, "fits": max(needs.values()) <= g.spec.budget})
+        say(f"bucket {w}x{h}")
+    return rows
 
-    def own(phase: str) -> int:  # the phase's own weights, as its trace counts them, less what offload streams
-        return weights[phase] - largest[phase] if offload == "sequential" else 0
 
-    def need(phase: str, size: tuple[int, int]) -> int:
-        if phase == "text":
-            return beside("text") + text["weights_bytes"] + text["transient_bytes"] - own("text")
-        model, settings, b = (p["unet"], unet_settings, step_batch) if phase == "denoise" else \
-            (p["vae"], vae_settings, batch)
-        t = trace(model, size[0], size[1], b, dtype, device, [backend], settings=settings,
-                  gpu=_gpu(device, gpu_arch))
-        if backend not in t["backends"]:
-            raise InputError(f"backend {backend!r} does not run on {device}: choose another (--backend)")
-        return beside(phase) + t["backends"][backend]["predicted_forward_peak_bytes"] - own(phase)
-
-    base = {"pipeline": pipeline, "budget_bytes": budget, "backend": backend, "dtype": dtype, "batch": batch,
-            "cfg": cfg, "offload": offload, "vae_tiling": vae_tiling, "controlnet": controlnet,
-            "ip_adapter_tokens": ip_adapter_tokens, "tome": tome, "device": device,
-            "models": {"text": list(p["text"]), "denoise": [p["unet"]] + ([p["controlnet"]] if controlnet else []),
-                       "decode": [p["vae"]]}}
-    if buckets:
-        rows = []
-        for w, h in BUCKETS:
-            needs = {ph: need(ph, (w, h)) for ph in ("text", "denoise", "decode")}
-            rows.append({"width": w, "height": h, "needs": needs, "fits": max(needs.values()) <= budget})
-            say(f"bucket {w}x{h}")
-        return {**base, "buckets": rows}
-    sizes = grid(aspect, 8192)
-    found = {}
-    for phase, model, settings, b in (("denoise", p["unet"], unet_settings, step_batch),
-                                      ("decode", p["vae"], vae_settings, batch)):
-        if phase == "decode" and vae_tiling:
+def _phase_limits(g: Generation, sizes: list, say) -> int:
+    """The index in sizes of the largest that every phase fits (-1: none): the denoise and decode phases each found
+    with attnprof fit's search against the budget less what the others leave resident; a tiled decode (whose ops
+    change with the size) traced exactly at that answer and a step at a time below it."""
+    s, found = g.spec, {}
+    for phase, model, settings, b in g.runs():
+        if phase == "decode" and s.vae_tiling:
             continue  # a tiled decode is checked exactly at the others' answer, below
         say(f"the {phase} phase ({model})")
-        room = budget - beside(phase) + own(phase)
-        f = fit_one(model, room, [backend], dtype, b, aspect, False, device, 8192, say, gpu_arch, settings)
+        room = s.budget - g.beside(phase) + g.own(phase)
+        f = fit_one(model, room, [s.backend], s.dtype, b, s.aspect, False, s.device, 8192, say, s.gpu_arch, settings)
         found[phase] = f["backends"][0]["largest"]
-    text_fits = need("text", sizes[0]) <= budget
-    index = {tuple(s): i for i, s in enumerate(sizes)}
-    i = min((index[tuple(v)] if v else -1 for v in found.values()), default=len(sizes) - 1) if text_fits else -1
-    if vae_tiling:
-        while i >= 0 and need("decode", sizes[i]) > budget:
-            i -= 1
+    if g.text_need() > s.budget:
+        return -1
+    index = {tuple(size): i for i, size in enumerate(sizes)}
+    i = min((index[tuple(v)] if v else -1 for v in found.values()), default=len(sizes) - 1)
+    while s.vae_tiling and i >= 0 and g.need("decode", sizes[i]) > s.budget:
+        i -= 1
+    return i
+
+
+def _largest(g: Generation, say) -> dict:
+    """The largest image of the aspect that every phase fits, the next step, each phase's need at both, and the phase
+    that the next step overflows most."""
+    sizes = grid(g.spec.aspect, 8192)
+    i = _phase_limits(g, sizes, say)
     answer = sizes[i] if i >= 0 else None
     nxt = sizes[i + 1] if i + 1 < len(sizes) else None
-    phases = []
-    for phase in ("text", "denoise", "decode"):
-        phases.append({"phase": phase, "models": base["models"][phase],
-                       "resident_bytes": beside(phase) + weights[phase] - own(phase),
-                       "need_bytes": need(phase, answer) if answer else None,
-                       "next_need_bytes": need(phase, nxt) if nxt else None})
-    over = [ph for ph in phases if ph["next_need_bytes"] is not None and ph["next_need_bytes"] > budget]
+    phases = [{"phase": phase, "models": g.models[phase],
+               "resident_bytes": g.beside(phase) + g.weights[phase] - g.own(phase),
+               "need_bytes": g.need(phase, answer) if answer else None,
+               "next_need_bytes": g.need(phase, nxt) if nxt else None} for phase in ("text", "denoise", "decode")]
+    over = [ph for ph in phases if ph["next_need_bytes"] is not None and ph["next_need_bytes"] > g.spec.budget]
     limited = max(over, key=lambda ph: ph["next_need_bytes"])["phase"] if over else None
-    return {**base, "largest": list(answer) if answer else None, "next": list(nxt) if nxt else None,
+    text_fits = g.text_need() <= g.spec.budget
+    return {"largest": list(answer) if answer else None, "next": list(nxt) if nxt else None,
             "phases": phases, "limited_by": "text" if not text_fits else limited, "not_counted": LEFT_OUT +
             "; the scheduler's and the latents' few MiB; IP-Adapter's image encoder"}
 
@@ -180,23 +244,15 @@ def pipeline_by_budget(pipeline: str, budgets: list[int], backend: str = "sdpa",
     largest square}}]: the dashboard's table of common GPU sizes. No tiling, ControlNet or settings."""
     from .fit import fit_many
 
-    p = PIPELINES[pipeline]
-    step_batch = batch * (2 if cfg else 1)
-    text = text_phase(p["text"], dtype, step_batch)
-    weights = {"text": text["weights_bytes"], "denoise": _weights(p["unet"], dtype, ()),
-               "decode": _weights(p["vae"], dtype, ())}
-    largest = {"text": text["weights_bytes"], "denoise": _largest_module(_meta(p["unet"], dtype, ())),
-               "decode": _largest_module(_meta(p["vae"], dtype, ()))}
-    beside = {ph: 0 if offload != "none" else sum(w for k, w in weights.items() if k != ph) for ph in weights}
-    own = {ph: weights[ph] - largest[ph] if offload == "sequential" else 0 for ph in weights}
+    g = Generation(PipelineSpec(pipeline, 0, backend, dtype, batch, cfg, offload, device=device))
     found = {}
-    for phase, model, b in (("denoise", p["unet"], step_batch), ("decode", p["vae"], batch)):
-        rooms = [budget - beside[phase] + own[phase] for budget in budgets]
+    for phase, model, _, b in g.runs():
+        rooms = [budget - g.beside(phase) + g.own(phase) for budget in budgets]
         found[phase] = [r["backends"][0]["largest"] for r in fit_many(model, rooms, [backend], dtype, b,
                                                                         device=device, verify=False)]
     rows = []
     for i, budget in enumerate(budgets):
-        text_fits = beside["text"] + text["weights_bytes"] + text["transient_bytes"] - own["text"] <= budget
+        text_fits = g.text_need() <= budget
         limits = {ph: found[ph][i] for ph in found}
         width = lambda s: s[0] if s else 0  # noqa: E731
         limited = "text" if not text_fits else min(limits, key=lambda ph: width(limits[ph]))

@@ -406,19 +406,20 @@ def sweep_text(predicted: dict[str, dict], forwards_per_cell: int) -> str:
             f"and probe; model builds and references not counted), from {'; '.join(sources)}")
 
 
-def attach(cell: dict, blocks: list[dict], more: dict) -> dict:
+def attach(cell: dict, blocks: list[dict], extra: dict) -> dict:
     """A measured cell's prediction onto its rows: each call's predicted_time_ms and predicted_time_ratio (measured
-    over predicted), the cell's attention and forward ratios. Returns `more` less the per-call list, for the cell row."""
-    more = dict(more)
-    calls = more.pop("predicted_call_times_ms", None)
+    over predicted), the cell's attention and forward ratios. Returns the cell's extra (execute/groups.py) less the
+    per-call list, for the cell row."""
+    extra = dict(extra)
+    calls = extra.pop("predicted_call_times_ms", None)
     if cell.get("status") != "ok" or calls is None or len(calls) != len(blocks):
-        return more
+        return extra
     for row, t in zip(blocks, calls):
         row.update(predicted_time_ms=t, predicted_time_ratio=row["time_ms"] / t if t else None)
     for what in ("forward", "attention"):
-        t = more.get(f"predicted_{what}_time_ms")
-        more[f"{what}_time_ratio"] = cell[f"{what}_time_ms"] / t if t else None
-    return more
+        t = extra.get(f"predicted_{what}_time_ms")
+        extra[f"{what}_time_ratio"] = cell[f"{what}_time_ms"] / t if t else None
+    return extra
 
 
 def format_versus(cells) -> str | None:

@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 from ..spec import InputError
-from ..store import REPO, Run, list_runs
+from ..env import REPO
+from ..store import Run, list_runs
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 PREFIX = "attnprof-"

@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..env import dashboard_app
 from ..spec import InputError
 
 
@@ -121,8 +122,7 @@ def dashboard(results: str, port: int, host: str, env: dict | None = None) -> No
     """Replace this process with the Streamlit dashboard over the results folder."""
     if not 0 < port < 65536:
         raise InputError(f"--port {port} is not a TCP port: use 1 to 65535")
-    app = Path(__file__).resolve().parent.parent.parent / "dashboards" / "app.py"
-    os.execve(sys.executable, [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", host,
+    os.execve(sys.executable, [sys.executable, "-m", "streamlit", "run", str(dashboard_app()), "--server.address", host,
                                "--server.port", str(port), "--server.headless", "true",
                                "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer",
                                "--", "--results", str(Path(results).resolve())], {**os.environ, **(env or {})})
