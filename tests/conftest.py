@@ -9,6 +9,10 @@ from profiler import models
 # The device limits (profiler/measure/limits.py) are measured once per test session, into a cache of its own that
 # the sweep workers and subprocesses the tests start share; never the user's ~/.cache/attnprof.
 os.environ["ATTNPROF_CACHE"] = tempfile.mkdtemp(prefix="attnprof-test-cache-")
+# One torch thread here and in every process a test starts (workers, probes, Ray tasks): the tiny models' ops are a
+# thread handoff each, and two threads on two cores that another process also uses spin on each other (a 2-thread
+# calibration took 288 ms a round beside one busy process, against 24 ms on one thread). No test compares threads.
+os.environ["OMP_NUM_THREADS"] = "1"
 
 
 @pytest.fixture(scope="session")
@@ -34,8 +38,8 @@ def faults(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def _few_threads():
-    torch.set_num_threads(2)
+def _one_thread():
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
