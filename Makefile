@@ -1,7 +1,7 @@
 PY := .venv/bin/python
 STAMP := .venv/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: setup profile plan test test-slow lint bench gpu-check dashboard
+.PHONY: setup profile plan test test-fast test-slow lint bench gpu-check dashboard
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -21,8 +21,13 @@ dashboard: setup
 plan: setup
 	$(PY) -m profiler plan --model $(or $(MODEL),sd15) --size $(or $(SIZE),512x512)
 
+## make test: the whole suite on two xdist workers, each test module whole on one (its module fixtures made once)
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
+
+## make test-fast: the inner loop, the suite without its end-to-end modules (tests/conftest.py E2E_MODULES)
+test-fast: setup
+	$(PY) -m pytest -q -n 2 --dist loadfile -m 'not slow and not gpu and not e2e'
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow

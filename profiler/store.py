@@ -16,10 +16,12 @@ holds .executor.lock for a sweep's life and names its holder to anyone else who 
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import fcntl
 import json
 import os
 import secrets
+import shutil
 import socket
 from contextlib import contextmanager
 from pathlib import Path
@@ -132,13 +134,22 @@ class Run:
 
     @classmethod
     def create(cls, root: Path, manifest: dict, run_id: str | None = None) -> "Run":
+        """A new run folder under root, whole at once: made under a hidden name with its manifest, then renamed into
+        place, so that a stop at any moment leaves either no run or one with its manifest (never a bare folder)."""
         run = cls(Path(root) / (run_id or new_run_id()))
+        staging = run.path.with_name(f".{run.path.name}.new")
         try:
-            run.path.mkdir(parents=True, exist_ok=False)
+            staging.mkdir(parents=True, exist_ok=False)
+            try:
+                write_json(staging / MANIFEST, {"run_id": run.id, "created_at": now(), "ended_at": None, **manifest})
+                if run.path.exists():
+                    raise FileExistsError(errno.EEXIST, "a run of that id exists")
+                staging.rename(run.path)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)  # gone once renamed; else what the failure left
         except OSError as e:
             raise InputError(f"cannot write the results folder {root} ({e.strerror}): choose another with --out "
                              "(or out: in the sweep config)") from None
-        write_json(run.path / MANIFEST, {"run_id": run.id, "created_at": now(), "ended_at": None, **manifest})
         return run
 
     @classmethod

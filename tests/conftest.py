@@ -37,9 +37,46 @@ def faults(monkeypatch):
     module.unregister_all()
 
 
+# Whole runs end to end (servers, a browser, Ray, sweeps through worker subprocesses, a wheel installed): make test
+# runs them; make test-fast (the inner loop) leaves them out.
+E2E_MODULES = {"test_service_e2e", "test_ray", "test_dashboard_e2e", "test_runs_compared_e2e", "test_sweep_run",
+               "test_faults", "test_wheel", "test_gpu_check", "test_messages", "test_charts", "test_mixed_runs",
+               "test_dashboard_app", "test_pipeline"}
+
+
+def pytest_itemcollected(item):
+    if item.module.__name__.rsplit(".", 1)[-1] in E2E_MODULES:
+        item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="module")
+def ray_alone(tmp_path_factory):
+    """Held by each module whose tests start Ray (a local Ray, attnprof serve's heads), for the whole module: their
+    teardowns run `ray stop`, which ends every Ray of the machine, so that no two of them run at once (make test runs
+    the modules on two xdist workers; the lock file is in the folder all of one run's workers share)."""
+    import fcntl
+
+    with open(tmp_path_factory.getbasetemp().parent / "ray.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _one_thread():
     torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium (Debian's, driven by Playwright) for the whole suite; each test opens its own page."""
+    from tests.test_dashboard_e2e import CHROMIUM, CHROMIUM_ARGS, sync_playwright
+
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
 
 
 @pytest.fixture(scope="session")

@@ -119,6 +119,23 @@ def unregister_all() -> None:
 
 register_all()  # on import: how a worker started with ATTNPROF_PLUGINS=tests.faults gets them
 
+STEADY_MS = 2.0
+
+
+def _steady_machine() -> None:
+    """With $ATTNPROF_FAULT_STEADY set, each calibration round (measure/calibrate.py, timed as ever) is a wait of
+    STEADY_MS instead of its workload: a machine whose speed does not move, however loaded, so that a diff of runs
+    whose cells are waits too (fault-scaled) gives the same verdicts whatever else the machine does."""
+    import time
+
+    from profiler.measure import calibrate
+
+    calibrate.one_round = lambda q, k, v: time.sleep(STEADY_MS / 1e3)
+
+
+if os.environ.get("ATTNPROF_FAULT_STEADY"):
+    _steady_machine()
+
 
 _recorded_in: list[Path] = []  # the run this worker records into
 

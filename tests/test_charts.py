@@ -15,7 +15,7 @@ pytest.importorskip("streamlit", reason="the dashboard needs streamlit (not on t
 
 from dashboards import charts as C  # noqa: E402
 from tests.test_dashboard_app import _app, _charts  # noqa: E402
-from tests.test_dashboard_e2e import _MISSING, CHROMIUM, CHROMIUM_ARGS, sync_playwright  # noqa: E402
+from tests.test_dashboard_e2e import _MISSING, CHROMIUM, sync_playwright  # noqa: E402
 
 # Fields that say which measured thing a row is: rows that differ in one of them must not be drawn as one series.
 IDENTITY = ("run_id", "model", "dtype", "batch", "backend", "backend_label", "aspect", "source", "block")
@@ -176,7 +176,7 @@ def test_the_rules_catch_what_issue_20_found(drawn):
 
 @pytest.mark.skipif(_MISSING and sync_playwright is None, reason="playwright is not installed: pip install playwright")
 @pytest.mark.skipif(_MISSING and not os.access(CHROMIUM, os.X_OK), reason=f"no {CHROMIUM}: apt-get install chromium")
-def test_the_report_draws_without_warnings_and_its_tooltips_and_legends_say_what_they_show(mixed_results):
+def test_the_report_draws_without_warnings_and_its_tooltips_and_legends_say_what_they_show(mixed_results, browser):
     pytest.importorskip("vl_convert", reason="the report embeds vl-convert-python's Vega bundle")
     from profiler.cli import main
 
@@ -185,31 +185,29 @@ def test_the_report_draws_without_warnings_and_its_tooltips_and_legends_say_what
     assert main(["report", mixed_results.mixed, mixed_results.bf16, "--results", str(mixed_results.root),
                  "--html", str(out)]) == 0
     messages = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.on("console", lambda m: messages.append(f"{m.type}: {m.text}"))
-            page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file://")
-                       else route.abort())
-            page.goto(out.as_uri())
-            page.wait_for_function("document.body.dataset.rendered === document.body.dataset.charts", timeout=60_000)
-            assert int(page.locator("body").get_attribute("data-charts")) == 8  # 2 U-Nets, Compare, roofline, 4 Scaling
-            page.locator("#chart0 svg .mark-rect path").first.hover()
-            tooltip = page.locator("#vg-tooltip-element")
-            tooltip.wait_for(state="visible", timeout=10_000)
-            lines = tooltip.inner_text().split()
-            assert lines[0] == "block" and lines[1].startswith("down_blocks.") and lines[1].endswith(".attn1")
-            assert "kind" in lines and "tokens" in lines and "time" in lines
-            dash = page.evaluate("""() => {
-                const legends = Array.from(document.querySelectorAll('.chart svg .role-legend'));
-                const mine = legends.find(l => l.textContent.includes('measured'));
-                return Array.from(mine.querySelectorAll('.role-legend-symbol path')).map(p => [
-                    p.getAttribute('d'), p.getAttribute('stroke'), p.getAttribute('stroke-dasharray')]);
-            }""")
-            assert [(d.startswith("M-") and "L" in d and "A" not in d, stroke, dashes) for d, stroke, dashes in dash] \
-                == [(True, "black", "1,0"), (True, "black", "6,4")]  # a solid and a dashed line, not two dots
-            page.screenshot(path=str(OUT / "report.png"), full_page=True)
-        finally:
-            browser.close()
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.on("console", lambda m: messages.append(f"{m.type}: {m.text}"))
+        page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file://")
+                   else route.abort())
+        page.goto(out.as_uri())
+        page.wait_for_function("document.body.dataset.rendered === document.body.dataset.charts", timeout=60_000)
+        assert int(page.locator("body").get_attribute("data-charts")) == 8  # 2 U-Nets, Compare, roofline, 4 Scaling
+        page.locator("#chart0 svg .mark-rect path").first.hover()
+        tooltip = page.locator("#vg-tooltip-element")
+        tooltip.wait_for(state="visible", timeout=10_000)
+        lines = tooltip.inner_text().split()
+        assert lines[0] == "block" and lines[1].startswith("down_blocks.") and lines[1].endswith(".attn1")
+        assert "kind" in lines and "tokens" in lines and "time" in lines
+        dash = page.evaluate("""() => {
+            const legends = Array.from(document.querySelectorAll('.chart svg .role-legend'));
+            const mine = legends.find(l => l.textContent.includes('measured'));
+            return Array.from(mine.querySelectorAll('.role-legend-symbol path')).map(p => [
+                p.getAttribute('d'), p.getAttribute('stroke'), p.getAttribute('stroke-dasharray')]);
+        }""")
+        assert [(d.startswith("M-") and "L" in d and "A" not in d, stroke, dashes) for d, stroke, dashes in dash] \
+            == [(True, "black", "1,0"), (True, "black", "6,4")]  # a solid and a dashed line, not two dots
+        page.screenshot(path=str(OUT / "report.png"), full_page=True)
+    finally:
+        page.close()
     assert messages == []  # no 'Dropping ... from channel "tooltip"', no version mismatch, nothing

@@ -148,9 +148,10 @@ def test_a_fused_compiled_cell_keeps_its_forward_and_says_why_it_has_no_share():
     cells = pd.DataFrame([_cell("{}", 200.0, None, compile_s=None),
                           _cell(REGIONAL, 120.0, None, attention_note=note, graph_breaks=2,
                                 graph_break_reasons="2x builtin print")])
-    from profiler.report.findings import _labelled
+    from profiler.report.frame import normalised
 
-    (line,) = compiled_effect(_labelled(cells))
+    cells = normalised(cells)  # as Run.cells() gives them
+    (line,) = compiled_effect(cells)
     assert line == ("At 512x512 compiled (regional), naive's forward took 120 ms against 200 ms eager; no attention "
                     "share: naive's attention is several ops (matmuls, a softmax) that Inductor compiles together; "
                     "Dynamo broke its graph 2 times (2x builtin print) (compiled in 30.0 s, Inductor's cache cold).")

@@ -56,17 +56,6 @@ def server(dashboard_results, tmp_path_factory):
         yield url
 
 
-@pytest.fixture(scope="module")
-def browser():
-    """One headless Chromium for the whole module (each test opens its own page)."""
-    with sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield launched
-        finally:
-            launched.close()
-
-
 @contextlib.contextmanager
 def _dashboard(results: Path, tmp_path: Path):
     port = _free_port()

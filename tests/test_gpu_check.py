@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from profiler import devices, gpu_check
+from profiler.store import list_runs
 from profiler.gpu_check import checks, runner
 from tests.test_devices import FakeNvml
 
@@ -87,7 +88,7 @@ def test_a_stop_ends_the_check_in_flight_and_leaves_a_report_that_says_so(tmp_pa
     proc = _start(tmp_path, 600, session=group)
     report, runs = tmp_path / "gc" / "gpu-validation.md", tmp_path / "gc" / "runs"
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not (runs.exists() and list(runs.iterdir())):  # the sweep's run began
+    while time.monotonic() < deadline and not list_runs(runs):  # the sweep's run began
         time.sleep(0.2)
     if group:
         os.killpg(proc.pid, signal.SIGINT)
@@ -101,7 +102,7 @@ def test_a_stop_ends_the_check_in_flight_and_leaves_a_report_that_says_so(tmp_pa
     assert f"**stopped after 13 of {len(gpu_check.CHECKS)} checks: {name} received during forward peak matches " \
            "the planner**" in text
     assert "stopped after 13" in (tmp_path / "gc" / "gpu-check.log").read_text()
-    (run,) = runs.iterdir()
+    (run,) = list_runs(runs)
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["ended_at"] and manifest["interrupted"] is True  # the sweep's run closed as interrupted
 

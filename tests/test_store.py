@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from profiler.spec import InputError
 from profiler.store import Run, RunBusy, find_run, list_runs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -178,3 +179,25 @@ def test_a_run_is_its_folder_whatever_id_its_files_carry(tmp_path):
     cells, blocks = copy.read()
     assert set(cells["run_id"]) == {"r1-h100copy"} and set(blocks["run_id"]) == {"r1-h100copy"}
     assert set(Run.open(run.path).cells()["run_id"]) == {"r1"}
+
+
+def test_a_stop_while_a_run_is_created_leaves_no_run_folder_without_its_manifest(tmp_path, monkeypatch):
+    """Ctrl-C (or SIGTERM, which the sweep turns into it) during the manifest's write: no folder is left behind, not
+    a bare run folder that every reader would call unreadable; a second create of the same id then works."""
+    from profiler import store
+
+    real = store.write_json
+
+    def stopped(path, data):
+        real(path, data)
+        raise KeyboardInterrupt  # after the manifest is written, before the folder has its name
+
+    monkeypatch.setattr(store, "write_json", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        Run.create(tmp_path, {"command": "test", "cells": []}, run_id="r1")
+    assert list(tmp_path.iterdir()) == [] and list_runs(tmp_path) == []
+    monkeypatch.setattr(store, "write_json", real)
+    run = Run.create(tmp_path, {"command": "test", "cells": []}, run_id="r1")
+    assert list_runs(tmp_path) == [run.path] and run.manifest()["ended_at"] is None
+    with pytest.raises(InputError, match="cannot write the results folder"):
+        Run.create(tmp_path, {"command": "test", "cells": []}, run_id="r1")  # that id is taken

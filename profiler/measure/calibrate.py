@@ -29,22 +29,29 @@ def calibrate(device: str, when: str) -> dict:
     gen = torch.Generator().manual_seed(0)
     dtype = torch.float16 if device.startswith("cuda") else torch.float32
     q, k, v = (torch.randn(SHAPE, generator=gen).to(device=device, dtype=dtype) for _ in range(3))
-
-    def attention(q, k, v):
-        return torch.softmax(q @ k.transpose(-1, -2) * SHAPE[2] ** -0.5, dim=-1) @ v
-
     samples = []
     with torch.inference_mode(), dev.guard():
         for i in range(ROUNDS + 1):
             dev.synchronize()
             interval = dev.interval()
             interval.start()
-            attention(q, k, v)
-            for h in range(SHAPE[0]):
-                attention(q[h], k[h], v[h])
+            one_round(q, k, v)
             interval.stop()
             dev.synchronize()
             if i:  # the first is the warm-up
                 samples.append(interval.ms())
     return {"when": when, "at": now(), "median_ms": statistics.median(samples), "samples_ms": samples,
             "workload": WORKLOAD}
+
+
+def one_round(q, k, v) -> None:
+    """One timed round of the workload: the attention whole, then head by head."""
+    _attention(q, k, v)
+    for h in range(SHAPE[0]):
+        _attention(q[h], k[h], v[h])
+
+
+def _attention(q, k, v):
+    import torch
+
+    return torch.softmax(q @ k.transpose(-1, -2) * SHAPE[2] ** -0.5, dim=-1) @ v

@@ -27,6 +27,7 @@ beside the device limits' cache, keyed like it.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import json
@@ -385,9 +386,10 @@ def predict_cells(cells: list, limits: dict, results: Path) -> dict[str, dict]:
     from . import plan
 
     calibration = calibrate(Path(results), limits["device_limits"]["key"]) if Path(results).is_dir() else None
-    out = {}
+    out, plans = {}, {}  # the calls of one shape are every backend's: one plan per shape, not per cell
     for c in cells:
-        p = plan(c.model, c.width, c.height, c.batch, c.dtype, settings=c.settings)
+        shape = (c.model, c.width, c.height, c.batch, c.dtype, c.settings)
+        p = copy.deepcopy(plans.get(shape) or plans.setdefault(shape, plan(*shape[:5], settings=c.settings)))
         t = predict(p, c.backend, c.options, limits, calibration, device=c.device.split(":")[0])
         out[c.cell_id] = {"predicted_forward_time_ms": t["predicted_forward_time_ms"],
                           "predicted_attention_time_ms": t["predicted_attention_time_ms"],
