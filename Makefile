@@ -21,13 +21,13 @@ dashboard: setup
 plan: setup
 	$(PY) -m profiler plan --model $(or $(MODEL),sd15) --size $(or $(SIZE),512x512)
 
-## make test: the whole suite on two xdist workers, each test module whole on one (its module fixtures made once)
+## make test: the whole suite on two xdist workers, each test module whole on one (tests/conftest.py)
 test: setup
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2
 
 ## make test-fast: the inner loop, the suite without its end-to-end modules (tests/conftest.py E2E_MODULES)
 test-fast: setup
-	$(PY) -m pytest -q -n 2 --dist loadfile -m 'not slow and not gpu and not e2e'
+	$(PY) -m pytest -q -n 2 -m 'not slow and not gpu and not e2e'
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow

@@ -1,5 +1,6 @@
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -49,16 +50,30 @@ def pytest_itemcollected(item):
         item.add_marker(pytest.mark.e2e)
 
 
-@pytest.fixture(scope="module")
-def ray_alone(tmp_path_factory):
-    """Held by each module whose tests start Ray (a local Ray, attnprof serve's heads), for the whole module: their
-    teardowns run `ray stop`, which ends every Ray of the machine, so that no two of them run at once (make test runs
-    the modules on two xdist workers; the lock file is in the folder all of one run's workers share)."""
-    import fcntl
+# The modules whose tests start Ray (a local Ray, attnprof serve's heads): their teardowns run `ray stop`, which ends
+# every Ray of the machine, so that they run one after the other on one worker, and first (the longest unit).
+RAY_MODULES = ("test_ray", "test_service_e2e")
 
-    with open(tmp_path_factory.getbasetemp().parent / "ray.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+
+def _module(nodeid: str) -> str:
+    return Path(nodeid.split("::", 1)[0]).stem
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: _module(item.nodeid) not in RAY_MODULES)  # stable: the rest in collection order
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """make test's two xdist workers: each test module whole on one worker (its module fixtures made once), as
+    --dist loadfile, but for the Ray modules, which make one unit (pytest-xdist's loadgroup does not group under
+    pytest 9)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "ray" if _module(nodeid) in RAY_MODULES else nodeid.split("::", 1)[0]
+
+    return ByModule(config, log)
 
 
 @pytest.fixture(autouse=True)

@@ -17,11 +17,6 @@ from tests.test_sweep_run import _wait_for, in_flight
 ray = pytest.importorskip("ray")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _ray_alone(ray_alone):
-    """First of the module's fixtures: no other module's Ray runs beside this one's (conftest.py)."""
-
-
 @pytest.fixture(scope="module")
 def local_ray():
     """One local Ray for the module, its workers loading the test faults (tests/faults.py)."""

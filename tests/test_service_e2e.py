@@ -36,11 +36,6 @@ def _cli(*args, timeout=120, env=None) -> subprocess.CompletedProcess:
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _ray_alone(ray_alone):
-    """First of the module's fixtures: no other module's Ray runs beside this one's (conftest.py)."""
-
-
 def _serve(service, host: tuple = ("--host", "0.0.0.0")) -> None:
     """Start attnprof serve (again) in a process group of its own, as a terminal would, and wait for the page."""
     log = open(service["root"] / "serve.log", "a")
