@@ -389,7 +389,9 @@ def predict_cells(cells: list, limits: dict, results: Path) -> dict[str, dict]:
     out, plans = {}, {}  # the calls of one shape are every backend's: one plan per shape, not per cell
     for c in cells:
         shape = (c.model, c.width, c.height, c.batch, c.dtype, c.settings)
-        p = copy.deepcopy(plans.get(shape) or plans.setdefault(shape, plan(*shape[:5], settings=c.settings)))
+        if shape not in plans:
+            plans[shape] = plan(*shape[:5], settings=c.settings)
+        p = copy.deepcopy(plans[shape])  # predict() writes each backend's times into the plan's rows
         t = predict(p, c.backend, c.options, limits, calibration, device=c.device.split(":")[0])
         out[c.cell_id] = {"predicted_forward_time_ms": t["predicted_forward_time_ms"],
                           "predicted_attention_time_ms": t["predicted_attention_time_ms"],
