@@ -4,6 +4,7 @@ The screenshot lands in test-output/dashboard-e2e/ (git-ignored)."""
 import contextlib
 import csv
 import io
+import json
 import os
 import re
 import socket
@@ -317,6 +318,7 @@ def test_the_report_fits_a_window_and_its_cells_have_units(profile_results, brow
 
 
 # Each axis title on the page: its text, whether it lies whole inside its chart's box.
+ROOFLINE_Y = "achieved FLOP/s (FLOPs / median time)"
 TITLES = """() => Array.from(document.querySelectorAll('[data-testid=stVegaLiteChart] svg')).flatMap(svg => {
     const box = svg.getBoundingClientRect();
     return Array.from(svg.querySelectorAll('.role-axis-title text')).map(t => {
@@ -347,11 +349,13 @@ def test_the_run_pages_title_names_a_controlnet_only_on_a_cell_that_has_one(prof
             heading.wait_for(timeout=90_000)
             titles[name] = heading.inner_text()
         page.get_by_text("Roofline: each call against").wait_for(timeout=60_000)
-        time.sleep(2)  # let the charts finish drawing
+        # the charts drawn, however busy the machine: the roofline's y title is in its svg, then a moment more
+        page.wait_for_function(f"() => ({TITLES})().some(([t]) => t === {json.dumps(ROOFLINE_Y)})", timeout=90_000)
+        time.sleep(1)
         axis_titles = page.evaluate(TITLES)
     finally:
         page.close()
-    assert "achieved FLOP/s (FLOPs / median time)" in {t for t, _ in axis_titles}
+    assert ROOFLINE_Y in {t for t, _ in axis_titles}
     assert [(t, whole) for t, whole in axis_titles if not whole or t.endswith("…")] == []
     assert titles["controlnet"].startswith("The U-Net and its ControlNet: ")
     assert titles["plain"].startswith("The U-Net: ") and "ControlNet" not in titles["plain"]
