@@ -110,6 +110,36 @@ def _flock(path: Path, shared: bool = False, blocking: bool = True):
         os.close(fd)  # closing drops the lock
 
 
+def _holder(holder_file: Path, wait_s: float = 2.0) -> str:
+    """Who holds a run's executor lock, from its executor.json. The holder writes that file just after it takes the
+    lock, so for a moment the file can still name a process of this host that is gone (one killed while it held the
+    run): that is read again until it names a live one, else the holder is "another process"."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            h = json.loads(holder_file.read_text())
+            who = f"pid {h['pid']} on {h['host']} since {h['since']} ({h['command']})"
+            if h["host"] != socket.gethostname() or _alive(int(h["pid"])):
+                return who
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        if time.monotonic() > deadline:
+            return "another process"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class RunBusy(InputError):
     """Another process runs this run's cells now."""
 
@@ -179,12 +209,8 @@ class Run:
         holder_file = self.path / "executor.json"
         with _flock(self.path / EXECUTOR_LOCK, blocking=False) as got:
             if not got:
-                try:
-                    h = json.loads(holder_file.read_text())
-                    who = f"pid {h['pid']} on {h['host']} since {h['since']} ({h['command']})"
-                except (OSError, ValueError, KeyError):
-                    who = "another process"
-                raise RunBusy(f"run {self.id} is being run by {who}: wait for it to end, or stop it and resume")
+                raise RunBusy(f"run {self.id} is being run by {_holder(holder_file)}: wait for it to end, or stop it "
+                              "and run again with --resume")
             write_json(holder_file, {"pid": os.getpid(), "host": socket.gethostname(), "since": now(),
                                      "command": command})
             try:

@@ -136,3 +136,30 @@ def test_a_controlnet_leaves_the_device_when_the_cells_that_run_it_are_done(monk
         assert event.get("status", "ok") == "ok", event["cell"]["error"]
     assert alive == [("start", False), ("done", True), ("start", False), ("done", False), ("end", False)]
     assert ("controlnet", "float32") in built
+
+
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_a_stop_just_after_the_run_is_made_leaves_it_closed_as_interrupted(tmp_path, monkeypatch, signum):
+    """Ctrl-C or a kill in the moment between the run folder's appearance and the sweep's try (its lock being
+    taken): the stop is held until the try begins, so the run ends as interrupted with its manifest closed, and the
+    signal handlers are the caller's again afterwards."""
+    import os
+    import signal
+
+    from profiler.execute import stop_on_sigterm
+
+    stop_on_sigterm()
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    made = Run.create
+
+    def create_then_stop(*args, **kwargs):
+        run = made(*args, **kwargs)
+        os.kill(os.getpid(), getattr(signal, signum))  # lands before Run.create has returned
+        return run
+
+    monkeypatch.setattr(Run, "create", staticmethod(create_then_stop))
+    outcome = execute(_sweep(tmp_path, ["sdpa"], sizes=((64, 64),)), workers=False, progress=False)
+    manifest = Run.open(outcome.run_path).manifest()
+    assert outcome.interrupted and manifest["interrupted"] is True and manifest["ended_at"]
+    assert Run.open(outcome.run_path).cells().empty
+    assert {s: signal.getsignal(s) for s in before} == before

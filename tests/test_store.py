@@ -123,12 +123,45 @@ def test_one_executor_at_a_time_the_second_is_told_who_holds_the_run(tmp_path):
     run = Run.create(tmp_path, {"command": "test", "cells": []}, run_id="r1")
     with run.executor("attnprof sweep a.yaml --resume"):
         with pytest.raises(RunBusy, match=r"run r1 is being run by pid \d+ on .* \(attnprof sweep a.yaml --resume\): "
-                                          r"wait for it to end, or stop it and resume"):
+                                          r"wait for it to end, or stop it and run again with --resume"):
             with Run.open(run.path).executor("attnprof sweep a.yaml --resume"):
                 pass
     with run.executor("again"):  # released on exit
         pass
     assert not (run.path / "executor.json").exists()
+
+
+def test_a_holder_file_left_by_a_killed_process_is_not_named_as_the_holder(tmp_path):
+    """A resume that is killed leaves its executor.json; the next one takes the lock and writes its own just after.
+    A third that finds the lock held in between names the new holder (read again until it names a live process),
+    never the dead one, and else "another process"."""
+    import os
+    import socket
+    import threading
+
+    from profiler.store import EXECUTOR_LOCK, _flock
+
+    run = Run.create(tmp_path, {"command": "test", "cells": []}, run_id="r1")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    holder = run.path / "executor.json"
+    holder.write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(), "since": "then",
+                                  "command": "attnprof sweep a.yaml"}))
+    with _flock(run.path / EXECUTOR_LOCK, blocking=False) as got:  # the lock taken, the holder not written yet
+        assert got
+        late = threading.Timer(0.3, lambda: holder.write_text(json.dumps(
+            {"pid": os.getpid(), "host": socket.gethostname(), "since": "now", "command": "sweep b.yaml --resume"})))
+        late.start()
+        with pytest.raises(RunBusy, match=rf"run r1 is being run by pid {os.getpid()} on .* \(sweep b.yaml "
+                                          r"--resume\): wait for it to end, or stop it and run again with --resume"):
+            with Run.open(run.path).executor("attnprof sweep a.yaml --resume"):
+                pass
+        late.join()
+        holder.write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(), "since": "then",
+                                      "command": "attnprof sweep a.yaml"}))
+        with pytest.raises(RunBusy, match=r"run r1 is being run by another process: wait"):
+            with Run.open(run.path).executor("attnprof sweep a.yaml --resume"):
+                pass
 
 
 def test_each_file_is_flushed_before_it_is_moved_into_place_and_the_move_after(tmp_path, monkeypatch):

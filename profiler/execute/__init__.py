@@ -17,3 +17,35 @@ def stop_on_sigterm() -> None:
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+class HeldStops:
+    """SIGINT and SIGTERM held (noted, not acted on) from hold() to release(), which then acts on a held one as the
+    handler it replaced would: a stop that lands in a short stretch that no `finally` covers yet (a run just made,
+    its lock being taken) is raised where one does. In the main thread only (where Python runs handlers)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.old: dict = {}
+        self.held: int | None = None
+
+    def hold(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self.old = {s: signal.signal(s, self._note) for s in self.SIGNALS}
+
+    def _note(self, signum, frame) -> None:
+        self.held = self.held or signum
+
+    def release(self) -> None:
+        old, held = self.old, self.held
+        self.old, self.held = {}, None
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        if held is None or held not in old:
+            return
+        handler = old[held]
+        if callable(handler):
+            handler(held, None)
+        elif handler == signal.SIG_DFL:
+            signal.raise_signal(held)

@@ -14,6 +14,7 @@ from ..models import model_files
 from ..measure.limits import cell_peaks
 from ..spec import CellSpec
 from .grid import Sweep
+from . import HeldStops
 from .groups import Executor, InFlight
 
 
@@ -113,36 +114,42 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
     if note:
         print(f"attnprof: {note}", file=sys.stderr, flush=True)
     limits = _limits(run.manifest() if resumed else {}, executor, device, dtypes)
-    if not resumed:
-        run = Run.create(Path(sweep.out), {
-            "command": command, "sweep": sweep.settings(), "memory_budget_bytes": budget,
-            "job_ids": [job_id] if job_id else [],
-            "cells": [c.as_row() for c in cells], "environment": executor.environment(device),
-            "model_files": model_files(cells), **limits})
-    with run.executor(command or "attnprof"):
-        flight, interrupted = None, False
-        try:  # from the lock on: whatever fails or stops it (a SIGTERM as soon as the run folder exists too), the
-            # manifest says the run ended, and how
-            if resumed:
-                jobs = run.manifest().get("job_ids", []) + ([job_id] if job_id else [])
-                run.update_manifest(resumed_at=now(), ended_at=None, memory_budget_bytes=budget, job_ids=jobs,
-                                    **limits)
-            done = run.done_cells()
-            pending = [c for c in cells if c.cell_id not in done or (retry_failed and done[c.cell_id] != "ok")]
-            flight = InFlight(run, _progress(len(cells), len(cells) - len(pending), progress))
-            _calibrate(run, executor, device, "start")
-            _run_pending(pending, run, sweep, executor, flight, budget, force, limits, progress)
-        except KeyboardInterrupt:
-            interrupted = True
-        finally:
-            if flight is not None:
-                flight.close()
-            done = run.done_cells()  # any cell not recorded (a stop, a crash of ours) leaves the run interrupted
-            interrupted = interrupted or any(c.cell_id not in done for c in cells)
-            if not interrupted:
-                _calibrate(run, executor, device, "end")
-            run.update_manifest(ended_at=now(), interrupted=interrupted)
-            run.compact()
+    stops = HeldStops()
+    stops.hold()  # a stop while the run is made and its lock taken is raised in the try below, which closes it
+    try:
+        if not resumed:
+            run = Run.create(Path(sweep.out), {
+                "command": command, "sweep": sweep.settings(), "memory_budget_bytes": budget,
+                "job_ids": [job_id] if job_id else [],
+                "cells": [c.as_row() for c in cells], "environment": executor.environment(device),
+                "model_files": model_files(cells), **limits})
+        with run.executor(command or "attnprof"):
+            flight, interrupted = None, False
+            try:  # from the lock on: whatever fails or stops it (a stop held since the run was made too), the
+                # manifest says the run ended, and how
+                stops.release()
+                if resumed:
+                    jobs = run.manifest().get("job_ids", []) + ([job_id] if job_id else [])
+                    run.update_manifest(resumed_at=now(), ended_at=None, memory_budget_bytes=budget, job_ids=jobs,
+                                        **limits)
+                done = run.done_cells()
+                pending = [c for c in cells if c.cell_id not in done or (retry_failed and done[c.cell_id] != "ok")]
+                flight = InFlight(run, _progress(len(cells), len(cells) - len(pending), progress))
+                _calibrate(run, executor, device, "start")
+                _run_pending(pending, run, sweep, executor, flight, budget, force, limits, progress)
+            except KeyboardInterrupt:
+                interrupted = True
+            finally:
+                if flight is not None:
+                    flight.close()
+                done = run.done_cells()  # any cell not recorded (a stop, a crash of ours) leaves the run interrupted
+                interrupted = interrupted or any(c.cell_id not in done for c in cells)
+                if not interrupted:
+                    _calibrate(run, executor, device, "end")
+                run.update_manifest(ended_at=now(), interrupted=interrupted)
+                run.compact()
+    finally:
+        stops.release()  # the handlers back where the run was busy (RunBusy)
     return Outcome(run.path, interrupted)
 
 
