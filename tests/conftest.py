@@ -76,6 +76,27 @@ def pytest_xdist_make_scheduler(config, log):
     return ByModule(config, log)
 
 
+def made_once(tmp_path_factory, name: str, build):
+    """A session fixture's product made once for the whole run rather than once per xdist worker: the first worker
+    that asks builds it (build(folder) -> what the fixture returns, as JSON) under the run's shared temporary root,
+    holding a lock; the other waits for the lock and reads it. Only for products that tests read and never change."""
+    import fcntl
+    import json
+    import shutil
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    done = root / f"{name}.json"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            folder = root / name
+            shutil.rmtree(folder, ignore_errors=True)  # what a build that failed left
+            folder.mkdir()
+            done.write_text(json.dumps(build(folder)))
+        return json.loads(done.read_text())
+
+
 @pytest.fixture(autouse=True)
 def _one_thread():
     torch.set_num_threads(1)
@@ -100,12 +121,16 @@ def dashboard_results(tmp_path_factory):
     128x128, float32 on the CPU, in process, three repeats (what a diff verdict needs); naive, sdpa and subquad
     measured, xformers unavailable (CUDA only), and naive at 128x128 skipped by a memory budget set between its
     predicted need and subquad's."""
+    return Path(made_once(tmp_path_factory, "dashboard", _dashboard_run))
+
+
+def _dashboard_run(folder: Path) -> str:
     from dataclasses import replace
 
     from profiler.execute.grid import Sweep
     from profiler.execute.sweep import execute, predict
 
-    root = tmp_path_factory.mktemp("dashboard") / "results"
+    root = folder / "results"
     sweep = Sweep(models=("tiny-sd15",), sizes=((64, 64), (128, 128)), dtypes=("float32",),
                   backends=(("naive", ()), ("sdpa", ()), ("subquad", ()), ("xformers", ())), repeats=3, warmup=0,
                   device="cpu", out=str(root))
@@ -119,7 +144,7 @@ def dashboard_results(tmp_path_factory):
         execute(replace(sweep, memory_budget=(need["naive"] + need["subquad"]) // 2), workers=False, progress=False)
     finally:
         torch.set_num_threads(threads)
-    return root
+    return str(root)
 
 
 MIXED_SWEEP = """\
@@ -141,15 +166,21 @@ def mixed_results(tmp_path_factory):
     """Three real one-repeat runs, made through the command line as a user makes them (issue 20): `mixed`, a sweep
     holding two models and one backend with two sets of options (its closing output in `sweep_output`); `bf16` and
     `again`, one bfloat16 grid run twice. Together their cells vary in run, model, dtype and backend options."""
+    import types
+
+    made = made_once(tmp_path_factory, "mixed", _mixed_runs)
+    return types.SimpleNamespace(**{**made, "root": Path(made["root"])})
+
+
+def _mixed_runs(folder: Path) -> dict:
     import contextlib
     import io
-    import types
 
     from profiler.cli import main
     from profiler.store import list_runs
 
-    root = tmp_path_factory.mktemp("mixed") / "results"
-    config = root.parent / "mixed.yaml"
+    root = folder / "results"
+    config = folder / "mixed.yaml"
     config.write_text(MIXED_SWEEP + f"out: {root}\n")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the timings do not matter here
@@ -165,23 +196,28 @@ def mixed_results(tmp_path_factory):
     mixed, bf16, again = (next(line for line in o.splitlines() if line.startswith("results:")).split("/")[-1]
                           for o in outputs)
     assert sorted((mixed, bf16, again)) == sorted(p.name for p in list_runs(root))
-    return types.SimpleNamespace(root=root, mixed=mixed, bf16=bf16, again=again, sweep_output=outputs[0])
+    return {"root": str(root), "mixed": mixed, "bf16": bf16, "again": again, "sweep_output": outputs[0]}
 
 
 @pytest.fixture(scope="session")
 def traced_results(tmp_path_factory):
     """A results folder with one run of `attnprof run ... --trace` (worker subprocesses, as the CLI runs by default):
     tiny-sd15 at 64x64, float32 on the CPU, naive and sdpa; and what the command printed."""
+    root, printed = made_once(tmp_path_factory, "traced", _traced_run)
+    return Path(root), printed
+
+
+def _traced_run(folder: Path) -> list:
     import contextlib
     import io
 
     from profiler.cli import main
 
-    root = tmp_path_factory.mktemp("traced") / "results"
+    root = folder / "results"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         code = main(["run", "--model", "tiny-sd15", "--size", "64x64", "--dtype", "float32", "--device", "cpu",
                      "--backend", "naive", "--backend", "sdpa", "--repeats", "1", "--warmup", "0", "--trace",
                      "--quiet", "--out", str(root)])
     assert code == 0, printed.getvalue()
-    return root, printed.getvalue()
+    return [str(root), printed.getvalue()]

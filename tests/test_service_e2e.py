@@ -132,8 +132,8 @@ def test_submit_jobs_stop_and_resume_from_the_command_line(service):
     """Queued, listed while it runs (status, cells done / total, run), its log read, stopped after a cell or two
     (those kept, the run marked interrupted), then queued again with --resume: the same run finishes."""
     config = service["root"] / "sweep.yaml"
-    config.write_text(SMALL.replace("[64x64]", "[64x64, 128x128]").replace("[sdpa, naive]", "[sdpa, fault-slow]"))
-    slow = {"ATTNPROF_PLUGINS": "tests.faults"}  # fault-slow: each cell takes seconds, so the stop lands mid-run
+    config.write_text(SMALL.replace("[sdpa, naive]", "[sdpa, fault-slow, naive]"))
+    slow = {"ATTNPROF_PLUGINS": "tests.faults"}  # fault-slow: its cell takes about 20 s, so the stop lands mid-run
     p = _cli("submit", str(config), "--address", service["jobs"], "--results", str(service["results"]), env=slow)
     assert p.returncode == 0, p.stderr
     sid = p.stdout.strip()
@@ -142,7 +142,7 @@ def test_submit_jobs_stop_and_resume_from_the_command_line(service):
     listed = _cli("jobs", "--address", service["jobs"])
     assert listed.returncode == 0, listed.stderr
     line = next(ln for ln in listed.stdout.splitlines() if ln.startswith(sid))
-    assert "RUNNING" in line and row["run"] in line and "/4" in line
+    assert "RUNNING" in line and row["run"] in line and "/3" in line
     assert "sweep env:ATTNPROF_SWEEP_YAML --ray auto" in _cli("jobs", "--address", service["jobs"], "--logs",
                                                               sid).stdout
     assert _cli("jobs", "--address", service["jobs"], "--stop", sid).returncode == 0
@@ -151,13 +151,13 @@ def test_submit_jobs_stop_and_resume_from_the_command_line(service):
     assert row["status"] == "STOPPED" and run.manifest()["interrupted"] is True
     assert run.manifest()["environment"]["executor"] == "ray"
     kept = run.cells().set_index("cell_id")["recorded_at"]
-    assert 1 <= len(kept) < 4
+    assert 1 <= len(kept) < 3
     again = _cli("submit", str(config), "--address", service["jobs"], "--results", str(service["results"]),
                  "--resume", env=slow).stdout.strip()
     row = _wait_job(service, again, lambda r: r["status"] in ("STOPPED", "SUCCEEDED", "FAILED"), timeout=400)
     assert row["status"] == "SUCCEEDED" and row["run"] == run.id  # the same run, finished
     cells = run.cells().set_index("cell_id")
-    assert len(cells) == 4 and set(cells["status"]) == {"ok"}
+    assert len(cells) == 3 and set(cells["status"]) == {"ok"}
     assert cells.loc[kept.index, "recorded_at"].tolist() == kept.tolist()  # the stopped job's cells kept as they were
     assert run.manifest()["job_ids"] == [sid, again]
 
