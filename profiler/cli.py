@@ -567,8 +567,10 @@ def _add_exec_args(p, out_default="results"):
 def _add_time_args(p):
     g = p.add_argument_group("time (plan/timing.py: the roofline, calibrated on stored runs of this device)")
     g.add_argument("--gpu", metavar="NAME", help="predict for this GPU from its published figures (attnprof gpus): "
-                                                 "the roofline bound, no GPU needed")
-    g.add_argument("--results", metavar="DIR", help="calibrate on the runs under DIR made on this machine's device")
+                                                 "the roofline bound, no GPU needed; with --results, calibrated on "
+                                                 "the runs there made on a GPU of its architecture")
+    g.add_argument("--results", metavar="DIR", help="calibrate on the runs under DIR made on this machine's device "
+                                                    "(with --gpu: on a GPU of that GPU's architecture)")
 
 
 GPU_ARCH_HELP = ("on cuda, the GPU whose SDPA kernel choice to follow, as a compute capability (sm80, sm89, sm90, "

@@ -49,7 +49,7 @@ def environment(device: str) -> dict:
            "device_name": None, "driver": None}
     if device.startswith("cuda") and torch.cuda.is_available():
         described = devices.describe_cuda(torch.device(device).index or 0)
-        env.update({k: described[k] for k in ("device_name", "device_uuid", "pci_bus_id", "driver")})
+        env.update({k: described[k] for k in ("device_name", "device_arch", "device_uuid", "pci_bus_id", "driver")})
     else:
         env["device_name"] = env["cpu"]
     env["git_revision"] = _git_revision()

@@ -94,3 +94,13 @@ def describe(gpu: dict, dtype: str) -> str:
     t = gpu["tflops"][dtype]
     return (f"{gpu['name']} ({gpu['arch']}): {t:g} TFLOP/s dense {dtype}, {gpu['bytes_per_s'] / 1e12:g} TB/s, "
             f"{gpu['memory_gib']} GiB (published: {gpu['source']})")
+
+
+def arch_of(environment: dict) -> str | None:
+    """A stored run's GPU architecture: its environment's device_arch (recorded since 2026-12-03), else that of the
+    table's GPU whose name or alias its device name holds as a word (torch names an H100 "NVIDIA H100 80GB HBM3");
+    None for a CPU or a GPU not in the table."""
+    if environment.get("device_arch"):
+        return environment["device_arch"]
+    words = {_norm(w) for w in re.split(r"[\s_-]+", str(environment.get("device_name") or ""))}
+    return next((row[2] for row in _ROWS for n in (row[0], *row[1]) if _norm(n) in words), None)

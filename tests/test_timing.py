@@ -53,13 +53,15 @@ def _rest(ops) -> float:
     return REST["rest"] * timing.roof_ms(ops["rest"], PEAKS[0]["float32"], PEAKS[1]) + REST["ops"] * len(ops["rest"])
 
 
-def _synthetic_run(root, sizes, backend="naive"):
+def _synthetic_run(root, sizes, backend="naive", gpu_name=None):
     """A stored run of tiny-sd15 whose every call takes what TRUE says on the device of PEAKS (and its rest what
-    REST says), recorded with this machine's CPU limits key, so that plan --device cpu --results finds it."""
-    key = device_key("cpu")
+    REST says), recorded with this machine's CPU limits key, so that plan --device cpu --results finds it; or, with
+    gpu_name, as if made on a CUDA device of that name (its environment and limits key)."""
+    key = f"{gpu_name} | synthetic" if gpu_name else device_key("cpu")
     manifest = {"device_peak_flops": PEAKS[0], "device_peak_bytes_per_s": PEAKS[1],
-                "device_limits": {"key": key, "measured_at": "synthetic"}}
-    run = Run.create(root, manifest, run_id="synthetic")
+                "device_limits": {"key": key, "measured_at": "synthetic"},
+                "environment": {"device": "cuda:0", "device_name": gpu_name} if gpu_name else {"device": "cpu"}}
+    run = Run.create(root, manifest, run_id="synthetic-gpu" if gpu_name else "synthetic")
     for w, h in sizes:
         spec = CellSpec("tiny-sd15", w, h, 1, "float32", backend, "cpu")
         p = plan("tiny-sd15", w, h, 1, "float32", backend=backend, device="cpu")
@@ -112,6 +114,44 @@ def test_plan_on_a_gpu_from_the_table_is_the_roofline_bound(capsys):
     big = max(p["blocks"], key=lambda r: r["flops"])
     assert big["roofline_time_ms"] >= big["flops"] / 989.5e12 * 1e3
     assert t["predicted_forward_time_ms"] == t["roofline_forward_time_ms"] > t["predicted_attention_time_ms"]
+
+
+def test_a_gpu_of_the_table_is_calibrated_on_stored_runs_of_its_architecture(capsys, tmp_path):
+    """--gpu with --results: the fit to the runs made on a GPU of the same architecture (an H100 here, named as torch
+    names it, for an H200), applied to the H200's published figures, exactly, and said to be an estimate; a GPU of
+    another architecture (an A100) and runs made on no GPU give the roofline bound alone."""
+    _synthetic_run(tmp_path, [(64, 64), (128, 128), (192, 128)], gpu_name="NVIDIA H100 80GB HBM3")
+    _synthetic_run(tmp_path, [(64, 64)])  # this CPU's: never used for a GPU
+    args = ["plan", "--model", "tiny-sd15", "--size", "128x192", "--backend", "naive", "--dtype", "float32",
+            "--results", str(tmp_path), "--json"]
+    assert main([*args, "--gpu", "H200"]) == 0
+    out = json.loads(capsys.readouterr().out)[0]
+    h200 = gpus.get("H200")
+    peak = h200["tflops"]["float32"] * 1e12, h200["bytes_per_s"]
+    ops = timing.walk("tiny-sd15", 128, 192, 1, "float32")
+    want = [sum(TRUE[k] * f[k] for k in TRUE) for f in
+            (timing.call_features(row, "naive", {}, "float32", timing.roof_ms(o, *peak), *peak)
+             for row, o in zip(out["blocks"], ops["calls"]))]
+    t = out["totals"]
+    assert [b["predicted_time_ms"] for b in out["blocks"]] == pytest.approx(want, rel=1e-6)
+    rest = REST["rest"] * timing.roof_ms(ops["rest"], *peak) + REST["ops"] * len(ops["rest"])
+    assert t["predicted_forward_time_ms"] == pytest.approx(sum(want) + rest, rel=1e-6)
+    assert t["time_calibrated"] and t["time_source"] == (
+        "the H200's published figures, calibrated on 3 cells in 1 runs of a NVIDIA H100 80GB HBM3 (sm90, the same "
+        "architecture): an estimate, not a measurement")
+    assert t["predicted_attention_time_ms"] > t["roofline_attention_time_ms"]
+    assert main([*args, "--gpu", "A100"]) == 0
+    t = json.loads(capsys.readouterr().out)[0]["totals"]
+    assert not t["time_calibrated"] and t["time_source"].startswith("roofline bound on the A100-40GB's published")
+    assert t["predicted_attention_time_ms"] == t["roofline_attention_time_ms"]
+
+
+def test_a_runs_gpu_architecture_from_its_environment():
+    assert gpus.arch_of({"device_arch": "sm90", "device_name": "NVIDIA A100-SXM4-80GB"}) == "sm90"  # recorded first
+    assert gpus.arch_of({"device_name": "NVIDIA A100-SXM4-80GB"}) == "sm80"
+    assert gpus.arch_of({"device_name": "NVIDIA GeForce RTX 4090"}) == "sm89"
+    assert gpus.arch_of({"device_name": "NVIDIA L40S"}) == "sm89" and gpus.arch_of({"device_name": "NVIDIA L4"})
+    assert gpus.arch_of({"device_name": "Intel(R) Xeon(R) Platinum 8481C CPU"}) is None
 
 
 def test_unknown_gpu_lists_the_known_ones_in_one_line_exit_2(capsys):

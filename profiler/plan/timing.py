@@ -296,9 +296,12 @@ def _write(key: str, calibration: dict) -> None:
         pass
 
 
-def source_text(fitted: dict | None, gpu: dict | None = None) -> str:
-    if gpu is not None:
+def source_text(fitted: dict | None, gpu: dict | None = None, device: str | None = None) -> str:
+    if gpu is not None and not fitted:
         return f"roofline bound on the {gpu['name']}'s published figures: a lower bound, not a measurement"
+    if gpu is not None:
+        return (f"the {gpu['name']}'s published figures, calibrated on {fitted['cells']} cells in {fitted['runs']} runs "
+                f"of a {device} ({gpu['arch']}, the same architecture): an estimate, not a measurement")
     if not fitted:
         return ("roofline bound on this device's measured limits (no stored runs of this device and backend to "
                 "calibrate on)")
@@ -344,7 +347,8 @@ def predict(p: dict, backend: str, options: dict, limits: dict, calibration: dic
     times = {"predicted_attention_time_ms": attention, "predicted_rest_time_ms": rest,
              "predicted_forward_time_ms": attention + rest, "roofline_attention_time_ms": roof,
              "roofline_forward_time_ms": roof + rest_roof, "time_backend": backends.label(backend, options),
-             "time_source": source_text(fitted, gpu), "time_calibrated": bool(fitted),
+             "time_source": source_text(fitted, gpu, (calibration or {}).get("device")),
+             "time_calibrated": bool(fitted),
              "time_limits": {"peak_flops_per_s": peaks[0], "peak_bytes_per_s": peaks[1],
                              "key": limits.get("device_limits", {}).get("key")}}
     p["totals"].update(times)
@@ -352,21 +356,42 @@ def predict(p: dict, backend: str, options: dict, limits: dict, calibration: dic
 
 
 def target(device: str, dtype: str, gpu_name: str | None = None, results: str | None = None) -> tuple | None:
-    """(limits, calibration, gpu) of the device to predict for: the GPU table's gpu_name (its published figures), or
-    this machine's device (its measured limits, calibrated on the stored runs under results made on it); None for
+    """(limits, calibration, gpu) of the device to predict for: the GPU table's gpu_name (its published figures,
+    calibrated on the runs under results made on a GPU of its architecture, where there are any), or this machine's
+    device (its measured limits, calibrated on the stored runs under results made on it); None for
     CUDA on a machine without a GPU and no gpu_name."""
     from .. import gpus
     from ..measure.limits import device_key, device_limits
 
     if gpu_name:
         gpu = gpus.get(gpu_name)
-        return gpus.limits(gpu, dtype), None, gpu
+        return gpus.limits(gpu, dtype), (same_arch(Path(results), gpu, dtype) if results else None), gpu
     if device == "cuda" and not torch.cuda.is_available():
         return None
     calibration = calibrate(Path(results), device_key(device)) if results else None
     if calibration and dtype in calibration["limits"]["device_peak_flops"]:
         return calibration["limits"], calibration, None
     return device_limits(device, [dtype]), calibration, None
+
+
+def same_arch(results: Path, gpu: dict, dtype: str) -> dict | None:
+    """The time model fitted to the stored runs under results made on a GPU of the same architecture as gpu (a table
+    row), for applying to its published figures: each backend's efficiencies against the roofline and its per-call
+    overhead carried over. Of several such devices, the one with the most cells of this dtype. None where there is
+    none. The result's "device" names the GPU the runs were made on."""
+    from .. import gpus
+    from ..store import Run, list_runs
+
+    found = {}
+    for path in list_runs(results) if results.is_dir() else []:
+        manifest = Run.open(path).manifest()
+        key = (manifest.get("device_limits") or {}).get("key")
+        env = manifest.get("environment") or {}
+        if key and str(env.get("device", "")).startswith("cuda") and gpus.arch_of(env) == gpu["arch"]:
+            found.setdefault(key, env.get("device_name") or key)
+    fits = [{**c, "device": name} for key, name in found.items()
+            if (c := calibrate(results, key, write=False)) and dtype in c["rest"]]
+    return max(fits, key=lambda c: c["rest"][dtype]["cells"], default=None)
 
 
 def format_times(t: dict) -> list[tuple[str, str]]:
