@@ -460,7 +460,8 @@ def queue_ui() -> str:
     models = a.multiselect("Models", list(known_models()), default=["sd15"], key="q_models")
     sizes = b.text_input("Sizes (WxH, comma-separated)", "512x512, 768x768", key="q_sizes")
     batch = c.text_input("Batch sizes (comma-separated)", "1", key="q_batch")
-    dtypes = a.multiselect("Dtypes", ["float16", "bfloat16", "float32"], default=["float16"], key="q_dtypes")
+    dtypes = a.multiselect("Dtypes (none: the device's own, float16 on CUDA, float32 on the CPU)",
+                           ["float16", "bfloat16", "float32"], default=[], key="q_dtypes")
     chosen = b.multiselect("Backends", backends.names(), default=["naive", "sdpa"], key="q_backends")
     device = c.selectbox("Device", ["auto", "cuda", "cpu"], key="q_device")
     text = T.sweep_yaml(models, sizes, batch, dtypes, chosen, device)

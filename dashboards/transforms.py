@@ -374,14 +374,16 @@ def largest_table(fits: list[dict]) -> pd.DataFrame:
 def sweep_yaml(models: list[str], sizes: str, batch: str, dtypes: list[str], chosen: list[str], device: str,
                repeats: int = 3, warmup: int = 1) -> str:
     """A sweep config from the Queue page's widgets; the sizes and batch fields as typed, comma- or space-separated,
-    so that validation names what was wrong."""
+    so that validation names what was wrong. No dtypes: the key is left out, and each cell takes its device's default
+    (float16 on CUDA, float32 on the CPU, where float16 is emulated)."""
     import yaml
 
     def items(text: str) -> list:
         return [int(x) if x.isdigit() else x for x in text.replace(",", " ").split()]
 
-    doc = {"models": models, "sizes": [str(x) for x in items(sizes)], "batch": items(batch), "dtypes": dtypes,
-           "backends": chosen, "repeats": repeats, "warmup": warmup, "device": device}
+    doc = {"models": models, "sizes": [str(x) for x in items(sizes)], "batch": items(batch),
+           **({"dtypes": dtypes} if dtypes else {}), "backends": chosen, "repeats": repeats, "warmup": warmup,
+           "device": device}
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)
 
 

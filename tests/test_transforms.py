@@ -347,3 +347,16 @@ def test_a_label_names_what_varies_and_only_that():
     shapes = T.shape_table(cells.assign(tokens_max=[4096, 4096, 2 * 4096, 2 * 4096]), "tokens_max",
                            ("model", "aspect"))
     assert shapes["size"].tolist() == ["512x512", "832x1216", "1216x832"]  # once per shape, whatever the backend
+
+
+def test_the_queue_pages_sweep_without_dtypes_takes_each_devices_own():
+    """The Queue page's default (no dtype chosen) leaves the key out: float32 cells on the CPU, where float16 is
+    emulated, and float16 on CUDA; a chosen dtype is written as chosen."""
+    from profiler.execute.grid import loads
+
+    text = T.sweep_yaml(["tiny-sd15"], "64x64", "1", [], ["sdpa"], "cpu")
+    assert "dtypes" not in text
+    assert [c.dtype for c in loads(text, "queued").cells()] == ["float32"]
+    assert [c.dtype for c in loads(text.replace("device: cpu", "device: cuda"), "queued").cells("cuda")] == ["float16"]
+    chosen = T.sweep_yaml(["tiny-sd15"], "64x64", "1", ["bfloat16"], ["sdpa"], "cpu")
+    assert [c.dtype for c in loads(chosen, "queued").cells()] == ["bfloat16"]
