@@ -1,4 +1,5 @@
 import os
+import signal
 import tempfile
 from pathlib import Path
 
@@ -14,6 +15,11 @@ os.environ["ATTNPROF_CACHE"] = tempfile.mkdtemp(prefix="attnprof-test-cache-")
 # thread handoff each, and two threads on two cores that another process also uses spin on each other (a 2-thread
 # calibration took 288 ms a round beside one busy process, against 24 ms on one thread). No test compares threads.
 os.environ["OMP_NUM_THREADS"] = "1"
+# Ctrl-C as a terminal has it: a suite started from a background job of a non-interactive shell (`make test &` in a
+# script) inherits SIGINT ignored, and so would every process the tests start, so that the tests of Ctrl-C would
+# see it ignored (three failed so, here). The xdist workers started from this process inherit the handler too.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
@@ -100,6 +106,20 @@ def made_once(tmp_path_factory, name: str, build):
 @pytest.fixture(autouse=True)
 def _one_thread():
     torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _sigint_kept():
+    """A test that leaves SIGINT's handler changed, or SIGTERM ignored, fails here: a later test's Ctrl-C would
+    behave otherwise, and so would every subprocess it starts (an ignored signal is inherited). SIGTERM's handler
+    may change: attnprof's main makes it end a sweep as Ctrl-C does (execute.stop_on_sigterm)."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    signal.signal(signal.SIGINT, before)
+    if after[1] == signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    assert after[0] == before and after[1] != signal.SIG_IGN, f"the test left SIGINT / SIGTERM as {after}"
 
 
 @pytest.fixture(scope="session")

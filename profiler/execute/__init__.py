@@ -38,10 +38,17 @@ class HeldStops:
         self.held = self.held or signum
 
     def release(self) -> None:
-        old, held = self.old, self.held
-        self.old, self.held = {}, None
-        for s, handler in old.items():
-            signal.signal(s, handler)
+        """The replaced handlers back, first, then a held stop acted on: a signal noted up to the last handler's
+        restoring is acted on here, and one after it goes to the restored handler itself, so none is lost."""
+        old, self.old = self.old, {}
+        try:
+            for s, handler in old.items():
+                signal.signal(s, handler)
+        finally:  # a pending signal raised by a handler just restored must not leave the next one ours
+            for s, handler in old.items():
+                if signal.getsignal(s) == self._note:
+                    signal.signal(s, handler)
+        held, self.held = self.held, None
         if held is None or held not in old:
             return
         handler = old[held]
