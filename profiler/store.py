@@ -359,7 +359,9 @@ def list_runs(root: Path) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    return sorted((p for p in root.iterdir() if (p / MANIFEST).is_file()), key=lambda p: p.name)
+    # a hidden name is a run still being made (Run.create's staging folder, renamed into place once whole)
+    return sorted((p for p in root.iterdir() if not p.name.startswith(".") and (p / MANIFEST).is_file()),
+                  key=lambda p: p.name)
 
 
 def find_run(root: Path, name: str) -> Run:

@@ -234,3 +234,13 @@ def test_a_stop_while_a_run_is_created_leaves_no_run_folder_without_its_manifest
     assert list_runs(tmp_path) == [run.path] and run.manifest()["ended_at"] is None
     with pytest.raises(InputError, match="cannot write the results folder"):
         Run.create(tmp_path, {"command": "test", "cells": []}, run_id="r1")  # that id is taken
+
+
+def test_a_run_still_being_made_is_not_listed(tmp_path):
+    """Run.create writes the manifest in a hidden staging folder, then renames it into place: a reader listing the
+    folder in between must not see the staging folder as a run (it is gone a moment later)."""
+    Run.create(tmp_path, {"command": "test", "cells": []}, run_id="r1")
+    staging = tmp_path / ".r2.new"
+    staging.mkdir()
+    (staging / "manifest.json").write_text(json.dumps({"run_id": "r2"}))
+    assert [p.name for p in list_runs(tmp_path)] == ["r1"]
