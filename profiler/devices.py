@@ -258,7 +258,8 @@ def _text(value) -> str:
 
 
 def describe_cuda(index: int) -> dict:
-    """Name, architecture (compute capability), UUID, PCI bus id, total memory and driver of a CUDA device, from torch's properties and NVML."""
+    """Name, architecture (compute capability), UUID, PCI bus id, total memory and driver of a CUDA device, from
+    torch's properties and NVML."""
     props = torch.cuda.get_device_properties(index)
     out = {"device_name": props.name, "device_arch": f"sm{props.major}{props.minor}",
            "device_uuid": str(getattr(props, "uuid", "")) or None, "pci_bus_id": pci_bus_id(props),

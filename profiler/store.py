@@ -132,11 +132,11 @@ def _holder(holder_file: Path, wait_s: float = 2.0) -> str:
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # no signal sent: whether the process exists (PermissionError: it does, another user's)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 

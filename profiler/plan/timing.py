@@ -300,8 +300,8 @@ def source_text(fitted: dict | None, gpu: dict | None = None, device: str | None
     if gpu is not None and not fitted:
         return f"roofline bound on the {gpu['name']}'s published figures: a lower bound, not a measurement"
     if gpu is not None:
-        return (f"the {gpu['name']}'s published figures, calibrated on {fitted['cells']} cells in {fitted['runs']} runs "
-                f"of a {device} ({gpu['arch']}, the same architecture): an estimate, not a measurement")
+        return (f"the {gpu['name']}'s published figures, calibrated on {fitted['cells']} cells in {fitted['runs']} "
+                f"runs of a {device} ({gpu['arch']}, the same architecture): an estimate, not a measurement")
     if not fitted:
         return ("roofline bound on this device's measured limits (no stored runs of this device and backend to "
                 "calibrate on)")
