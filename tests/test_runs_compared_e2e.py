@@ -1,7 +1,8 @@
 """Runs compared end to end, with verdicts that cannot depend on the machine's load: real CPU runs of one grid made
-by `attnprof run` as a user runs it, three at once while a second process keeps one core busy. What they time is
+by `attnprof run` as a user runs it, three at once, each under the others' load (three on this machine's two cores,
+beside the rest of the suite). What they time is
 injected (tests/faults.py), so that load moves neither side of a comparison: the grid's one backend, fault-scaled,
-is SDPA and then a wait of 20 ms x ATTNPROF_FAULT_FACTOR on every call, and with ATTNPROF_FAULT_STEADY each
+is SDPA and then a wait of 40 ms x ATTNPROF_FAULT_FACTOR on every call, and with ATTNPROF_FAULT_STEADY each
 calibration round (the machine's speed at a run's start and end, timed as ever) is a fixed wait too. Two identical
 runs (A, B) come out with every cell within noise (exit 0); the third (C), whose backend is made twice as slow, is
 caught on every cell (exit 1). The real machine check ("not judged" where the calibrations moved) is held by
@@ -42,22 +43,18 @@ def _run_ids(root: Path, procs: list[subprocess.Popen]) -> list[str]:
 
 
 def _runs_at_once(root: Path, factors: tuple[str, ...]) -> list[str]:
-    """Runs of GRID made at the same time (one per fault factor) while a busy loop holds one core."""
-    load = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        procs = [subprocess.Popen([sys.executable, "-m", "profiler", "run", *GRID, "--out", str(root)], cwd=REPO,
-                                  env={**ENV, "ATTNPROF_FAULT_FACTOR": factor}, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for factor in factors]
-        return _run_ids(root, procs)
-    finally:
-        load.kill()
-        load.wait()
+    """Runs of GRID made at the same time (one per fault factor), each under the others' load. (A busy loop beside
+    them burnt 40 s of CPU that the rest of the suite waited for: three runs on two cores, with the other test
+    worker, load the machine already.)"""
+    procs = [subprocess.Popen([sys.executable, "-m", "profiler", "run", *GRID, "--out", str(root)], cwd=REPO,
+                              env={**ENV, "ATTNPROF_FAULT_FACTOR": factor}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for factor in factors]
+    return _run_ids(root, procs)
 
 
 @pytest.fixture(scope="module")
 def three_runs(tmp_path_factory):
-    """(results folder, A, B, C): A and B identical, C with fault-scaled twice as slow; made at once while a busy
-    loop holds one core."""
+    """(results folder, A, B, C): A and B identical, C with fault-scaled twice as slow; made at once."""
     root = tmp_path_factory.mktemp("loaded") / "results"
     return root, *_runs_at_once(root, ("1", "1", "2"))
 
@@ -75,7 +72,8 @@ def test_identical_runs_under_load_give_no_regression(three_runs):
     code, data = _diff(root, a, b)
     assert data["summary"]["matched"] == 2 and not data["only_a"] and not data["only_b"]
     assert code == 0 and [m["time_verdict"] for m in data["matched"]] == ["within noise"] * 2, data["matched"]
-    assert all(0.9 < m["time_ratio"] < 1.1 for m in data["matched"]), data["matched"]
+    # outside these bounds, every call of one run would have lost 8 ms more to the scheduler than the other's
+    assert all(0.8 < m["time_ratio"] < 1.25 for m in data["matched"]), data["matched"]
     assert data["environment"] == []  # the same threads, versions and device
 
     done = attnprof("diff", a, a, "--results", str(root))
@@ -86,7 +84,9 @@ def test_a_backend_made_twice_as_slow_is_caught_under_the_same_load(three_runs):
     root, a, _, c = three_runs
     code, data = _diff(root, a, c)
     assert code == 1 and [m["time_verdict"] for m in data["matched"]] == ["regression"] * 2, data["matched"]
-    assert all(1.8 < m["time_ratio"] < 2.2 for m in data["matched"])  # the wait, doubled, is most of each call
+    # the wait (40 ms a call, then 80) is most of each call: below 1.5, every call of A would have lost 13 ms more
+    # to the scheduler than C's (1.8 to 2.2 at 20 ms a call failed once beside two other xdist workers: 2.21)
+    assert all(1.5 < m["time_ratio"] < 2.5 for m in data["matched"]), data["matched"]
     assert data["summary"]["regressions"] == 2
 
 
