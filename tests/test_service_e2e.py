@@ -1,12 +1,14 @@
-"""The service end to end on this machine: `attnprof serve --host 0.0.0.0` starts a Ray head (token auth on) and the
-dashboard; `attnprof submit` queues a sweep as a Ray Job, `attnprof jobs` shows its progress and run, `--stop` stops
-one (its cells kept, its run resumable); a run lands in --results, else the config's out:, else serve's folder; the
-Queue page, in a real Chromium, queues nothing without Ray's token (bound beyond loopback), rejects a bad config
-inline and queues a good one, whose run then appears on the Runs page; Ctrl-C on serve (SIGINT to its whole process
-group) leaves the queue answering, and serve started again carries on with it."""
+"""The service end to end on this machine, on one Ray head for the module: `attnprof serve` starts the head (token
+auth on) and the dashboard, every socket of both on the loopback address; `attnprof submit` queues a sweep as a Ray
+Job, `attnprof jobs` shows its progress and run, `--stop` stops one (its cells kept, its run resumable); a run lands in
+--results, else the config's out:, else serve's folder; Ctrl-C on serve (SIGINT to its whole process group) leaves
+the queue answering, and serve started again (now with --host 0.0.0.0) carries on with it; the Queue page, in a real
+Chromium, bound beyond loopback, queues nothing without Ray's token, rejects a bad config inline and queues a good
+one, whose run then appears on the Runs page."""
 import csv
 import io
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -36,9 +38,10 @@ def _cli(*args, timeout=120, env=None) -> subprocess.CompletedProcess:
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
-def _serve(service, host: tuple = ("--host", "0.0.0.0")) -> None:
+def _serve(service, host: tuple = ()) -> None:
     """Start attnprof serve (again) in a process group of its own, as a terminal would, and wait for the page."""
     log = open(service["root"] / "serve.log", "a")
+    service["host"] = host
     service["proc"] = subprocess.Popen(
         [sys.executable, "-m", "profiler", "serve", "--results", str(service["results"]), "--port", service["port"],
          "--ray-port", service["ray_port"], "--jobs-port", service["jobs_port"], *host], cwd=REPO,
@@ -53,6 +56,13 @@ def _serve(service, host: tuple = ("--host", "0.0.0.0")) -> None:
         if service["proc"].poll() is not None or time.time() > deadline:
             pytest.fail(f"attnprof serve did not come up:\n{(service['root'] / 'serve.log').read_text()}")
         time.sleep(0.5)
+
+
+def _serve_again(service, host: tuple) -> None:
+    """Ctrl-C to serve (the head keeps running), then serve again with these arguments."""
+    os.killpg(service["proc"].pid, signal.SIGINT)
+    service["proc"].wait(timeout=60)
+    _serve(service, host)
 
 
 def _ports(root: Path) -> dict:
@@ -76,35 +86,29 @@ def service(tmp_path_factory):
         subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
 
 
-def test_serve_by_default_listens_on_loopback_only_with_a_job_running(tmp_path):
+def test_serve_by_default_listens_on_loopback_only_with_a_job_running(service):
     """attnprof serve without --host: every TCP socket that the head's processes (GCS, raylet, dashboard and its
     agents, Ray client server, metrics, the workers and the job's driver), and the dashboard, listen on is on
-    127.0.0.1, sampled from /proc (as ss -ltnp reads it) while a queued sweep runs. First in this file: the module's
-    head (on 0.0.0.0) is not up yet."""
+    127.0.0.1, sampled from /proc (as ss -ltnp reads it) while a queued sweep runs. First in this file: later, the
+    Ctrl-C test starts serve again with --host 0.0.0.0."""
     from tests.sockets import listeners_of, pid_listening_on, session_of
 
-    service = _ports(tmp_path)
-    seen = set()
-    try:
-        _serve(service, host=())
-        head = pid_listening_on(int(service["ray_port"]))
-        assert head is not None, (service["root"] / "serve.log").read_text()
-        config = tmp_path / "sweep.yaml"
-        config.write_text(SMALL)
-        p = _cli("submit", str(config), "--address", service["jobs"], "--results", str(service["results"]))
-        assert p.returncode == 0, p.stderr
-        deadline = time.time() + 240
-        while time.time() < deadline:
-            seen.update(listeners_of(session_of(head) + session_of(service["proc"].pid)))
-            row = _jobs(service).get(p.stdout.strip())
-            if row and row["status"] in ("SUCCEEDED", "FAILED", "STOPPED"):
-                break
-            time.sleep(0.5)
-        assert row["status"] == "SUCCEEDED", row
-    finally:
-        service["proc"].terminate()
-        service["proc"].wait(timeout=30)
-        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
+    if service["host"]:  # run after the Ctrl-C test (-k, a rerun)
+        _serve_again(service, ())
+    head = pid_listening_on(int(service["ray_port"]))
+    assert head is not None, (service["root"] / "serve.log").read_text()
+    config = service["root"] / "loopback.yaml"
+    config.write_text(SMALL)
+    p = _cli("submit", str(config), "--address", service["jobs"], "--results", str(service["results"]))
+    assert p.returncode == 0, p.stderr
+    seen, deadline = set(), time.time() + 240
+    while time.time() < deadline:
+        seen.update(listeners_of(session_of(head) + session_of(service["proc"].pid)))
+        row = _jobs(service).get(p.stdout.strip())
+        if row and row["status"] in ("SUCCEEDED", "FAILED", "STOPPED"):
+            break
+        time.sleep(0.5)
+    assert row["status"] == "SUCCEEDED", row
     names = {name for _, _, _, name in seen}
     assert {"gcs_server", "raylet"} <= names and int(service["port"]) in {port for _, port, _, _ in seen}
     assert len(seen) >= 10, seen  # the head's own dozen: a listing that missed most of them proves nothing
@@ -173,8 +177,46 @@ def test_bad_configs_are_refused_before_anything_is_queued(service, tmp_path):
     assert p.returncode == 2 and "no Ray job server answers at http://127.0.0.1:9" in p.stderr
 
 
+def test_a_config_with_out_lands_its_run_there(service, tmp_path):
+    """No --results: the config's out: (relative to where submit runs) decides, not serve's folder."""
+    config = tmp_path / "out.yaml"
+    config.write_text(SMALL + "out: elsewhere\n")
+    p = subprocess.run([sys.executable, "-m", "profiler", "submit", str(config), "--address", service["jobs"]],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert f"its run lands in {tmp_path / 'elsewhere'}" in p.stderr
+    row = _wait_job(service, p.stdout.strip(), lambda r: r["status"] in ("SUCCEEDED", "FAILED", "STOPPED"))
+    assert row["status"] == "SUCCEEDED" and row["folder"] == str(tmp_path / "elsewhere" / row["run"]), row
+    assert Run.open(tmp_path / "elsewhere" / row["run"]).cells()["status"].tolist() == ["ok", "ok"]
+
+
+def test_ctrl_c_on_serve_leaves_the_queue_answering_and_serve_again_carries_on(service):
+    """SIGINT to serve's whole process group, as a terminal's Ctrl-C: the dashboard ends, the head (its own
+    session) does not; `attnprof jobs` answers; serve started again (with --host 0.0.0.0, for the Queue page's test
+    that follows) finds the head, and a config without out: submitted with no --results runs to its end in serve's
+    results folder."""
+    os.killpg(service["proc"].pid, signal.SIGINT)
+    service["proc"].wait(timeout=60)
+    t0 = time.time()
+    listed = _cli("jobs", "--address", service["jobs"], timeout=60)
+    assert listed.returncode == 0 and time.time() - t0 < 30, listed.stderr
+    _serve(service, host=("--host", "0.0.0.0"))
+    assert "the Ray head already running here answers" in (service["root"] / "serve.log").read_text()
+    config = service["root"] / "plain.yaml"
+    config.write_text(SMALL)
+    p = _cli("submit", str(config), "--address", service["jobs"])
+    assert p.returncode == 0, p.stderr
+    row = _wait_job(service, p.stdout.strip(), lambda r: r["status"] in ("SUCCEEDED", "FAILED", "STOPPED"))
+    assert row["status"] == "SUCCEEDED" and row["folder"] == str(service["results"] / row["run"]), row
+    assert len(Run.open(service["results"] / row["run"]).cells()) == 2
+
+
 @pytest.mark.skipif(any(m.args and m.args[0] for m in browser_marks), reason="no browser: see test_dashboard_e2e")
 def test_the_queue_page_queues_a_sweep_whose_run_appears_on_the_runs_page(service, browser):
+    """The dashboard bound beyond loopback: as the Ctrl-C test before it leaves serve (started again here if this
+    test runs alone)."""
+    if not service["host"]:
+        _serve_again(service, ("--host", "0.0.0.0"))
     OUT.mkdir(parents=True, exist_ok=True)
     page = browser.new_page(viewport={"width": 1500, "height": 1200}, accept_downloads=True)
     try:
@@ -222,42 +264,6 @@ def test_the_queue_page_queues_a_sweep_whose_run_appears_on_the_runs_page(servic
         assert mine["ok"] == "1" and mine["backends"] == "subquad"
     finally:
         page.close()
-
-
-def test_a_config_with_out_lands_its_run_there(service, tmp_path):
-    """No --results: the config's out: (relative to where submit runs) decides, not serve's folder."""
-    config = tmp_path / "out.yaml"
-    config.write_text(SMALL + "out: elsewhere\n")
-    p = subprocess.run([sys.executable, "-m", "profiler", "submit", str(config), "--address", service["jobs"]],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    assert p.returncode == 0, p.stderr
-    assert f"its run lands in {tmp_path / 'elsewhere'}" in p.stderr
-    row = _wait_job(service, p.stdout.strip(), lambda r: r["status"] in ("SUCCEEDED", "FAILED", "STOPPED"))
-    assert row["status"] == "SUCCEEDED" and row["folder"] == str(tmp_path / "elsewhere" / row["run"]), row
-    assert Run.open(tmp_path / "elsewhere" / row["run"]).cells()["status"].tolist() == ["ok", "ok"]
-
-
-def test_ctrl_c_on_serve_leaves_the_queue_answering_and_serve_again_carries_on(service):
-    """SIGINT to serve's whole process group, as a terminal's Ctrl-C: the dashboard ends, the head (its own
-    session) does not; `attnprof jobs` answers; serve started again finds the head, and a config without out:
-    submitted with no --results runs to its end in serve's results folder."""
-    import os
-    import signal
-
-    os.killpg(service["proc"].pid, signal.SIGINT)
-    service["proc"].wait(timeout=60)
-    t0 = time.time()
-    listed = _cli("jobs", "--address", service["jobs"], timeout=60)
-    assert listed.returncode == 0 and time.time() - t0 < 30, listed.stderr
-    _serve(service)
-    assert "the Ray head already running here answers" in (service["root"] / "serve.log").read_text()
-    config = service["root"] / "plain.yaml"
-    config.write_text(SMALL)
-    p = _cli("submit", str(config), "--address", service["jobs"])
-    assert p.returncode == 0, p.stderr
-    row = _wait_job(service, p.stdout.strip(), lambda r: r["status"] in ("SUCCEEDED", "FAILED", "STOPPED"))
-    assert row["status"] == "SUCCEEDED" and row["folder"] == str(service["results"] / row["run"]), row
-    assert len(Run.open(service["results"] / row["run"]).cells()) == 2
 
 
 def test_a_job_server_that_does_not_answer_is_one_line_after_its_10_s(tmp_path):
