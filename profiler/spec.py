@@ -7,8 +7,6 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 
-import torch
-
 from .errors import InputError  # noqa: F401 (what the parsers here raise; importers take it from here)
 
 
@@ -25,7 +23,8 @@ def load_yaml(text: str, where: str):
         raise InputError(f"{where}: not valid YAML{at} ({problem}): fix the file") from None
 
 
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+DTYPES = ("float16", "bfloat16", "float32")  # names only: the commands that never touch a tensor (jobs, show, diff,
+# --help) start without importing torch, a second of CPU each
 _DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32"}
 
 
@@ -37,8 +36,10 @@ def parse_dtype(name: str) -> str:
     return canon
 
 
-def torch_dtype(name: str) -> torch.dtype:
-    return DTYPES[parse_dtype(name)]
+def torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, parse_dtype(name))
 
 
 _SIZE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")

@@ -31,9 +31,7 @@ import statistics
 
 import pandas as pd
 
-from ..backends import label
 from ..fmt import human_bytes, table
-from ..workload import label as settings_label
 
 KEY = ["model", "settings", "width", "height", "batch", "dtype", "backend", "backend_options"]
 REGRESSION, IMPROVEMENT, SAME, NOT_JUDGED = "regression", "improvement", "within noise", "not judged"
@@ -262,6 +260,9 @@ def machine_text(result: dict) -> str:
 
 
 def format_diff(run_a: str, run_b: str, result: dict, threshold: float) -> str:
+    from ..backends import label
+    from ..workload import label as settings_label
+
     records = result["matched"].to_dict("records")
     settings = any(settings_label(_loose(r["settings"])) for r in records)
     rows = [_diff_row(r) for r in records]
@@ -283,10 +284,15 @@ def format_diff(run_a: str, run_b: str, result: dict, threshold: float) -> str:
 
 
 def _settings(r: dict) -> str:
+    from ..workload import label as settings_label
+
     return f" ({settings_label(r['settings'])})" if settings_label(r["settings"]) else ""
 
 
 def _diff_row(r: dict) -> dict:
+    from ..backends import label
+    from ..workload import label as settings_label
+
     ran = r["status_a"] == "ok" and r["status_b"] == "ok"
     note = "; ".join(n for n in (r["time_note"] if ran else "", r.get("note"), r["environment"])
                      if isinstance(n, str) and n)
