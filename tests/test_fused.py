@@ -219,7 +219,7 @@ def test_compiled_flex_at_real_head_dims_against_its_model_and_the_table(tokens,
         assert measured < 8 * tokens * tokens * 4 / 16
 
 
-def test_gpu_check_knows_the_new_kernels_and_says_why_they_do_not_run_here():
+def test_gpu_check_knows_the_new_kernels_and_says_why_they_do_not_run_here(tmp_path):
     from profiler import gpu_check
 
     from profiler.measure.probes import attribute
@@ -245,7 +245,8 @@ def test_gpu_check_knows_the_new_kernels_and_says_why_they_do_not_run_here():
     last = [c for c in gpu_check.CHECKS if c.group == "last"]
     assert [c.fn.backend for c in last] == list(checks.NEW_BACKENDS)
     if not torch.cuda.is_available():
-        why = [runner.precondition(c, checks.Context(device="cuda")) for c in last]
+        ctx = checks.Context(device="cuda", out=tmp_path)  # its default out is a folder made in /tmp, never removed
+        why = [runner.precondition(c, ctx) for c in last]
         assert all("CUDA" in w for w in why), why
 
 
