@@ -1,4 +1,6 @@
+import atexit
 import os
+import shutil
 import signal
 import tempfile
 from pathlib import Path
@@ -9,8 +11,11 @@ import torch
 from profiler import models
 
 # The device limits (profiler/measure/limits.py) are measured once per test session, into a cache of its own that
-# the sweep workers and subprocesses the tests start share; never the user's ~/.cache/attnprof.
-os.environ["ATTNPROF_CACHE"] = tempfile.mkdtemp(prefix="attnprof-test-cache-")
+# the xdist workers (started with this process's environment: they keep it), the sweep workers and subprocesses the
+# tests start share; never the user's ~/.cache/attnprof. Removed when the session ends.
+if not os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["ATTNPROF_CACHE"] = tempfile.mkdtemp(prefix="attnprof-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["ATTNPROF_CACHE"], True)
 # One torch thread here and in every process a test starts (workers, probes, Ray tasks): the tiny models' ops are a
 # thread handoff each, and two threads on two cores that another process also uses spin on each other (a 2-thread
 # calibration took 288 ms a round beside one busy process, against 24 ms on one thread). No test compares threads.
