@@ -23,8 +23,8 @@ def load_yaml(text: str, where: str):
         raise InputError(f"{where}: not valid YAML{at} ({problem}): fix the file") from None
 
 
-DTYPES = ("float16", "bfloat16", "float32")  # names only: the commands that never touch a tensor (jobs, show, diff,
-# --help) start without importing torch, a second of CPU each
+DTYPES = ("float16", "bfloat16", "float32")  # names only: spec imports no torch, so that building the command line's
+# parser (every command, --help too) does not cost its second of CPU
 _DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32"}
 
 
