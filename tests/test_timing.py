@@ -1,6 +1,7 @@
 """The time model (plan/timing.py) and the GPU table (profiler/gpus.py): the fit on synthetic rows with a known
 answer, the CLI on a small stored run whose times the test writes itself (no timing of anything)."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -232,3 +233,30 @@ def test_calibration_skips_cells_it_cannot_sample(tmp_path):
         other.record({**spec.as_row(), "status": "ok", "attention_time_ms": 1.0, "forward_time_ms": 2.0}, rows)
     calls, cells, _, runs = timing.samples(tmp_path, device_key("cpu"))
     assert sorted(runs) == ["plugins", "synthetic"] and len(cells) == 2  # the two good cells only
+
+
+def test_a_sweeps_preflight_and_time_prediction_share_one_fake_forward_per_shape(monkeypatch):
+    """The preflight's trace (every backend of a shape on its calls) counts the ops that the time model reads: two
+    shapes, three backends, two forwards in all. Its counts are those of a forward that runs no backend: the
+    backends' own ops never leak into a call's projections or the rest."""
+    from profiler.execute.sweep import predict
+    from profiler.plan import forward
+
+    cells = [CellSpec("tiny-sd15", w, h, 1, "float32", b, "cpu", o) for w, h in ((64, 64), (128, 96))
+             for b, o in (("naive", ()), ("sliced", (("slice_size", 2),)), ("sdpa", ()))]
+    limits = {"device_limits": {"key": "synthetic"}, "device_peak_flops": PEAKS[0], "device_peak_bytes_per_s": PEAKS[1]}
+    traced, real = [], forward.trace
+    monkeypatch.setattr(forward, "trace", lambda *a, **k: traced.append(a[:3]) or real(*a, **k))
+    forward._WALKS.clear()
+    predict(cells)
+    times = timing.predict_cells(cells, limits, Path("no-such-results"))
+    assert traced == [("tiny-sd15", 64, 64), ("tiny-sd15", 128, 96)]
+    assert len(times) == 6 and all(t["predicted_forward_time_ms"] > t["predicted_attention_time_ms"] > 0
+                                   for t in times.values())
+    shared = {k: forward._WALKS[k] for k in list(forward._WALKS)}
+    forward._WALKS.clear()
+    for key, ops in shared.items():  # again, each from a forward of its own with no backend
+        alone = timing.walk(*key)
+        assert ops["blocks"] == alone["blocks"] and ops["rows"] == alone["rows"]
+        assert all(np.array_equal(a, b) for a, b in zip(ops["calls"], alone["calls"]))
+        assert np.array_equal(ops["rest"], alone["rest"]) and len(ops["calls"]) == 32

@@ -54,9 +54,9 @@ def predict(cells: list[CellSpec]) -> tuple[dict[str, dict], dict[str, tuple[int
         forward[c.backend] = c.backend_options
     traced, dims = {}, {}
     for s, forwards in groups.items():
-        for forward in forwards:
+        for i, forward in enumerate(forwards):  # the first also counts the ops that the time model reads
             t = trace(s.model, s.width, s.height, s.batch, s.dtype, s.device, sorted(forward),
-                      {n: dict(o) for n, o in forward.items()}, settings=s.settings)
+                      {n: dict(o) for n, o in forward.items()}, settings=s.settings, ops=i == 0)
             dims.setdefault(s.model, set()).update(r["head_dim"] for r in t["rows"])
             for name, options in forward.items():
                 peak = t["backends"].get(name, {}).get("predicted_forward_peak_bytes")

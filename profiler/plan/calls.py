@@ -49,7 +49,7 @@ def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "floa
     from .forward import LEFT_OUT, fake_model, method_text, trace
 
     gpu = devices.gpu_target(gpu_arch) if device == "cuda" else None
-    traced = trace(model, width, height, batch, dtype, device, [backend], {backend: options}, gpu=gpu,
+    traced = trace(model, width, height, batch, dtype, device, [backend], {backend: options}, gpu=gpu, ops=True,
                    settings=tuple(settings))
     if backend not in traced["backends"]:
         raise InputError(f"backend {backend!r} does not run on {device}: plan it for another device (--device)")

@@ -28,13 +28,19 @@ modelled: _safe_softmax's mask (one byte per score), which the math kernel holds
 flash kernel's per-thread buffers (memory.cpu_flash_tiles), and on the CPU every convolution's (cpu_conv: oneDNN's
 blocked copies of input, weight and output, or PyTorch's im2col columns), which are the forward's peak wherever
 attention's tables are small (a VAE decode or a ControlNet under sdpa: a full-resolution convolution).
+
+With ops=True the same forward also counts every op's FLOPs and bytes (OpCount) for the time model (walk(), read by
+plan/timing.py), the asked backends' own ops left out: a sweep's preflight and its time prediction share one forward
+per shape (three before: this trace, a meta-device plan and the time model's walk; 5.1 s of a 32 s test fixture).
 """
 from __future__ import annotations
 
 import functools
 import weakref
 from collections import Counter
+from contextlib import nullcontext
 
+import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
@@ -152,6 +158,50 @@ class _FusedOp(TorchFunctionMode):
         return ops._scaled_dot_product_cudnn_attention(q, k, v, mask, False, scale=scale)[0]
 
 
+_NO_TRAFFIC = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "zeros", "ones", "full",
+               "arange", "scalar_tensor", "lift_fresh", "detach"}
+
+
+class OpCount(TorchDispatchMode):
+    """Every op's (FLOPs, bytes moved): outside attention calls into `rest`, inside one into its list in `calls`."""
+
+    def __init__(self):
+        super().__init__()
+        self.rest: list[tuple[float, float]] = []
+        self.calls: list[list[tuple[float, float]]] = []
+        self.inside: list | None = None
+        self.paused = False  # while the trace runs each asked backend on a call: their ops are not the forward's
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.utils.flop_counter import flop_registry
+
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.paused:
+            return out
+        returns = func._schema.returns
+        if func.overloadpacket.__name__ in _NO_TRAFFIC or \
+                any(r.alias_info is not None and not r.alias_info.is_write for r in returns):
+            return out  # a view or an allocation: no traffic
+        tensors = lambda x: [t for t in tree_leaves(x) if isinstance(t, torch.Tensor)]  # noqa: E731
+        moved = sum(t.numel() * t.element_size() for t in tensors((args, kwargs)) + tensors(out))
+        count = flop_registry.get(func.overloadpacket)
+        flops = count(*args, **kwargs, out_val=out) if count else 0
+        (self.inside if self.inside is not None else self.rest).append((float(flops), float(moved)))
+        return out
+
+
+class _NoCore(TorchFunctionMode):
+    """scaled_dot_product_attention answered with an empty output of its shape: the core is modelled apart."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not torch.nn.functional.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        q, v = args[0], args[2] if len(args) > 2 else kwargs["value"]
+        return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
 FLEX_HOW = "memory model; FlexAttention runs through Dynamo, which this fake-tensor count cannot follow"
 
 
@@ -206,6 +256,8 @@ class _EveryBackend:
         key = (row["kind"], row["batch"], row["heads"], row["head_dim"], row["tokens_q"], row["tokens_k"],
                tuple(hidden_states.shape))
         row["sdpa_kernel"], row["device"] = tr.sdpa_kernel(row), tr.device
+        if tr.counter:
+            tr.counter.paused = True
         if key not in tr.transient:
             tr.transient[key] = {}
             for name, proc in tr.processors.items():
@@ -221,7 +273,13 @@ class _EveryBackend:
                 tr.transient[key][name] = memory.predicted_peak_bytes(name, row, tr.dtype, **tr.options[name])
                 tr.modelled.add(name)
         live.reset_peak()
-        out = tr.carry(attn, hidden_states, encoder_hidden_states, attention_mask, **kwargs)
+        if tr.counter:  # the call's own ops: its projections and layouts, the attention core left out
+            tr.counter.paused, tr.counter.inside = False, []
+            tr.counter.calls.append(tr.counter.inside)
+        with _NoCore():  # an output of the call's shape, which every backend's has; its transient is not used
+            out = tr.carry(attn, hidden_states, encoder_hidden_states, attention_mask, **kwargs)
+        if tr.counter:
+            tr.counter.inside = None
         tr.calls.append((row, start, key))
         live.reset_peak()
         live.moments = moments
@@ -240,6 +298,7 @@ class _Trace:
         self.live: LiveBytes | None = None
         self.recorder: Recorder | None = None
         self.kernels: dict[tuple, str] = {}
+        self.counter: OpCount | None = None
 
     def sdpa_kernel(self, row: dict) -> str:
         """The kernel sdpa runs for this call on the device (for CUDA, on the GPU target)."""
@@ -277,17 +336,44 @@ def fake_model(model: str, dtype: str, settings: tuple = ()) -> tuple[Workload, 
     return w, w.build(lambda which: fake_part(model, which, w.dtype(dtype)))
 
 
+_WALKS: dict[tuple, dict] = {}  # the ops of the forwards traced with ops=True, by shape: the last 64
+
+
+def walk(model: str, width: int, height: int, batch: int = 1, dtype: str = "float16", settings: tuple = ()) -> dict:
+    """The forward's ops on fake tensors (the time model's input, plan/timing.py): {"rows": the attention calls
+    (recorder rows), "blocks": each call's block, "calls": per call an array of its own ops' (FLOPs, bytes), the
+    attention core left out, "rest": the same for every op outside attention calls}. From the trace that a sweep's
+    preflight or a plan made of this shape already, else from a trace of its own."""
+    key = (model, width, height, batch, parse_dtype(dtype), tuple(sorted(settings)))
+    if key not in _WALKS:
+        trace(model, width, height, batch, dtype, "cpu", [], ops=True, settings=tuple(settings))
+    return _WALKS[key]
+
+
+def _remember_walk(shape: tuple, tr: _Trace) -> None:
+    _WALKS.pop(shape, None)
+    _WALKS[shape] = {"rows": [{k: v for k, v in row.items() if k not in ("pass_index", "sdpa_kernel", "device")}
+                              for row, _, _ in tr.calls],
+                     "blocks": [row["block"] for row, _, _ in tr.calls],
+                     "calls": [np.array(c, float).reshape(-1, 2) for c in tr.counter.calls],
+                     "rest": np.array(tr.counter.rest, float).reshape(-1, 2)}
+    while len(_WALKS) > 64:
+        _WALKS.pop(next(iter(_WALKS)))
+
+
 def trace(model: str, width: int, height: int, batch: int = 1, dtype: str = "float16", device: str = "cuda",
           names: list[str] | None = None, options: dict[str, dict] | None = None, moments: bool = False,
-          gpu: devices.GpuTarget | None = None, settings: tuple = ()) -> dict:
+          gpu: devices.GpuTarget | None = None, settings: tuple = (), ops: bool = False) -> dict:
     """The forward's peak memory under each backend, on `device` ('cuda' or 'cpu'; for CUDA, the kernels that the
     GPU target `gpu` runs: default devices.gpu_target()), of the model with its settings (workload.SETTINGS).
     Returns {"rows": the attention calls (recorder rows, each with traced_peak_bytes per backend and sdpa_kernel:
     what SDPA runs for it), "weights_bytes", "inputs_bytes", "outside_peak_bytes", "backends": {name:
     {"transient_peak_bytes", "predicted_forward_peak_bytes", "how"}}}; a backend that cannot run on the device is
-    left out of "backends". With moments, also "moments": the bytes alive after each op outside attention calls."""
+    left out of "backends". With moments, also "moments": the bytes alive after each op outside attention calls.
+    With ops, every op is counted in the same forward too, for walk() (the time model) to read."""
     names = names if names is not None else backends.names()
     options = {n: backends.check_options(n, (options or {}).get(n, {})) for n in names}
+    shape = (model, width, height, batch, parse_dtype(dtype), tuple(sorted(settings)))
     w, module = fake_model(model, parse_dtype(dtype), settings)
     dtype = w.dtype(parse_dtype(dtype))  # what the model computes in (an upcast VAE: float32)
     how = {n: how_traced(n, device, dtype) for n in names}
@@ -305,11 +391,14 @@ def trace(model: str, width: int, height: int, batch: int = 1, dtype: str = "flo
                    if isinstance(t, torch.Tensor)}
         tr.live = LiveBytes(held, device)
         tr.live.moments = [] if moments else None
-        with Recorder(module, processor=lambda: _EveryBackend(tr)) as rec, tr.live:
+        tr.counter = OpCount() if ops else None
+        with Recorder(module, processor=lambda: _EveryBackend(tr)) as rec, tr.live, tr.counter or nullcontext():
             tr.recorder = rec
             w.forward(module, inputs)
             tr.outside = max(tr.outside, tr.live.peak)
         del inputs, held
+    if ops:
+        _remember_walk(shape, tr)
     out = {"weights_bytes": weights, "inputs_bytes": sum(tensors.values()), "outside_peak_bytes": tr.outside,
            "rows": [], "backends": {}, "moments": tr.live.moments}
     for row, start, key in tr.calls:

@@ -17,7 +17,8 @@ forward (convolutions, norms, the feed-forwards, every op outside attention call
 of max(FLOPs / P, bytes / B) over its ops and ops their number (per-op dispatch), fitted per (device, dtype) to the
 cells' forward_time_ms - attention_time_ms. A prediction is never below the roofline bound.
 
-The ops come from one forward on fake tensors (plan/forward.py's fake model): every aten op is counted with its
+The ops come from one forward on fake tensors (plan/forward.py's trace, the very forward of a sweep's preflight or
+of a plan, so that a shape is traced once): every aten op is counted with its
 FLOPs (torch.utils.flop_counter's formulas: matmuls and convolutions) and the bytes of its tensor inputs and outputs
 (views move nothing); inside an attention call the attention itself is left out (it is modelled per backend above),
 so the call's ops are its projections. The device is the measured one (its limits in each run's manifest, keyed as
@@ -28,101 +29,21 @@ beside the device limits' cache, keyed like it.
 from __future__ import annotations
 
 import copy
-import functools
 import itertools
 import json
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from .. import backends
-from ..spec import InputError
+from ..spec import InputError, parse_dtype
+from .forward import walk
 from .memory import bytes_moved
 
 CALIBRATION_FILE = "time-calibration.json"
 CALL_FEATURES = ("core_self", "core_cross", "projections", "overhead")
 REST_FEATURES = ("rest", "ops")
-_NO_TRAFFIC = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "zeros", "ones", "full",
-               "arange", "scalar_tensor", "lift_fresh", "detach"}
-
-
-class OpCount(TorchDispatchMode):
-    """Every op's (FLOPs, bytes moved): outside attention calls into `rest`, inside one into its list in `calls`."""
-
-    def __init__(self):
-        super().__init__()
-        self.rest: list[tuple[float, float]] = []
-        self.calls: list[list[tuple[float, float]]] = []
-        self.inside: list | None = None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch.utils.flop_counter import flop_registry
-
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        returns = func._schema.returns
-        if func.overloadpacket.__name__ in _NO_TRAFFIC or \
-                any(r.alias_info is not None and not r.alias_info.is_write for r in returns):
-            return out  # a view or an allocation: no traffic
-        tensors = lambda x: [t for t in tree_leaves(x) if isinstance(t, torch.Tensor)]  # noqa: E731
-        moved = sum(t.numel() * t.element_size() for t in tensors((args, kwargs)) + tensors(out))
-        count = flop_registry.get(func.overloadpacket)
-        flops = count(*args, **kwargs, out_val=out) if count else 0
-        (self.inside if self.inside is not None else self.rest).append((float(flops), float(moved)))
-        return out
-
-
-class _NoCore(TorchFunctionMode):
-    """scaled_dot_product_attention answered with an empty output of its shape: the core is modelled apart."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is not torch.nn.functional.scaled_dot_product_attention:
-            return func(*args, **kwargs)
-        q, v = args[0], args[2] if len(args) > 2 else kwargs["value"]
-        return q.new_empty((*q.shape[:-1], v.shape[-1]))
-
-
-class _Projections:
-    """A call's processor in the walk: diffusers' AttnProcessor2_0 without its attention core, its ops counted."""
-
-    def __init__(self, counter: OpCount):
-        from diffusers.models.attention_processor import AttnProcessor2_0
-
-        self.counter, self.inner = counter, AttnProcessor2_0()
-
-    def __call__(self, attn, *args, **kwargs):
-        self.counter.inside = []
-        self.counter.calls.append(self.counter.inside)
-        try:
-            with _NoCore():
-                return self.inner(attn, *args, **kwargs)
-        finally:
-            self.counter.inside = None
-
-
-@functools.lru_cache(maxsize=64)
-def walk(model: str, width: int, height: int, batch: int = 1, dtype: str = "float16", settings: tuple = ()) -> dict:
-    """The forward's ops on fake tensors: {"blocks": each attention call's block, "calls": per call an array of its
-    own ops' (FLOPs, bytes), "rest": the same for every op outside attention calls}."""
-    from ..recorder import Recorder
-    from .forward import fake_mode, fake_model
-
-    w, module = fake_model(model, dtype, settings)
-    counter = OpCount()
-    with fake_mode(), torch.no_grad(), w.applied(module):
-        inputs = w.inputs(module, batch, width, height)
-        with Recorder(module, processor=lambda: _Projections(counter)) as rec, counter:
-            w.forward(module, inputs)
-    return {"blocks": [r["block"] for r in rec.rows],
-            "calls": [np.array(c, float).reshape(-1, 2) for c in counter.calls],
-            "rest": np.array(counter.rest, float).reshape(-1, 2)}
-
-
 def roof_ms(ops: np.ndarray, peak_flops: float, peak_bytes_per_s: float) -> float:
     """The ops one after another, each at the roofline's bound."""
     return float(np.maximum(ops[:, 0] / peak_flops, ops[:, 1] / peak_bytes_per_s).sum() * 1e3)
@@ -405,18 +326,22 @@ def format_times(t: dict) -> list[tuple[str, str]]:
             ("time from", t["time_source"])] + ([("GPU figures", t["gpu_figures"])] if t.get("gpu_figures") else [])
 
 
+def walked_plan(model: str, width: int, height: int, batch: int, dtype: str, settings: tuple = ()) -> dict:
+    """A plan for predict() made of the walk's calls (no forward of its own where the shape was traced already);
+    its rows are its own, for predict() to write its times into."""
+    rows = walk(model, width, height, batch, dtype, settings)["rows"]
+    return {"model": model, "width": width, "height": height, "batch": batch, "dtype": parse_dtype(dtype),
+            "settings": dict(settings), "totals": {}, "blocks": copy.deepcopy(rows)}
+
+
 def predict_cells(cells: list, limits: dict, results: Path) -> dict[str, dict]:
     """Per cell of a sweep, before it runs: its predicted forward and attention time and each call's, on the device
     whose limits the sweep measured, calibrated on the runs under results made on it."""
-    from . import plan
-
     calibration = calibrate(Path(results), limits["device_limits"]["key"]) if Path(results).is_dir() else None
-    out, plans = {}, {}  # the calls of one shape are every backend's: one plan per shape, not per cell
-    for c in cells:
-        shape = (c.model, c.width, c.height, c.batch, c.dtype, c.settings)
-        if shape not in plans:
-            plans[shape] = plan(*shape[:5], settings=c.settings)
-        p = copy.deepcopy(plans[shape])  # predict() writes each backend's times into the plan's rows
+    out = {}
+    for c in cells:  # the calls of one shape are every backend's: one walk per shape (the preflight's trace made it)
+        eager = tuple(s for s in c.settings if s[0] != "compile")  # a compiled U-Net predicted as eager
+        p = walked_plan(c.model, c.width, c.height, c.batch, c.dtype, eager)
         t = predict(p, c.backend, c.options, limits, calibration, device=c.device.split(":")[0])
         out[c.cell_id] = {"predicted_forward_time_ms": t["predicted_forward_time_ms"],
                           "predicted_attention_time_ms": t["predicted_attention_time_ms"],
@@ -472,16 +397,13 @@ def by_size(model: str, sizes: list[tuple[int, int]], names: list[str], dtype: s
     """Each backend's roofline-bound attention and forward time per size on a GPU of the table (the dashboard's
     Planner page): one row per (backend, size)."""
     from .. import gpus
-    from . import plan
 
     gpu = gpus.get(gpu_name)
-    limits = gpus.limits(gpu, dtype)
+    limits = gpus.limits(gpu, parse_dtype(dtype))
     rows = []
     for w, h in sizes:
-        planned = plan(model, w, h, batch, dtype)
         for name in names:
-            p = {**planned, "blocks": [dict(r) for r in planned["blocks"]], "totals": dict(planned["totals"])}
-            t = predict(p, name, {}, limits, gpu=gpu)
+            t = predict(walked_plan(model, w, h, batch, dtype), name, {}, limits, gpu=gpu)
             rows.append({"backend": name, "size": f"{w}x{h}", "pixels": w * h, "gpu": gpu["name"],
                          "attention_ms": t["predicted_attention_time_ms"], "forward_ms": t["predicted_forward_time_ms"],
                          "source": t["time_source"]})
