@@ -76,44 +76,6 @@ memory_budget: 300MiB
     assert "naive" in out and "unavailable" in out  # the closing status table
 
 
-def test_sigkill_of_the_whole_sweep_then_resume_gives_each_cell_once(tmp_path):
-    path = _write(tmp_path, """models: [tiny-sd15]
-sizes: [64x64, 128x128, 192x192]
-dtypes: [float32]
-backends: [sdpa, naive]
-repeats: 1
-warmup: 0
-device: cpu
-""")
-    proc = subprocess.Popen([sys.executable, "-m", "profiler", "sweep", str(path), "--quiet"], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    run_dir = _wait_for(lambda: list_runs(tmp_path / "results"))[0]
-    _wait_for(lambda: len(Run.open(run_dir).cells()) >= 2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    finished = Run.open(run_dir).cells().set_index("cell_id")
-    assert 2 <= len(finished) < 6
-    finished_blocks = Run.open(run_dir).blocks()  # still readable after the kill
-    started = time.time()
-
-    outcome = execute(load(path), resume=True, progress=False)
-    assert outcome.run_path == run_dir
-    cells = Run.open(run_dir).cells().set_index("cell_id")
-    assert len(cells) == 6 and cells.index.is_unique and set(cells["status"]) == {"ok"}
-    kept = cells.loc[finished.index]  # the cells finished before the kill: their rows untouched
-    assert kept["wall_s"].tolist() == finished["wall_s"].tolist()
-    assert kept["recorded_at"].tolist() == finished["recorded_at"].tolist()
-    new = cells.drop(finished.index)  # only the missing ones ran
-    assert len(new) == 6 - len(finished) and (pd.to_datetime(new["recorded_at"]).map(lambda t: t.timestamp())
-                                              >= started).all()
-    blocks = Run.open(run_dir).blocks()
-    assert not blocks.duplicated(["cell_id", "call_index"]).any()
-    assert len(blocks) == 6 * 32
-    again = blocks[blocks["cell_id"].isin(finished.index)].sort_values(["cell_id", "call_index"])
-    assert again["time_ms"].tolist() == finished_blocks.sort_values(["cell_id", "call_index"])["time_ms"].tolist()
-    assert Run.open(run_dir).manifest()["ended_at"] is not None
-
-
 def test_retry_failed_reruns_exactly_the_cells_that_did_not_end_ok_and_force_runs_skipped(tmp_path, faults):
     """A first pass leaves ok, oom (an injected failure), skipped (over the budget) and unavailable cells. --resume
     --retry-failed runs again exactly the four that are not ok and leaves the ok ones alone; with --force the skipped
@@ -209,8 +171,10 @@ device: cpu
     assert show.returncode == 0 and "tiny-sd15" in show.stdout
 
 
-def test_two_resumes_started_at_once_record_every_cell_exactly_once(tmp_path):
-    """The second finds the run held and says by whom (exit 2); the first records the missing cells once."""
+def test_sigkill_of_the_whole_sweep_then_two_resumes_at_once_record_each_cell_once(tmp_path):
+    """The sweep's whole process group killed after two cells, then two resumes started at once: the second finds
+    the run held and says by whom (exit 2); the first records the missing cells once, the killed sweep's rows and
+    blocks left as they were."""
     path = _write(tmp_path, """models: [tiny-sd15]
 sizes: [64x64, 128x128, 192x192]
 dtypes: [float32]
@@ -225,7 +189,10 @@ device: cpu
     _wait_for(lambda: len(Run.open(run_dir).cells()) >= 2)
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
-    finished = Run.open(run_dir).cells().set_index("cell_id")["recorded_at"]
+    finished = Run.open(run_dir).cells().set_index("cell_id")
+    assert 2 <= len(finished) < 6
+    finished_blocks = Run.open(run_dir).blocks()  # still readable after the kill
+    started = time.time()
     both = [subprocess.Popen([sys.executable, "-m", "profiler", "sweep", str(path), "--resume", "--quiet"], cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     results = sorted((p.wait(timeout=300), p.stderr.read()) for p in both)
@@ -234,5 +201,14 @@ device: cpu
     assert len(busy) == 1 and f"run {run_dir.name} is being run by pid" in busy[0] and "--resume" in busy[0]
     cells = Run.open(run_dir).cells().set_index("cell_id")
     assert len(cells) == 6 and cells.index.is_unique and set(cells["status"]) == {"ok"}
-    assert cells.loc[finished.index, "recorded_at"].tolist() == finished.tolist()  # not measured again
-    assert len(Run.open(run_dir).blocks()) == 6 * 32
+    kept = cells.loc[finished.index]  # the cells finished before the kill: their rows untouched
+    assert kept["wall_s"].tolist() == finished["wall_s"].tolist()
+    assert kept["recorded_at"].tolist() == finished["recorded_at"].tolist()
+    new = cells.drop(finished.index)  # only the missing ones ran
+    assert len(new) == 6 - len(finished) and (pd.to_datetime(new["recorded_at"]).map(lambda t: t.timestamp())
+                                              >= started).all()
+    blocks = Run.open(run_dir).blocks()
+    assert not blocks.duplicated(["cell_id", "call_index"]).any() and len(blocks) == 6 * 32
+    again = blocks[blocks["cell_id"].isin(finished.index)].sort_values(["cell_id", "call_index"])
+    assert again["time_ms"].tolist() == finished_blocks.sort_values(["cell_id", "call_index"])["time_ms"].tolist()
+    assert Run.open(run_dir).manifest()["ended_at"] is not None
