@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -86,36 +87,6 @@ def service(tmp_path_factory):
         subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
 
 
-def test_serve_by_default_listens_on_loopback_only_with_a_job_running(service):
-    """attnprof serve without --host: every TCP socket that the head's processes (GCS, raylet, dashboard and its
-    agents, Ray client server, metrics, the workers and the job's driver), and the dashboard, listen on is on
-    127.0.0.1, sampled from /proc (as ss -ltnp reads it) while a queued sweep runs. First in this file: later, the
-    Ctrl-C test starts serve again with --host 0.0.0.0."""
-    from tests.sockets import listeners_of, pid_listening_on, session_of
-
-    if service["host"]:  # run after the Ctrl-C test (-k, a rerun)
-        _serve_again(service, ())
-    head = pid_listening_on(int(service["ray_port"]))
-    assert head is not None, (service["root"] / "serve.log").read_text()
-    config = service["root"] / "loopback.yaml"
-    config.write_text(SMALL)
-    p = _cli("submit", str(config), "--address", service["jobs"], "--results", str(service["results"]))
-    assert p.returncode == 0, p.stderr
-    seen, deadline = set(), time.time() + 240
-    while time.time() < deadline:
-        seen.update(listeners_of(session_of(head) + session_of(service["proc"].pid)))
-        row = _jobs(service).get(p.stdout.strip())
-        if row and row["status"] in ("SUCCEEDED", "FAILED", "STOPPED"):
-            break
-        time.sleep(0.5)
-    assert row["status"] == "SUCCEEDED", row
-    names = {name for _, _, _, name in seen}
-    assert {"gcs_server", "raylet"} <= names and int(service["port"]) in {port for _, port, _, _ in seen}
-    assert len(seen) >= 10, seen  # the head's own dozen: a listing that missed most of them proves nothing
-    beyond = sorted(row for row in seen if row[0] not in ("127.0.0.1", "::1"))
-    assert not beyond, f"listening beyond loopback: {beyond}"
-
-
 def _jobs(service) -> dict[str, dict]:
     from profiler.service import jobs
 
@@ -132,9 +103,27 @@ def _wait_job(service, sid: str, until, timeout=240) -> dict:
     raise AssertionError(f"job {sid} never got there: {_jobs(service).get(sid)}")
 
 
-def test_submit_jobs_stop_and_resume_from_the_command_line(service):
-    """Queued, listed while it runs (status, cells done / total, run), its log read, stopped after a cell or two
-    (those kept, the run marked interrupted), then queued again with --resume: the same run finishes."""
+def _sample_listeners(service, seen: set, stop: threading.Event) -> None:
+    """Until stop: every TCP socket that the head's processes and serve's listen on, read from /proc every 0.5 s."""
+    from tests.sockets import listeners_of, pid_listening_on, session_of
+
+    head = pid_listening_on(int(service["ray_port"]))
+    while not stop.wait(0.5):
+        seen.update(listeners_of(session_of(head) + session_of(service["proc"].pid)))
+
+
+def test_submit_jobs_stop_and_resume_from_the_command_line_all_on_loopback(service):
+    """attnprof serve without --host: a sweep queued, listed while it runs (status, cells done / total, run), its log
+    read, stopped after a cell or two (those kept, the run marked interrupted), then queued again with --resume: the
+    same run finishes. Meanwhile every TCP socket that the head's processes (GCS, raylet, dashboard and its agents,
+    Ray client server, metrics, the workers and the job's driver) and the dashboard listen on is on 127.0.0.1,
+    sampled from /proc as ss -ltnp reads it. First in this file: later, the Ctrl-C test starts serve again with
+    --host 0.0.0.0."""
+    from tests.sockets import pid_listening_on
+
+    if service["host"]:  # run after the Ctrl-C test (-k, a rerun)
+        _serve_again(service, ())
+    assert pid_listening_on(int(service["ray_port"])) is not None, (service["root"] / "serve.log").read_text()
     config = service["root"] / "sweep.yaml"
     config.write_text(SMALL.replace("[sdpa, naive]", "[sdpa, fault-slow, naive]"))
     slow = {"ATTNPROF_PLUGINS": "tests.faults"}  # fault-slow: its cell takes about 20 s, so the stop lands mid-run
@@ -142,13 +131,26 @@ def test_submit_jobs_stop_and_resume_from_the_command_line(service):
     assert p.returncode == 0, p.stderr
     sid = p.stdout.strip()
     assert sid.startswith("attnprof-") and f"attnprof jobs --stop {sid}" in p.stderr
-    row = _wait_job(service, sid, lambda r: (r["cells_done"] or 0) >= 1)
-    listed = _cli("jobs", "--address", service["jobs"])
-    assert listed.returncode == 0, listed.stderr
-    line = next(ln for ln in listed.stdout.splitlines() if ln.startswith(sid))
-    assert "RUNNING" in line and row["run"] in line and "/3" in line
-    assert "sweep env:ATTNPROF_SWEEP_YAML --ray auto" in _cli("jobs", "--address", service["jobs"], "--logs",
-                                                              sid).stdout
+    seen, stop = set(), threading.Event()
+    sampler = threading.Thread(target=_sample_listeners, args=(service, seen, stop))
+    sampler.start()
+    try:
+        row = _wait_job(service, sid, lambda r: (r["cells_done"] or 0) >= 1)
+        listed = _cli("jobs", "--address", service["jobs"])
+        assert listed.returncode == 0, listed.stderr
+        line = next(ln for ln in listed.stdout.splitlines() if ln.startswith(sid))
+        assert "RUNNING" in line and row["run"] in line and "/3" in line
+        assert "sweep env:ATTNPROF_SWEEP_YAML --ray auto" in _cli("jobs", "--address", service["jobs"], "--logs",
+                                                                  sid).stdout
+    finally:
+        stop.set()
+        sampler.join()
+    names = {name for _, _, _, name in seen}
+    assert {"gcs_server", "raylet"} <= names and int(service["port"]) in {port for _, port, _, _ in seen}
+    assert len(seen) >= 10, seen  # the head's own dozen: a listing that missed most of them proves nothing
+    beyond = sorted(row for row in seen if row[0] not in ("127.0.0.1", "::1"))
+    assert not beyond, f"listening beyond loopback: {beyond}"
+
     assert _cli("jobs", "--address", service["jobs"], "--stop", sid).returncode == 0
     row = _wait_job(service, sid, lambda r: r["status"] in ("STOPPED", "SUCCEEDED", "FAILED"))
     run = Run.open(service["results"] / row["run"])
