@@ -311,7 +311,7 @@ def test_a_job_server_that_does_not_answer_is_one_line_after_its_10_s(tmp_path):
         time.sleep(0.2)  # the holding thread sees the close
         assert held and all(len(t) == 2 for t in held), held
         waited = max(t[1] for t in held) - min(t[0] for t in held)
-        assert 10 <= waited < 12, (waited, held)
+        assert 9.5 <= waited < 12, (waited, held)  # accepted here a moment after the command connected
 
 
 def test_serve_names_a_head_whose_job_server_is_gone_in_one_line(tmp_path):
