@@ -64,11 +64,14 @@ def pytest_itemcollected(item):
 # The modules whose tests start Ray (a local Ray, attnprof serve's heads): their teardowns run `ray stop`, which ends
 # every Ray of the machine, so that they run one after the other on one worker, as one unit.
 RAY_MODULES = ("test_ray", "test_service_e2e")
-# The longest units first, each given to the worker that is free (longest processing time first): the other worker
-# works through the rest meanwhile, and the suite ends on short modules, both workers busy to the end. In the order of
-# their times in an idle `make test` (2 cores): the Ray unit 270 s, then 130 s down to 30 s; the rest as collected.
-LONGEST_FIRST = ("ray", "test_sweep_run", "test_dashboard_e2e", "test_runs_compared_e2e", "test_cli", "test_forward",
-                 "test_faults", "test_dashboard_app", "test_pipeline", "test_run", "test_mixed_runs", "test_gpu_check")
+# The longest units first, each given to the worker that is free (longest processing time first), so that the suite
+# ends on short modules with both workers busy to the end. While the Ray unit runs (mostly waiting on its jobs), the
+# other worker takes the modules that compute in its own process; those that wait on subprocesses of their own come
+# after, when each worker's subprocesses keep the cores busy (sweep_run beside the Ray unit left a core idle two thirds
+# of 30 s). From an idle `make test` (2 cores): the Ray unit 207 s, the rest 100 s down to 17 s; then as collected.
+LONGEST_FIRST = ("ray", "test_forward", "test_dashboard_app", "test_pipeline", "test_mixed_runs", "test_run",
+                 "test_sweep_run", "test_dashboard_e2e", "test_runs_compared_e2e", "test_cli", "test_faults",
+                 "test_fused", "test_gpu_check", "test_checkpoint")
 
 
 def _module(nodeid: str) -> str:

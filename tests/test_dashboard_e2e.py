@@ -129,40 +129,14 @@ def test_chart_renders_and_a_filter_changes_the_url(server, browser, dashboard_r
     assert (OUT / "run-page-sdpa.png").stat().st_size > 10_000
 
 
-def test_runs_gathered_under_other_folder_names_open_on_every_page(dashboard_results, browser, tmp_path):
-    """Runs gathered from two machines: two renamed copies of one run (their files still say the original id) in a
-    results folder that holds nothing else. Every page opens with both, told apart by folder, and no exception."""
-    import shutil
-
-    original = list_runs(dashboard_results)[0]
-    gathered = tmp_path / "gathered"
-    for name in ("h100-run", "a100-run"):
-        shutil.copytree(original, gathered / name)
-    with _dashboard(gathered, tmp_path) as url:
-        page = browser.new_page(viewport={"width": 1500, "height": 1100})
-        try:
-            for name in ("Runs", "Run", "Compare", "Scaling", "Planner", "Queue"):
-                page.goto(f"{url}/?page={name}&run=h100-run&run=a100-run&by=run&baseline=h100-run")
-                page.get_by_test_id("stHeading").or_(page.get_by_test_id("stVegaLiteChart")).or_(
-                    page.get_by_test_id("stTable")).first.wait_for(timeout=90_000)
-                time.sleep(2)  # let the page finish its run
-                assert page.get_by_test_id("stException").count() == 0, (name, page.inner_text("body")[:2000])
-                text = page.inner_text("body")
-                assert "Traceback" not in text and "is not a run folder" not in text, name
-                if name == "Compare":
-                    page.get_by_text("a100-run against h100-run").wait_for(timeout=30_000)
-                page.screenshot(path=str(tmp_path / f"{name}.png"))
-        finally:
-            page.close()
-
-
 # ---- the Scaling page on a `make profile`-shaped store (issue 26)
 
 @pytest.fixture(scope="module")
 def profile_results(tmp_path_factory):
     """Two runs shaped as `make profile` makes them on a CPU: configs/sweeps/cpu-default.yaml itself (its eight
     backends, one unavailable here, and its also: grids of the VAE, IP-Adapter with ToMe, and the ControlNet) at
-    small sizes with one repeat, run by the real profiler; the second run a copy of the first in another folder."""
+    small sizes with one repeat, run by the real profiler; the second run a copy of the first in another folder
+    (zz-again: runs gathered from two machines, whose files say one id)."""
     import shutil
     from dataclasses import replace
 
@@ -258,6 +232,28 @@ def _readable(axes: list[dict]) -> None:
             == [], a  # nor a label its axis's title
     print(f"{len(x_axes)} plots, the narrowest {min(a['plot'] for a in x_axes):.0f} px, "
           f"{sum(len(a['labels']) for a in axes)} tick labels, none overlapping")
+
+
+def test_runs_gathered_under_other_folder_names_open_on_every_page(profile_server, profile_results, browser, tmp_path):
+    """Runs gathered from two machines: the run and its copy in another folder (zz-again, whose files still say the
+    original id). Every page opens with both, told apart by folder, and no exception."""
+    original = list_runs(profile_results)[0].name
+    assert original != "zz-again" and (profile_results / "zz-again").is_dir()
+    page = browser.new_page(viewport={"width": 1500, "height": 1100})
+    try:
+        for name in ("Runs", "Run", "Compare", "Scaling", "Planner", "Queue"):
+            page.goto(f"{profile_server}/?page={name}&run={original}&run=zz-again&by=run&baseline={original}")
+            page.get_by_test_id("stHeading").or_(page.get_by_test_id("stVegaLiteChart")).or_(
+                page.get_by_test_id("stTable")).first.wait_for(timeout=90_000)
+            time.sleep(2)  # let the page finish its run
+            assert page.get_by_test_id("stException").count() == 0, (name, page.inner_text("body")[:2000])
+            text = page.inner_text("body")
+            assert "Traceback" not in text and "is not a run folder" not in text, name
+            if name == "Compare":
+                page.get_by_text(f"zz-again against {original}").wait_for(timeout=30_000)
+            page.screenshot(path=str(tmp_path / f"{name}.png"))
+    finally:
+        page.close()
 
 
 def test_the_scaling_page_of_a_make_profile_run_is_readable(profile_server, profile_results, browser):

@@ -23,7 +23,7 @@ from tests.test_dashboard_e2e import _MISSING, CHROMIUM, sync_playwright
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "test-output" / "report-e2e"
 GRID = ["--model", "tiny-sd15", "--size", "64x64", "--size", "128x128", "--dtype", "float32", "--backend",
-        "fault-scaled", "--device", "cpu", "--repeats", "5", "--warmup", "1", "--in-process", "--quiet"]
+        "fault-scaled", "--device", "cpu", "--repeats", "3", "--warmup", "1", "--in-process", "--quiet"]
 ENV = {**{k: v for k, v in os.environ.items() if k not in ("ATTNPROF_FAULT_FACTOR", "MKL_NUM_THREADS")},
        "OMP_NUM_THREADS": "1", "ATTNPROF_PLUGINS": "tests.faults", "ATTNPROF_FAULT_STEADY": "1"}
 
