@@ -188,7 +188,7 @@ def _dashboard_run(folder: Path) -> str:
 
 MIXED_SWEEP = """\
 models: [tiny-sd15, tiny-sdxl]
-sizes: [64x64, 128x128]
+sizes: [64x64]
 dtypes: [float32]
 backends: [sdpa, {sliced: {slice_size: 1}}, {sliced: {slice_size: 4}}]
 repeats: 1
