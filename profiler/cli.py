@@ -142,7 +142,7 @@ def _plan_time(args, plans: list[dict], dtype: str) -> None:
 
 def _fit_time(args, result: dict, dtype: str, batch: int) -> str:
     """Each backend's predicted forward time at its largest size, added to the fit's entries; the lines to print."""
-    from .plan import plan, timing
+    from .plan import timing
 
     where = timing.target(args.device, dtype, args.gpu, args.results)
     if where is None:
@@ -150,7 +150,7 @@ def _fit_time(args, result: dict, dtype: str, batch: int) -> str:
     lines = []
     for b in result.get("backends", []):
         if b.get("largest"):
-            p = plan(args.model, *b["largest"], batch, dtype, settings=_settings(args, args.model))
+            p = timing.walked_plan(args.model, *b["largest"], batch, dtype, _settings(args, args.model))
             t = timing.predict(p, b["backend"], {}, *where, args.device)
             b["predicted_forward_time_ms"] = t["predicted_forward_time_ms"]
             lines.append(f"  {b['backend']:14s} {t['predicted_forward_time_ms']:12,.1f} ms at "
@@ -161,7 +161,7 @@ def _fit_time(args, result: dict, dtype: str, batch: int) -> str:
 def _step_time(args, result: dict, dtype: str, batch: int) -> str:
     """A whole generation's predicted time per denoising step at its largest size: the U-Net's forward (with its
     ControlNet where given) at the step's batch (twice the images under classifier-free guidance)."""
-    from .plan import plan, timing
+    from .plan import timing
     from .plan.pipeline import PIPELINES
     from .workload import check_settings
 
@@ -171,7 +171,7 @@ def _step_time(args, result: dict, dtype: str, batch: int) -> str:
     unet = PIPELINES[args.pipeline]["unet"]
     settings = check_settings(unet, {"controlnet": bool(args.controlnet), "ip_adapter_tokens": args.ip_adapter_tokens
                                      or 0, "tome": args.tome or 0.0})
-    p = plan(unet, *result["largest"], batch * (2 if args.cfg else 1), dtype, settings=settings)
+    p = timing.walked_plan(unet, *result["largest"], batch * (2 if args.cfg else 1), dtype, settings)
     t = timing.predict(p, (args.backend or ["sdpa"])[0], {}, *where, args.device)
     result["predicted_step_time_ms"] = t["predicted_forward_time_ms"]
     return (f"\ntime per denoising step at {p['width']}x{p['height']}: {t['predicted_forward_time_ms']:,.1f} ms "
