@@ -268,9 +268,9 @@ def test_the_queue_page_queues_a_sweep_whose_run_appears_on_the_runs_page(servic
         page.close()
 
 
-def _silent_server() -> tuple[str, list[list[float]]]:
-    """A port that accepts connections and never answers (a job server stuck or half dead): its URL, and per
-    connection [accepted at, closed by the client at], timed here as each happens."""
+def _silent_server() -> tuple:
+    """A port that accepts connections and never answers (a job server stuck or half dead): its URL, per connection
+    [accepted at, closed by the client at], timed here as each happens, and the listening socket (to close)."""
     import socket
     import threading
 
@@ -279,18 +279,25 @@ def _silent_server() -> tuple[str, list[list[float]]]:
     listener.listen(8)
 
     def hold(conn, times):
-        while conn.recv(4096):
+        try:
+            while conn.recv(4096):
+                pass
+        except OSError:  # reset rather than closed: gone all the same
             pass
         times.append(time.time())
+        conn.close()
 
     def accept():
         while True:
-            conn, _ = listener.accept()
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed by the test
+                return
             held.append([time.time()])
             threading.Thread(target=hold, args=(conn, held[-1]), daemon=True).start()
 
     threading.Thread(target=accept, daemon=True).start()
-    return f"http://127.0.0.1:{listener.getsockname()[1]}", held
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", held, listener
 
 
 def test_a_job_server_that_does_not_answer_is_one_line_after_its_10_s(tmp_path):
@@ -303,7 +310,7 @@ def test_a_job_server_that_does_not_answer_is_one_line_after_its_10_s(tmp_path):
                 ("submit", str(tmp_path / "s.yaml"), "--results", str(tmp_path / "r"), "--address", servers[1][0])]
     started = [subprocess.Popen([sys.executable, "-m", "profiler", *args], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, cwd=REPO) for args in commands]
-    for proc, (url, held) in zip(started, servers):
+    for proc, (url, held, listener) in zip(started, servers):
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 2 and err.strip().splitlines() == [
             f"attnprof: error: the Ray job server at {url} did not answer within 10 s: if attnprof serve was stopped "
@@ -312,6 +319,7 @@ def test_a_job_server_that_does_not_answer_is_one_line_after_its_10_s(tmp_path):
         assert held and all(len(t) == 2 for t in held), held
         waited = max(t[1] for t in held) - min(t[0] for t in held)
         assert 9.5 <= waited < 12, (waited, held)  # accepted here a moment after the command connected
+        listener.close()
 
 
 def test_serve_names_a_head_whose_job_server_is_gone_in_one_line(tmp_path):
