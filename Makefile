@@ -23,7 +23,7 @@ plan: setup
 
 ## make test: the whole suite on two xdist workers, each test module whole on one (tests/conftest.py)
 ## (bytecode compiled first: where PYTHONDONTWRITEBYTECODE is set, as here, each of the suite's ~150 subprocesses would
-## compile profiler/ again, 0.15 s of CPU each)
+## compile profiler/ again, 0.15-0.3 s of CPU each)
 test: setup
 	$(PY) -m compileall -q profiler dashboards
 	$(PY) -m pytest -q -n 2
