@@ -225,8 +225,10 @@ def _random_init(module: torch.nn.Module, seed: int, pool_size: int = 1 << 24) -
     The values are slices at random offsets of one seeded pool of 16M normal samples: a copy per parameter instead
     of drawing 860M (SD1.5) samples one by one. The pool is drawn on the CPU (the same values on every device) and
     moved once to the parameters' device, so that every write stays on one device; products are taken in float32
-    and rounded once to the parameters' dtype. Attention cost does not depend on the values."""
+    and rounded once to the parameters' dtype. A module of fewer parameters than the pool draws a pool of its own
+    size (tiny-sd15's 3.2M: its build 0.2 -> 0.1 s). Attention cost does not depend on the values."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
+    pool_size = min(pool_size, sum(p.numel() for p in module.parameters()))
     pool = torch.randn(pool_size, generator=gen).to(next(module.parameters()).device)
     for name, p in module.named_parameters():
         if p.ndim < 2:
