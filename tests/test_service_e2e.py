@@ -179,17 +179,24 @@ def test_bad_configs_are_refused_before_anything_is_queued(service, tmp_path):
     assert p.returncode == 2 and "no Ray job server answers at http://127.0.0.1:9" in p.stderr
 
 
-def test_a_config_with_out_lands_its_run_there(service, tmp_path):
-    """No --results: the config's out: (relative to where submit runs) decides, not serve's folder."""
-    config = tmp_path / "out.yaml"
-    config.write_text(SMALL + "out: elsewhere\n")
-    p = subprocess.run([sys.executable, "-m", "profiler", "submit", str(config), "--address", service["jobs"]],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    assert p.returncode == 0, p.stderr
-    assert f"its run lands in {tmp_path / 'elsewhere'}" in p.stderr
-    row = _wait_job(service, p.stdout.strip(), lambda r: r["status"] in ("SUCCEEDED", "FAILED", "STOPPED"))
-    assert row["status"] == "SUCCEEDED" and row["folder"] == str(tmp_path / "elsewhere" / row["run"]), row
-    assert Run.open(tmp_path / "elsewhere" / row["run"]).cells()["status"].tolist() == ["ok", "ok"]
+def test_a_run_lands_in_results_else_the_configs_out_else_the_pages_folder_else_serves(tmp_path, monkeypatch):
+    """Where a queued sweep's run lands (jobs.results_folder, decided at submit and given to the job as --out):
+    --results; else the config's out:, relative to where submit runs; else the Queue page's folder; else the folder
+    of the attnprof serve on this machine for that job server; else one line asking for one. (The Ctrl-C test
+    queues a job that lands by the last rule.)"""
+    from profiler.service import jobs
+    from profiler.spec import InputError
+
+    monkeypatch.setattr(jobs, "SERVED", tmp_path / "serve.json")
+    monkeypatch.chdir(tmp_path)
+    url, out = "http://127.0.0.1:1", SMALL + "out: elsewhere\n"
+    jobs.remember_served(url, tmp_path / "served", True)
+    assert jobs.results_folder(out, url, tmp_path / "given", tmp_path / "page") == tmp_path / "given"
+    assert jobs.results_folder(out, url, None, tmp_path / "page") == tmp_path / "elsewhere"
+    assert jobs.results_folder(SMALL, url, None, tmp_path / "page") == tmp_path / "page"
+    assert jobs.results_folder(SMALL, url) == tmp_path / "served"
+    with pytest.raises(InputError, match="no attnprof serve on this machine serves http://127.0.0.1:2: give --results"):
+        jobs.results_folder(SMALL, "http://127.0.0.1:2")
 
 
 def test_ctrl_c_on_serve_leaves_the_queue_answering_and_serve_again_carries_on(service):
@@ -205,12 +212,12 @@ def test_ctrl_c_on_serve_leaves_the_queue_answering_and_serve_again_carries_on(s
     _serve(service, host=("--host", "0.0.0.0"))
     assert "the Ray head already running here answers" in (service["root"] / "serve.log").read_text()
     config = service["root"] / "plain.yaml"
-    config.write_text(SMALL)
+    config.write_text(SMALL.replace("[sdpa, naive]", "[sdpa]"))  # one cell: one Ray worker
     p = _cli("submit", str(config), "--address", service["jobs"])
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == 0 and f"its run lands in {service['results']}" in p.stderr, p.stderr
     row = _wait_job(service, p.stdout.strip(), lambda r: r["status"] in ("SUCCEEDED", "FAILED", "STOPPED"))
     assert row["status"] == "SUCCEEDED" and row["folder"] == str(service["results"] / row["run"]), row
-    assert len(Run.open(service["results"] / row["run"]).cells()) == 2
+    assert Run.open(service["results"] / row["run"]).cells()["status"].tolist() == ["ok"]
 
 
 @pytest.mark.skipif(any(m.args and m.args[0] for m in browser_marks), reason="no browser: see test_dashboard_e2e")
