@@ -69,9 +69,9 @@ RAY_MODULES = ("test_ray", "test_service_e2e")
 # other worker takes the modules that compute in its own process; those that wait on subprocesses of their own come
 # after, when each worker's subprocesses keep the cores busy (sweep_run beside the Ray unit left a core idle two thirds
 # of 30 s). runs_compared, which mostly waits (its runs' injected waits), comes after faults, beside modules that
-# compute, not beside sweep_run's timeout (40 s with both cores two thirds idle); the wheel's build before the short
-# modules, not alone at the end. From an idle `make test` (2 cores): the Ray unit 215 s, the rest 125 s down to 10 s;
-# then as collected.
+# compute, not beside sweep_run's timeout (there, 40 s with a core two thirds idle); the wheel's build before the
+# short modules, not alone at the end. From an idle `make test` (2 cores): the Ray unit 212 s, sweep_run 133 s, the
+# rest 83 s down to about 10 s; then as collected.
 LONGEST_FIRST = ("ray", "test_forward", "test_dashboard_app", "test_pipeline", "test_mixed_runs", "test_run",
                  "test_sweep_run", "test_dashboard_e2e", "test_cli", "test_faults", "test_runs_compared_e2e",
                  "test_fused", "test_gpu_check", "test_checkpoint", "test_wheel")
