@@ -1,10 +1,10 @@
 """The service end to end on this machine, on one Ray head for the module: `attnprof serve` starts the head (token
 auth on) and the dashboard, every socket of both on the loopback address; `attnprof submit` queues a sweep as a Ray
 Job, `attnprof jobs` shows its progress and run, `--stop` stops one (its cells kept, its run resumable); a run lands in
---results, else the config's out:, else serve's folder; Ctrl-C on serve (SIGINT to its whole process group) leaves
-the queue answering, and serve started again (now with --host 0.0.0.0) carries on with it; the Queue page, in a real
-Chromium, bound beyond loopback, queues nothing without Ray's token, rejects a bad config inline and queues a good
-one, whose run then appears on the Runs page."""
+--results, else the config's out:, else serve's folder (the whole order: tests/test_service.py); Ctrl-C on serve
+(SIGINT to its whole process group) leaves the queue answering, and serve started again (now with --host 0.0.0.0)
+carries on with it; the Queue page, in a real Chromium, bound beyond loopback, queues nothing without Ray's token,
+rejects a bad config inline and queues a good one, whose run then appears on the Runs page."""
 import csv
 import io
 import os
@@ -114,21 +114,24 @@ def _sample_listeners(service, seen: set, stop: threading.Event) -> None:
 
 def test_submit_jobs_stop_and_resume_from_the_command_line_all_on_loopback(service):
     """attnprof serve without --host: a sweep queued, listed while it runs (status, cells done / total, run), its log
-    read, stopped after a cell or two (those kept, the run marked interrupted), then queued again with --resume: the
-    same run finishes. Meanwhile every TCP socket that the head's processes (GCS, raylet, dashboard and its agents,
-    Ray client server, metrics, the workers and the job's driver) and the dashboard listen on is on 127.0.0.1,
-    sampled from /proc as ss -ltnp reads it. First in this file: later, the Ctrl-C test starts serve again with
-    --host 0.0.0.0."""
+    read, stopped after a cell or two (those kept, the run marked interrupted), then queued again with --resume (the
+    first job landed by --results, this one by the config's out:, relative to where submit runs, in the same folder,
+    not serve's): the same run finishes. Meanwhile every TCP socket that the head's processes (GCS, raylet, dashboard
+    and its agents, Ray client server, metrics, the workers and the job's driver) and the dashboard listen on is on
+    127.0.0.1, sampled from /proc as ss -ltnp reads it. First in this file: later, the Ctrl-C test starts serve again
+    with --host 0.0.0.0."""
     from tests.sockets import pid_listening_on
 
     if service["host"]:  # run after the Ctrl-C test (-k, a rerun)
         _serve_again(service, ())
     assert pid_listening_on(int(service["ray_port"])) is not None, (service["root"] / "serve.log").read_text()
-    config = service["root"] / "sweep.yaml"
+    queued = service["root"] / "queued"  # not serve's folder: each submit below lands here by its own rule
+    config, with_out = service["root"] / "sweep.yaml", service["root"] / "sweep-out.yaml"
     config.write_text(SMALL.replace("[sdpa, naive]", "[sdpa, fault-slow, naive]"))
+    with_out.write_text(config.read_text() + f"out: {os.path.relpath(queued, REPO)}\n")  # relative to submit's folder
     slow = {"ATTNPROF_PLUGINS": "tests.faults"}  # fault-slow: its cell takes about 20 s, so the stop lands mid-run
-    p = _cli("submit", str(config), "--address", service["jobs"], "--results", str(service["results"]), env=slow)
-    assert p.returncode == 0, p.stderr
+    p = _cli("submit", str(config), "--address", service["jobs"], "--results", str(queued), env=slow)
+    assert p.returncode == 0 and f"its run lands in {queued}" in p.stderr, p.stderr
     sid = p.stdout.strip()
     assert sid.startswith("attnprof-") and f"attnprof jobs --stop {sid}" in p.stderr
     seen, stop = set(), threading.Event()
@@ -153,13 +156,14 @@ def test_submit_jobs_stop_and_resume_from_the_command_line_all_on_loopback(servi
 
     assert _cli("jobs", "--address", service["jobs"], "--stop", sid).returncode == 0
     row = _wait_job(service, sid, lambda r: r["status"] in ("STOPPED", "SUCCEEDED", "FAILED"))
-    run = Run.open(service["results"] / row["run"])
+    run = Run.open(queued / row["run"])
     assert row["status"] == "STOPPED" and run.manifest()["interrupted"] is True
     assert run.manifest()["environment"]["executor"] == "ray"
     kept = run.cells().set_index("cell_id")["recorded_at"]
     assert 1 <= len(kept) < 3
-    again = _cli("submit", str(config), "--address", service["jobs"], "--results", str(service["results"]),
-                 "--resume", env=slow).stdout.strip()
+    resumed = _cli("submit", str(with_out), "--address", service["jobs"], "--resume", env=slow)  # by its out:
+    assert resumed.returncode == 0 and f"its run lands in {queued}" in resumed.stderr, resumed.stderr
+    again = resumed.stdout.strip()
     row = _wait_job(service, again, lambda r: r["status"] in ("STOPPED", "SUCCEEDED", "FAILED"), timeout=400)
     assert row["status"] == "SUCCEEDED" and row["run"] == run.id  # the same run, finished
     cells = run.cells().set_index("cell_id")
@@ -177,26 +181,6 @@ def test_bad_configs_are_refused_before_anything_is_queued(service, tmp_path):
     assert len(_jobs(service)) == before
     p = _cli("jobs", "--address", "http://127.0.0.1:9")
     assert p.returncode == 2 and "no Ray job server answers at http://127.0.0.1:9" in p.stderr
-
-
-def test_a_run_lands_in_results_else_the_configs_out_else_the_pages_folder_else_serves(tmp_path, monkeypatch):
-    """Where a queued sweep's run lands (jobs.results_folder, decided at submit and given to the job as --out):
-    --results; else the config's out:, relative to where submit runs; else the Queue page's folder; else the folder
-    of the attnprof serve on this machine for that job server; else one line asking for one. (The Ctrl-C test
-    queues a job that lands by the last rule.)"""
-    from profiler.service import jobs
-    from profiler.spec import InputError
-
-    monkeypatch.setattr(jobs, "SERVED", tmp_path / "serve.json")
-    monkeypatch.chdir(tmp_path)
-    url, out = "http://127.0.0.1:1", SMALL + "out: elsewhere\n"
-    jobs.remember_served(url, tmp_path / "served", True)
-    assert jobs.results_folder(out, url, tmp_path / "given", tmp_path / "page") == tmp_path / "given"
-    assert jobs.results_folder(out, url, None, tmp_path / "page") == tmp_path / "elsewhere"
-    assert jobs.results_folder(SMALL, url, None, tmp_path / "page") == tmp_path / "page"
-    assert jobs.results_folder(SMALL, url) == tmp_path / "served"
-    with pytest.raises(InputError, match="no attnprof serve on this machine serves http://127.0.0.1:2: give --results"):
-        jobs.results_folder(SMALL, "http://127.0.0.1:2")
 
 
 def test_ctrl_c_on_serve_leaves_the_queue_answering_and_serve_again_carries_on(service):
