@@ -1,7 +1,7 @@
 PY := .venv/bin/python
 STAMP := .venv/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: setup profile plan test test-fast test-slow lint bench gpu-check dashboard
+.PHONY: setup bytecode profile plan test test-fast test-slow lint bench gpu-check dashboard
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -21,16 +21,17 @@ dashboard: setup
 plan: setup
 	$(PY) -m profiler plan --model $(or $(MODEL),sd15) --size $(or $(SIZE),512x512)
 
-## make test: the whole suite on two xdist workers, each test module whole on one (tests/conftest.py)
-## (bytecode compiled first: where PYTHONDONTWRITEBYTECODE is set, as here, each of the suite's ~150 subprocesses would
-## compile profiler/ again, 0.15-0.3 s of CPU each)
-test: setup
+## bytecode for the suites: where PYTHONDONTWRITEBYTECODE is set, as here, each of the suite's ~150 subprocesses would
+## compile profiler/ again, 0.15-0.3 s of CPU each
+bytecode: setup
 	$(PY) -m compileall -q profiler dashboards
+
+## make test: the whole suite on two xdist workers, each test module whole on one (tests/conftest.py)
+test: bytecode
 	$(PY) -m pytest -q -n 2
 
 ## make test-fast: the inner loop, the suite without its end-to-end modules (tests/conftest.py E2E_MODULES)
-test-fast: setup
-	$(PY) -m compileall -q profiler dashboards
+test-fast: bytecode
 	$(PY) -m pytest -q -n 2 -m 'not slow and not gpu and not e2e'
 
 test-slow: setup

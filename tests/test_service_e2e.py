@@ -259,7 +259,7 @@ def test_the_queue_page_queues_a_sweep_whose_run_appears_on_the_runs_page(servic
         page.close()
 
 
-def _silent_server() -> tuple:
+def _silent_server() -> tuple[str, list[list[float]], "socket.socket"]:
     """A port that accepts connections and never answers (a job server stuck or half dead): its URL, per connection
     [accepted at, closed by the client at], timed here as each happens, and the listening socket (to close)."""
     import socket
