@@ -1,11 +1,8 @@
 """Attention backends: a registry of processors that diffusers' Attention.set_processor accepts, one record each
 (Backend: its family, options, processor factory, the SDPA kernel it runs, what it needs, the name of its memory
-model) and an honest availability check (the reason when it cannot run). The memory and bytes-moved models are
-plan/memory.py's; the chunked cores chunked.py's.
-
-Shapes: B batch, h heads, d head_dim, C = h*d, Tq / Tk query / key tokens, n = B*h. Everything around the chunked
-cores (norms, projections, mask, output projection) is one base class that does what diffusers' AttnProcessor does.
-"""
+model) and an honest availability check (the reason when it cannot run). The processors are processor.py's (ours),
+fused.py's (the fused kernels' beside SDPA) and diffusers' own; the memory and bytes-moved models plan/memory.py's.
+This module imports neither torch nor diffusers until a processor is made or a backend probed."""
 from __future__ import annotations
 
 import functools
@@ -18,17 +15,12 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
-
-from . import fused
-from .chunked import MiB, split_attention, subquad_attention
-from .processor import Processor
-from .spec import InputError, parse_dtype, torch_dtype
+from .spec import InputError, MiB, parse_dtype, torch_dtype
 
 
 # materialised: the score table whole, as the textbook algorithm (naive). The outputs' error reference is another
-# thing: sdpa in float32 (measure/cell.py REFERENCE_BACKEND), which scales to every size the device holds
+# thing: sdpa in float32 (measure/cell.py runs it), which scales to every size the device holds
+REFERENCE_BACKEND, REFERENCE_DTYPE = "sdpa", "float32"
 MATERIALISED, CHUNKED, EXACT, APPROXIMATE = "materialised", "chunked", "fused exact", "fused approximate"
 FAMILIES = (MATERIALISED, CHUNKED, EXACT, APPROXIMATE)  # the order in which reports group backends
 
@@ -66,67 +58,53 @@ class Backend:
     needs: Needs = Needs()
 
 
-# ---- processors
-
-class HeadsProcessor(Processor):
-    """Projects to (n, T, d) as AttnProcessor does and runs core(); scores in float32 where diffusers upcasts."""
-
-    def attend(self, attn, hidden_states, context, mask):
-        q = attn.head_to_batch_dim(attn.to_q(hidden_states))  # (n, Tq, d)
-        k = attn.head_to_batch_dim(attn.to_k(context))  # (n, Tk, d)
-        v = attn.head_to_batch_dim(attn.to_v(context))  # (n, Tk, d)
-        upcast = attn.upcast_attention or attn.upcast_softmax
-        out = self.core(q, k, v, mask, attn.scale, torch.float32 if upcast else q.dtype)  # (n, Tq, d)
-        return attn.batch_to_head_dim(out)  # (B, Tq, C)
-
-
-class SplitProcessor(HeadsProcessor):
-    def __init__(self, budget_bytes: int):
-        self.budget_bytes = budget_bytes
-
-    def core(self, q, k, v, mask, scale, score_dtype):
-        return split_attention(q, k, v, mask, scale, self.budget_bytes, score_dtype)
-
-
-class SubQuadProcessor(HeadsProcessor):
-    def __init__(self, query_chunk: int, key_chunk: int):
-        self.query_chunk, self.key_chunk = query_chunk, key_chunk
-
-    def core(self, q, k, v, mask, scale, score_dtype):
-        return subquad_attention(q, k, v, mask, scale, self.query_chunk, self.key_chunk, score_dtype)
-
-
-_SDP_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-                 "math": SDPBackend.MATH, "cudnn": SDPBackend.CUDNN_ATTENTION}
-
-
-class SDPAKernelProcessor:
-    """diffusers' AttnProcessor2_0 with PyTorch's SDPA kernel forced: no silent fallback to another kernel."""
-
-    def __init__(self, kernel: str):
-        from diffusers.models.attention_processor import AttnProcessor2_0
-
-        self.kernel, self.inner = _SDP_BACKENDS[kernel], AttnProcessor2_0()
-
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, *args,
-                 **kwargs):
-        with sdpa_kernel(self.kernel):
-            return self.inner(attn, hidden_states, encoder_hidden_states, attention_mask, temb, *args, **kwargs)
-
-
-def _diffusers(processor: str) -> Callable:
-    """A factory of one of diffusers' own processors, which imports diffusers on its first call, not before."""
+def _made_by(module: str, name: str, *args) -> Callable:
+    """A factory of processor `name` of `module` (its options as keywords; args first), which imports the module on
+    its first call: the registry itself imports neither torch nor diffusers, so that commands that only read runs
+    (show, diff, report, jobs) start without them."""
     def make(**options):
-        from diffusers.models import attention_processor
-
-        return getattr(attention_processor, processor)(**options)
+        return getattr(importlib.import_module(module), name)(*args, **options)
     return make
+
+
+_DIFFUSERS = "diffusers.models.attention_processor"
+_OURS, _FUSED = "profiler.processor", "profiler.fused"
+SAGE_MAX_HEAD_DIM = 128  # thu-ml/SageAttention#119: head_dim 160 (SD 1.5's inner blocks) is rejected
+
+
+def dispatcher_names() -> list[str]:
+    """Every AttentionBackendName of the installed diffusers, spelled as diffusers spells it. Imports diffusers
+    (about 1.8 s on this machine's CPU): the registry asks for these only when it is listed."""
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    return [b.value for b in AttentionBackendName]
+
+
+def dispatcher_family(name: str) -> str:
+    """Sage's int8 / fp8 kernels are approximate; every other dispatcher backend computes exact attention."""
+    return APPROXIMATE if name.startswith(("sage", "_sage")) else EXACT
+
+
+def dispatcher_reason(backend: str, device: torch.device) -> str:
+    """diffusers' own requirement check, then what it does not check: a kernel fetched from the Hub at run time,
+    and the kernels that run on CUDA (or NPU / XLA) only."""
+    from diffusers.models.attention_dispatch import AttentionBackendName, _check_attention_backend_requirements
+
+    if backend.endswith("_hub"):
+        return f"diffusers:{backend} needs a download at run time (a kernel from the Hugging Face Hub)"
+    try:
+        _check_attention_backend_requirements(AttentionBackendName(backend))
+    except RuntimeError as e:
+        return f"diffusers:{backend}: {str(e).strip().splitlines()[0]}"
+    if device.type != "cuda" and backend not in ("native", "_native_math", "_native_flash", "flex"):
+        return f"diffusers:{backend} runs on CUDA only, not on {device.type}"
+    return ""
 
 
 # ---- the registry
 
 def _sdpa_forced(kernel: str, description: str, **more) -> Backend:
-    return Backend(f"sdpa-{kernel}", EXACT, description, factory=functools.partial(SDPAKernelProcessor, kernel),
+    return Backend(f"sdpa-{kernel}", EXACT, description, factory=_made_by(_OURS, "SDPAKernelProcessor", kernel),
                    model="math" if kernel == "math" else "fused", sdpa_kernel=kernel, uses_sdpa=True, **more)
 
 
@@ -134,9 +112,9 @@ def _dispatcher_backend(name: str) -> Backend:
     """The record of diffusers:<name>: its processor runs the dispatcher (which frees q, k and v before to_out); its
     model is that of the kernel it runs where that is one of ours, else a fused kernel's (sage's for sage's)."""
     how = _DISPATCHER_KERNELS.get(name, {"model": "sage" if "sage" in name else "fused"})
-    return Backend(f"diffusers:{name}", fused.dispatcher_family(name),
+    return Backend(f"diffusers:{name}", dispatcher_family(name),
                    f"diffusers' attention dispatcher, backend {name!r}",
-                   factory=functools.partial(fused.DispatchProcessor, name), frees_qkv=True, **how)
+                   factory=_made_by(_FUSED, "DispatchProcessor", name), frees_qkv=True, **how)
 
 
 _DISPATCHER_KERNELS = {  # the dispatcher's backends that run a kernel we model (the others: a fused kernel's model)
@@ -161,7 +139,7 @@ class _Registry(MutableMapping):
 
     def _all(self) -> dict[str, Backend]:
         if self._dispatcher is None:
-            self._dispatcher = {b.name: b for b in map(_dispatcher_backend, fused.dispatcher_names())}
+            self._dispatcher = {b.name: b for b in map(_dispatcher_backend, dispatcher_names())}
         return {**self._own, **self._dispatcher}
 
     def _where(self, name) -> dict:
@@ -189,40 +167,40 @@ class _Registry(MutableMapping):
 _HALF_CUDA = {"cuda": True, "half": True}
 BACKENDS: MutableMapping[str, Backend] = _Registry((
     Backend("naive", MATERIALISED, "diffusers AttnProcessor: baddbmm + softmax, the whole score table materialised",
-            factory=_diffusers("AttnProcessor"), model="naive"),
+            factory=_made_by(_DIFFUSERS, "AttnProcessor"), model="naive"),
     Backend("sliced", CHUNKED, "diffusers SlicedAttnProcessor: slice_size (batch*heads) rows of tables at a time",
-            {"slice_size": 1}, factory=_diffusers("SlicedAttnProcessor"), model="sliced"),
+            {"slice_size": 1}, factory=_made_by(_DIFFUSERS, "SlicedAttnProcessor"), model="sliced"),
     Backend("split", CHUNKED, "query chunks sized so one chunk's score table fits budget_bytes (ComfyUI's split)",
-            {"budget_bytes": 64 * MiB}, factory=SplitProcessor, model="split"),
+            {"budget_bytes": 64 * MiB}, factory=_made_by(_OURS, "SplitProcessor"), model="split"),
     Backend("subquad", CHUNKED, "sub-quadratic attention (Rabe & Staats 2021): query and key chunks, running "
             "max and sum; at most query_chunk x key_chunk scores per batch*head",
-            {"query_chunk": 1024, "key_chunk": 4096}, factory=SubQuadProcessor, model="subquad"),
+            {"query_chunk": 1024, "key_chunk": 4096}, factory=_made_by(_OURS, "SubQuadProcessor"), model="subquad"),
     Backend("sdpa", EXACT, "diffusers AttnProcessor2_0: PyTorch SDPA, PyTorch picks the kernel",
-            factory=_diffusers("AttnProcessor2_0"), model="fused", picks_sdpa_kernel=True, uses_sdpa=True),
+            factory=_made_by(_DIFFUSERS, "AttnProcessor2_0"), model="fused", picks_sdpa_kernel=True, uses_sdpa=True),
     _sdpa_forced("flash", "PyTorch SDPA forced to its flash-attention kernel"),
     _sdpa_forced("efficient", "PyTorch SDPA forced to its memory-efficient kernel (CUDA)", needs=Needs(cuda=True)),
     _sdpa_forced("math", "PyTorch SDPA forced to its math kernel: materialises the score table, in fp32"),
     _sdpa_forced("cudnn", "PyTorch SDPA forced to its cuDNN kernel (CUDA)", needs=Needs(cuda=True)),
     Backend("xformers", EXACT, "xformers memory_efficient_attention via diffusers XFormersAttnProcessor",
-            factory=_diffusers("XFormersAttnProcessor"), model="fused",
+            factory=_made_by(_DIFFUSERS, "XFormersAttnProcessor"), model="fused",
             needs=Needs("xformers", "pip install xformers", cuda=True)),
     Backend("flash-attn", EXACT, "flash_attn_func of the flash-attn package (CUDA, fp16/bf16, head_dim <= 256)",
-            factory=fused.FlashAttnProcessor, model="fused", frees_qkv=True,
+            factory=_made_by(_FUSED, "FlashAttnProcessor"), model="fused", frees_qkv=True,
             needs=Needs("flash_attn", "pip install flash-attn", **_HALF_CUDA, max_head_dim=256, head_dim_multiple=8)),
     Backend("flash-attn-3", EXACT, "flash_attn_func of FlashAttention 3 (flash_attn_interface; Hopper sm90, "
             "fp16/bf16, head_dim <= 256 and a multiple of 8)",
-            factory=functools.partial(fused.FlashAttnProcessor, "flash_attn_interface", "flash-attn-3"),
+            factory=_made_by(_FUSED, "FlashAttnProcessor", "flash_attn_interface", "flash-attn-3"),
             model="fused", frees_qkv=True,
             needs=Needs("flash_attn_interface", "build flash-attn's hopper/ (FlashAttention 3)", **_HALF_CUDA,
                         max_head_dim=256, head_dim_multiple=8, gpus="runs on Hopper (sm90) only",
                         arch_ok=lambda arch: arch[0] == 9)),
     Backend("flex", EXACT, "FlexAttention compiled once per process and shape (torch.compile), an all-full block "
-            "mask; the compile time kept apart (compile_s)", factory=fused.FlexProcessor, model="flex",
+            "mask; the compile time kept apart (compile_s)", factory=_made_by(_FUSED, "FlexProcessor"), model="flex",
             frees_qkv=True, compiles=True),
     Backend("sage", APPROXIMATE, "sageattn of SageAttention: int8 QK, fp16 PV (CUDA sm80+, fp16/bf16, head_dim "
-            "<= 128)", factory=fused.SageProcessor, model="sage", frees_qkv=True,
+            "<= 128)", factory=_made_by(_FUSED, "SageProcessor"), model="sage", frees_qkv=True,
             needs=Needs("sageattention", "pip install sageattention", **_HALF_CUDA,
-                        max_head_dim=fused.SAGE_MAX_HEAD_DIM, source=" (thu-ml/SageAttention#119)",
+                        max_head_dim=SAGE_MAX_HEAD_DIM, source=" (thu-ml/SageAttention#119)",
                         gpus="needs an sm80 or newer GPU", arch_ok=lambda arch: arch >= (8, 0))),
 ))
 
@@ -339,6 +317,8 @@ def make_processor(name: str, **options):
 # ---- availability
 
 def _cuda_arch(device: torch.device) -> tuple[int, int]:
+    import torch
+
     return torch.cuda.get_device_capability(device)
 
 
@@ -346,7 +326,7 @@ def _static_reason(name: str, device: torch.device, dtype: str, head_dims: tuple
     """Why the backend cannot run here, said from what it needs (its record's needs; a dispatcher backend:
     diffusers' own requirement check), or '' where only running it can tell."""
     if name.startswith("diffusers:"):
-        return fused.dispatcher_reason(name.removeprefix("diffusers:"), device)
+        return dispatcher_reason(name.removeprefix("diffusers:"), device)
     needs = BACKENDS[name].needs
     if needs.package and importlib.util.find_spec(needs.package) is None:
         return f"{name} is not installed: {needs.install}"
@@ -372,6 +352,7 @@ PROBE_TOKENS = 64  # query tokens of the availability probe (cross-attention: 77
 def _probe(name: str, device: str, dtype: str, head_dim: int = 64) -> tuple[bool, str]:
     """Run the backend on a diffusers Attention with the model's head_dim, as self- and as cross-attention; the
     error (and PyTorch's warnings saying why) if it fails."""
+    import torch
     from diffusers.models.attention_processor import Attention
 
     gen = torch.Generator().manual_seed(0)
@@ -397,6 +378,8 @@ def availability(name: str, device: str = "cpu", dtype: str = "float16",
                  head_dims: tuple[int, ...] = (64,)) -> tuple[bool, str]:
     """(True, "") where the backend runs on this device in this dtype at each of the model's head dims (SD 1.x:
     40, 80, 160; SDXL: 64), else (False, the reason)."""
+    import torch
+
     check_backend_name(name)
     dtype = parse_dtype(dtype)
     try:

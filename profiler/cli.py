@@ -53,7 +53,7 @@ def _add_shape_args(p, sizes_default=("512x512",)):
 
 
 def _add_settings_args(p):
-    """The model's settings (profiler.workload.SETTINGS) as flags: each applies to one kind of model."""
+    """The model's settings (profiler.spec.SETTINGS) as flags: each applies to one kind of model."""
     g = p.add_argument_group("model settings (a U-Net's; a VAE's)")
     g.add_argument("--controlnet", action="store_true", default=None,
                    help="U-Net: run its ControlNet beside it, as a pipeline step does")
@@ -71,7 +71,8 @@ def _add_settings_args(p):
 
 
 def _settings(args, model: str) -> tuple:
-    from .workload import SETTINGS, check_settings
+    from .spec import SETTINGS
+    from .workload import check_settings
 
     given = {n: getattr(args, n) for n in SETTINGS if getattr(args, n, None) is not None}
     return check_settings(model, given)

@@ -1,6 +1,7 @@
 """The fused kernels diffusion users run beside PyTorch's SDPA: diffusers' attention dispatcher (every backend of
 `diffusers.models.attention_dispatch`, as `diffusers:<name>`), FlexAttention compiled once per process and shape
-(`flex`), SageAttention (`sage`) and FlashAttention 3 (`flash-attn-3`); what each needs to run, said before it runs.
+(`flex`), SageAttention (`sage`) and FlashAttention 3 (`flash-attn-3`): their processors. What each needs to run,
+said before it runs, is its record's in backends.py.
 
 Shapes: B batch, T tokens, h heads, d head_dim, C = h*d. Each processor projects to (B, T, h, d) views of the
 projections (no copies) and hands them to its kernel; everything around that is processor.Processor's.
@@ -13,23 +14,10 @@ import time
 
 import torch
 
+from .backends import SAGE_MAX_HEAD_DIM
 from .processor import Processor
 
 FLEX_BLOCK = 128  # FlexAttention's block size: the all-full block mask is built of these
-SAGE_MAX_HEAD_DIM = 128  # thu-ml/SageAttention#119: head_dim 160 (SD 1.5's inner blocks) is rejected
-
-
-def dispatcher_names() -> list[str]:
-    """Every AttentionBackendName of the installed diffusers, spelled as diffusers spells it. Imports diffusers
-    (about 1.8 s on this machine's CPU): the registry asks for these only when it is listed."""
-    from diffusers.models.attention_dispatch import AttentionBackendName
-
-    return [b.value for b in AttentionBackendName]
-
-
-def dispatcher_family(name: str) -> str:
-    """Sage's int8 / fp8 kernels are approximate; every other dispatcher backend computes exact attention."""
-    return "fused approximate" if name.startswith(("sage", "_sage")) else "fused exact"
 
 
 def _projected(attn, hidden_states, context):
@@ -166,21 +154,3 @@ class FlashAttnProcessor(Processor):
             raise ValueError(f"{self.label} supports head_dim <= 256, this block has {q.shape[-1]}")
         out = flash_attn_func(q, k, v, softmax_scale=attn.scale)
         return (out[0] if isinstance(out, tuple) else out).flatten(2)  # FA3 builds return (out, lse)
-
-
-# ---- what a dispatcher backend needs, said without running it
-
-def dispatcher_reason(backend: str, device: torch.device) -> str:
-    """diffusers' own requirement check, then what it does not check: a kernel fetched from the Hub at run time,
-    and the kernels that run on CUDA (or NPU / XLA) only."""
-    from diffusers.models.attention_dispatch import AttentionBackendName, _check_attention_backend_requirements
-
-    if backend.endswith("_hub"):
-        return f"diffusers:{backend} needs a download at run time (a kernel from the Hugging Face Hub)"
-    try:
-        _check_attention_backend_requirements(AttentionBackendName(backend))
-    except RuntimeError as e:
-        return f"diffusers:{backend}: {str(e).strip().splitlines()[0]}"
-    if device.type != "cuda" and backend not in ("native", "_native_math", "_native_flash", "flex"):
-        return f"diffusers:{backend} runs on CUDA only, not on {device.type}"
-    return ""

@@ -1,6 +1,15 @@
-"""The part of every attention processor around the attention itself, as diffusers' AttnProcessor does it. Its own
-module so that the processors of backends.py and fused.py share it without importing each other."""
+"""Our attention processors: the part of every processor around the attention itself, as diffusers' AttnProcessor
+does it (Processor, which fused.py's processors share too), the chunked backends' (split, subquad: their cores are
+chunked.py's) and SDPA forced to one kernel. The registry (backends.py) names them and imports this module only
+when it makes one, so that reading the registry costs no torch import.
+
+Shapes: B batch, h heads, d head_dim, C = h*d, Tq / Tk query / key tokens, n = B*h."""
 from __future__ import annotations
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from .chunked import split_attention, subquad_attention
 
 
 class Processor:
@@ -31,3 +40,49 @@ class Processor:
         if attn.residual_connection:
             hidden_states = hidden_states + residual
         return hidden_states / attn.rescale_output_factor
+
+
+class HeadsProcessor(Processor):
+    """Projects to (n, T, d) as AttnProcessor does and runs core(); scores in float32 where diffusers upcasts."""
+
+    def attend(self, attn, hidden_states, context, mask):
+        q = attn.head_to_batch_dim(attn.to_q(hidden_states))  # (n, Tq, d)
+        k = attn.head_to_batch_dim(attn.to_k(context))  # (n, Tk, d)
+        v = attn.head_to_batch_dim(attn.to_v(context))  # (n, Tk, d)
+        upcast = attn.upcast_attention or attn.upcast_softmax
+        out = self.core(q, k, v, mask, attn.scale, torch.float32 if upcast else q.dtype)  # (n, Tq, d)
+        return attn.batch_to_head_dim(out)  # (B, Tq, C)
+
+
+class SplitProcessor(HeadsProcessor):
+    def __init__(self, budget_bytes: int):
+        self.budget_bytes = budget_bytes
+
+    def core(self, q, k, v, mask, scale, score_dtype):
+        return split_attention(q, k, v, mask, scale, self.budget_bytes, score_dtype)
+
+
+class SubQuadProcessor(HeadsProcessor):
+    def __init__(self, query_chunk: int, key_chunk: int):
+        self.query_chunk, self.key_chunk = query_chunk, key_chunk
+
+    def core(self, q, k, v, mask, scale, score_dtype):
+        return subquad_attention(q, k, v, mask, scale, self.query_chunk, self.key_chunk, score_dtype)
+
+
+_SDP_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                 "math": SDPBackend.MATH, "cudnn": SDPBackend.CUDNN_ATTENTION}
+
+
+class SDPAKernelProcessor:
+    """diffusers' AttnProcessor2_0 with PyTorch's SDPA kernel forced: no silent fallback to another kernel."""
+
+    def __init__(self, kernel: str):
+        from diffusers.models.attention_processor import AttnProcessor2_0
+
+        self.kernel, self.inner = _SDP_BACKENDS[kernel], AttnProcessor2_0()
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, *args,
+                 **kwargs):
+        with sdpa_kernel(self.kernel):
+            return self.inner(attn, hidden_states, encoder_hidden_states, attention_mask, temb, *args, **kwargs)

@@ -25,6 +25,7 @@ def load_yaml(text: str, where: str):
 
 DTYPES = ("float16", "bfloat16", "float32")  # names only: spec imports no torch, so that building the command line's
 # parser (every command, --help too) does not cost its second of CPU
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}  # bytes per element, as torch.dtype.itemsize says
 _DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32"}
 
 
@@ -40,6 +41,58 @@ def torch_dtype(name: str):
     import torch
 
     return getattr(torch, parse_dtype(name))
+
+
+SETTINGS = {  # name: (the model kind it applies to, default, what it takes)
+    "controlnet": ("unet", False, "true or false"),
+    "ip_adapter_tokens": ("unet", 0, "a whole number of image tokens >= 0 (4: IP-Adapter, 16: IP-Adapter plus)"),
+    "tome": ("unet", 0.0, "a merge ratio from 0 up to (not including) 1, e.g. 0.5"),
+    "compile": ("unet", "none", "none, regional (diffusers' compile_repeated_blocks) or full (torch.compile)"),
+    "vae_part": ("vae", "decoder", "decoder or encoder"),
+    "vae_tiling": ("vae", False, "true or false"),
+    "vae_slicing": ("vae", False, "true or false"),
+    "vae_upcast": ("vae", None, "true or false (default: the VAE config's force_upcast)"),
+}
+COMPILE_MODES = ("none", "regional", "full")
+
+
+def setting_value(name: str, value):
+    """A setting's value as given (YAML, the command line) in its own type, checked: what the grid and
+    check_settings both read."""
+    kind, default, takes = SETTINGS[name]
+    if isinstance(default, bool) or name == "vae_upcast":
+        if isinstance(value, bool):
+            return value
+        if str(value).lower() in ("true", "false"):
+            return str(value).lower() == "true"
+    elif name == "ip_adapter_tokens":
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0 or str(value).isdigit():
+            return int(value)
+    elif name == "tome":
+        try:
+            ratio = float(value)
+        except (TypeError, ValueError):
+            ratio = -1.0
+        if 0 <= ratio < 1 and not isinstance(value, bool):
+            return ratio
+    elif name == "compile":
+        if value in COMPILE_MODES:
+            return value
+    elif value in ("decoder", "encoder"):
+        return value
+    raise InputError(f"setting {name}={value!r}: use {takes}")
+
+
+def settings_label(settings_json: str | None) -> str:
+    """A cell's settings as people read them: 'controlnet, ip-adapter 16 tokens, tome 0.5', or '' for none."""
+    s = json.loads(settings_json) if isinstance(settings_json, str) and settings_json else {}
+    words = {"controlnet": lambda v: "controlnet" if v else "no controlnet",
+             "ip_adapter_tokens": lambda v: f"ip-adapter {v} tokens", "tome": lambda v: f"tome {v:g}",
+             "compile": lambda v: f"compiled ({v})" if v != "none" else "eager",
+             "vae_part": lambda v: f"vae {v}", "vae_tiling": lambda v: "tiling" if v else "no tiling",
+             "vae_slicing": lambda v: "slicing" if v else "no slicing",
+             "vae_upcast": lambda v: "upcast to float32" if v else "no upcast"}
+    return ", ".join(words[k](v) for k, v in sorted(s.items()))
 
 
 _SIZE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
@@ -68,6 +121,7 @@ def parse_batch(value) -> int:
     return batch
 
 
+MiB = 2**20
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
           "tib": 2**40}
 SIZE_HINT = ("write a unit, e.g. 24GiB (2^30 bytes each) or 24GB (10^9), or a GPU by name, e.g. 4090 (attnprof gpus "
@@ -115,7 +169,7 @@ class CellSpec:
     backend: str
     device: str
     backend_options: tuple[tuple[str, object], ...] = field(default=())
-    settings: tuple[tuple[str, object], ...] = field(default=())  # the model's (workload.SETTINGS), non-default only
+    settings: tuple[tuple[str, object], ...] = field(default=())  # the model's (SETTINGS), non-default only
 
     @property
     def size(self) -> str:

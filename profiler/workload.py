@@ -2,7 +2,8 @@
 run (measure/cell.py), its fp32 reference and the planner (plan/) all run a cell through here, so they see the same
 attention calls.
 
-Settings, per model kind (a cell's identity; stored as JSON in `settings`, only those that differ from the default):
+Settings, per model kind (a cell's identity; stored as JSON in `settings`, only those that differ from the default;
+what each takes and how it reads: spec.SETTINGS):
 - unet: `controlnet` (true: the registry's ControlNet of the U-Net, ControlNetModel.from_unet, runs first and feeds
   its residuals to the U-Net, as a pipeline step does), `ip_adapter_tokens` (IP-Adapter's image tokens in every
   cross-attention: 4 for the base adapter, 16 for plus), `tome` (ToMe's merge ratio, 0 <= r < 1), `compile` (none;
@@ -14,53 +15,12 @@ Settings, per model kind (a cell's identity; stored as JSON in `settings`, only 
 """
 from __future__ import annotations
 
-import json
 from contextlib import ExitStack, contextmanager
 
 import torch
 
 from . import models
-from .spec import InputError
-
-SETTINGS = {  # name: (the model kind it applies to, default, what it takes)
-    "controlnet": ("unet", False, "true or false"),
-    "ip_adapter_tokens": ("unet", 0, "a whole number of image tokens >= 0 (4: IP-Adapter, 16: IP-Adapter plus)"),
-    "tome": ("unet", 0.0, "a merge ratio from 0 up to (not including) 1, e.g. 0.5"),
-    "compile": ("unet", "none", "none, regional (diffusers' compile_repeated_blocks) or full (torch.compile)"),
-    "vae_part": ("vae", "decoder", "decoder or encoder"),
-    "vae_tiling": ("vae", False, "true or false"),
-    "vae_slicing": ("vae", False, "true or false"),
-    "vae_upcast": ("vae", None, "true or false (default: the VAE config's force_upcast)"),
-}
-COMPILE_MODES = ("none", "regional", "full")
-
-
-def setting_value(name: str, value):
-    """A setting's value as given (YAML, the command line) in its own type, checked: what the grid and
-    check_settings both read."""
-    kind, default, takes = SETTINGS[name]
-    if isinstance(default, bool) or name == "vae_upcast":
-        if isinstance(value, bool):
-            return value
-        if str(value).lower() in ("true", "false"):
-            return str(value).lower() == "true"
-    elif name == "ip_adapter_tokens":
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0 or str(value).isdigit():
-            return int(value)
-    elif name == "tome":
-        try:
-            ratio = float(value)
-        except (TypeError, ValueError):
-            ratio = -1.0
-        if 0 <= ratio < 1 and not isinstance(value, bool):
-            return ratio
-    elif name == "compile":
-        if value in COMPILE_MODES:
-            return value
-    elif value in ("decoder", "encoder"):
-        return value
-    raise InputError(f"setting {name}={value!r}: use {takes}")
-
+from .spec import SETTINGS, InputError, setting_value
 
 def check_settings(model: str, settings: dict) -> tuple[tuple[str, object], ...]:
     """The settings validated for the model's kind, those that differ from their default, sorted (a cell's key)."""
@@ -82,18 +42,6 @@ def _default(source: models.ModelSource, name: str):
     if name == "vae_upcast":
         return bool(source.config.get("force_upcast", False))
     return SETTINGS[name][1]
-
-
-def label(settings_json: str | None) -> str:
-    """A cell's settings as people read them: 'controlnet, ip-adapter 16 tokens, tome 0.5', or '' for none."""
-    s = json.loads(settings_json) if isinstance(settings_json, str) and settings_json else {}
-    words = {"controlnet": lambda v: "controlnet" if v else "no controlnet",
-             "ip_adapter_tokens": lambda v: f"ip-adapter {v} tokens", "tome": lambda v: f"tome {v:g}",
-             "compile": lambda v: f"compiled ({v})" if v != "none" else "eager",
-             "vae_part": lambda v: f"vae {v}", "vae_tiling": lambda v: "tiling" if v else "no tiling",
-             "vae_slicing": lambda v: "slicing" if v else "no slicing",
-             "vae_upcast": lambda v: "upcast to float32" if v else "no upcast"}
-    return ", ".join(words[k](v) for k, v in sorted(s.items()))
 
 
 class Step(torch.nn.Module):

@@ -133,6 +133,22 @@ def test_every_command_survives_a_closed_pipe(dashboard_results, argv):
     assert p.wait(timeout=120) == 141 and err == "", err
 
 
+@pytest.mark.parametrize("argv", [["show", "latest"], ["runs"], ["diff", "latest", "latest"],
+                                  ["report", "latest", "--html", "{tmp}/r.html"], ["jobs", "--address", "http://127.0.0.1:9"]],
+                         ids=["show", "runs", "diff", "report", "jobs"])
+def test_the_commands_that_read_runs_start_without_torch(dashboard_results, tmp_path, argv):
+    """The commands that read stored runs (or ask a job server) import neither torch nor diffusers: a second and more
+    of each command's start on this machine's CPU. The registry they read makes no processor (backends.py)."""
+    results = [] if argv[0] == "jobs" else ["--results", str(dashboard_results)]
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    p = subprocess.run([sys.executable, "-X", "importtime", "-m", "profiler", *argv, *results], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == (2 if argv[0] == "jobs" else 0), p.stderr[-2000:]
+    imported = {ln.rsplit("|", 1)[1].strip() for ln in p.stderr.splitlines() if ln.startswith("import time:")}
+    assert "pandas" in imported or argv[0] == "jobs"  # the import log is read whole
+    assert not {"torch", "diffusers"} & imported
+
+
 def test_show_latest_piped_to_head(dashboard_results):
     p = subprocess.run(f"{sys.executable} -m profiler show latest --results {dashboard_results} | head -1; "
                        "echo ${PIPESTATUS[0]} >&2", shell=True, executable="/bin/bash", capture_output=True,

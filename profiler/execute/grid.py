@@ -8,8 +8,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import backends, devices, models
-from ..spec import CellSpec, InputError, load_yaml, parse_batch, parse_bytes, parse_dtype, parse_size
-from ..workload import SETTINGS, check_settings, setting_value
+from ..spec import (SETTINGS, CellSpec, InputError, load_yaml, parse_batch, parse_bytes, parse_dtype, parse_size,
+                    setting_value)
+from ..workload import check_settings
 
 GRID_KEYS = {"models": "list of model names", "sizes": "list of WxH strings", "batch": "list of batch sizes",
              "dtypes": "list of dtype names", "backends": "list of backend names or {name: {option: value}}",

@@ -13,11 +13,10 @@ from ..models import facts_of
 from .probes import (CallProbe, CallTimer, NvmlSampler, attention_op, op_calls, trace_windows,
                      traced)
 from ..recorder import Recorder
+from ..backends import REFERENCE_BACKEND, REFERENCE_DTYPE
 from ..spec import CellSpec
 from ..workload import Workload
 from .rows import TOLERANCE, attention_summary, block_row, cell_row, timed_forwards  # noqa: F401 (also cell's)
-
-REFERENCE_BACKEND, REFERENCE_DTYPE = "sdpa", "float32"
 
 
 class ReferenceFailed(Exception):

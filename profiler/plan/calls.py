@@ -22,7 +22,7 @@ def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "floa
     tensors (plan/forward.py): each call's traced transient beside its memory model's, and the forward's peak
     memory (predicted_forward_peak_bytes); with a memory budget too, whether that fits. On CUDA the kernels are
     those of the GPU target: gpu_arch (e.g. sm89), else this machine's GPU, else an assumed H100-class sm90.
-    settings: the model's (workload.SETTINGS: a ControlNet, IP-Adapter tokens, ToMe; a VAE's part, tiling, ...)."""
+    settings: the model's (spec.SETTINGS: a ControlNet, IP-Adapter tokens, ToMe; a VAE's part, tiling, ...)."""
     from ..spec import InputError
 
     dtype = parse_dtype(dtype)
@@ -122,9 +122,9 @@ def format_plan(p: dict) -> str:
                  time_h=f"{r.get('predicted_time_ms', 0):.3g}")
             for r in p["blocks"]]
     t = p["totals"]
-    from ..workload import label
+    from ..spec import settings_label
 
-    settings = label(json.dumps(p.get("settings") or {}))
+    settings = settings_label(json.dumps(p.get("settings") or {}))
     from ..checkpoint import describe
 
     if (p.get("settings") or {}).get("compile", "none") != "none":

@@ -365,7 +365,7 @@ def trace(model: str, width: int, height: int, batch: int = 1, dtype: str = "flo
           names: list[str] | None = None, options: dict[str, dict] | None = None, moments: bool = False,
           gpu: devices.GpuTarget | None = None, settings: tuple = (), ops: bool = False) -> dict:
     """The forward's peak memory under each backend, on `device` ('cuda' or 'cpu'; for CUDA, the kernels that the
-    GPU target `gpu` runs: default devices.gpu_target()), of the model with its settings (workload.SETTINGS).
+    GPU target `gpu` runs: default devices.gpu_target()), of the model with its settings (spec.SETTINGS).
     Returns {"rows": the attention calls (recorder rows, each with traced_peak_bytes per backend and sdpa_kernel:
     what SDPA runs for it), "weights_bytes", "inputs_bytes", "outside_peak_bytes", "backends": {name:
     {"transient_peak_bytes", "predicted_forward_peak_bytes", "how"}}}; a backend that cannot run on the device is

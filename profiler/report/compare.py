@@ -261,7 +261,7 @@ def machine_text(result: dict) -> str:
 
 def format_diff(run_a: str, run_b: str, result: dict, threshold: float) -> str:
     from ..backends import label
-    from ..workload import label as settings_label
+    from ..spec import settings_label
 
     records = result["matched"].to_dict("records")
     settings = any(settings_label(_loose(r["settings"])) for r in records)
@@ -284,14 +284,14 @@ def format_diff(run_a: str, run_b: str, result: dict, threshold: float) -> str:
 
 
 def _settings(r: dict) -> str:
-    from ..workload import label as settings_label
+    from ..spec import settings_label
 
     return f" ({settings_label(r['settings'])})" if settings_label(r["settings"]) else ""
 
 
 def _diff_row(r: dict) -> dict:
     from ..backends import label
-    from ..workload import label as settings_label
+    from ..spec import settings_label
 
     ran = r["status_a"] == "ok" and r["status_b"] == "ok"
     note = "; ".join(n for n in (r["time_note"] if ran else "", r.get("note"), r["environment"])

@@ -18,8 +18,7 @@ import math
 import pandas as pd
 
 from .. import backends
-from ..spec import torch_dtype
-from ..workload import label as settings_label
+from ..spec import ITEMSIZE, parse_dtype, settings_label
 
 NO_SETTINGS = "none"  # settings_label of a cell whose model runs without settings
 FILLED = {"settings": "{}", "backend_options": "{}"}  # column: its value in rows recorded before it existed
@@ -48,7 +47,7 @@ def upcast(blocks: pd.DataFrame) -> pd.Series:
     existed, as their score bytes tell it: 4-byte scores of a dtype below 4 bytes are U-Net rows, whose upcast is
     upcast_attention (the rule of the memory models)."""
     recorded = blocks["upcast"] if "upcast" in blocks else pd.Series(None, index=blocks.index, dtype=object)
-    itemsize = blocks["dtype"].map({d: torch_dtype(d).itemsize for d in set(blocks["dtype"])})
+    itemsize = blocks["dtype"].map({d: ITEMSIZE[parse_dtype(d)] for d in set(blocks["dtype"])})
     told = ((itemsize < 4) & (blocks["score_bytes"] != blocks["score_elements"] * itemsize)).map(
         {True: "attention", False: ""})
     return recorded.where(recorded.notna(), told)

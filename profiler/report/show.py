@@ -128,19 +128,15 @@ def _files_lines(m: dict) -> list[str]:
 
 
 def _rel_err(c: dict) -> str:
-    from ..measure.cell import REFERENCE_BACKEND
-
-    if c["backend"] == REFERENCE_BACKEND and c["max_rel_err"] == 0:  # the reference itself: 0 by construction
+    if c["backend"] == backends.REFERENCE_BACKEND and c["max_rel_err"] == 0:  # the reference itself: 0 by construction
         return "0 (= ref)"
     return f"{c['max_rel_err']:.1e}{'' if c['error_ok'] else ' (!)'}"
 
 
 def _references(cells) -> str:
     """What the run's errors are measured against, as its cells record it (sdpa/float32, where it ran)."""
-    from ..measure.cell import REFERENCE_BACKEND, REFERENCE_DTYPE
-
     named = sorted({str(r) for r in cells.get("reference", []) if isinstance(r, str) and r})
-    return "; ".join(named) or f"{REFERENCE_BACKEND}/{REFERENCE_DTYPE}"
+    return "; ".join(named) or f"{backends.REFERENCE_BACKEND}/{backends.REFERENCE_DTYPE}"
 
 
 def format_run(run: Run) -> str:
