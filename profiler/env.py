@@ -29,6 +29,13 @@ def configs() -> Path:
     return _package_dir("profiler._configs") or REPO / "configs"
 
 
+def cache_dir() -> Path:
+    """attnprof's cache folder (the device limits, the time model's calibration, the report's Vega bundle):
+    $ATTNPROF_CACHE, else $XDG_CACHE_HOME/attnprof, else ~/.cache/attnprof."""
+    return Path(os.environ.get("ATTNPROF_CACHE") or
+                Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnprof")
+
+
 def dashboard_app() -> Path:
     """dashboards/app.py, the file `streamlit run` serves: the installed dashboards package's, else the
     repository's."""

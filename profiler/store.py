@@ -67,8 +67,12 @@ def _atomic_write(path: Path, write) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def write_text(path: Path, text: str) -> None:
+    _atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
 def write_json(path: Path, data: dict) -> None:
-    _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(data, indent=1, default=str) + "\n"))
+    write_text(path, json.dumps(data, indent=1, default=str) + "\n")
 
 
 def _write_rows(path: Path, rows: list[dict]) -> None:

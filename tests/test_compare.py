@@ -212,3 +212,21 @@ def test_report_tables_show_a_cells_list_of_trace_files():
 
     df = pd.DataFrame({"trace_files": [np.array(["traces/a.trace.json", "traces/a.memory.pickle"]), float("nan")]})
     assert "<td>traces/a.trace.json, traces/a.memory.pickle</td>" in _table(df) and "<td></td>" in _table(df)
+
+
+def test_the_reports_vega_bundle_is_built_once_per_vl_convert_version(tmp_path, monkeypatch):
+    """The first report builds vl-convert's bundle and keeps it in the cache folder; the next ones read it (building
+    it again would fail here), and a new vl-convert version builds its own."""
+    vl_convert = pytest.importorskip("vl_convert", reason="the report embeds vl-convert-python's Vega bundle")
+    from dashboards.report import _bundle
+
+    monkeypatch.setenv("ATTNPROF_CACHE", str(tmp_path / "cache"))
+    built = _bundle()
+    kept = tmp_path / "cache" / f"vega-bundle-vl-convert-{vl_convert.__version__}.js"
+    assert "vegaEmbed" in built and kept.read_text() == built
+    monkeypatch.setattr(vl_convert, "javascript_bundle", lambda: pytest.fail("built again"))
+    assert _bundle() == built
+    monkeypatch.setattr(vl_convert, "__version__", "0.0.1")
+    monkeypatch.setattr(vl_convert, "javascript_bundle", lambda: "another version's bundle")
+    assert _bundle() == "another version's bundle"
+    assert {p.name for p in kept.parent.iterdir()} == {kept.name, "vega-bundle-vl-convert-0.0.1.js"}

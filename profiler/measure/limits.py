@@ -19,12 +19,12 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import os
 from pathlib import Path
 
 import torch
 
 from .. import devices
+from ..env import cache_dir
 from ..spec import torch_dtype
 
 CACHE_FILE = "device-limits.json"
@@ -37,9 +37,7 @@ METHOD = (f"warmed for {WARM_MS:g} ms; matmul: square n x n (n doubled from 512 
 
 
 def cache_path() -> Path:
-    root = os.environ.get("ATTNPROF_CACHE") or \
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnprof"
-    return Path(root) / CACHE_FILE
+    return cache_dir() / CACHE_FILE
 
 
 def _key(dev) -> str:
