@@ -99,7 +99,7 @@ FAULTS = {
 
 def register_all() -> None:
     for name, make in FAULTS.items():
-        register(Backend(name, "fused exact", f"test fault: raises {make()!r} on real blocks",
+        register(Backend(name, "fused exact", f"test fault: raises an injected error ({name}) on real blocks",
                          factory=lambda make=make: Failing(make), memory_like="sdpa"))
     register(Backend("fault-slow", "fused exact", "test: SDPA, 0.3 s late on every call", factory=Slow,
                      memory_like="sdpa"))
