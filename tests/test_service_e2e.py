@@ -161,7 +161,8 @@ def test_submit_jobs_stop_and_resume_from_the_command_line_all_on_loopback(servi
     assert run.manifest()["environment"]["executor"] == "ray"
     kept = run.cells().set_index("cell_id")["recorded_at"]
     assert 1 <= len(kept) < 3
-    resumed = _cli("submit", str(with_out), "--address", service["jobs"], "--resume", env=slow)  # by its out:
+    unslowed = {"ATTNPROF_PLUGINS": "tests.faults,tests.fast_resume"}  # the stopped cell runs again, at once
+    resumed = _cli("submit", str(with_out), "--address", service["jobs"], "--resume", env=unslowed)  # by its out:
     assert resumed.returncode == 0 and f"its run lands in {queued}" in resumed.stderr, resumed.stderr
     again = resumed.stdout.strip()
     row = _wait_job(service, again, lambda r: r["status"] in ("STOPPED", "SUCCEEDED", "FAILED"), timeout=400)
