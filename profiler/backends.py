@@ -13,9 +13,12 @@ import os
 import warnings
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from .spec import InputError, MiB, parse_dtype, torch_dtype
+
+if TYPE_CHECKING:  # annotations only: torch is imported where a backend is probed
+    import torch
 
 
 # materialised: the score table whole, as the textbook algorithm (naive). The outputs' error reference is another

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from .spec import InputError, parse_batch, parse_bytes, parse_dtype, parse_size, size_text
+from .spec import COMPILE_MODES, InputError, parse_batch, parse_bytes, parse_dtype, parse_size, size_text
 
 
 NO_CELL_OK = 1  # run, sweep, profile: the run holds no cell that ended ok
@@ -60,7 +60,7 @@ def _add_settings_args(p):
     g.add_argument("--ip-adapter-tokens", type=int, metavar="N",
                    help="U-Net: IP-Adapter's image tokens in every cross-attention (4: IP-Adapter, 16: plus)")
     g.add_argument("--tome", type=float, metavar="RATIO", help="U-Net: Token Merging at this ratio, e.g. 0.5")
-    g.add_argument("--compile", choices=["none", "regional", "full"],
+    g.add_argument("--compile", choices=COMPILE_MODES,
                    help="U-Net: run it compiled: regional (diffusers' compile_repeated_blocks) or full (torch.compile "
                         "of the whole U-Net); default none (eager). run / sweep measure it; plan and fit predict eager")
     g.add_argument("--vae-part", choices=["decoder", "encoder"], help="VAE: decoder (default) or encoder")

@@ -22,6 +22,7 @@ import torch
 from . import models
 from .spec import SETTINGS, InputError, setting_value
 
+
 def check_settings(model: str, settings: dict) -> tuple[tuple[str, object], ...]:
     """The settings validated for the model's kind, those that differ from their default, sorted (a cell's key)."""
     source = models.resolve(model)

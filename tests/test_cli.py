@@ -134,7 +134,8 @@ def test_every_command_survives_a_closed_pipe(dashboard_results, argv):
 
 
 @pytest.mark.parametrize("argv", [["show", "latest"], ["runs"], ["diff", "latest", "latest"],
-                                  ["report", "latest", "--html", "{tmp}/r.html"], ["jobs", "--address", "http://127.0.0.1:9"]],
+                                  ["report", "latest", "--html", "{tmp}/r.html"],
+                                  ["jobs", "--address", "http://127.0.0.1:9"]],
                          ids=["show", "runs", "diff", "report", "jobs"])
 def test_the_commands_that_read_runs_start_without_torch(dashboard_results, tmp_path, argv):
     """The commands that read stored runs (or ask a job server) import neither torch nor diffusers: a second and more
