@@ -360,3 +360,19 @@ def test_the_queue_pages_sweep_without_dtypes_takes_each_devices_own():
     assert [c.dtype for c in loads(text.replace("device: cpu", "device: cuda"), "queued").cells("cuda")] == ["float16"]
     chosen = T.sweep_yaml(["tiny-sd15"], "64x64", "1", ["bfloat16"], ["sdpa"], "cpu")
     assert [c.dtype for c in loads(chosen, "queued").cells()] == ["bfloat16"]
+
+
+def test_a_row_recorded_before_upcast_existed_is_told_by_its_score_bytes():
+    """Rows without the upcast field: 4-byte scores of a 2-byte dtype were upcast (upcast_attention), scores of the
+    dtype's own size were not; the dtype sizes are read without torch (spec.ITEMSIZE), as torch says them."""
+    import torch
+
+    from profiler.report.frame import upcast
+    from profiler.spec import DTYPES, ITEMSIZE
+
+    assert ITEMSIZE == {d: getattr(torch, d).itemsize for d in DTYPES}
+    old = pd.DataFrame({"dtype": ["float16", "fp16", "bfloat16", "float32"], "score_elements": [10, 10, 10, 10],
+                        "score_bytes": [40, 20, 40, 40]})
+    assert upcast(old).tolist() == ["attention", "", "attention", ""]
+    kept = old.assign(upcast=["softmax", None, "", "attention"])  # recorded where recorded, told where not
+    assert upcast(kept).tolist() == ["softmax", "", "", "attention"]
