@@ -234,6 +234,19 @@ def _readable(axes: list[dict]) -> None:
           f"{sum(len(a['labels']) for a in axes)} tick labels, none overlapping")
 
 
+def run_finished(page, timeout_s: float = 90.0) -> None:
+    """Once the page's script run has ended, however busy the machine (no fixed wait that a slow machine outlasts):
+    Streamlit's app says notRunning, still so half a second later (a run that sets the URL starts another)."""
+    finished = "[data-testid=stApp][data-test-script-state=notRunning]"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        page.wait_for_selector(finished, timeout=timeout_s * 1000)
+        time.sleep(0.5)
+        if page.locator(finished).count() == 1:
+            return
+    raise AssertionError(f"the page's script still runs after {timeout_s:.0f} s")
+
+
 def test_runs_gathered_under_other_folder_names_open_on_every_page(profile_server, profile_results, browser, tmp_path):
     """Runs gathered from two machines: the run and its copy in another folder (zz-again, whose files still say the
     original id). Every page opens with both, told apart by folder, and no exception."""
@@ -245,7 +258,7 @@ def test_runs_gathered_under_other_folder_names_open_on_every_page(profile_serve
             page.goto(f"{profile_server}/?page={name}&run={original}&run=zz-again&by=run&baseline={original}")
             page.get_by_test_id("stHeading").or_(page.get_by_test_id("stVegaLiteChart")).or_(
                 page.get_by_test_id("stTable")).first.wait_for(timeout=90_000)
-            time.sleep(2)  # let the page finish its run
+            run_finished(page)
             assert page.get_by_test_id("stException").count() == 0, (name, page.inner_text("body")[:2000])
             text = page.inner_text("body")
             assert "Traceback" not in text and "is not a run folder" not in text, name
