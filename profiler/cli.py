@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from .spec import COMPILE_MODES, InputError, parse_batch, parse_bytes, parse_dtype, parse_size, size_text
+from .spec import COMPILE_MODES, VAE_PARTS, InputError, parse_batch, parse_bytes, parse_dtype, parse_size, size_text
 
 
 NO_CELL_OK = 1  # run, sweep, profile: the run holds no cell that ended ok
@@ -63,7 +63,7 @@ def _add_settings_args(p):
     g.add_argument("--compile", choices=COMPILE_MODES,
                    help="U-Net: run it compiled: regional (diffusers' compile_repeated_blocks) or full (torch.compile "
                         "of the whole U-Net); default none (eager). run / sweep measure it; plan and fit predict eager")
-    g.add_argument("--vae-part", choices=["decoder", "encoder"], help="VAE: decoder (default) or encoder")
+    g.add_argument("--vae-part", choices=VAE_PARTS, help="VAE: decoder (default) or encoder")
     g.add_argument("--vae-tiling", action="store_true", default=None, help="VAE: tiled decode / encode")
     g.add_argument("--vae-slicing", action="store_true", default=None, help="VAE: one image of the batch at a time")
     g.add_argument("--vae-upcast", action=argparse.BooleanOptionalAction, default=None,

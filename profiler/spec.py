@@ -6,6 +6,7 @@ import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass, field
+from typing import Callable, NamedTuple
 
 from .errors import InputError  # noqa: F401 (what the parsers here raise; importers take it from here)
 
@@ -43,23 +44,34 @@ def torch_dtype(name: str):
     return getattr(torch, parse_dtype(name))
 
 
-SETTINGS = {  # name: (the model kind it applies to, default, what it takes)
-    "controlnet": ("unet", False, "true or false"),
-    "ip_adapter_tokens": ("unet", 0, "a whole number of image tokens >= 0 (4: IP-Adapter, 16: IP-Adapter plus)"),
-    "tome": ("unet", 0.0, "a merge ratio from 0 up to (not including) 1, e.g. 0.5"),
-    "compile": ("unet", "none", "none, regional (diffusers' compile_repeated_blocks) or full (torch.compile)"),
-    "vae_part": ("vae", "decoder", "decoder or encoder"),
-    "vae_tiling": ("vae", False, "true or false"),
-    "vae_slicing": ("vae", False, "true or false"),
-    "vae_upcast": ("vae", None, "true or false (default: the VAE config's force_upcast)"),
-}
+class Setting(NamedTuple):
+    kind: str  # the kind of model it applies to: unet or vae
+    default: object
+    takes: str  # what it takes, as its error says
+    words: Callable[[object], str]  # a value as people read it (settings_label)
+
+
 COMPILE_MODES = ("none", "regional", "full")
+VAE_PARTS = ("decoder", "encoder")
+SETTINGS = {  # everything the code knows of a model's setting, one entry each
+    "controlnet": Setting("unet", False, "true or false", lambda v: "controlnet" if v else "no controlnet"),
+    "ip_adapter_tokens": Setting("unet", 0, "a whole number of image tokens >= 0 (4: IP-Adapter, 16: IP-Adapter "
+                                 "plus)", lambda v: f"ip-adapter {v} tokens"),
+    "tome": Setting("unet", 0.0, "a merge ratio from 0 up to (not including) 1, e.g. 0.5", lambda v: f"tome {v:g}"),
+    "compile": Setting("unet", "none", "none, regional (diffusers' compile_repeated_blocks) or full (torch.compile)",
+                       lambda v: f"compiled ({v})" if v != "none" else "eager"),
+    "vae_part": Setting("vae", "decoder", " or ".join(VAE_PARTS), lambda v: f"vae {v}"),
+    "vae_tiling": Setting("vae", False, "true or false", lambda v: "tiling" if v else "no tiling"),
+    "vae_slicing": Setting("vae", False, "true or false", lambda v: "slicing" if v else "no slicing"),
+    "vae_upcast": Setting("vae", None, "true or false (default: the VAE config's force_upcast)",
+                          lambda v: "upcast to float32" if v else "no upcast"),
+}
 
 
 def setting_value(name: str, value):
     """A setting's value as given (YAML, the command line) in its own type, checked: what the grid and
     check_settings both read."""
-    kind, default, takes = SETTINGS[name]
+    default, takes = SETTINGS[name].default, SETTINGS[name].takes
     if isinstance(default, bool) or name == "vae_upcast":
         if isinstance(value, bool):
             return value
@@ -78,7 +90,7 @@ def setting_value(name: str, value):
     elif name == "compile":
         if value in COMPILE_MODES:
             return value
-    elif value in ("decoder", "encoder"):
+    elif value in VAE_PARTS:
         return value
     raise InputError(f"setting {name}={value!r}: use {takes}")
 
@@ -86,13 +98,7 @@ def setting_value(name: str, value):
 def settings_label(settings_json: str | None) -> str:
     """A cell's settings as people read them: 'controlnet, ip-adapter 16 tokens, tome 0.5', or '' for none."""
     s = json.loads(settings_json) if isinstance(settings_json, str) and settings_json else {}
-    words = {"controlnet": lambda v: "controlnet" if v else "no controlnet",
-             "ip_adapter_tokens": lambda v: f"ip-adapter {v} tokens", "tome": lambda v: f"tome {v:g}",
-             "compile": lambda v: f"compiled ({v})" if v != "none" else "eager",
-             "vae_part": lambda v: f"vae {v}", "vae_tiling": lambda v: "tiling" if v else "no tiling",
-             "vae_slicing": lambda v: "slicing" if v else "no slicing",
-             "vae_upcast": lambda v: "upcast to float32" if v else "no upcast"}
-    return ", ".join(words[k](v) for k, v in sorted(s.items()))
+    return ", ".join(SETTINGS[k].words(v) for k, v in sorted(s.items()))
 
 
 _SIZE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
@@ -121,8 +127,8 @@ def parse_batch(value) -> int:
     return batch
 
 
-MiB = 2**20
-_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": MiB, "gib": 2**30,
+MiB, GiB = 2**20, 2**30
+_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": MiB, "gib": GiB,
           "tib": 2**40}
 SIZE_HINT = ("write a unit, e.g. 24GiB (2^30 bytes each) or 24GB (10^9), or a GPU by name, e.g. 4090 (attnprof gpus "
              "lists them)")
@@ -154,7 +160,7 @@ def size_text(value) -> str:
     gpu = gpus.find(value) if isinstance(value, str) else None
     if gpu is not None:
         return f"{value} = the {gpu['name']}'s {gpu['memory_gib']} GiB ({gpu['source']})"
-    return f"{str(value).strip()} = {n:,} bytes = {n / 2**30:.2f} GiB = {n / 1e9:.2f} GB"
+    return f"{str(value).strip()} = {n:,} bytes = {n / GiB:.2f} GiB = {n / 1e9:.2f} GB"
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ def check_settings(model: str, settings: dict) -> tuple[tuple[str, object], ...]
     for name, value in settings.items():
         if name not in SETTINGS:
             raise InputError(f"unknown setting {name!r}: the settings are {', '.join(SETTINGS)}")
-        kind = SETTINGS[name][0]
+        kind = SETTINGS[name].kind
         value = setting_value(name, value)
         if source.kind != kind:
             raise InputError(f"setting {name} is for a {kind} model, not {model} (a {source.kind})")
@@ -42,7 +42,7 @@ def check_settings(model: str, settings: dict) -> tuple[tuple[str, object], ...]
 def _default(source: models.ModelSource, name: str):
     if name == "vae_upcast":
         return bool(source.config.get("force_upcast", False))
-    return SETTINGS[name][1]
+    return SETTINGS[name].default
 
 
 class Step(torch.nn.Module):
@@ -82,8 +82,8 @@ class Workload:
     def __init__(self, model: str, settings: tuple | dict = ()):
         self.model, self.source = model, models.resolve(model)
         given = dict(settings)
-        self.settings = {n: given.get(n, _default(self.source, n)) for n, (kind, _, _) in SETTINGS.items()
-                         if kind == self.source.kind}
+        self.settings = {n: given.get(n, _default(self.source, n)) for n, s in SETTINGS.items()
+                         if s.kind == self.source.kind}
 
     def dtype(self, dtype: str) -> str:
         """The dtype the model computes in: float32 for an upcast VAE, else the cell's."""

@@ -14,7 +14,7 @@ from ..workload import check_settings
 
 GRID_KEYS = {"models": "list of model names", "sizes": "list of WxH strings", "batch": "list of batch sizes",
              "dtypes": "list of dtype names", "backends": "list of backend names or {name: {option: value}}",
-             **{name: f"list of values ({takes})" for name, (_, _, takes) in SETTINGS.items()}}
+             **{name: f"list of values ({takes})" for name, (_, _, takes, _) in SETTINGS.items()}}
 KEYS = {**GRID_KEYS, "repeats": "timed forwards per cell", "warmup": "warm-up forwards per cell",
         "device": "auto, cpu, cuda or cuda:N", "out": "results folder",
         "memory_budget": "a size with its unit such as 20GiB, or a GPU name such as 4090",
@@ -56,7 +56,7 @@ class Sweep:
         for grid in (self, *self.also):
             for m in grid.models:
                 kind = models.resolve(m).kind
-                axes = [(n, vals) for n, vals in grid.model_settings if SETTINGS[n][0] == kind]
+                axes = [(n, vals) for n, vals in grid.model_settings if SETTINGS[n].kind == kind]
                 for combo in itertools.product(*(vals for _, vals in axes)):
                     settings = check_settings(m, dict(zip((n for n, _ in axes), combo)))
                     for c in (CellSpec(m, w, h, b, dt, name, device, opts, settings)
@@ -150,9 +150,9 @@ def loads(text: str, where: str) -> Sweep:
     for i, (grid, given) in enumerate(zip((sweep, *sweep.also), (doc, *also))):
         kinds = {models.resolve(m).kind for m in grid.models}
         for name in [n for n in SETTINGS if n in given]:  # a setting a grid inherits may apply to none of its models
-            if SETTINGS[name][0] not in kinds:
+            if SETTINGS[name].kind not in kinds:
                 place = f"{where}: also[{i - 1}]" if i else where
-                raise InputError(f"{place}: key '{name}' is for {SETTINGS[name][0]} models and this grid has none: "
+                raise InputError(f"{place}: key '{name}' is for {SETTINGS[name].kind} models and this grid has none: "
                                  "add one to its models, or move the key to a grid that has one (also:)")
     return sweep
 
