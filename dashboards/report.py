@@ -15,7 +15,7 @@ from dashboards import charts as C
 from dashboards import transforms as T
 from profiler.env import cache_dir
 from profiler.report.compare import ATTENTION_TIME
-from profiler.store import Run, write_text
+from profiler.store import Run, write_cache
 
 
 def _bundle() -> str:
@@ -27,14 +27,9 @@ def _bundle() -> str:
     try:
         return path.read_text()
     except OSError:  # not built yet (or unreadable): build it
-        pass
-    text = vl_convert.javascript_bundle()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text(path, text)
-    except OSError:  # a cache that cannot be written is built again next time
-        pass
-    return text
+        text = vl_convert.javascript_bundle()
+        write_cache(path, text)
+        return text
 
 
 def _cell(v) -> str:

@@ -71,8 +71,35 @@ def write_text(path: Path, text: str) -> None:
     _atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
+def _json_text(data: dict) -> str:
+    return json.dumps(data, indent=1, default=str) + "\n"
+
+
 def write_json(path: Path, data: dict) -> None:
-    write_text(path, json.dumps(data, indent=1, default=str) + "\n")
+    write_text(path, _json_text(data))
+
+
+def read_cache(path: Path) -> dict:
+    """A JSON cache file's object (profiler.env.cache_dir): {} where it is missing, unreadable or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_cache(path: Path, text: str) -> None:
+    """A cache file written whole, its folder made; one that cannot be written is made again next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text(path, text)
+    except OSError:
+        pass
+
+
+def add_to_cache(path: Path, key: str, entry) -> None:
+    """A JSON cache file with entry under key, beside the keys it held."""
+    write_cache(path, _json_text({**read_cache(path), key: entry}))
 
 
 def _write_rows(path: Path, rows: list[dict]) -> None:

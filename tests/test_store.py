@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from profiler.spec import InputError
-from profiler.store import Run, RunBusy, find_run, list_runs
+from profiler.store import Run, RunBusy, add_to_cache, find_run, list_runs, read_cache
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -244,3 +244,21 @@ def test_a_run_still_being_made_is_not_listed(tmp_path):
     staging.mkdir()
     (staging / "manifest.json").write_text(json.dumps({"run_id": "r2"}))
     assert [p.name for p in list_runs(tmp_path)] == ["r1"]
+
+
+def test_a_cache_file_keeps_its_other_keys_and_one_that_cannot_be_written_is_no_error(tmp_path):
+    """The device limits' and the time model's caches (store.add_to_cache): a key added beside the others; a file
+    missing, torn or not an object reads as empty; a folder that cannot be made leaves the cache unwritten, no error
+    (the figures are measured or fitted again next time)."""
+    path = tmp_path / "cache" / "c.json"
+    assert read_cache(path) == {}
+    add_to_cache(path, "a", {"x": 1})
+    add_to_cache(path, "b", 2)
+    assert read_cache(path) == {"a": {"x": 1}, "b": 2}
+    for text in ("[1, 2]", "{torn"):
+        path.write_text(text)
+        assert read_cache(path) == {}
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    add_to_cache(blocked / "c.json", "a", 1)  # its folder would be a file
+    assert read_cache(blocked / "c.json") == {}

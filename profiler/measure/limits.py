@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 from pathlib import Path
 
@@ -54,24 +53,16 @@ def device_key(device: str) -> str:
         return _key(dev)
 
 
-def _read(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def device_limits(device: str, dtypes) -> dict:
     """{"device_peak_flops": {dtype: FLOP/s}, "device_peak_bytes_per_s": bytes/s, "device_limits": {key, cache,
     measured_at, method}}: from the cache, measuring what it lacks (a dtype not yet measured) and adding it."""
-    from ..store import write_json
+    from ..store import add_to_cache, read_cache
 
     dev = devices.get(device)
     path = cache_path()
     with dev.guard():
         key = _key(dev)
-        entry = _read(path).get(key) or {}
+        entry = read_cache(path).get(key) or {}
         flops = dict(entry.get("flops") or {})
         todo = [d for d in dtypes if d not in flops]
         with torch.no_grad():
@@ -81,11 +72,7 @@ def device_limits(device: str, dtypes) -> dict:
     if todo or not entry.get("bytes_per_s"):
         entry = {"flops": flops, "bytes_per_s": bandwidth,
                  "measured_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_json(path, {**_read(path), key: entry})
-        except OSError:  # a cache that cannot be written is measured again next time
-            pass
+        add_to_cache(path, key, entry)  # one that cannot be written is measured again next time
     return {"device_peak_flops": {d: flops[d] for d in dtypes}, "device_peak_bytes_per_s": bandwidth,
             "device_limits": {"key": key, "cache": str(path), "measured_at": entry["measured_at"], "method": METHOD}}
 

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from .. import backends
+from ..env import cache_dir
 from ..spec import InputError, parse_dtype
 from .forward import walk
 from .memory import bytes_moved
@@ -179,7 +180,9 @@ def calibrate(results: Path, key: str, write: bool = True) -> dict | None:
         fitted["runs"] = len({c["run"] for c in calls if c["group"] == group})
         out["backends"][group] = fitted
     if write:
-        _write(key, out)
+        from ..store import add_to_cache
+
+        add_to_cache(calibration_path(), key, out)
     return out
 
 
@@ -197,24 +200,7 @@ def _forward_loo(fitted: dict, cells: list[dict], rest: dict) -> list[dict]:
 
 
 def calibration_path() -> Path:
-    from ..measure.limits import cache_path
-
-    return cache_path().with_name(CALIBRATION_FILE)
-
-
-def _write(key: str, calibration: dict) -> None:
-    from ..store import write_json
-
-    path = calibration_path()
-    try:
-        old = json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, ValueError):
-        old = {}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(path, {**(old if isinstance(old, dict) else {}), key: calibration})
-    except OSError:  # a cache that cannot be written is fitted again next time
-        pass
+    return cache_dir() / CALIBRATION_FILE
 
 
 def source_text(fitted: dict | None, gpu: dict | None = None, device: str | None = None) -> str:
