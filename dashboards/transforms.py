@@ -9,8 +9,8 @@ import pandas as pd
 
 from profiler import backends
 from profiler.fmt import human_bytes, human_count
-from profiler.spec import GiB, MiB
 from profiler.report.show import UNREADABLE, runs_index as load_index  # noqa: F401 (the Runs page's table)
+from profiler.spec import GiB, MiB
 from profiler.store import DONE_STATUSES, Run  # noqa: F401 (DONE_STATUSES: the app's status columns)
 
 FILTERS = ("model", "settings_label", "backend", "dtype", "size")

@@ -44,26 +44,50 @@ def torch_dtype(name: str):
     return getattr(torch, parse_dtype(name))
 
 
+def _flag(v):
+    if isinstance(v, bool) or str(v).lower() in ("true", "false"):
+        return str(v).lower() == "true"
+
+
+def _count(v):
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0 or str(v).isdigit():
+        return int(v)
+
+
+def _ratio(v):
+    try:
+        ratio = float(v)
+    except (TypeError, ValueError):
+        return None
+    return ratio if 0 <= ratio < 1 and not isinstance(v, bool) else None
+
+
+def _one_of(choices: tuple):
+    return lambda v: v if v in choices else None
+
+
 class Setting(NamedTuple):
     kind: str  # the kind of model it applies to: unet or vae
     default: object
     takes: str  # what it takes, as its error says
+    read: Callable[[object], object]  # a value as given (YAML, the command line) in its own type; None: refused
     words: Callable[[object], str]  # a value as people read it (settings_label)
 
 
 COMPILE_MODES = ("none", "regional", "full")
 VAE_PARTS = ("decoder", "encoder")
 SETTINGS = {  # everything the code knows of a model's setting, one entry each
-    "controlnet": Setting("unet", False, "true or false", lambda v: "controlnet" if v else "no controlnet"),
+    "controlnet": Setting("unet", False, "true or false", _flag, lambda v: "controlnet" if v else "no controlnet"),
     "ip_adapter_tokens": Setting("unet", 0, "a whole number of image tokens >= 0 (4: IP-Adapter, 16: IP-Adapter "
-                                 "plus)", lambda v: f"ip-adapter {v} tokens"),
-    "tome": Setting("unet", 0.0, "a merge ratio from 0 up to (not including) 1, e.g. 0.5", lambda v: f"tome {v:g}"),
+                                 "plus)", _count, lambda v: f"ip-adapter {v} tokens"),
+    "tome": Setting("unet", 0.0, "a merge ratio from 0 up to (not including) 1, e.g. 0.5", _ratio,
+                    lambda v: f"tome {v:g}"),
     "compile": Setting("unet", "none", "none, regional (diffusers' compile_repeated_blocks) or full (torch.compile)",
-                       lambda v: f"compiled ({v})" if v != "none" else "eager"),
-    "vae_part": Setting("vae", "decoder", " or ".join(VAE_PARTS), lambda v: f"vae {v}"),
-    "vae_tiling": Setting("vae", False, "true or false", lambda v: "tiling" if v else "no tiling"),
-    "vae_slicing": Setting("vae", False, "true or false", lambda v: "slicing" if v else "no slicing"),
-    "vae_upcast": Setting("vae", None, "true or false (default: the VAE config's force_upcast)",
+                       _one_of(COMPILE_MODES), lambda v: f"compiled ({v})" if v != "none" else "eager"),
+    "vae_part": Setting("vae", "decoder", " or ".join(VAE_PARTS), _one_of(VAE_PARTS), lambda v: f"vae {v}"),
+    "vae_tiling": Setting("vae", False, "true or false", _flag, lambda v: "tiling" if v else "no tiling"),
+    "vae_slicing": Setting("vae", False, "true or false", _flag, lambda v: "slicing" if v else "no slicing"),
+    "vae_upcast": Setting("vae", None, "true or false (default: the VAE config's force_upcast)", _flag,
                           lambda v: "upcast to float32" if v else "no upcast"),
 }
 
@@ -71,28 +95,10 @@ SETTINGS = {  # everything the code knows of a model's setting, one entry each
 def setting_value(name: str, value):
     """A setting's value as given (YAML, the command line) in its own type, checked: what the grid and
     check_settings both read."""
-    default, takes = SETTINGS[name].default, SETTINGS[name].takes
-    if isinstance(default, bool) or name == "vae_upcast":
-        if isinstance(value, bool):
-            return value
-        if str(value).lower() in ("true", "false"):
-            return str(value).lower() == "true"
-    elif name == "ip_adapter_tokens":
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0 or str(value).isdigit():
-            return int(value)
-    elif name == "tome":
-        try:
-            ratio = float(value)
-        except (TypeError, ValueError):
-            ratio = -1.0
-        if 0 <= ratio < 1 and not isinstance(value, bool):
-            return ratio
-    elif name == "compile":
-        if value in COMPILE_MODES:
-            return value
-    elif value in VAE_PARTS:
-        return value
-    raise InputError(f"setting {name}={value!r}: use {takes}")
+    read = SETTINGS[name].read(value)
+    if read is None:
+        raise InputError(f"setting {name}={value!r}: use {SETTINGS[name].takes}")
+    return read
 
 
 def settings_label(settings_json: str | None) -> str:

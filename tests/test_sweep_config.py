@@ -100,19 +100,19 @@ def test_missing_config_file(capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_a_setting_is_one_entry_that_the_flags_the_grid_and_the_labels_read():
-    """spec.SETTINGS holds what the code knows of a model's setting (its kind, default, what it takes, its words):
-    the grid's keys and the settings label come from it; attnprof run and plan have a flag for each (a new setting
+def test_a_setting_is_one_entry_that_the_flags_and_the_labels_read():
+    """spec.SETTINGS holds what the code knows of a model's setting (its kind, default, what it takes, how a value
+    reads, its words): each reads its own default back; attnprof run and plan have a flag for each (a new setting
     without one fails here)."""
     import argparse
 
     from profiler.cli import build_parser
-    from profiler.execute.grid import GRID_KEYS
     from profiler.spec import SETTINGS, settings_label
 
     commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
     for command in ("run", "plan"):
         assert set(SETTINGS) <= {a.dest for a in commands[command]._actions}, command
-    assert set(SETTINGS) <= set(GRID_KEYS)
+    assert {n: s.read(s.default) for n, s in SETTINGS.items() if s.default is not None} == \
+        {n: s.default for n, s in SETTINGS.items() if s.default is not None}
     assert settings_label('{"vae_part": "encoder", "controlnet": true, "tome": 0.5}') == \
         "controlnet, tome 0.5, vae encoder"

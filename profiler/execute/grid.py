@@ -14,7 +14,7 @@ from ..workload import check_settings
 
 GRID_KEYS = {"models": "list of model names", "sizes": "list of WxH strings", "batch": "list of batch sizes",
              "dtypes": "list of dtype names", "backends": "list of backend names or {name: {option: value}}",
-             **{name: f"list of values ({takes})" for name, (_, _, takes, _) in SETTINGS.items()}}
+             **{name: f"list of values ({s.takes})" for name, s in SETTINGS.items()}}
 KEYS = {**GRID_KEYS, "repeats": "timed forwards per cell", "warmup": "warm-up forwards per cell",
         "device": "auto, cpu, cuda or cuda:N", "out": "results folder",
         "memory_budget": "a size with its unit such as 20GiB, or a GPU name such as 4090",
