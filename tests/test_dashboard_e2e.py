@@ -240,7 +240,7 @@ def run_finished(page, timeout_s: float = 90.0) -> None:
     finished = "[data-testid=stApp][data-test-script-state=notRunning]"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        page.wait_for_selector(finished, timeout=timeout_s * 1000)
+        page.wait_for_selector(finished, timeout=max(deadline - time.monotonic(), 0.1) * 1000)
         time.sleep(0.5)
         if page.locator(finished).count() == 1:
             return
