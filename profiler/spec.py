@@ -72,6 +72,7 @@ class Setting(NamedTuple):
     takes: str  # what it takes, as its error says
     read: Callable[[object], object]  # a value as given (YAML, the command line) in its own type; None: refused
     words: Callable[[object], str]  # a value as people read it (settings_label)
+    config_key: str | None = None  # where the model's config gives the default, its key (default: where it has none)
 
 
 COMPILE_MODES = ("none", "regional", "full")
@@ -87,8 +88,8 @@ SETTINGS = {  # everything the code knows of a model's setting, one entry each
     "vae_part": Setting("vae", "decoder", " or ".join(VAE_PARTS), _one_of(VAE_PARTS), lambda v: f"vae {v}"),
     "vae_tiling": Setting("vae", False, "true or false", _flag, lambda v: "tiling" if v else "no tiling"),
     "vae_slicing": Setting("vae", False, "true or false", _flag, lambda v: "slicing" if v else "no slicing"),
-    "vae_upcast": Setting("vae", None, "true or false (default: the VAE config's force_upcast)", _flag,
-                          lambda v: "upcast to float32" if v else "no upcast"),
+    "vae_upcast": Setting("vae", False, "true or false (default: the VAE config's force_upcast)", _flag,
+                          lambda v: "upcast to float32" if v else "no upcast", "force_upcast"),
 }
 
 

@@ -40,9 +40,8 @@ def check_settings(model: str, settings: dict) -> tuple[tuple[str, object], ...]
 
 
 def _default(source: models.ModelSource, name: str):
-    if name == "vae_upcast":
-        return bool(source.config.get("force_upcast", False))
-    return SETTINGS[name].default
+    s = SETTINGS[name]
+    return s.read(source.config.get(s.config_key, s.default)) if s.config_key else s.default
 
 
 class Step(torch.nn.Module):

@@ -112,7 +112,18 @@ def test_a_setting_is_one_entry_that_the_flags_and_the_labels_read():
     commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
     for command in ("run", "plan"):
         assert set(SETTINGS) <= {a.dest for a in commands[command]._actions}, command
-    assert {n: s.read(s.default) for n, s in SETTINGS.items() if s.default is not None} == \
-        {n: s.default for n, s in SETTINGS.items() if s.default is not None}
+    assert {n: s.read(s.default) for n, s in SETTINGS.items()} == {n: s.default for n, s in SETTINGS.items()}
     assert settings_label('{"vae_part": "encoder", "controlnet": true, "tome": 0.5}') == \
         "controlnet, tome 0.5, vae encoder"
+
+
+def test_vae_upcast_defaults_to_the_vae_configs_force_upcast():
+    """A setting whose default comes from the model's config (its entry's config_key): the SDXL VAE's config says
+    force_upcast, so an upcast is its default (a cell's key leaves it out) and no upcast is the setting kept; the SD 1.5
+    VAE's the other way round."""
+    from profiler.workload import Workload, check_settings
+
+    assert Workload("sdxl-vae").settings["vae_upcast"] is True and Workload("sd15-vae").settings["vae_upcast"] is False
+    assert check_settings("sdxl-vae", {"vae_upcast": "true"}) == ()
+    assert check_settings("sdxl-vae", {"vae_upcast": False}) == (("vae_upcast", False),)
+    assert check_settings("sd15-vae", {"vae_upcast": True}) == (("vae_upcast", True),)
