@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import platform
 import re
@@ -273,19 +274,30 @@ def describe_cuda(index: int) -> dict:
     return out
 
 
-def primary_context_active(index: int = 0) -> bool | None:
-    """Whether this process holds the CUDA primary context of device `index`, asked of the driver itself (torch's
-    is_initialized() turns true on reading device properties, which makes no context). None without libcuda."""
+@functools.lru_cache(maxsize=1)
+def _libcuda():
+    """The CUDA driver library, initialised (cuInit makes no context), or None where there is none."""
     import ctypes
 
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
         return None
-    dev, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
-    if cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(dev), index):
+    return cuda if cuda.cuInit(0) == 0 else None
+
+
+def primary_context_active(index: int = 0) -> bool | None:
+    """Whether this process holds the CUDA primary context of device `index`, asked of the driver itself
+    (cuDevicePrimaryCtxGetState: torch's is_initialized() turns true on reading device properties, which makes no
+    context). None without libcuda or where the driver cannot answer."""
+    import ctypes
+
+    cuda = _libcuda()
+    if cuda is None:
         return None
-    if cuda.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)):
+    dev, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+    if cuda.cuDeviceGet(ctypes.byref(dev), index) or \
+            cuda.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)):
         return None
     return bool(active.value)
 
@@ -412,11 +424,12 @@ def sdpa_can_use(kernel: str, dtype: str, head_dim: int, tokens_k: int, target: 
 def sdpa_choice(dtype: str, head_dim: int, tokens_k: int, device: str, target: GpuTarget | None = None) -> str:
     """The kernel SDPA runs for one call: 'cudnn', 'flash', 'efficient' or 'math'. PyTorch is asked
     (torch._fused_sdp_choice on small real tensors of the call's head dim and tokens: it cannot answer on fake ones)
-    on the CPU, and on CUDA where this process has a CUDA context already (a worker measuring a cell): its own answer
-    for this GPU, cuDNN and build. Elsewhere (the planner with no GPU, a sweep's parent, which makes no context) the
-    rule of sdpa_rule decides."""
+    on the CPU, and on CUDA where this process holds the device's CUDA context already (a worker measuring a cell,
+    asked of the driver: primary_context_active): its own answer for this GPU, cuDNN and build. Elsewhere (the
+    planner, a sweep's parent, which make no context, with or without a GPU) the rule of sdpa_rule decides, so that
+    asking never makes a context."""
     dev = torch.device(device)
-    if dev.type == "cpu" or (target is None or not target.assumed) and torch.cuda.is_initialized():
+    if dev.type == "cpu" or (target is None or not target.assumed) and primary_context_active(dev.index or 0):
         return asked_sdpa_choice(dtype, head_dim, tokens_k, dev)
     return sdpa_rule(dtype, head_dim, tokens_k, target or gpu_target())
 

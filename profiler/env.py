@@ -64,12 +64,14 @@ def environment(device: str) -> dict:
 
 
 def _git_revision() -> str | None:
+    """The profiler's commit (with +dirty where tracked files changed): git's, else $ATTNPROF_COMMIT (a tree copied
+    without its .git, as to a borrowed GPU machine: the command that copies it names the commit), else None."""
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=5)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
                                capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
-        return None
-    if rev.returncode:
-        return None
+        rev = None
+    if rev is None or rev.returncode:
+        return os.environ.get("ATTNPROF_COMMIT") or None
     return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")

@@ -71,6 +71,20 @@ class DiesInProbe:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+class Aborts:
+    """A native crash on the calls of a real block (more than 64 query tokens) on real tensors: os.abort(), as a
+    kernel's failed assertion or a segfault in an extension ends the process that runs it (a worker). The
+    availability probe's small calls and the planner's fake tensors (no kernel runs there) pass."""
+
+    def __call__(self, attn, hidden_states, *args, **kwargs):
+        from diffusers.models.attention_processor import AttnProcessor2_0
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if hidden_states.shape[1] > TRIGGER_TOKENS and not isinstance(hidden_states, FakeTensor):
+            os.abort()
+        return AttnProcessor2_0()(attn, hidden_states, *args, **kwargs)
+
+
 class Scaled:
     """Runs SDPA, then waits SCALED_MS x $ATTNPROF_FAULT_FACTOR (default 1) on every call: a backend made slower by
     a set factor (at 2, twice as slow: the wait is most of each call at tiny-sd15's sizes), whatever the machine's
@@ -107,6 +121,8 @@ def register_all() -> None:
                      memory_like="sdpa"))
     register(Backend("fault-die-probe", "fused exact", "test: kills its process when probed",
                      factory=DiesInProbe, memory_like="sdpa"))
+    register(Backend("fault-abort", "fused exact", "test: aborts its process (a native crash) on real blocks",
+                     factory=Aborts, memory_like="sdpa"))
     register(Backend("fault-scaled", "fused exact", f"test: SDPA, then {SCALED_MS:g} ms x $ATTNPROF_FAULT_FACTOR on "
                      "every call", factory=Scaled, memory_like="sdpa"))
 
@@ -114,7 +130,7 @@ def register_all() -> None:
 def unregister_all() -> None:
     from profiler.backends import BACKENDS
 
-    for name in [*FAULTS, "fault-slow", "fault-fd1", "fault-die-probe", "fault-scaled"]:
+    for name in [*FAULTS, "fault-slow", "fault-fd1", "fault-die-probe", "fault-abort", "fault-scaled"]:
         BACKENDS.pop(name, None)
 
 

@@ -316,24 +316,25 @@ def test_only_gpu_kernels_name_a_calls_gpu_kernels_and_their_time():
 def test_the_planner_follows_pytorchs_sdpa_priority_for_the_gpu_it_plans_for():
     """sm90 with a cuDNN past 9.15: cuDNN at every SD head dim (it takes up to 256 there from cuDNN 9.10); float32:
     mem-efficient; Ampere and Ada: flash; Turing: mem-efficient (no flash before sm80); the deprioritizing variable
-    and an older cuDNN put flash first."""
+    and an older cuDNN put flash first. The rule itself (sdpa_rule): on a GPU box whose process holds a CUDA context,
+    sdpa_choice would ask that GPU instead."""
     h100 = devices.GpuTarget("H100", (9, 0), 91501, 13, False)
-    assert [devices.sdpa_choice("float16", d, 77, "cuda", h100) for d in (40, 64, 80, 160)] == \
+    assert [devices.sdpa_rule("float16", d, 77, h100) for d in (40, 64, 80, 160)] == \
         ["cudnn", "cudnn", "cudnn", "cudnn"]
-    assert devices.sdpa_choice("float32", 40, 77, "cuda", h100) == "efficient"
-    assert devices.sdpa_choice("float16", 160, 77, "cuda", devices.GpuTarget("H100", (9, 0), 92300, 13, False)) \
+    assert devices.sdpa_rule("float32", 40, 77, h100) == "efficient"
+    assert devices.sdpa_rule("float16", 160, 77, devices.GpuTarget("H100", (9, 0), 92300, 13, False)) \
         == "cudnn"
     assert devices.sdpa_can_use("cudnn", "float16", 160, 77, devices.GpuTarget("A100", (8, 0), 92300, 13, False)) \
         is False  # beyond 128 only on sm90 / sm10x
     assert devices.sdpa_can_use("cudnn", "float16", 160, 77, devices.GpuTarget("H100", (9, 0), 90900, 13, False)) \
         is False  # and only from cuDNN 9.10
-    assert devices.sdpa_choice("float16", 40, 77, "cuda", devices.GpuTarget("H100", (9, 0), 91400, 13, False)) \
+    assert devices.sdpa_rule("float16", 40, 77, devices.GpuTarget("H100", (9, 0), 91400, 13, False)) \
         == "flash"
     for arch, want in (("sm80", "flash"), ("8.9", "flash"), ("sm_75", "efficient"), ("sm120", "flash")):
         assert devices.sdpa_choice("float16", 40, 77, "cuda", devices.gpu_target(arch)) == want, arch
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", "1")
-        assert devices.sdpa_choice("float16", 40, 77, "cuda", h100) == "flash"
+        assert devices.sdpa_rule("float16", 40, 77, h100) == "flash"
     assert devices.sdpa_choice("float16", 40, 77, "cpu") == "flash"  # asked of PyTorch
 
 
@@ -358,7 +359,7 @@ def test_where_a_cuda_context_exists_pytorch_is_asked_and_the_rule_kept_beside(m
 
     asked = lambda dtype, head_dim, tokens_k, device: "flash" if head_dim == 160 else "cudnn"  # noqa: E731
     monkeypatch.setattr(devices, "asked_sdpa_choice", asked)
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(devices, "primary_context_active", lambda index=0: True)
     h200 = devices.GpuTarget("NVIDIA H200", (9, 0), 91501, 13, False)
     asked_for = []
     monkeypatch.setattr(devices, "gpu_target", lambda arch=None, index=0: asked_for.append(index) or h200)
@@ -372,4 +373,5 @@ def test_where_a_cuda_context_exists_pytorch_is_asked_and_the_rule_kept_beside(m
     sdpa_choices(CellSpec("sd15", 512, 512, 1, "float16", "sdpa", "cuda:1"), blocks)
     assert asked_for[-2:] == [0, 1]  # the rule of the cell's own GPU: cuda:1's, not device 0's
     assert sdpa_choices(CellSpec("sd15", 512, 512, 1, "float16", "sdpa-flash", "cuda"), blocks) == {}  # forced
-    assert sdpa_choices(CellSpec("sd15", 512, 512, 1, "float16", "sdpa", "cpu"), blocks) == {}
+    assert sdpa_choices(CellSpec("sd15", 512, 512, 1, "float16", "sdpa", "cpu"), blocks) == {}  # no rule there
+    assert [b["sdpa_kernel_asked"] for b in blocks] == ["cudnn", "flash"]  # but asked on the CPU too

@@ -242,11 +242,11 @@ def test_gpu_check_knows_the_new_kernels_and_says_why_they_do_not_run_here(tmp_p
     assert not gpu_check.own_gpu_kernels("diffusers:_flash_3", "flash_fwd_kernel")
     from profiler.gpu_check import checks, runner
 
-    last = [c for c in gpu_check.CHECKS if c.group == "last"]
+    last = [c for c in gpu_check.STEPS if c.group == "last"]
     assert [c.fn.backend for c in last] == list(checks.NEW_BACKENDS)
     if not torch.cuda.is_available():
-        ctx = checks.Context(device="cuda", out=tmp_path)  # its default out is a folder made in /tmp, never removed
-        why = [runner.precondition(c, ctx) for c in last]
+        ctx = checks.Context(device="cuda", out=tmp_path, runs=tmp_path / "runs")
+        why = [runner.precondition(c, ctx, set()) for c in last]
         assert all("CUDA" in w for w in why), why
 
 

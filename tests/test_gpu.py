@@ -1,5 +1,7 @@
-"""The GPU suite (pytest -m gpu): the checks of make gpu-check (profiler/gpu_check.py), one test each. Skipped with
-the reason where there is no CUDA device; the CPU suite (tests/test_devices.py) catches what a CPU can."""
+"""The GPU suite (pytest -m gpu): the model checks of make gpu-check (profiler/gpu_check), one test each, in this
+process (make gpu-check runs each in a process of its own, with the runs and their judges). Skipped with the reason
+where there is no CUDA device; the CPU suite (tests/test_devices.py, tests/test_gpu_check.py) catches what a CPU
+can."""
 import pytest
 import torch
 
@@ -12,15 +14,15 @@ pytestmark = [pytest.mark.gpu,
 
 @pytest.fixture(scope="module")
 def ctx(tmp_path_factory):
-    return gpu_check.Context(device="cuda", out=tmp_path_factory.mktemp("gpu"))
+    out = tmp_path_factory.mktemp("gpu")
+    return gpu_check.Context(device="cuda", out=out, runs=out / "runs")
 
 
-@pytest.mark.parametrize("check", gpu_check.CHECKS, ids=lambda c: c.name)
-def test_gpu(ctx, check, record_property):
+@pytest.mark.parametrize("step", [s for s in gpu_check.STEPS if s.kind == "model"], ids=lambda s: s.name)
+def test_gpu(ctx, step, record_property):
     try:
-        figure = check.fn(ctx)
+        verdict = step.fn(ctx)
     except gpu_check.Skip as e:
         pytest.skip(str(e))
-    record_property("figure", figure)
-    print(figure)
-
+    record_property("figure", verdict.figure)
+    assert not verdict.failed, verdict.failed

@@ -1,9 +1,12 @@
-"""make gpu-check's runner on the CPU (profiler/gpu_check): its plan first, the report written as each check ends,
-its budget held (checks that would not fit skipped, one that overruns stopped), SIGTERM leaving a report that says
-where it stopped, a failing shared run run once, and the record table kept. The checks themselves run on a GPU
-(tests/test_gpu.py, make gpu-check)."""
-import json
+"""make gpu-check on the CPU (profiler/gpu_check): the plan first and within its budget, the five files at the top of
+--out with every figure of the report found in cells.csv / blocks.csv, a stop (SIGTERM to the process, SIGINT to its
+group, the budget's end) in the middle of a run leaving its finished cells tabulated and no process of the check
+alive, a worker's native crash failing its check with faulthandler's trace in the log while the later steps run,
+and the record table kept. The model checks themselves run on a GPU (tests/test_gpu.py, make gpu-check)."""
+import csv
 import os
+import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -14,26 +17,69 @@ import pytest
 import torch
 
 from profiler import devices, gpu_check
-from profiler.store import list_runs
 from profiler.gpu_check import checks, runner
 from tests.test_devices import FakeNvml
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU dry run of a machine with no CUDA")
-DRY = ["--device", "cpu", "--models", "tiny-sd15", "--sizes", "64"]
 REPO = Path(__file__).resolve().parent.parent
+DRY = ["--device", "cpu", "--models", "tiny-sd15"]
 
 
-def _rows(report: Path) -> list[list[str]]:
-    """The rows of the report's check table: [#, check, result, seconds, figure]."""
-    lines = (report.read_text().split("## Checks", 1) + [""])[1].splitlines()
-    return [[c.strip() for c in ln.strip("|").split(" | ")] for ln in lines if ln.startswith("| ") and
-            ln.split(" | ")[0].strip("| ").isdigit()]
+def _start(tmp_path, *args, session: bool = False, plugins: bool = False) -> tuple[subprocess.Popen, str]:
+    """The check as a user runs it, in a process of its own; a token in its environment marks every process it
+    starts (children and their workers inherit it), so that a test can find any that outlives it."""
+    token = secrets.token_hex(8)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "ATTNPROF_TEST_TOKEN": token}
+    if plugins:
+        env["ATTNPROF_PLUGINS"] = "tests.faults"
+    proc = subprocess.Popen([sys.executable, "-m", "profiler.gpu_check", *DRY, "--out", str(tmp_path / "gc"), *args],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=session)
+    return proc, token
 
 
-def _start(tmp_path, budget: float, session: bool = False) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "profiler.gpu_check", *DRY, "--out", str(tmp_path / "gc"),
-                             "--budget-s", str(budget)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=session)
+def _alive(token: str) -> list[int]:
+    """The pids whose environment holds the token."""
+    found = []
+    for env in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"ATTNPROF_TEST_TOKEN={token}".encode() in env.read_bytes().split(b"\0"):
+                found.append(int(env.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def _steps(report: Path) -> dict[str, str]:
+    """step name -> its verdict, from the report's step headings."""
+    return {m.group(1): m.group(2) for m in re.finditer(r"^### \d+\. (.+): (PASS|FAIL|SKIP|STOPPED) \(",
+                                                        report.read_text(), re.M)}
+
+
+def _wait_for_cell(out: Path, backend: str, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = (out / "cells.csv").read_text() if (out / "cells.csv").exists() else ""
+        if f",{backend},ok," in text:
+            return
+        time.sleep(0.2)
+    pytest.fail(f"no {backend} cell landed in cells.csv")
+
+
+def _table(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _same(text: str, value: str) -> bool:
+    """A value as the report writes it (checks.num) against the CSV's."""
+    if text == "null":
+        return value in ("", "nan", "None")
+    try:
+        a, b = float(text), float(value)
+    except ValueError:
+        return text == " ".join(value.split()).replace("|", "/")
+    return a == b or abs(a - b) <= 1e-5 * max(abs(a), abs(b))
 
 
 def test_without_cuda_it_says_so_in_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
@@ -56,109 +102,161 @@ def test_a_cpu_only_torch_on_a_gpu_box_fails_in_one_line(tmp_path, capsys, monke
     assert not (tmp_path / "gc").exists()
 
 
-def test_the_dry_run_prints_its_plan_writes_as_it_goes_and_ends_within_its_budget(tmp_path):
-    """The command of the issue, timed from its start: ends within its budget however busy the machine is (a
-    check that would not fit is skipped, one that overruns is stopped), with the plan printed first and a report
-    whose every check has its row and whose last line gives the verdict."""
+def test_the_plan_for_an_h200_fits_its_budget_and_puts_both_models_first(capsys):
+    """--dry-run prints the plan for one H200-class GPU (no GPU needed): the steps within the budget sum to no more
+    than it, at the default budget and a smaller one; the first step is the core run, SD 1.5 at 512 and SDXL base
+    at 1024 in fp16 with naive, sdpa and the four forced SDPA kernels, and it and its judges come before any
+    harness check."""
+    for budget in (None, 200):
+        assert gpu_check.main(["--dry-run", *(["--budget-s", str(budget)] if budget else [])]) == 0
+        text = capsys.readouterr().out
+        rows = [r.split(" | ") for r in text.splitlines() if re.match(r"\| \d+ \|", r)]
+        total = sum(float(r[3]) for r in rows if r[4].startswith("yes") and r[3] != "<1")
+        said = re.search(r"expected (\d+) s of the (\d+) s budget on one H200-class GPU", text)
+        assert said and float(said.group(1)) == total <= float(said.group(2)) == (budget or runner.DEFAULT_BUDGET_S)
+        assert len(rows) == len(checks.STEPS)
+    cells = checks.core_run(checks.Context(device="cuda")).cells("cuda")
+    assert {(c.model, c.width, c.height, c.dtype) for c in cells} == {("sd15", 512, 512, "float16"),
+                                                                      ("sdxl-base", 1024, 1024, "float16")}
+    assert sorted({c.backend for c in cells}) == sorted(["naive", "sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn",
+                                                         "sdpa-math"]) and len(cells) == 12
+    groups = [s.group for s in checks.STEPS]
+    assert checks.STEPS[0].name == "core run" and groups.index("harness") > max(
+        i for i, s in enumerate(checks.STEPS) if s.run == "core run")
+
+
+def test_the_dry_run_leaves_five_files_whose_tables_hold_every_figure_of_the_report(tmp_path):
+    """The command of the issue, timed from its start: ends within its budget, the plan printed first; at most five
+    files at the top of --out; each evidence row and each run table of the report names a row of cells.csv or
+    blocks.csv whose columns hold the values it gives."""
     budget, t0 = 60, time.monotonic()
-    proc = _start(tmp_path, budget)
+    proc, token = _start(tmp_path, "--sizes", "64", "--budget-s", str(budget))
     out, err = proc.communicate(timeout=budget + 60)
-    wall = time.monotonic() - t0
-    assert wall <= budget + 5, f"{wall:.0f} s for a {budget} s budget"
-    assert out.startswith(f"## Plan: {len(gpu_check.CHECKS)} checks in order of value")
-    report = tmp_path / "gc" / "gpu-validation.md"
-    text, rows = report.read_text(), _rows(report)
-    assert [r[1] for r in rows] == [c.name for c in gpu_check.CHECKS][:len(rows)]
-    verdict = [ln for ln in text.splitlines() if ln.startswith("**")]
-    assert len(verdict) == 1 and (len(rows) == len(gpu_check.CHECKS) or "stopped after" in verdict[0])
-    # on the CPU only the checks on the sweep's cells can run; the rest need CUDA and never pass
-    assert {r[1] for r in rows if r[2] == "PASS"} <= {"forward peak matches the planner",
-                                                      "sdpa picks the kernel the planner names"}
-    assert not [r for r in rows if r[2] == "FAIL"], rows
-    assert (tmp_path / "gc" / "torch-config.txt").read_text() == torch.__config__.show()
-    assert proc.returncode == (1 if "stopped" in verdict[0] else 0), err[-2000:]
+    assert time.monotonic() - t0 <= budget + 5
+    assert out.startswith(f"## Plan: {len(checks.STEPS)} steps in order of value"), out[:300]
+    folder = tmp_path / "gc"
+    assert sorted(p.name for p in folder.iterdir() if p.is_file()) == sorted(runner.FILES)
+    report = (folder / "report.md").read_text()
+    assert report.count("\n**") == 1 and "PASS" in report
+    tables = {"cells": _table(folder / "cells.csv"), "blocks": _table(folder / "blocks.csv")}
+    assert tables["cells"] and tables["blocks"]
+    by_key = {"cells": {r["cell_id"]: r for r in tables["cells"]},
+              "blocks": {(r["cell_id"], r["call_index"]): r for r in tables["blocks"]}}
+    checked = 0
+    for line in report.splitlines():
+        cols = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if len(cols) == 8 and cols[0] in ("cells", "blocks"):  # an evidence row
+            row = by_key[cols[0]][cols[1] if cols[0] == "cells" else (cols[1], cols[2])]
+            for part in filter(None, (cols[4] + "; " + cols[5]).split("; ")):
+                column, value = part.split(" = ", 1)
+                assert _same(value, row[column]), (line, column, row[column])
+                checked += 1
+    header = None
+    for line in report.splitlines():  # the run tables: columns of cells.csv, one row per cell
+        cols = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if cols[0] == "cell_id":
+            header = cols
+        elif header and len(cols) == len(header) and re.fullmatch(r"[0-9a-f]{12}", cols[0]):
+            row = by_key["cells"][cols[0]]
+            for column, value in zip(header, cols):
+                if column != "status" or row["status"] == "ok":
+                    assert _same(value, row[column]), (line, column, row[column])
+                    checked += 1
+    assert checked > 50
+    verdicts = _steps(folder / "report.md")
+    assert verdicts["core run: forward peak matches the planner"] == "PASS"
+    assert verdicts["core run: sdpa runs the kernel pytorch answers"] == "PASS"
+    assert "FAIL" not in verdicts.values() and not _alive(token)
+    assert proc.returncode == 0, err[-2000:]
 
 
 @pytest.mark.parametrize("how", ["SIGTERM to the process", "SIGINT to its process group"])
-def test_a_stop_ends_the_check_in_flight_and_leaves_a_report_that_says_so(tmp_path, how):
-    """SIGTERM (a `timeout`) to the process, or SIGINT to its whole process group (Ctrl-C in a terminal: the sweep's
-    worker gets it too) while the sweep runs (the 14th check): the report keeps the 13 checks done and says where
-    it stopped; the exit is non-zero; the run folder (with its worker.log) is under --out."""
+def test_a_stop_mid_run_tabulates_its_finished_cells_and_leaves_no_process(tmp_path, how):
+    """SIGTERM (a `timeout`) to the process, or SIGINT to its whole process group (Ctrl-C in a terminal), once the
+    core run has recorded its first cell and while its second (0.3 s a call) runs: the report tabulates the
+    finished cell and says where the check stopped, the exit is non-zero, the run is closed as interrupted, and no
+    process of the check is alive a second after it exits."""
     group = how.endswith("group")
-    proc = _start(tmp_path, 600, session=group)
-    report, runs = tmp_path / "gc" / "gpu-validation.md", tmp_path / "gc" / "runs"
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not list_runs(runs):  # the sweep's run began
-        time.sleep(0.2)
-    if group:
-        os.killpg(proc.pid, signal.SIGINT)
-    else:
-        proc.send_signal(signal.SIGTERM)
+    proc, token = _start(tmp_path, "--sizes", "128", "--backends", "naive", "fault-slow", "sdpa", "--budget-s", "300",
+                         session=group, plugins=True)
+    _wait_for_cell(tmp_path / "gc", "naive")
+    os.killpg(proc.pid, signal.SIGINT) if group else proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
+    time.sleep(1)
+    assert not _alive(token)
     assert proc.returncode == 1, err[-2000:]
-    rows, text = _rows(report), report.read_text()
-    assert len(rows) == 13 and {r[2] for r in rows} == {"SKIP"}
+    report = (tmp_path / "gc" / "report.md").read_text()
     name = "SIGINT" if group else "SIGTERM"
-    assert f"**stopped after 13 of {len(gpu_check.CHECKS)} checks: {name} received during forward peak matches " \
-           "the planner**" in text
-    assert "stopped after 13" in (tmp_path / "gc" / "gpu-check.log").read_text()
-    (run,) = list_runs(runs)
-    manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["ended_at"] and manifest["interrupted"] is True  # the sweep's run closed as interrupted
+    assert f"**stopped after 0 of {len(checks.STEPS)} steps: {name} received during core run; its 1 finished " \
+           "cells are tabulated above**" in report
+    assert _steps(tmp_path / "gc" / "report.md") == {"core run": "STOPPED"}
+    table = report.split("### The cells of the core run (1 recorded)", 1)[1]
+    assert " | naive | ok | " in table and "fault-slow" not in table
+    cells = _table(tmp_path / "gc" / "cells.csv")
+    assert [(c["backend"], c["status"]) for c in cells] == [("naive", "ok")]
 
 
-def test_a_failing_sweep_is_run_once_and_each_check_on_it_fails_with_the_reason(tmp_path, monkeypatch, capsys):
-    calls = []
-
-    def failing(sweep, **kw):
-        calls.append(sweep)
-        raise RuntimeError("the availability probe exited with signal SIGSEGV")
-
-    monkeypatch.setattr(checks, "execute", failing)
-    code = gpu_check.main([*DRY, "--out", str(tmp_path / "gc"), "--budget-s", "600"])
-    rows = {r[1]: r for r in _rows(tmp_path / "gc" / "gpu-validation.md")}
-    assert code == 1 and len(calls) == 1
-    reason = "SharedRunFailed: the sweep run failed (run once): RuntimeError: the availability probe exited with " \
-             "signal SIGSEGV"
-    for name in ("forward peak matches the planner", "sdpa picks the kernel the planner names"):
-        assert rows[name][2:3] == ["FAIL"] and rows[name][4] == reason
-    assert "allocator holds only" in "".join(rows) and len(rows) == len(gpu_check.CHECKS)  # every check has its row
-    assert "**0 PASS, 2 FAIL" in (tmp_path / "gc" / "gpu-validation.md").read_text()
-
-
-def test_a_check_that_would_not_fit_is_skipped_and_its_shared_run_never_started(tmp_path, monkeypatch):
-    monkeypatch.setattr(checks, "execute", lambda *a, **k: pytest.fail("the sweep started"))
-    code = gpu_check.main([*DRY, "--out", str(tmp_path / "gc"), "--budget-s", "8"])
-    rows = {r[1]: r for r in _rows(tmp_path / "gc" / "gpu-validation.md")}
-    assert code == 0
-    for name in ("forward peak matches the planner", "sdpa picks the kernel the planner names"):
-        assert rows[name][2] == "SKIP" and rows[name][4].startswith("would take about 4")
-        assert rows[name][4].endswith("s of the budget left")
-
-
-def test_a_check_that_overruns_the_budget_is_stopped_at_its_deadline(tmp_path, monkeypatch):
-    def slow(ctx):
-        time.sleep(60)
-
-    slow.__name__ = "check_sleeps_a_minute"
-    monkeypatch.setattr(runner, "CHECKS", [checks.Planned(slow, 1, 1)])
+def test_the_budgets_end_stops_the_run_in_flight(tmp_path):
+    """A budget that ends while the core run's slow cell runs: the check ends within a few seconds of it, says so,
+    and leaves no process behind."""
     t0 = time.monotonic()
-    code = gpu_check.main([*DRY, "--out", str(tmp_path / "gc"), "--budget-s", "12"])
-    assert code == 1 and time.monotonic() - t0 < 14
-    text = (tmp_path / "gc" / "gpu-validation.md").read_text()
-    assert "**stopped after 0 of 1 checks: the budget ran out during sleeps a minute**" in text
+    proc, token = _start(tmp_path, "--sizes", "128", "--backends", "naive", "fault-slow", "--budget-s", "40",
+                         plugins=True)
+    out, err = proc.communicate(timeout=120)
+    assert time.monotonic() - t0 <= 40 + 5
+    time.sleep(1)
+    assert not _alive(token) and proc.returncode == 1
+    assert "steps: the budget ran out during core run" in (tmp_path / "gc" / "report.md").read_text()
+
+
+def test_a_workers_native_crash_fails_its_check_and_the_later_steps_run(tmp_path):
+    """The core run's worker aborts (os.abort in a fault backend: SIGABRT) in its second cell: that cell's row says
+    how the worker died, the judge of the run's cells FAILs naming it, faulthandler's trace is in the log, and the
+    run's other cells and the later steps (the rest run) still run."""
+    proc, token = _start(tmp_path, "--sizes", "128", "--backends", "naive", "fault-abort", "sdpa", "--budget-s",
+                         "300", plugins=True)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, err[-2000:]
+    folder = tmp_path / "gc"
+    verdicts = _steps(folder / "report.md")
+    assert verdicts["core run"] == "PASS" and verdicts["core run: cells ok within tolerance"] == "FAIL"
+    assert verdicts["rest run"] == "PASS" and verdicts["rest run: cells ok within tolerance"] == "PASS"
+    report = (folder / "report.md").read_text()
+    assert "tiny-sd15 128x128 fault-abort: error (worker died: signal SIGABRT; last words in worker.log: Fatal " \
+           "Python error: Aborted)" in report
+    log = (folder / "gpu-check.log").read_text()
+    trace = log.split("/worker.log (", 1)[1]  # the worker's own log, copied in: faulthandler's trace
+    assert "Fatal Python error: Aborted" in trace and "tests/faults.py" in trace.split("Fatal Python error")[1]
+    statuses = {c["backend"]: c["status"] for c in _table(folder / "cells.csv") if c["step"] == "core run"}
+    assert statuses == {"naive": "ok", "fault-abort": "error", "sdpa": "ok"}
+
+
+def test_a_step_that_would_not_fit_is_skipped_and_never_started(tmp_path, capsys):
+    code = gpu_check.main([*DRY, "--sizes", "64", "--out", str(tmp_path / "gc"), "--budget-s", "20"])
+    verdicts = _steps(tmp_path / "gc" / "report.md")
+    assert code == 0 and verdicts["core run"] == "SKIP" and not list((tmp_path / "gc" / "runs").iterdir())
+    assert verdicts["core run: forward peak matches the planner"] == "SKIP"
+    report = (tmp_path / "gc" / "report.md").read_text()
+    assert re.search(r"### 1\. core run: SKIP \(.*\)\n\nwould take about 25 s; \d+ s of the budget left", report)
+    assert "the core run was not made" in report
+
+
+def test_bad_arguments_are_one_line_and_exit_2(tmp_path, capsys):
+    assert gpu_check.main([*DRY, "--sizes", "64", "128", "256", "--out", str(tmp_path / "gc")]) == 2
+    assert capsys.readouterr().err.strip() == "gpu-check: --sizes: give one size, or one per model (1), not 3"
+    assert gpu_check.main([*DRY, "--backends", "nope", "--out", str(tmp_path / "gc")]) == 2
+    assert "nope" in capsys.readouterr().err and not (tmp_path / "gc").exists()
 
 
 def test_a_run_adds_a_row_to_the_record_table_and_keeps_the_others(tmp_path):
     record = tmp_path / "gpu-validation.md"
     record.write_text((REPO / "docs" / "gpu-validation.md").read_text())
     before = [ln for ln in record.read_text().splitlines() if ln.startswith("| 20")]
-    report = tmp_path / "results" / "gpu-check-1" / "gpu-validation.md"
+    report = tmp_path / "results" / "gpu-check-1" / "report.md"
     runner.add_record(record, {"device_name": "NVIDIA H200"}, "17 PASS, 0 FAIL, 2 SKIP", report)
     after = [ln for ln in record.read_text().splitlines() if ln.startswith("| 20")]
     assert after[:-1] == before and len(before) >= 4
-    assert after[-1].endswith("| NVIDIA H200 | 17 PASS, 0 FAIL, 2 SKIP: [report](results/gpu-check-1/"
-                              "gpu-validation.md) |")
+    assert after[-1].endswith("| NVIDIA H200 | 17 PASS, 0 FAIL, 2 SKIP: [report](results/gpu-check-1/report.md) |")
 
 
 def test_the_flex_check_fails_when_only_cpu_side_ranges_carry_the_triton_name():
@@ -174,3 +272,43 @@ def test_the_flex_check_fails_when_only_cpu_side_ranges_carry_the_triton_name():
     gpu = attribute([Ev(B0, 0, 10), Ev("triton_tem_fused_0", 1, 9, corr=7),
                      Ev("triton_tem_fused_0", 20, 30, device="cuda", linked=7)], CALLS)[0][0]
     assert gpu["gpu_kernels"] == ["triton_tem_fused_0"] and checks.own_gpu_kernels("flex", ",".join(gpu["gpu_kernels"]))
+
+
+def test_the_judges_fail_on_figures_that_break_their_rule():
+    """Each judge on rows a GPU run could give: a forward peak 8% over the planner's, a forced cuDNN cell whose
+    calls ran flash, an sdpa call that ran another kernel than PyTorch answers, a call whose event time is under its
+    kernels' time, the allocator holding an fp32 model beside the one under test: each FAILs naming the row."""
+    import pandas as pd
+
+    base = {"model": "sd15", "width": 512, "height": 512, "dtype": "float16", "status": "ok", "call_index": 0,
+            "block": "down_blocks.0.attentions.0.transformer_blocks.0.attn1", "head_dim": 40, "tokens_k": 4096}
+    cells = pd.DataFrame([{**base, "cell_id": "a", "backend": "sdpa", "forward_peak_total_bytes": 108,
+                           "predicted_forward_peak_bytes": 100, "allocator_allocated_max_bytes": 108 + 2 * 2**31,
+                           "max_rel_err": 1e-3}])
+    v = checks.forward_peak_matches_the_planner(cells, None, "cuda")
+    assert v.failed and "= 1.0800" in v.failed[0] and not v.evidence[0]["ok"]
+    assert checks.allocator_holds_only_the_model_and_its_forward(cells, None, "cuda").failed
+    blocks = pd.DataFrame([{**base, "cell_id": "b", "backend": "sdpa-cudnn", "sdpa_kernel": "flash",
+                            "gpu_kernels": "flash_fwd_kernel"},
+                           {**base, "cell_id": "a", "backend": "sdpa", "sdpa_kernel": "flash", "sdpa_kernel_asked":
+                            "cudnn", "sdpa_kernel_rule": "cudnn", "gpu_time_ms": 2.0, "probe_time_ms": 1.5}])
+    assert "ran flash, not cudnn" in checks.forced_kernels_ran(cells, blocks, "cpu").failed[0]
+    assert "ran flash, PyTorch answers cudnn" in checks.sdpa_runs_the_kernel_pytorch_answers(cells, blocks,
+                                                                                            "cpu").failed[0]
+    assert "0.750x" in checks.call_times_cover_their_gpu_kernels(cells, blocks, "cuda").failed[0]
+    fine = blocks.assign(probe_time_ms=2.2)
+    assert not checks.call_times_cover_their_gpu_kernels(cells, fine, "cuda").failed
+
+
+def test_a_sweeps_parent_asks_the_driver_not_is_initialized(monkeypatch):
+    """torch.cuda.is_initialized() turns true on reading device properties, which makes no context: where the
+    driver says this process holds no primary context, the planner follows its rule and allocates nothing on the
+    GPU; where it does (a worker), PyTorch is asked."""
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(devices, "asked_sdpa_choice", lambda *a: asked.append(a) or "flash")
+    h200 = devices.GpuTarget("NVIDIA H200", (9, 0), 91501, 13, False)
+    monkeypatch.setattr(devices, "primary_context_active", lambda index=0: False)
+    assert devices.sdpa_choice("float16", 40, 77, "cuda", h200) == "cudnn" and not asked
+    monkeypatch.setattr(devices, "primary_context_active", lambda index=0: True)
+    assert devices.sdpa_choice("float16", 40, 77, "cuda", h200) == "flash" and len(asked) == 1

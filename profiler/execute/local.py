@@ -236,8 +236,11 @@ def _lines(proc, started, timeout_s):
 
 
 def _last_line(log: Path) -> str:
+    """The worker's last words in its log: faulthandler's 'Fatal Python error: ...' where a crash left one (its
+    trace follows it in the log, and a list of extension modules after that), else the last line."""
     lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip() and not ln.startswith("USDT:")]
-    return f"; last words in {log.name}: {lines[-1].strip()[:200]}" if lines else ""
+    fatal = [ln for ln in lines if ln.startswith("Fatal Python error")]
+    return f"; last words in {log.name}: {(fatal or lines)[-1].strip()[:200]}" if lines else ""
 
 
 def exit_reason(code: int) -> str:

@@ -180,8 +180,10 @@ def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev, 
     if trace_dir:
         prof.export_chrome_trace(str(trace_dir / f"{spec.cell_id}.trace.json"))
     per_call, cpu_forward_peak = trace_windows(prof, probe.ranges)
+    probe_ms = probe.times()
     roof = (extra.get("device_peak_flops_per_s"), extra.get("device_peak_bytes_per_s"))
-    blocks = [block_row(spec, row, timer.samples.get(row["call_index"], []), per_call.get(row["call_index"], {}),
+    blocks = [block_row(spec, row, timer.samples.get(row["call_index"], []),
+                        {**per_call.get(row["call_index"], {}), "probe_time_ms": probe_ms.get(row["call_index"])},
                         probe.peak.get(row["call_index"]), roof) for row in probe_rec.rows]
     cell = cell_row(spec, reference, inputs, weights, timed, None if dev.allocator else cpu_forward_peak, dev, nvml)
     cell.update(**attention_summary(blocks, roof), forwards_total_s=forwards_s + compile_forward_s + timed["seconds"]
@@ -200,21 +202,23 @@ def op_time_ms(prof, backend: str, calls: int) -> float | None:
 
 
 def sdpa_choices(spec: CellSpec, blocks: list[dict]) -> dict:
-    """Where PyTorch picks the SDPA kernel (sdpa) on CUDA: each block's `sdpa_kernel_asked` (what
-    torch._fused_sdp_choice answers on this device, as the planner now does here) and `sdpa_kernel_rule` (what the
-    planner's rule names with no GPU to ask), and the cell's `sdpa_rule_differs`: the shapes where the two differ
-    (None where they agree; absent off CUDA, where the planner always asks)."""
-    if not (backends.picks_sdpa_kernel(spec.backend) and spec.device.startswith("cuda")):
+    """Where PyTorch picks the SDPA kernel (sdpa): each block's `sdpa_kernel_asked` (what torch._fused_sdp_choice
+    answers on the cell's device, as the planner does where this process holds the device), and on CUDA
+    `sdpa_kernel_rule` (what the planner's rule names with no GPU to ask) and the cell's `sdpa_rule_differs`: the
+    shapes where the two differ (None where they agree)."""
+    if not backends.picks_sdpa_kernel(spec.backend):
         return {}
-    target, differs = devices.gpu_target(index=torch.device(spec.device).index or 0), {}  # the cell's GPU
+    dev, differs = torch.device(spec.device), {}
+    target = devices.gpu_target(index=dev.index or 0) if dev.type == "cuda" else None  # the cell's own GPU
     for b in blocks:
-        b["sdpa_kernel_asked"] = devices.asked_sdpa_choice(spec.dtype, b["head_dim"], b["tokens_k"],
-                                                           torch.device(spec.device))
+        b["sdpa_kernel_asked"] = devices.asked_sdpa_choice(spec.dtype, b["head_dim"], b["tokens_k"], dev)
+        if target is None:
+            continue
         b["sdpa_kernel_rule"] = devices.sdpa_rule(spec.dtype, b["head_dim"], b["tokens_k"], target)
         if b["sdpa_kernel_asked"] != b["sdpa_kernel_rule"]:
             differs[f"head_dim {b['head_dim']} tokens_k {b['tokens_k']}"] = \
                 f"torch {b['sdpa_kernel_asked']}, rule {b['sdpa_kernel_rule']}"
-    return {"sdpa_rule_differs": "; ".join(f"{k}: {v}" for k, v in differs.items()) or None}
+    return {"sdpa_rule_differs": "; ".join(f"{k}: {v}" for k, v in differs.items()) or None} if target else {}
 
 
 def _compile_pass(spec: CellSpec, work, unet, inputs, factory, dev) -> tuple[float | None, float]:

@@ -77,27 +77,41 @@ class CallTimer:
 
 class CallProbe:
     """`around` for the probe pass: marks each call for the profiler trace as a range named by its block path (what
-    a Chrome / Perfetto trace of the pass shows; `ranges` maps the names back to call indices) and, where the device
-    has an allocator with statistics (CUDA), reads the call's peak over what was allocated when it began."""
+    a Chrome / Perfetto trace of the pass shows; `ranges` maps the names back to call indices), times it on the
+    device's clock (`times()`: the same pass as the trace's GPU kernel times, so that the two can be set side by
+    side) and, where the device has an allocator with statistics (CUDA), reads the call's peak over what was
+    allocated when it began."""
 
     def __init__(self, device: devices.Cpu | devices.Cuda):
         self.device = device
         self.peak: dict[int, int] = {}
         self.ranges: dict[str, int] = {}
+        self._intervals: dict[int, object] = {}
 
     def __call__(self, row: dict, call):
         key, dev = row["call_index"], self.device
         name = row["block"] if row["block"] not in self.ranges else f"{row['block']} (call {key})"
         self.ranges[name] = key
+        interval = self._intervals[key] = dev.interval()
         with torch.profiler.record_function(name):
             if not dev.allocator:
-                return call()
+                interval.start()
+                out = call()
+                interval.stop()
+                return out
             dev.synchronize()
             dev.reset_peak()
             start = dev.allocated()
+            interval.start()
             out = call()
+            interval.stop()
             self.peak[key] = dev.peak_allocated() - start
         return out
+
+    def times(self) -> dict[int, float]:
+        """Each call's time in the probe pass (ms), read after one synchronize."""
+        self.device.synchronize()
+        return {key: interval.ms() for key, interval in self._intervals.items()}
 
 
 @contextmanager

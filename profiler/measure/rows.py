@@ -49,7 +49,8 @@ def timed_forwards(work, unet, inputs, dev, warmup: int, repeats: int, timer: Ca
 
 def block_row(spec: CellSpec, row: dict, samples: list[float], seen: dict, peak: int | None, roof: tuple) -> dict:
     """One call's row: its shape (the recorder's row), its time samples, what the trace saw in it (seen: the
-    kernel, the SDPA kernel, GPU time, and its memory where `peak` is None), its memory model and roofline."""
+    kernel, the SDPA kernel, GPU time, the call's time in the probe pass, and its memory where `peak` is None), its
+    memory model and roofline."""
     row = {k: v for k, v in row.items() if k != "pass_index"}
     timing = summarize(samples)
     moved = bytes_moved(spec.backend, row, spec.dtype, **spec.options)
@@ -59,6 +60,7 @@ def block_row(spec: CellSpec, row: dict, samples: list[float], seen: dict, peak:
             "predicted_peak_bytes": predicted_peak_bytes(spec.backend, {**row, "device": spec.device}, spec.dtype,
                                                          **spec.options),
             "kernel": seen.get("kernel", ""), "gpu_time_ms": seen.get("gpu_time_ms"),
+            "probe_time_ms": seen.get("probe_time_ms"),  # the call's device-clock time in the pass of gpu_time_ms
             "gpu_kernels": ",".join(seen["gpu_kernels"]) if seen.get("gpu_time_ms") is not None else None,
             "bytes_moved": moved, **place(row["flops"], moved, timing["time_ms"], *roof), "status": "ok"}
 
