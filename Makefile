@@ -43,6 +43,6 @@ lint: setup
 bench: setup
 	$(PY) -m profiler.bench
 
-## make gpu-check [ARGS="--budget-s 420 --out DIR"]: the GPU path proven within a budget (docs/gpu.md)
+## make gpu-check [ARGS="--budget-s 320 --out DIR"]: the GPU path proven within a budget, five flat files (docs/gpu.md)
 gpu-check: setup
 	$(PY) -m profiler.gpu_check $(ARGS)

@@ -312,3 +312,18 @@ def test_a_sweeps_parent_asks_the_driver_not_is_initialized(monkeypatch):
     assert devices.sdpa_choice("float16", 40, 77, "cuda", h200) == "cudnn" and not asked
     monkeypatch.setattr(devices, "primary_context_active", lambda index=0: True)
     assert devices.sdpa_choice("float16", 40, 77, "cuda", h200) == "flash" and len(asked) == 1
+
+
+def test_the_core_runs_preflight_asks_nothing_of_a_gpu(monkeypatch):
+    """The preflight of the core run in a sweep's parent (the planner's fake-tensor forward, each sdpa call's kernel,
+    the predicted times), with torch saying CUDA is initialised as it does once device properties were read: it runs
+    on this machine, which has no CUDA, so any tensor it made on the GPU (to ask PyTorch which kernel) would raise.
+    The kernels are the no-GPU rule's for this GPU."""
+    from profiler.execute.sweep import predict
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    h200 = devices.GpuTarget("NVIDIA H200", (9, 0), 91501, 13, False)  # this GPU's, read from its properties
+    monkeypatch.setattr(devices, "gpu_target", lambda arch=None, index=0: h200)
+    cells = [c for c in checks.core_run(checks.Context(device="cuda")).cells("cuda") if c.model == "sd15"]
+    predicted, dims = predict(cells)
+    assert dims == {"sd15": (40, 80, 160)} and all(p["predicted_forward_peak_bytes"] for p in predicted.values())
