@@ -1,15 +1,13 @@
-"""The recorder: wraps the processor of every diffusers Attention module of a model (a U-Net, a U-Net with its
-ControlNet, a VAE; through Attention.set_processor) and records one flat row per attention call, grouped by forward
-pass."""
+"""The recorder: one flat row per attention call of a model (a U-Net, a U-Net with its ControlNet, a VAE, a user's
+pipeline component), grouped by forward pass, recorded by hooks on every diffusers Attention module; a backend's
+processors swapped in (through Attention.set_processor) for the duration where one is asked for."""
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 from typing import Callable
 
 import torch
-
-Thunk = Callable[[], torch.Tensor]
-Around = Callable[[dict, Thunk], torch.Tensor]  # runs the call, may add measured fields to the row
 
 _STAGES = {"down_blocks": "down", "mid_block": "mid", "up_blocks": "up"}
 
@@ -48,7 +46,12 @@ def attention_modules(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
 
 def describe_call(attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None,
                   block: str = "") -> dict:
-    """The shape figures of one attention call, from its inputs (works on the meta device)."""
+    """The shape figures of one attention call, from its inputs (works on the meta device). diffusers' IP-Adapter
+    passes (text, [image embeddings]) as encoder_hidden_states: the text is the call's keys, the image tokens it
+    also attends to (in the same processor call) are `ip_tokens_k`."""
+    images = None
+    if isinstance(encoder_hidden_states, tuple):
+        encoder_hidden_states, images = encoder_hidden_states
     batch = hidden_states.shape[0]
     tokens_q = hidden_states.shape[1] if hidden_states.ndim == 3 else hidden_states.shape[2] * hidden_states.shape[3]
     tokens_k = tokens_q if encoder_hidden_states is None else encoder_hidden_states.shape[1]
@@ -68,6 +71,7 @@ def describe_call(attn, hidden_states: torch.Tensor, encoder_hidden_states: torc
         "upcast": upcast,
         "score_bytes": score_elements * (4 if upcast else hidden_states.element_size()),
         "flops": 4 * batch * heads * tokens_q * tokens_k * head_dim,
+        **({"ip_tokens_k": sum(int(e.shape[-2]) for e in images)} if images is not None else {}),
     }
 
 
@@ -86,62 +90,80 @@ def swapped(model: torch.nn.Module, make: Callable[[str, object], object]):
             module.set_processor(originals[block])
 
 
-class RecordingProcessor:
-    """Stands in for one Attention module's processor; delegates the work to `inner`."""
-
-    def __init__(self, inner, block: str, stage: str, level: int, recorder: "Recorder"):
-        self.inner, self.block, self.stage, self.level, self.recorder = inner, block, stage, level, recorder
-
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, **kwargs):
-        if temb is not None:  # a VAE's attention passes it (diffusers drops what a processor does not name)
-            kwargs["temb"] = temb
-        row = {"pass_index": self.recorder.pass_index, "call_index": len(self.recorder.current_pass),
-               "block": self.block, "stage": self.stage, "level": self.level}
-        row.update(describe_call(attn, hidden_states, encoder_hidden_states, self.block))
-        self.recorder.current_pass.append(row)
-        self.recorder.rows.append(row)
-
-        def call():
-            return self.inner(attn, hidden_states, encoder_hidden_states, attention_mask, **kwargs)
-
-        return self.recorder.around(row, call) if self.recorder.around else call()
+def call_inputs(args: tuple, kwargs: dict) -> tuple:
+    """(hidden_states, encoder_hidden_states) of an Attention module's forward, as diffusers' blocks pass them
+    (positionally or by name)."""
+    hidden = kwargs.get("hidden_states", args[0] if args else None)
+    context = kwargs.get("encoder_hidden_states", args[1] if len(args) > 1 else None)
+    return hidden, context
 
 
 class Recorder:
-    """Context manager: `with Recorder(model, processor=factory, around=probe) as rec: model(**inputs)`.
+    """Context manager: `with Recorder(model, processor=factory, around=meter) as rec: model(**inputs)`.
 
-    processor: None keeps each module's own processor inside the wrapper; a callable returns a new processor per
-    module (a backend). around(row, call): runs the call and may add measured fields to the row. levels: the
-    model's resolution levels (default: its config's block_out_channels). The original processors are restored on
-    exit, also when the forward raises. A new pass begins at every forward of the model."""
+    Records one row per attention call at the call itself: a forward pre-hook and a forward hook on every diffusers
+    Attention module (PyTorch's own seam), so that whatever processor runs (the module's own, a backend's, one that a
+    pipeline sets mid-call) is recorded and left as it is. processor: None keeps each module's own processor; a
+    callable returns a new processor per module (a backend), swapped in through Attention.set_processor and the
+    originals restored on exit, also when the forward raises. around: a meter (measure/probes.CallTimer) told as each
+    call begins (before(row)) and ends (after(row), also when the call raises). levels: the model's resolution levels
+    (default: its config's block_out_channels). A new pass begins at every forward of the model."""
 
     def __init__(self, unet: torch.nn.Module, processor: Callable[[], object] | None = None,
-                 around: Around | None = None, levels: int | None = None):
+                 around=None, levels: int | None = None):
         self.unet, self.processor, self.around = unet, processor, around
-        self.levels = levels or len(unet.config.block_out_channels)
+        config = getattr(unet, "config", None)
+        self.levels = levels or len(getattr(config, "block_out_channels", None) or [0])
         self.rows: list[dict] = []
         self.current_pass: list[dict] = []
         self.pass_index = -1
         self._swap = None
-        self._hook = None
-
-    def _wrap(self, block: str, original) -> RecordingProcessor:
-        stage, level = block_position(block, self.levels)
-        return RecordingProcessor(self.processor() if self.processor else original, block, stage, level, self)
+        self._hooks: list = []
+        self._open: list[dict] = []
 
     def __enter__(self) -> "Recorder":
-        self._swap = swapped(self.unet, self._wrap)
-        self._swap.__enter__()
-        self._hook = self.unet.register_forward_pre_hook(self._new_pass)
+        modules = attention_modules(self.unet)
+        if self.processor:
+            self._swap = swapped(self.unet, lambda block, original: self.processor())
+            self._swap.__enter__()
+        try:
+            for block, module in modules.items():
+                stage, level = block_position(block, self.levels)
+                self._hooks.append(module.register_forward_pre_hook(
+                    functools.partial(self._begin, block, stage, level), with_kwargs=True))
+                self._hooks.append(module.register_forward_hook(self._end, with_kwargs=True, always_call=True))
+            self._hooks.append(self.unet.register_forward_pre_hook(self._new_pass))
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
         return self
+
+    def _begin(self, block: str, stage: str, level: int, module, args, kwargs) -> None:
+        hidden, context = call_inputs(args, kwargs)
+        row = {"pass_index": self.pass_index, "call_index": len(self.current_pass), "block": block, "stage": stage,
+               "level": level, **describe_call(module, hidden, context, block)}
+        self.current_pass.append(row)
+        self.rows.append(row)
+        self._open.append(row)
+        if self.around:
+            self.around.before(row)
+
+    def _end(self, module, args, kwargs, output) -> None:
+        row = self._open.pop()
+        if self.around:
+            self.around.after(row)
 
     def _new_pass(self, module, args) -> None:
         self.pass_index += 1
         self.current_pass = []
 
     def __exit__(self, *exc) -> None:
-        self._hook.remove()
-        self._swap.__exit__(None, None, None)
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        if self._swap:
+            self._swap.__exit__(None, None, None)
+            self._swap = None
 
     def passes(self) -> list[list[dict]]:
         grouped: dict[int, list[dict]] = {}

@@ -35,14 +35,17 @@ def test_processors_restored_after_an_exception(tiny_sd15):
     before = dict(tiny_sd15.attn_processors)
     calls = []
 
-    def explode(row, call):
-        calls.append(row["block"])
-        if len(calls) == 5:
-            raise RuntimeError("boom inside the forward")
-        return call()
+    class Explode:
+        def before(self, row):
+            calls.append(row["block"])
+            if len(calls) == 5:
+                raise RuntimeError("boom inside the forward")
+
+        def after(self, row):
+            pass
 
     with pytest.raises(RuntimeError, match="boom"):
-        with torch.no_grad(), Recorder(tiny_sd15, processor=AttnProcessor, around=explode):
+        with torch.no_grad(), Recorder(tiny_sd15, processor=AttnProcessor, around=Explode()):
             tiny_sd15(**models.example_inputs(tiny_sd15, 1, 64, 64))
     after = tiny_sd15.attn_processors
     assert after.keys() == before.keys()

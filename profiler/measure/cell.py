@@ -180,7 +180,8 @@ def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev, 
     if trace_dir:
         prof.export_chrome_trace(str(trace_dir / f"{spec.cell_id}.trace.json"))
     per_call, cpu_forward_peak = trace_windows(prof, probe.ranges)
-    probe_ms = probe.times()
+    probe.collect()
+    probe_ms = {key: samples[-1] for key, samples in probe.samples.items()}
     roof = (extra.get("device_peak_flops_per_s"), extra.get("device_peak_bytes_per_s"))
     blocks = [block_row(spec, row, timer.samples.get(row["call_index"], []),
                         {**per_call.get(row["call_index"], {}), "probe_time_ms": probe_ms.get(row["call_index"])},

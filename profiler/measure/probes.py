@@ -52,66 +52,75 @@ def summarize(samples_ms: list[float]) -> dict:
 
 
 class CallTimer:
-    """`around` for timing passes: an interval per call, read into row-keyed sample lists by collect()."""
+    """The one meter of attention calls: the `around` of a Recorder (before(row) as a call begins, after(row) as it
+    ends: the recorder's hooks on each Attention module) or of one call (timer(row, call)).
 
-    def __init__(self, device: devices.Cpu | devices.Cuda, clock=time.perf_counter):
-        self.device, self.clock = device, clock
-        self._pending: list[tuple[int, object]] = []
-        self.samples: dict[int, list[float]] = {}
+    - time: an interval per call on the device's clock (CUDA events on its stream, a host clock on the CPU), read by
+      collect() after one synchronize into sample lists keyed by the row's `key` field (`samples`);
+    - with peaks, where the device's allocator counts (CUDA): the call's allocator peak over what was allocated when
+      it began (`peak`), read from the allocator's statistics (no synchronize needed);
+    - with ranges: a profiler range per call named by its block (`ranges` maps the names back to keys), so that a
+      Chrome / Perfetto trace of the pass shows each call and its kernels can be credited to it;
+    - with sync: a synchronize before each call, so that it starts on an idle device (the probe pass, whose call
+      times are set beside the GPU time of the same call's kernels).
+    key: call_index (a call's place in one forward, whose samples are the forwards), or any field unique per call."""
+
+    def __init__(self, device: devices.Cpu | devices.Cuda, clock=time.perf_counter, peaks: bool = False,
+                 ranges: bool = False, sync: bool = False, key: str = "call_index"):
+        self.device, self.clock, self.key = device, clock, key
+        self.peaks, self.sync, self.named = peaks and device.allocator, sync, ranges
+        self._pending: list[tuple[object, object]] = []
+        self._open: dict = {}
+        self.samples: dict = {}
+        self.peak: dict = {}
+        self.ranges: dict[str, object] = {}
+
+    def before(self, row: dict) -> None:
+        key, dev, opened = row[self.key], self.device, {}
+        if self.named:
+            name = row["block"] if row["block"] not in self.ranges else f"{row['block']} (call {key})"
+            self.ranges[name] = key
+            opened["range"] = torch.profiler.record_function(name)
+            opened["range"].__enter__()
+        if self.sync:
+            dev.synchronize()
+        if self.peaks:
+            dev.reset_peak()
+            opened["start"] = dev.allocated()
+        opened["interval"] = dev.interval(self.clock)
+        self._open[key] = opened
+        opened["interval"].start()
+
+    def after(self, row: dict) -> None:
+        key = row[self.key]
+        opened = self._open.pop(key)
+        opened["interval"].stop()
+        self._pending.append((key, opened["interval"]))
+        if self.peaks:
+            self.peak[key] = self.device.peak_allocated() - opened["start"]
+        if "range" in opened:
+            opened["range"].__exit__(None, None, None)
 
     def __call__(self, row: dict, call):
-        interval = self.device.interval(self.clock)
-        interval.start()
-        out = call()
-        interval.stop()
-        self._pending.append((row["call_index"], interval))
-        return out
+        self.before(row)
+        try:
+            return call()
+        finally:
+            self.after(row)
 
     def collect(self) -> None:
-        """After each forward: one synchronize of the device, then every interval read."""
+        """After each forward (or once at the end): one synchronize of the device, then every interval read."""
         self.device.synchronize()
         for key, interval in self._pending:
             self.samples.setdefault(key, []).append(interval.ms())
         self._pending.clear()
 
 
-class CallProbe:
-    """`around` for the probe pass: marks each call for the profiler trace as a range named by its block path (what
-    a Chrome / Perfetto trace of the pass shows; `ranges` maps the names back to call indices), times it on the
-    device's clock (`times()`: the same pass as the trace's GPU kernel times, so that the two can be set side by
-    side) and, where the device has an allocator with statistics (CUDA), reads the call's peak over what was
-    allocated when it began."""
-
-    def __init__(self, device: devices.Cpu | devices.Cuda):
-        self.device = device
-        self.peak: dict[int, int] = {}
-        self.ranges: dict[str, int] = {}
-        self._intervals: dict[int, object] = {}
-
-    def __call__(self, row: dict, call):
-        key, dev = row["call_index"], self.device
-        name = row["block"] if row["block"] not in self.ranges else f"{row['block']} (call {key})"
-        self.ranges[name] = key
-        interval = self._intervals[key] = dev.interval()
-        with torch.profiler.record_function(name):
-            if not dev.allocator:
-                interval.start()
-                out = call()
-                interval.stop()
-                return out
-            dev.synchronize()
-            dev.reset_peak()
-            start = dev.allocated()
-            interval.start()
-            out = call()
-            interval.stop()
-            self.peak[key] = dev.peak_allocated() - start
-        return out
-
-    def times(self) -> dict[int, float]:
-        """Each call's time in the probe pass (ms), read after one synchronize."""
-        self.device.synchronize()
-        return {key: interval.ms() for key, interval in self._intervals.items()}
+def CallProbe(device: devices.Cpu | devices.Cuda) -> CallTimer:  # noqa: N802 (the probe pass's meter)
+    """The probe pass's meter: each call a named range of the trace, started on an idle device, with its allocator
+    peak where the device counts one; its times (collect(), then samples) are of the same pass as the trace's GPU
+    kernel times."""
+    return CallTimer(device, peaks=True, ranges=True, sync=device.allocator)
 
 
 @contextmanager
