@@ -74,21 +74,21 @@ TIME_SIZES = (512, 768, 1024, 1280, 1536)  # square sizes of the Planner page's 
 
 @st.cache_data(show_spinner="Tracing the forward on fake tensors...", max_entries=16)
 def load_trace(model: str, width: int, height: int, batch: int, dtype: str) -> dict:
-    from profiler.plan.forward import trace
+    from profiler.planner.forward import trace
 
     return trace(model, width, height, batch, dtype, "cuda")
 
 
 @st.cache_data(show_spinner="Screening every 64-pixel step for each GPU size...", max_entries=8)
 def load_largest(model: str, batch: int, dtype: str) -> list[dict]:
-    from profiler.plan.fit import fit_many
+    from profiler.planner.fit import fit_many
 
     return fit_many(model, [g * T.GiB for g in T.GPU_SIZES_GIB], None, dtype, batch, verify=False)
 
 
 @st.cache_data(show_spinner="Screening each phase of a generation for each GPU size...", max_entries=8)
 def load_pipeline(pipeline: str, batch: int, dtype: str) -> list[dict]:
-    from profiler.plan.pipeline import pipeline_by_budget
+    from profiler.planner.pipeline import pipeline_by_budget
 
     return pipeline_by_budget(pipeline, [g * T.GiB for g in T.GPU_SIZES_GIB], dtype=dtype, batch=batch)
 
@@ -96,7 +96,7 @@ def load_pipeline(pipeline: str, batch: int, dtype: str) -> list[dict]:
 @st.cache_data(show_spinner="Counting each forward's ops on fake tensors...", max_entries=8)
 def load_times(model: str, batch: int, dtype: str, gpu: str) -> pd.DataFrame:
     from profiler import backends
-    from profiler.plan.timing import by_size
+    from profiler.planner.timing import by_size
 
     names = [n for n in backends.names() if not n.startswith("diffusers:")]
     return pd.DataFrame(by_size(model, [(s, s) for s in TIME_SIZES], names, dtype, batch, gpu))
@@ -385,7 +385,7 @@ def guidance(batch: int) -> str:
 
 
 def planner_page(model: str, size: str, batch: str, dtype: str, budget: str) -> None:
-    from profiler.plan.forward import LEFT_OUT
+    from profiler.planner.forward import LEFT_OUT
     from profiler.spec import InputError, parse_batch, parse_bytes, parse_size, size_text
 
     try:
@@ -433,7 +433,7 @@ def times_section(model: str, n: int, dtype: str) -> None:
         return
     st.subheader(f"Predicted forward time per backend and size on the {gpu} ({model}, batch {n}, {dtype})")
     st.caption(f"{times['source'].iloc[0]}: {gpus.describe(gpus.get(gpu), dtype)}. Each call at the roofline of its "
-               "FLOPs and the bytes its backend moves, the rest of the forward from its own ops (plan/timing.py); "
+               "FLOPs and the bytes its backend moves, the rest of the forward from its own ops (planner/timing.py); "
                "attnprof plan --results calibrates it on stored runs of the device you have.")
     chart(times, C.planner_times([f"{s}x{s}" for s in TIME_SIZES]))
 

@@ -282,14 +282,17 @@ def best_backends(cells: pd.DataFrame, budget_bytes: int) -> pd.DataFrame:
     rows = []
     for (device, model, settings, dtype, batch, size), g in ok.groupby(
             ["device_name", "model", "settings_label", "dtype", "batch", "size"], sort=False):
-        fast, small = g.loc[g["attention_time_ms"].idxmin()], g.loc[g["attention_peak_mem_bytes"].idxmin()]
-        fitting = g[g["fits"]]
+        timed, peaked = (g[g[c].notna()] for c in ("attention_time_ms", "attention_peak_mem_bytes"))  # none: a
+        fast = timed.loc[timed["attention_time_ms"].idxmin()] if len(timed) else None  # compiled cell fused away,
+        small = peaked.loc[peaked["attention_peak_mem_bytes"].idxmin()] if len(peaked) else None  # a CPU record
+        fitting = timed[timed["fits"]]
         best = fitting.loc[fitting["attention_time_ms"].idxmin()] if len(fitting) else None
         rows.append({"device_name": device, "model": model, "settings_label": settings, "dtype": dtype,
                      "batch": batch, "size": size,
-                     "pixels": int(g["pixels"].iloc[0]), "fastest": fast["backend_label"],
-                     "fastest_time_ms": fast["attention_time_ms"], "smallest": small["backend_label"],
-                     "smallest_peak_bytes": small["attention_peak_mem_bytes"],
+                     "pixels": int(g["pixels"].iloc[0]), "fastest": fast["backend_label"] if fast is not None else
+                     "none timed", "fastest_time_ms": fast["attention_time_ms"] if fast is not None else float("nan"),
+                     "smallest": small["backend_label"] if small is not None else "none measured",
+                     "smallest_peak_bytes": small["attention_peak_mem_bytes"] if small is not None else float("nan"),
                      "fastest_that_fits": best["backend_label"] if best is not None else "none",
                      "fastest_that_fits_time_ms": best["attention_time_ms"] if best is not None else float("nan"),
                      "budget_bytes": budget_bytes})
@@ -298,7 +301,7 @@ def best_backends(cells: pd.DataFrame, budget_bytes: int) -> pd.DataFrame:
 
 def pipeline_table(rows: list[dict]) -> pd.DataFrame:
     """One row per GPU size: the largest square image a whole generation fits, the phase that sets it, and each
-    phase's own largest (plan/pipeline.py's pipeline_by_budget)."""
+    phase's own largest (planner/pipeline.py's pipeline_by_budget)."""
     size = lambda s: f"{s[0]}x{s[1]}" if s else "none"  # noqa: E731
     return pd.DataFrame([{"gpu_memory_gib": r["budget_bytes"] // GiB, "largest": size(r["largest"]),
                           "limited_by": r["limited_by"], **{f"{ph}_alone": size(v) for ph, v in r["phases"].items()}}
@@ -339,9 +342,9 @@ def shape_table(table: pd.DataFrame, value: str, depends_on: tuple[str, ...]) ->
 # ---- the Planner page
 
 def planner_table(traced: dict, budget_bytes: int) -> pd.DataFrame:
-    """Each backend's predicted need (plan/forward.py: the whole forward's peak, weights and inputs included, default
+    """Each backend's predicted need (planner/forward.py: the whole forward's peak, weights and inputs included, default
     options) against a budget, with its largest attention call and how the calls were traced."""
-    from profiler.plan.forward import method_text
+    from profiler.planner.forward import method_text
 
     rows = []
     for name, b in traced["backends"].items():

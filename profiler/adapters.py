@@ -134,7 +134,7 @@ def image_attention(text: nn.Module, scale: float = 1.0) -> nn.Module:
         image = nn.Module.to(Attention(query_dim=text.to_q.in_features, cross_attention_dim=text.to_k.in_features,
                                        heads=heads, dim_head=inner // heads, bias=False, out_bias=False),
                              weight.dtype)
-    if _is_fake(weight):  # as the planner makes fake models (plan/forward.py)
+    if _is_fake(weight):  # as the planner makes fake models (planner/forward.py)
         from torch._subclasses.fake_tensor import FakeTensor
 
         image = image._apply(lambda t: FakeTensor(weight.fake_mode, t, weight.device))

@@ -1,7 +1,7 @@
 """Attention backends: a registry of processors that diffusers' Attention.set_processor accepts, one record each
 (Backend: its family, options, processor factory, the SDPA kernel it runs, what it needs, the name of its memory
 model) and an honest availability check (the reason when it cannot run). The processors are processor.py's (ours),
-fused.py's (the fused kernels' beside SDPA) and diffusers' own; the memory and bytes-moved models plan/memory.py's.
+fused.py's (the fused kernels' beside SDPA) and diffusers' own; the memory and bytes-moved models planner/memory.py's.
 This module imports neither torch nor diffusers until a processor is made or a backend probed."""
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ class Backend:
     description: str
     options: dict = field(default_factory=dict)  # option name -> default
     factory: Callable | None = None  # the options as keywords -> a new processor (none imports diffusers on import)
-    model: str = ""  # its memory and bytes-moved model: a key of plan/memory.py's MODELS
+    model: str = ""  # its memory and bytes-moved model: a key of planner/memory.py's MODELS
     memory_like: str | None = None  # or: the backend whose models (at its default options) this one follows
     sdpa_kernel: str = ""  # the SDPA kernel it forces (flash, efficient, math, cudnn), as rows name kernels
     picks_sdpa_kernel: bool = False  # PyTorch picks the SDPA kernel of its calls (sdpa, diffusers:native)
@@ -235,7 +235,7 @@ def compiles(name: str) -> bool:
 
 def register(backend: Backend) -> None:
     """Add a backend of your own: one record, with a processor factory that takes the backend's options as keywords
-    and a memory model (model: one of plan/memory.py's; or memory_like: a registered backend whose models it
+    and a memory model (model: one of planner/memory.py's; or memory_like: a registered backend whose models it
     follows). Modules named in $ATTNPROF_PLUGINS (comma-separated) are imported when this module is, so that
     workers see them too."""
     if backend.factory is None or not (backend.model or backend.memory_like in BACKENDS):

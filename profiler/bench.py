@@ -12,7 +12,7 @@
    own times over 2; target within 1.2x.
 6. The whole-forward planner: SDXL base at 1024x1024 on fake tensors, one backend (the fake model built first)
    under 5 s; all 11 backends at one size under 15 s; attnprof fit for SDXL base, all backends, 24 GiB, under 60 s.
-7. The time model (plan/timing.py): its leave-one-out error of predicted against measured attention and forward
+7. The time model (planner/timing.py): its leave-one-out error of predicted against measured attention and forward
    time over the stored runs of this machine's CPU under --results (default results), per backend: each cell
    predicted from a fit to the others.
 """
@@ -60,7 +60,7 @@ def recorder_overhead(model: str, size: int, backend: str, rounds: int) -> dict:
 
 def planner_time(model: str = "sdxl-base", size: int = 4096, rounds: int = 3) -> dict:
     """Seconds to plan one size on the meta device (after one warm-up plan: imports and caches excluded)."""
-    from .plan import plan
+    from .planner import plan
 
     plan(model, 1024, 1024)
     times = []
@@ -101,8 +101,8 @@ def _cell_rows(cid: str, calls: int = 140) -> tuple[dict, list[dict]]:
 
 def forward_planner(model: str = "sdxl-base") -> dict:
     """Seconds for the whole-forward plan of one backend (fake model included), of all backends, and for a fit."""
-    from .plan.fit import fit
-    from .plan.forward import fake_part, trace
+    from .planner.fit import fit
+    from .planner.forward import fake_part, trace
 
     fake_part.cache_clear()
     t0 = time.perf_counter()
@@ -172,6 +172,43 @@ def ray_scaling(out: Path, groups: int = 8, workers: int = 2) -> dict:
     return {"wall_s": wall, "groups_s": seconds, "ideal_s": ideal, "ratio": wall / ideal, "statuses": statuses}
 
 
+def profile_overhead(rounds: int, steps: int = 10, size: int = 256) -> dict:
+    """profiler.profile around a generation of docs/examples/generate.py's tiny SD 1.5 pipeline, against the same
+    generation plain: wall times interleaved (plain, profiled) over rounds, their medians."""
+    import importlib.util
+
+    from .env import REPO
+    from .record.session import profile
+
+    spec = importlib.util.spec_from_file_location("generate", REPO / "docs" / "examples" / "generate.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    pipe = gen.tiny_pipeline()
+
+    def once(profiled: bool) -> float:
+        t0 = time.perf_counter()
+        if profiled:
+            with profile(pipe, out=None):
+                gen.generate(pipe, steps, size)
+        else:
+            gen.generate(pipe, steps, size)
+        return (time.perf_counter() - t0) * 1e3
+
+    plain, profiled = [], []
+    for _ in range(2):  # warm-up
+        once(False)
+        once(True)
+    for _ in range(rounds):
+        plain.append(once(False))
+        profiled.append(once(True))
+    with profile(pipe, out=None) as prof:
+        gen.generate(pipe, steps, size)
+    med = statistics.median
+    return {"plain_ms": med(plain), "profiled_ms": med(profiled), "ratio": med(profiled) / med(plain),
+            "steps": steps, "size": size, "calls": len(prof.calls),
+            "per_call_us": (med(profiled) - med(plain)) * 1e3 / max(1, len(prof.calls))}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m profiler.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -181,12 +218,12 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--sweep", default=str(configs() / "sweeps" / "cpu-default.yaml"))
     p.add_argument("--out", default="results/bench")
-    p.add_argument("--only", nargs="+", choices=["recorder", "planner", "forward", "store", "ray", "sweep", "time"],
-                   help="run only these benches (default: all)")
+    p.add_argument("--only", nargs="+", choices=["recorder", "profile", "planner", "forward", "store", "ray", "sweep",
+                                                 "time"], help="run only these benches (default: all)")
     p.add_argument("--results", default="results", help="for the time model: the stored runs it is judged on")
     args = p.parse_args(argv)
 
-    run = set(args.only or ["recorder", "planner", "forward", "store", "ray", "sweep", "time"])
+    run = set(args.only or ["recorder", "profile", "planner", "forward", "store", "ray", "sweep", "time"])
     if "time" in run:
         print(time_model_error(Path(args.results)))
     if "recorder" in run:
@@ -196,6 +233,15 @@ def main(argv=None) -> int:
         print(f"  plain forward      {r['plain_ms']:9.1f} ms")
         print(f"  recorded forward   {r['recorded_ms']:9.1f} ms   ratio {r['recorder_ratio']:.3f}x  (target <= 1.05x)")
         print(f"  torch.profiler     {r['profiled_ms']:9.1f} ms   ratio {r['profiler_ratio']:.3f}x  (for reference)")
+    if "profile" in run:
+        rounds = min(args.rounds, 7)  # a generation takes seconds here
+        r = profile_overhead(rounds)
+        print(f"profile overhead, a generation of docs/examples/generate.py's tiny SD 1.5 pipeline ({r['steps']} steps, "
+              f"{r['size']}x{r['size']}, fp32 cpu, {r['calls']} attention calls), median of {rounds} interleaved "
+              "rounds:")
+        print(f"  plain generation   {r['plain_ms']:9.1f} ms")
+        print(f"  profiled           {r['profiled_ms']:9.1f} ms   ratio {r['ratio']:.3f}x  (target <= 1.05x); "
+              f"{r['per_call_us']:.0f} us more per attention call")
     if "planner" in run:
         t = planner_time()
         print(f"planner, sdxl-base 4096x4096 on the meta device: {t['plan_s']:.2f} s (target < 2 s)")
@@ -224,13 +270,15 @@ def main(argv=None) -> int:
 def time_model_error(results: Path) -> str:
     """The time model's leave-one-out error per backend over this CPU's stored runs under results."""
     from .measure.limits import device_key
-    from .plan.timing import calibrate
+    from .planner.timing import calibrate
 
     c = calibrate(results, device_key("cpu"), write=False) if results.is_dir() else None
     if not c:
         return f"time model: no stored runs of this CPU under {results} to judge it on"
+    from .planner.timing import passed_text
+
     lines = [f"time model, leave-one-out over {len(c['runs'])} runs of this CPU under {results} (each cell predicted "
-             "from a fit to the others; mean |predicted - measured| / measured):"]
+             f"from a fit to the others; mean |predicted - measured| / measured){passed_text(c.get('passed_over'))}:"]
     for group, f in c["backends"].items():
         att, fwd = f["loo_error_pct"], f["loo_forward_error_pct"]
         lines.append(f"  {group:24s} {f['cells']:3d} cells  attention {'-' if att is None else f'{att:.1f}%':>7s}  "

@@ -1,6 +1,6 @@
 """The chunked attention cores of the split and subquad backends (and the row count that sizes split's chunks):
 (n, Tq, d) x (n, Tk, d) x (n, Tk, d) -> (n, Tq, d), mask additive, (n, 1 or Tq, Tk). Plain torch: the processors
-around them are processor.py's, their memory models plan/memory.py's."""
+around them are processor.py's, their memory models planner/memory.py's."""
 from __future__ import annotations
 
 import torch

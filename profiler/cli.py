@@ -96,7 +96,7 @@ def _shape(args, device: str, sizes_default=("512x512",), say: bool = False):
 
 
 def cmd_plan(args) -> int:
-    from .plan import format_plan, plan
+    from .planner import format_plan, plan
 
     sizes, batch, dtype = _shape(args, args.device, say=True)
     options = _backend_options(args.option)
@@ -126,10 +126,10 @@ def cmd_plan(args) -> int:
 
 
 def _plan_time(args, plans: list[dict], dtype: str) -> None:
-    """Each plan's predicted times (plan/timing.py) for --backend (sdpa where none is given): on --gpu's published
+    """Each plan's predicted times (planner/timing.py) for --backend (sdpa where none is given): on --gpu's published
     figures, or on this machine's device, calibrated on the runs under --results made on it."""
     from . import gpus
-    from .plan import timing
+    from .planner import timing
 
     where = timing.target(args.device, dtype, args.gpu, args.results)
     if where is None:
@@ -143,7 +143,7 @@ def _plan_time(args, plans: list[dict], dtype: str) -> None:
 
 def _fit_time(args, result: dict, dtype: str, batch: int) -> str:
     """Each backend's predicted forward time at its largest size, added to the fit's entries; the lines to print."""
-    from .plan import timing
+    from .planner import timing
 
     where = timing.target(args.device, dtype, args.gpu, args.results)
     if where is None:
@@ -162,8 +162,8 @@ def _fit_time(args, result: dict, dtype: str, batch: int) -> str:
 def _step_time(args, result: dict, dtype: str, batch: int) -> str:
     """A whole generation's predicted time per denoising step at its largest size: the U-Net's forward (with its
     ControlNet where given) at the step's batch (twice the images under classifier-free guidance)."""
-    from .plan import timing
-    from .plan.pipeline import PIPELINES
+    from .planner import timing
+    from .planner.pipeline import PIPELINES
     from .workload import check_settings
 
     where = timing.target(args.device, dtype, args.gpu, args.results)
@@ -196,7 +196,7 @@ def cmd_gpus(args) -> int:
 
 def cmd_fit(args) -> int:
     from . import models
-    from .plan.fit import fit, format_fit, parse_aspect
+    from .planner.fit import fit, format_fit, parse_aspect
 
     if (args.model is None) == (args.pipeline is None):
         raise InputError("give --model NAME (one model's forward) or --pipeline sd15|sdxl (a whole generation)")
@@ -214,7 +214,7 @@ def cmd_fit(args) -> int:
     say = (lambda line: None) if args.quiet else (lambda line: print(f"attnprof fit: {line}", file=sys.stderr,
                                                                      flush=True))
     if args.pipeline:
-        from .plan.pipeline import PipelineSpec, fit_pipeline, format_pipeline
+        from .planner.pipeline import PipelineSpec, fit_pipeline, format_pipeline
 
         if args.backend and len(args.backend) > 1:
             raise InputError("--pipeline takes one --backend (every phase runs it; default sdpa)")
@@ -290,7 +290,7 @@ def cmd_backends(args) -> int:
     device = devices.resolve(devices.parse(args.device, "--device"))
     dtype = _dtype(args, device)
     if args.model:
-        from .plan import plan
+        from .planner import plan
 
         head_dims = tuple(sorted({r["head_dim"] for r in plan(args.model, 512, 512, dtype=dtype)["blocks"]}))
     else:
@@ -402,7 +402,7 @@ def resume_command(argv: list[str]) -> str:
 
 
 def _print_versus(run) -> None:
-    from .plan.timing import format_versus
+    from .planner.timing import format_versus
 
     text = format_versus(run.cells())
     if text:
@@ -425,6 +425,9 @@ def cmd_replay(args) -> int:
         if args.size or args.batch or args.dtype:
             raise InputError("--size, --batch and --dtype go with --model: a run's cells give them")
         run = find_run(args.results, args.run)
+        if not run.kind.named:
+            raise InputError(f"run {run.id} is a {run.kind.name} run ({run.kind.what}): its models are not named "
+                             "configs to rebuild; replay a run of attnprof run or sweep, or --model and --size")
         targets = targets_of_run(*run.read())
         if not targets:
             raise InputError(f"run {run.id} has no ok cell to replay: give another run, or --model and --size")
@@ -452,6 +455,18 @@ def cmd_runs(args) -> int:
 
     print(format_runs(Path(args.results)))
     return 0
+
+
+def cmd_record(args) -> int:
+    from .record.script import record
+    from .report.show import format_run
+    from .store import Run
+
+    say = (lambda line: None) if args.quiet else (lambda line: print(f"attnprof record: {line}", file=sys.stderr,
+                                                                     flush=True))
+    code, path = record(args.script, args.args, args.backend or [], Path(args.out), args.trace, say)
+    print(format_run(Run.open(path)))
+    return code
 
 
 def cmd_show(args) -> int:
@@ -566,7 +581,7 @@ def _add_exec_args(p, out_default="results"):
 
 
 def _add_time_args(p):
-    g = p.add_argument_group("time (plan/timing.py: the roofline, calibrated on stored runs of this device)")
+    g = p.add_argument_group("time (planner/timing.py: the roofline, calibrated on stored runs of this device)")
     g.add_argument("--gpu", metavar="NAME", help="predict for this GPU from its published figures (attnprof gpus): "
                                                  "the roofline bound, no GPU needed; with --results, calibrated on "
                                                  "the runs there made on a GPU of its architecture")
@@ -583,7 +598,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="attnprof", description="Profile the attention blocks of Stable Diffusion U-Nets.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for add in (_add_plan, _add_gpus, _add_fit, _add_models, _add_backends, _add_run, _add_sweep, _add_profile,
-                _add_replay, _add_runs, _add_show, _add_serve, _add_submit, _add_jobs, _add_diff, _add_report,
+                _add_replay, _add_record, _add_runs, _add_show, _add_serve, _add_submit, _add_jobs, _add_diff, _add_report,
                 _add_dashboard):
         add(sub)
     return parser
@@ -728,6 +743,26 @@ def _add_replay(sub) -> None:
     p.add_argument("--out", default="results", help="results folder for the replay's run (default results)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_replay)
+
+
+def _add_record(sub) -> None:
+    p = sub.add_parser("record", help="profile an unmodified script's diffusers pipeline calls as they run; a run",
+                       description="Run SCRIPT as `python SCRIPT ARGS` would, once per --backend (none: once, with "
+                                   "the processors it loads), each in a process of its own, and profile every "
+                                   "diffusers pipeline call in it: each attention call of each component, its step, "
+                                   "time and (CUDA) peak; each component's forwards. Stored as one run, a cell per "
+                                   "backend (show, diff, report, the dashboard). The exit status is the script's.",
+                       epilog="example: attnprof record --backend sdpa --backend sliced -- docs/examples/generate.py "
+                              "--steps 3")
+    p.add_argument("--backend", action="append", help="run the script with this backend's processors, repeatable "
+                                                      "(default: the processors the script loads)")
+    p.add_argument("--out", default="results", help="results folder for the run (default results)")
+    p.add_argument("--trace", action="store_true", help="also a Chrome / Perfetto trace of each generation, each "
+                                                        "attention call a range named by its block and shape")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("script", metavar="SCRIPT.py", help="the script to run (after --)")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments")
+    p.set_defaults(func=cmd_record)
 
 
 def _add_runs(sub) -> None:

@@ -76,10 +76,10 @@ def describe_call(attn, hidden_states: torch.Tensor, encoder_hidden_states: torc
 
 
 @contextmanager
-def swapped(model: torch.nn.Module, make: Callable[[str, object], object]):
-    """Every Attention module's processor replaced by make(block path, its original processor) for the duration;
-    the originals restored on exit, also when the block raises."""
-    modules = attention_modules(model)
+def swapped(model: torch.nn.Module, make: Callable[[str, object], object], modules: dict | None = None):
+    """Every Attention module's processor (of `modules`, default attention_modules(model)) replaced by make(block
+    path, its original processor) for the duration; the originals restored on exit, also when the block raises."""
+    modules = modules or attention_modules(model)
     originals = {block: m.processor for block, m in modules.items()}
     try:
         for block, module in modules.items():
@@ -107,11 +107,14 @@ class Recorder:
     callable returns a new processor per module (a backend), swapped in through Attention.set_processor and the
     originals restored on exit, also when the forward raises. around: a meter (measure/probes.CallTimer) told as each
     call begins (before(row)) and ends (after(row), also when the call raises). levels: the model's resolution levels
-    (default: its config's block_out_channels). A new pass begins at every forward of the model."""
+    (default: its config's block_out_channels). A new pass begins at every forward of the model, or of each module of
+    `passes` (a VAE's decoder and encoder: a pipeline calls vae.decode, not its forward). modules: its attention
+    modules by path, where the caller has them (default: attention_modules(model))."""
 
     def __init__(self, unet: torch.nn.Module, processor: Callable[[], object] | None = None,
-                 around=None, levels: int | None = None):
-        self.unet, self.processor, self.around = unet, processor, around
+                 around=None, levels: int | None = None, passes: list | None = None, modules: dict | None = None):
+        self.unet, self.processor, self.around, self.modules = unet, processor, around, modules
+        self.pass_modules = passes or [unet]
         config = getattr(unet, "config", None)
         self.levels = levels or len(getattr(config, "block_out_channels", None) or [0])
         self.rows: list[dict] = []
@@ -122,9 +125,9 @@ class Recorder:
         self._open: list[dict] = []
 
     def __enter__(self) -> "Recorder":
-        modules = attention_modules(self.unet)
+        modules = self.modules or attention_modules(self.unet)
         if self.processor:
-            self._swap = swapped(self.unet, lambda block, original: self.processor())
+            self._swap = swapped(self.unet, lambda block, original: self.processor(), modules)
             self._swap.__enter__()
         try:
             for block, module in modules.items():
@@ -132,7 +135,7 @@ class Recorder:
                 self._hooks.append(module.register_forward_pre_hook(
                     functools.partial(self._begin, block, stage, level), with_kwargs=True))
                 self._hooks.append(module.register_forward_hook(self._end, with_kwargs=True, always_call=True))
-            self._hooks.append(self.unet.register_forward_pre_hook(self._new_pass))
+            self._hooks += [m.register_forward_pre_hook(self._new_pass) for m in self.pass_modules]
         except BaseException:
             self.__exit__(None, None, None)
             raise

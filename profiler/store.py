@@ -24,6 +24,7 @@ import secrets
 import shutil
 import socket
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -36,6 +37,36 @@ from .spec import InputError
 MANIFEST, BLOCKS, CELLS = "manifest.json", "blocks.parquet", "cells.parquet"
 CELL_DIR, BLOCK_DIR, TRACE_DIR, LOCK, EXECUTOR_LOCK = "cells", "blocks", "traces", ".lock", ".executor.lock"
 DONE_STATUSES = ("ok", "oom", "skipped", "unavailable", "error", "timeout")
+
+
+@dataclass(frozen=True)
+class RunKind:
+    """What a kind of run holds, so that each reader asks here rather than guessing from the files: whether its
+    cells timed whole forwards of a model (forward_time_ms: the findings' speed lines, diff's verdicts), whether its
+    cells' models are names the planner resolves (a replay of its shapes), whether the time model may be fitted on
+    it (named models timed by the harness), and whether each of its calls has a measured peak."""
+
+    name: str
+    what: str
+    forwards: bool
+    named: bool
+    calibrates: bool
+    peaks: bool
+
+
+RUN_KINDS = {k.name: k for k in (
+    RunKind("sweep", "cells built by name and measured (attnprof run and sweep, make profile, gpu-check)", True, True,
+            True, True),
+    RunKind("replay", "each attention shape of a run or a plan, its kernel alone (attnprof replay)", False, True,
+            False, True),
+    RunKind("record", "a user's own generation as it ran (attnprof record, profiler.profile)", True, False, False,
+            False))}
+
+
+def kind_of(manifest: dict) -> RunKind:
+    """The kind of a run from its manifest: its `kind`, else (runs written before kinds) a replay's settings, else a
+    sweep."""
+    return RUN_KINDS.get(manifest.get("kind")) or RUN_KINDS["replay" if "replay" in manifest else "sweep"]
 
 
 def now() -> str:
@@ -230,6 +261,10 @@ class Run:
             raise unreadable(path, TypeError(f"a JSON {type(data).__name__}, not an object")) from None
         return data
 
+    @property
+    def kind(self) -> RunKind:
+        return kind_of(self.manifest())
+
     def update_manifest(self, **fields) -> None:
         with _flock(self.path / LOCK):
             write_json(self.path / MANIFEST, {**self.manifest(), **fields})
@@ -274,6 +309,14 @@ class Run:
             _write_rows(cell_file, [cell])
             if replaced:
                 (self.path / BLOCK_DIR / f"{cid}.{replaced}.parquet").unlink(missing_ok=True)
+
+    def write_frame(self, name: str, frame: pd.DataFrame) -> None:
+        """A table of the run beside its cells (a recorded generation's every call: calls.parquet), written whole."""
+        _write_frame(self.path / f"{name}.parquet", frame)
+
+    def read_frame(self, name: str) -> pd.DataFrame:
+        """That table, or an empty one where the run has none."""
+        return _read(self.path / f"{name}.parquet")
 
     def _read_cells(self) -> tuple[pd.DataFrame, set[str]]:
         """(every recorded cell row, the ids whose row is a per-cell file); call under the lock."""

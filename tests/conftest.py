@@ -53,7 +53,7 @@ def faults(monkeypatch):
 # runs them; make test-fast (the inner loop) leaves them out.
 E2E_MODULES = {"test_service_e2e", "test_ray", "test_dashboard_e2e", "test_runs_compared_e2e", "test_sweep_run",
                "test_faults", "test_wheel", "test_gpu_check", "test_messages", "test_charts", "test_mixed_runs",
-               "test_dashboard_app", "test_pipeline"}
+               "test_dashboard_app", "test_pipeline", "test_record", "test_every_kind"}
 
 
 def pytest_itemcollected(item):
@@ -72,9 +72,10 @@ RAY_MODULES = ("test_ray", "test_service_e2e")
 # compute, not beside sweep_run's timeout (there, 40 s with a core two thirds idle); the wheel's build before the
 # short modules, not alone at the end. From an idle `make test` (2 cores): the Ray unit 212 s, sweep_run 133 s, the
 # rest 83 s down to about 10 s; then as collected.
-LONGEST_FIRST = ("ray", "test_forward", "test_dashboard_app", "test_pipeline", "test_mixed_runs", "test_run",
-                 "test_sweep_run", "test_dashboard_e2e", "test_cli", "test_faults", "test_runs_compared_e2e",
-                 "test_fused", "test_gpu_check", "test_checkpoint", "test_wheel")
+LONGEST_FIRST = ("ray", "test_forward", "test_every_kind", "test_dashboard_app", "test_pipeline", "test_mixed_runs",
+                 "test_run", "test_gpu_check", "test_sweep_run", "test_record", "test_dashboard_e2e", "test_cli",
+                 "test_profile", "test_faults", "test_runs_compared_e2e", "test_fused", "test_checkpoint",
+                 "test_wheel")
 
 
 def _module(nodeid: str) -> str:
@@ -239,6 +240,31 @@ def _mixed_runs(folder: Path) -> dict:
                           for o in outputs)
     assert sorted((mixed, bf16, again)) == sorted(p.name for p in list_runs(root))
     return {"root": str(root), "mixed": mixed, "bf16": bf16, "again": again, "sweep_output": outputs[0]}
+
+
+@pytest.fixture(scope="session")
+def compiled_results(tmp_path_factory) -> Path:
+    """A results folder with one run of tiny-sd15 at 64x64, sdpa, float32 on the CPU, eager and compiled
+    (compile: regional), three repeats, in process: tests/test_compiled.py's, and a kind of run that every reader
+    meets (tests/test_every_kind.py)."""
+    return Path(made_once(tmp_path_factory, "compiled", _compiled_run))
+
+
+def _compiled_run(folder: Path) -> str:
+    from profiler.execute.grid import Sweep
+    from profiler.execute.sweep import execute
+
+    root = folder / "results"
+    sweep = Sweep(models=("tiny-sd15",), sizes=((64, 64),), dtypes=("float32",), backends=(("sdpa", ()),),
+                  model_settings=(("compile", ("none", "regional")),), repeats=3, warmup=1, device="cpu",
+                  out=str(root))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the timings do not matter here, and two threads on a busy machine spin
+    try:
+        execute(sweep, workers=False, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    return str(root)
 
 
 @pytest.fixture(scope="session")

@@ -140,14 +140,20 @@ STEADY_MS = 2.0
 
 
 def _steady_machine() -> None:
-    """With $ATTNPROF_FAULT_STEADY set, each calibration round (measure/calibrate.py, timed as ever) is a wait of
-    STEADY_MS instead of its workload: a machine whose speed does not move, however loaded, so that a diff of runs
-    whose cells are waits too (fault-scaled) gives the same verdicts whatever else the machine does."""
-    import time
-
+    """With $ATTNPROF_FAULT_STEADY set, every calibration (measure/calibrate.py: the machine's speed at a run's start
+    and end) is injected, not measured: STEADY_MS in each of its rounds, whatever the machine's load, so that a diff
+    of runs whose cells are waits too (fault-scaled) gives the same verdicts however busy the machine is (a timed
+    wait in its place still moved with the load: at a load of 7 the runs' calibrations drifted apart and the diff
+    tests read "not judged")."""
     from profiler.measure import calibrate
 
-    calibrate.one_round = lambda q, k, v: time.sleep(STEADY_MS / 1e3)
+    def injected(device: str, when: str) -> dict:
+        from profiler.store import now  # here: the plugin loads while profiler.store is being imported
+
+        return {"when": when, "at": now(), "median_ms": STEADY_MS, "samples_ms": [STEADY_MS] * calibrate.ROUNDS,
+                "workload": f"{calibrate.WORKLOAD} (injected: tests/faults.py)"}
+
+    calibrate.calibrate = injected
 
 
 if os.environ.get("ATTNPROF_FAULT_STEADY"):

@@ -9,7 +9,7 @@ from diffusers.models.attention_processor import Attention, AttnProcessor
 
 from profiler import backends, chunked, models
 from profiler.measure.probes import cpu_peak_bytes
-from profiler.plan import memory
+from profiler.planner import memory
 from profiler.processor import Processor
 from profiler.recorder import describe_call
 from profiler.spec import InputError

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 from profiler import checkpoint, models
 from profiler.cli import main
-from profiler.plan import plan
+from profiler.planner import plan
 from profiler.spec import InputError
 
 PREFIX = checkpoint.PREFIX

@@ -20,20 +20,8 @@ REGIONAL = json.dumps({"compile": "regional"})
 
 
 @pytest.fixture(scope="module")
-def compiled_run(tmp_path_factory):
-    from profiler.execute.grid import Sweep
-    from profiler.execute.sweep import execute
-
-    root = tmp_path_factory.mktemp("compiled") / "results"
-    sweep = Sweep(models=("tiny-sd15",), sizes=((64, 64),), dtypes=("float32",), backends=(("sdpa", ()),),
-                  model_settings=(("compile", ("none", "regional")),), repeats=3, warmup=1, device="cpu",
-                  out=str(root))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the timings do not matter here, and two threads on a busy machine spin
-    try:
-        execute(sweep, workers=False, progress=False)
-    finally:
-        torch.set_num_threads(threads)
+def compiled_run(compiled_results):
+    root = compiled_results  # conftest's: made once for the suite
     run = Run.open(list_runs(root)[0])
     cells, blocks = run.read()
     by = {json.loads(s).get("compile", "none"): c for s, c in zip(cells["settings"], cells.to_dict("records"))}

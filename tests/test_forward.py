@@ -1,4 +1,4 @@
-"""The whole forward's peak memory from fake tensors (plan/forward.py) and attnprof fit (plan/fit.py): against
+"""The whole forward's peak memory from fake tensors (planner/forward.py) and attnprof fit (planner/fit.py): against
 measured CPU runs, against the memory models call by call, and the fit's answers against plans of those sizes."""
 import json
 
@@ -7,9 +7,9 @@ import pytest
 from profiler.cli import main
 from profiler.execute.grid import Sweep
 from profiler.execute.sweep import execute
-from profiler.plan import memory, plan
-from profiler.plan.fit import BUCKETS, fit, fit_many
-from profiler.plan.forward import trace
+from profiler.planner import memory, plan
+from profiler.planner.fit import BUCKETS, fit, fit_many
+from profiler.planner.forward import trace
 from profiler.store import Run
 
 MiB, GiB = 2**20, 2**30
@@ -105,7 +105,7 @@ def _one_call(name: str, batch: int, head_dim: int, tokens_q: int, tokens_k: int
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
     from profiler import backends
-    from profiler.plan.forward import LiveBytes
+    from profiler.planner.forward import LiveBytes
     from profiler.recorder import describe_call
 
     with torch.device("meta"):
@@ -152,7 +152,7 @@ def test_a_sweeps_preflight_traces_each_shape_once_per_set_of_options_of_a_backe
     """Backends with their own options share one forward; one backend asked twice with other options takes a
     second, and each cell gets what its backend and options traced alone give."""
     from profiler.execute import sweep as S
-    from profiler.plan import forward
+    from profiler.planner import forward
 
     sweep = Sweep(models=("tiny-sd15",), sizes=((128, 128),), dtypes=("float32",), device="cpu",
                   backends=(("naive", ()), ("sliced", (("slice_size", 1),)), ("sliced", (("slice_size", 4),)),
@@ -204,7 +204,7 @@ def test_fit_in_buckets_and_across_budgets():
     small, big = ({b["backend"]: b["largest"][0] for b in m["backends"]} for m in many)
     assert small["naive"] <= big["naive"] and small["naive"] < small["sdpa"]
     with pytest.raises(Exception, match="not W:H"):
-        from profiler.plan.fit import parse_aspect
+        from profiler.planner.fit import parse_aspect
 
         parse_aspect("wide")
 
@@ -230,7 +230,7 @@ def cpu_default(tmp_path_factory):
 def test_every_ok_cell_of_the_cpu_default_sweep_peaks_as_predicted(cpu_default):
     """Measured forward peak (the profiler's allocation timeline) over the planner's, within 1% for every ok cell:
     the VAE and the ControlNet under sdpa peak in a full-resolution convolution, whose oneDNN buffers the trace
-    must add (plan/cpu_conv.py); without them these were 1.32 and 1.23 in the sweep."""
+    must add (planner/cpu_conv.py); without them these were 1.32 and 1.23 in the sweep."""
     sweep, cells = cpu_default
     ok = cells[cells["status"] == "ok"]
     grids = {(c.model, c.settings) for c in sweep.cells("cpu")}
@@ -256,13 +256,13 @@ def test_every_ok_cell_of_the_cpu_default_sweep_peaks_as_predicted(cpu_default):
     (64, 64, 12, 1, 1, True),  # 1x1 without padding on that path: no buffer
 ])
 def test_a_cpu_convolutions_buffers_are_what_the_allocation_timeline_shows(ic, oc, side, k, stride, bias):
-    """plan/cpu_conv.py against the profiler's allocation timeline of one real float32 convolution: the peak over
+    """planner/cpu_conv.py against the profiler's allocation timeline of one real float32 convolution: the peak over
     the bytes alive before it, less its output, to the byte."""
     import torch
 
     from profiler import devices
     from profiler.measure.probes import traced
-    from profiler.plan.cpu_conv import block, workspace_bytes
+    from profiler.planner.cpu_conv import block, workspace_bytes
 
     if block() != 16:
         pytest.skip("measured with AVX-512's 16-channel blocks")

@@ -11,8 +11,8 @@ from profiler import backends, fused
 from profiler.execute.grid import Sweep
 from profiler.execute.sweep import execute
 from profiler.measure.probes import cpu_peak_bytes
-from profiler.plan import memory, plan
-from profiler.plan.forward import trace
+from profiler.planner import memory, plan
+from profiler.planner.forward import trace
 from profiler.recorder import describe_call
 from profiler.store import Run
 from tests.test_backends import case

@@ -6,7 +6,7 @@ import pytest
 
 from profiler import backends
 from profiler.measure import limits
-from profiler.plan import memory
+from profiler.planner import memory
 
 # SD 1.5's finest self-attention at 512x512 in float32: batch 1, 8 heads of 40, 4096 x 4096 tokens
 ROW = {"batch": 1, "heads": 8, "head_dim": 40, "tokens_q": 4096, "tokens_k": 4096, "score_elements": 8 * 4096 * 4096,

@@ -23,7 +23,8 @@ COMMAND = re.compile(r"attnprof ([a-z]+)\b([^;:()`]*)")  # 'attnprof sweep CONFI
 # Flags of other programs that messages tell the user to type: `ray start --head`, the worker's own modes.
 OTHERS = {"head": "ray start --head", "probe": "execute/worker.py --probe", "limits": "execute/worker.py --limits",
           "calibrate": "execute/worker.py --calibrate", "generate": "ray get-auth-token --generate",
-          "node-ip-address": "ray start --node-ip-address (attnprof serve's head)"}
+          "node-ip-address": "ray start --node-ip-address (attnprof serve's head)",
+          "steps": "docs/examples/generate.py --steps (a user's script that attnprof record runs)"}
 
 
 def _parsers() -> dict[str, argparse.ArgumentParser]:
@@ -61,7 +62,8 @@ def test_every_flag_a_message_names_exists():
                if flag not in known and flag not in OTHERS]
     assert unknown == []
     wrong = [(where, cmd, flag) for where, text in _texts() for cmd, rest in COMMAND.findall(text)
-             if cmd in parsers for flag in FLAG.findall(rest) if flag not in _flags(parsers[cmd]) | {"help"}]
+             if cmd in parsers for flag in FLAG.findall(rest.split(" -- ")[0])  # after --: a script's own
+             if flag not in _flags(parsers[cmd]) | {"help"}]
     assert wrong == []
 
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from profiler import models
-from profiler.plan import plan
+from profiler.planner import plan
 from profiler.spec import InputError
 
 

@@ -8,8 +8,8 @@ import torch
 from profiler.cli import main
 from profiler.execute.grid import Sweep, loads
 from profiler.execute.sweep import execute
-from profiler.plan import plan
-from profiler.plan.forward import trace
+from profiler.planner import plan
+from profiler.planner.forward import trace
 from profiler.store import Run
 
 MiB, GiB = 2**20, 2**30

@@ -3,7 +3,7 @@ import torch
 from diffusers.models.attention_processor import AttnProcessor, AttnProcessor2_0
 
 from profiler import models
-from profiler.plan import plan
+from profiler.planner import plan
 from profiler.recorder import Recorder
 
 

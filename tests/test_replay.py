@@ -8,7 +8,7 @@ import pytest
 from profiler import backends
 from profiler.cli import main
 from profiler.measure.replay import shape_of
-from profiler.plan import memory, plan
+from profiler.planner import memory, plan
 from profiler.store import Run, list_runs
 from tests.rss import fresh_process_peak_rss_of
 

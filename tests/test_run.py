@@ -34,7 +34,7 @@ def test_one_row_per_call_per_cell_with_every_field(run):
     assert blocks[BLOCK_FIELDS].notna().all().all()
     assert (blocks["time_ms"] > 0).all() and blocks["time_samples_ms"].map(len).eq(2).all()
     assert set(blocks["status"]) == {"ok"}
-    # each row carries the time model's prediction made before the run, and measured / predicted (plan/timing.py);
+    # each row carries the time model's prediction made before the run, and measured / predicted (planner/timing.py);
     # the results folder held no run of this device before, so the prediction is the roofline bound
     assert (blocks["predicted_time_ms"] > 0).all()
     assert np.allclose(blocks["predicted_time_ratio"], blocks["time_ms"] / blocks["predicted_time_ms"])

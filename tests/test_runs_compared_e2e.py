@@ -2,8 +2,8 @@
 by `attnprof run` as a user runs it, three at once, each under the others' load (three on this machine's two cores,
 beside the rest of the suite). What they time is
 injected (tests/faults.py), so that load moves neither side of a comparison: the grid's one backend, fault-scaled,
-is SDPA and then a wait of 40 ms x ATTNPROF_FAULT_FACTOR on every call, and with ATTNPROF_FAULT_STEADY each
-calibration round (the machine's speed at a run's start and end, timed as ever) is a fixed wait too. Two identical
+is SDPA and then a wait of 40 ms x ATTNPROF_FAULT_FACTOR on every call, and with ATTNPROF_FAULT_STEADY every
+calibration (the machine's speed at a run's start and end) is injected, the same in every run, not measured. Two identical
 runs (A, B) come out with every cell within noise (exit 0); the third (C), whose backend is made twice as slow, is
 caught on every cell (exit 1). The real machine check ("not judged" where the calibrations moved) is held by
 tests/test_compare.py on stored calibrations. The Compare page shows A and C side by side; `attnprof report` writes

@@ -1,4 +1,4 @@
-"""The time model (plan/timing.py) and the GPU table (profiler/gpus.py): the fit on synthetic rows with a known
+"""The time model (planner/timing.py) and the GPU table (profiler/gpus.py): the fit on synthetic rows with a known
 answer, the CLI on a small stored run whose times the test writes itself (no timing of anything)."""
 import json
 from pathlib import Path
@@ -9,7 +9,7 @@ import pytest
 from profiler import gpus
 from profiler.cli import main
 from profiler.measure.limits import device_key
-from profiler.plan import plan, timing
+from profiler.planner import plan, timing
 from profiler.spec import CellSpec, InputError, parse_bytes, size_text
 from profiler.store import Run
 
@@ -240,7 +240,7 @@ def test_a_sweeps_preflight_and_time_prediction_share_one_fake_forward_per_shape
     shapes, three backends, two forwards in all. Its counts are those of a forward that runs no backend: the
     backends' own ops never leak into a call's projections or the rest."""
     from profiler.execute.sweep import predict
-    from profiler.plan import forward
+    from profiler.planner import forward
 
     cells = [CellSpec("tiny-sd15", w, h, 1, "float32", b, "cpu", o) for w, h in ((64, 64), (128, 96))
              for b, o in (("naive", ()), ("sliced", (("slice_size", 2),)), ("sdpa", ()))]

@@ -6,7 +6,7 @@ executors (local.py, ray.py, worker.py), which import it; it imports none of the
 
 A cell's extra (`extra`, keyed by cell_id where a sweep holds them all): what the sweep knows of the cell before it
 runs, carried into its row: the predictions (predicted_forward_peak_bytes, predicted_need_bytes), the device's limits
-for its dtype (measure/limits.cell_peaks) and its predicted times (plan/timing.py)."""
+for its dtype (measure/limits.cell_peaks) and its predicted times (planner/timing.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -130,6 +130,6 @@ def with_extra(cell: dict, blocks: list[dict], extra: dict) -> dict:
     """The cell's row with its extra merged in, as every writer of a cell row merges it (the group that measured the
     cell, the executor whose worker died in it): the predicted call times go onto the block rows of a measured cell
     (plan/timing.attach), never into the cell row."""
-    from ..plan.timing import attach
+    from ..planner.timing import attach
 
     return {**cell, **attach(cell, blocks, extra)}

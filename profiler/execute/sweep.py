@@ -39,11 +39,11 @@ def predict(cells: list[CellSpec]) -> tuple[dict[str, dict], dict[str, tuple[int
     """Per cell, from one fake-tensor forward per shape (model, settings, size, batch, dtype) and device type for all the
     backends that share them, each with its own options (a backend asked with two sets of options takes a second
     forward): predicted_forward_peak_bytes (this model's weights, the inputs and the forward's transient,
-    plan/forward.py) and predicted_need_bytes, what the preflight holds against the memory budget: the same
+    planner/forward.py) and predicted_need_bytes, what the preflight holds against the memory budget: the same
     forward peak, since nothing of ours stays on the device beside the model under test (the fp32 reference is
     computed and freed before it is built: measure/cell.py). And the head dims of each model, for the
     availability probe."""
-    from ..plan.forward import trace
+    from ..planner.forward import trace
 
     groups: dict[Shape, list[dict[str, tuple]]] = {}  # shape -> forwards, each {backend: its options}
     for c in cells:
@@ -191,9 +191,9 @@ def _calibrate(run, executor, device: str, when: str) -> None:
 
 
 def _predicted_times(cells: list[CellSpec], limits: dict, sweep: Sweep, say: bool) -> dict[str, dict]:
-    """Each cell's predicted time (plan/timing.py), and the sweep's total printed (stderr, beside the progress bar)
+    """Each cell's predicted time (planner/timing.py), and the sweep's total printed (stderr, beside the progress bar)
     before the first cell."""
-    from ..plan.timing import predict_cells, sweep_text
+    from ..planner.timing import predict_cells, sweep_text
 
     times = predict_cells(cells, limits, Path(sweep.out))
     if say and times:

@@ -59,15 +59,15 @@ class CallTimer:
       collect() after one synchronize into sample lists keyed by the row's `key` field (`samples`);
     - with peaks, where the device's allocator counts (CUDA): the call's allocator peak over what was allocated when
       it began (`peak`), read from the allocator's statistics (no synchronize needed);
-    - with ranges: a profiler range per call named by its block (`ranges` maps the names back to keys), so that a
-      Chrome / Perfetto trace of the pass shows each call and its kernels can be credited to it;
+    - with ranges: a profiler range per call named by its block (or name(row)); `ranges` maps the names back to
+      keys, so that a Chrome / Perfetto trace of the pass shows each call and its kernels can be credited to it;
     - with sync: a synchronize before each call, so that it starts on an idle device (the probe pass, whose call
       times are set beside the GPU time of the same call's kernels).
     key: call_index (a call's place in one forward, whose samples are the forwards), or any field unique per call."""
 
     def __init__(self, device: devices.Cpu | devices.Cuda, clock=time.perf_counter, peaks: bool = False,
-                 ranges: bool = False, sync: bool = False, key: str = "call_index"):
-        self.device, self.clock, self.key = device, clock, key
+                 ranges: bool = False, sync: bool = False, key: str = "call_index", name=None):
+        self.device, self.clock, self.key, self.name = device, clock, key, name or (lambda row: row["block"])
         self.peaks, self.sync, self.named = peaks and device.allocator, sync, ranges
         self._pending: list[tuple[object, object]] = []
         self._open: dict = {}
@@ -78,7 +78,8 @@ class CallTimer:
     def before(self, row: dict) -> None:
         key, dev, opened = row[self.key], self.device, {}
         if self.named:
-            name = row["block"] if row["block"] not in self.ranges else f"{row['block']} (call {key})"
+            name = self.name(row)
+            name = name if name not in self.ranges else f"{name} (call {key})"
             self.ranges[name] = key
             opened["range"] = torch.profiler.record_function(name)
             opened["range"].__enter__()

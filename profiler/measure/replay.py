@@ -25,7 +25,7 @@ import torch
 
 from .. import backends, devices
 from ..models import facts_of
-from ..plan.memory import bytes_moved, predicted_peak_bytes
+from ..planner.memory import bytes_moved, predicted_peak_bytes
 from ..spec import CellSpec, torch_dtype
 from .limits import cell_peaks, device_limits, place
 from .probes import CallProbe, CallTimer, summarize, trace_windows, traced
@@ -99,7 +99,7 @@ def _enough(samples: list[float], repeats: int, timed_s: float) -> bool:
 
 def targets_of_plan(model: str, sizes, batch: int, dtype: str) -> list[tuple[dict, list[dict], dict]]:
     """(the shape of a forward: model, width, height, batch, dtype; its calls' rows; no in-model times) per size."""
-    from ..plan import plan
+    from ..planner import plan
 
     return [({"model": model, "width": w, "height": h, "batch": batch, "dtype": dtype},
              plan(model, w, h, batch, dtype)["blocks"], {}) for w, h in sizes]

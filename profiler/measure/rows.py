@@ -9,7 +9,7 @@ from torch.utils._pytree import tree_leaves
 
 from .. import backends
 from ..models import facts_of
-from ..plan.memory import bytes_moved, predicted_peak_bytes
+from ..planner.memory import bytes_moved, predicted_peak_bytes
 from ..spec import CellSpec
 from .limits import place
 from .probes import CallTimer, summarize

@@ -56,9 +56,11 @@ def per_shape(cells: pd.DataFrame) -> list[str]:
     cells = cells.sort_values("pixels", kind="stable")
     timed = cells["attention_time_ms"].notna() if "attention_time_ms" in cells else False  # none: compiled, fused
     ok = cells[(cells["status"] == "ok") & timed]
-    by = ok.groupby(SHAPE, sort=False)
-    fastest = _by_shape(ok.loc[by["attention_time_ms"].idxmin()]) if len(ok) else {}
-    smallest = _by_shape(ok.loc[by["attention_peak_mem_bytes"].idxmin()]) if len(ok) else {}
+    fastest = _by_shape(ok.loc[ok.groupby(SHAPE, sort=False)["attention_time_ms"].idxmin()]) if len(ok) else {}
+    peaked = ok[ok["attention_peak_mem_bytes"].notna()] if "attention_peak_mem_bytes" in ok else ok.iloc[:0]  # none:
+    # compiled, fused, or a recorded CPU generation; no column: no cell ran
+    smallest = _by_shape(peaked.loc[peaked.groupby(SHAPE, sort=False)["attention_peak_mem_bytes"].idxmin()]) \
+        if len(peaked) else {}
     naive = _by_shape(cells[cells["backend_label"] == "naive"].drop_duplicates(SHAPE))
     statuses = cells.groupby(SHAPE, sort=False)["status"].agg(lambda s: ", ".join(sorted(set(s)))).to_dict()
     out = []
@@ -69,14 +71,15 @@ def per_shape(cells: pd.DataFrame) -> list[str]:
                        f"{where} no backend's attention had a time of its own (compiled: fused into Inductor's "
                        "kernels); their forwards' times stand.")
             continue
-        fast, small, base = fastest[key], smallest[key], naive.get(key)
+        fast, small, base = fastest[key], smallest.get(key), naive.get(key)
         ran = base is not None and base["status"] == "ok" and base["attention_time_ms"] == base["attention_time_ms"]
         line = (f"{where} {fast['backend_label']} was the fastest: {_ms(fast['attention_time_ms'])} of attention per "
                 "forward (the median of the timed forwards, each its calls summed)"
-                f"{_against_naive(fast, base, 'attention_time_ms', 'faster', _ms) if ran else ''}; "
-                f"{small['backend_label']} needed the least memory: its largest call peaked at "
-                f"{human_bytes(small['attention_peak_mem_bytes'])}"
-                f"{_against_naive(small, base, 'attention_peak_mem_bytes', 'less', human_bytes) if ran else ''}")
+                f"{_against_naive(fast, base, 'attention_time_ms', 'faster', _ms) if ran else ''}; ")
+        line += (f"{small['backend_label']} needed the least memory: its largest call peaked at "
+                 f"{human_bytes(small['attention_peak_mem_bytes'])}"
+                 f"{_against_naive(small, base, 'attention_peak_mem_bytes', 'less', human_bytes) if ran else ''}"
+                 if small else "no cell of it measured a per-call peak")
         if not ran:
             line += (" (no naive cell to compare)" if base is None else f" (naive {base['status']} here)"
                      if base["status"] != "ok" else " (naive's attention had no time of its own here: compiled)")
@@ -171,11 +174,37 @@ def doubtful(cells: pd.DataFrame) -> list[str]:
     return out
 
 
+def recorded(cells: pd.DataFrame, blocks: pd.DataFrame) -> list[str]:
+    """Per recorded generation (attnprof record, profiler.profile): its wall time, the denoiser's forwards and its
+    attention's share of the generation, and the block whose calls took most."""
+    out = []
+    for c in cells[cells["status"] == "ok"].to_dict("records"):
+        mine = blocks[blocks["cell_id"] == c["cell_id"]] if len(blocks) else blocks
+        total = mine["time_total_ms"].sum() if len(mine) else 0.0  # each block's calls, every forward
+        line = (f"{c['pipeline']} ({c['backend_label']}, {c['steps']} steps at {c['size']}, batch {c['batch']}) took "
+                f"{c['generation_s']:.2f} s; {c['steps']} denoiser forwards of {_ms(c['forward_time_ms'])} (median), "
+                f"their attention {_ms(c['attention_time_ms'])} each; every attention call together "
+                f"{_ms(total)}, {100 * total / 1e3 / c['generation_s']:.1f}% of the generation")
+        if len(mine):
+            top = mine.sort_values("time_total_ms").iloc[-1]
+            line += (f"; the most, {top['block']} ({top['tokens_q']} x {top['tokens_k']} tokens): "
+                     f"{_ms(top['time_total_ms'])}")
+        out.append(line + ".")
+    return out
+
+
 def findings(cells: pd.DataFrame, blocks: pd.DataFrame) -> list[str]:
-    """The run's headline findings, each a plain sentence; none for a run with no cells."""
+    """The run's headline findings, each a plain sentence; none for a run with no cells. A recorded generation's
+    cells (kind record) get their own sentences; the others are compared shape by shape."""
     if not len(cells):
         return []
-    return per_shape(cells) + compiled_effect(cells) + stopped_fitting(cells) + largest_call(blocks) + doubtful(cells)
+    mine = cells["kind"].eq("record") if "kind" in cells else pd.Series(False, index=cells.index)
+    out = recorded(cells[mine], blocks) if mine.any() else []
+    cells = cells[~mine]
+    if not len(cells):
+        return out
+    return out + per_shape(cells) + compiled_effect(cells) + stopped_fitting(cells) + largest_call(blocks) + \
+        doubtful(cells)
 
 
 def format_findings(sentences: list[str], width: int = 118) -> str:

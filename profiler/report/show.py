@@ -157,9 +157,29 @@ def format_run(run: Run) -> str:
     twins = eager_twins(cells)
     rows = _cell_rows(cells, twins)
     lines += [table(rows, [(c, c) for c in _cell_columns(rows, twins)]), "", _footnote(cells)]
-    if len(blocks):
+    lines += _recorded_lines(cells, m)
+    if len(blocks) and blocks["peak_mem_bytes"].notna().any():
         lines += ["", "largest measured per-call peaks:", _largest_calls(blocks)]
     return "\n".join(lines)
+
+
+def _recorded_lines(cells, m: dict) -> list[str]:
+    """A recorded generation's cells (kind record): per component its forwards, their time, its attention calls and
+    theirs, against the generation's wall time; the run's notes."""
+    import json
+
+    out = []
+    for c in (c for c in cells.to_dict("records") if c.get("kind") == "record" and c["status"] == "ok"):
+        wall = c["generation_s"] * 1e3
+        rows = [{"component": r["component"], "class": r["class"], "forwards": str(r["forwards"]),
+                 "time": f"{r['time_ms']:.1f} ms", "share": f"{100 * r['time_ms'] / wall:.1f}%",
+                 "calls": str(r["attention_calls"]), "attention": f"{r['attention_ms']:.1f} ms",
+                 "attention share": f"{100 * r['attention_ms'] / wall:.1f}%"} for r in json.loads(c["components"])]
+        out += ["", f"{c['pipeline']}, {c['backend_label']} ({c['processors']}): {c['steps']} steps, scheduler "
+                    f"{c['scheduler']}, guidance {c['guidance']}; {c['generation_s']:.3f} s of wall time",
+                table(rows, [(k, k) for k in ("component", "class", "forwards", "time", "share", "calls",
+                                              "attention", "attention share")])]
+    return out + [f"note: {n}" for n in m.get("notes") or []]
 
 
 def _cell_rows(cells, twins: dict) -> list[dict]:

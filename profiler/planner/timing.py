@@ -17,7 +17,7 @@ forward (convolutions, norms, the feed-forwards, every op outside attention call
 of max(FLOPs / P, bytes / B) over its ops and ops their number (per-op dispatch), fitted per (device, dtype) to the
 cells' forward_time_ms - attention_time_ms. A prediction is never below the roofline bound.
 
-The ops come from one forward on fake tensors (plan/forward.py's trace, the very forward of a sweep's preflight or
+The ops come from one forward on fake tensors (planner/forward.py's trace, the very forward of a sweep's preflight or
 of a plan, so that a shape is traced once): every aten op is counted with its
 FLOPs (torch.utils.flop_counter's formulas: matmuls and convolutions) and the bytes of its tensor inputs and outputs
 (views move nothing); inside an attention call the attention itself is left out (it is modelled per backend above),
@@ -115,15 +115,21 @@ def _settings(cell: dict) -> tuple:
     return tuple(sorted(json.loads(cell["settings"]).items()))
 
 
-def samples(results: Path, key: str) -> tuple[list[dict], list[dict], dict, list[str]]:
+def samples(results: Path, key: str, passed: dict | None = None) -> tuple[list[dict], list[dict], dict, list[str]]:
     """From every ok cell of the runs under results measured on the device of this limits key: (one sample per
-    attention call, one per cell, the device's limits from the latest such run's manifest, the run ids)."""
-    from ..store import Run, list_runs
+    attention call, one per cell, the device's limits from the latest such run's manifest, the run ids). A run of a
+    kind the time model is not fitted on (store.RUN_KINDS: a replay, a recorded generation) is passed over, and
+    named in `passed` (run id -> its kind)."""
+    from ..store import Run, kind_of, list_runs
 
     calls, cells, limits, runs = [], [], {}, []
     for path in list_runs(Path(results)):
         run = Run.open(path)
         manifest = run.manifest()
+        if not kind_of(manifest).calibrates:
+            if passed is not None:
+                passed[run.id] = kind_of(manifest).name
+            continue
         if (manifest.get("device_limits") or {}).get("key") != key or not manifest.get("device_peak_bytes_per_s"):
             continue
         table, blocks = run.read()
@@ -167,10 +173,12 @@ def calibrate(results: Path, key: str, write: bool = True) -> dict | None:
     """The time model of the device of this limits key, fitted to its stored runs under results (None where it has
     none): {"key", "runs", "limits", "backends": {group: fit}, "rest": {dtype: fit}}, each backend's fit with its
     leave-one-out error of the forward too. Written to the calibration file under the key."""
-    calls, cells, limits, runs = samples(results, key)
+    passed: dict[str, str] = {}
+    calls, cells, limits, runs = samples(results, key, passed)
     if not cells:
         return None
-    out = {"key": key, "results": str(results), "runs": runs, "limits": limits, "backends": {}, "rest": {}}
+    out = {"key": key, "results": str(results), "runs": runs, "limits": limits, "backends": {}, "rest": {},
+           "passed_over": passed}
     for dtype in sorted({c["dtype"] for c in cells}):
         out["rest"][dtype] = fit_model([c for c in cells if c["dtype"] == dtype], REST_FEATURES, "rest_ms")
     for group in sorted({c["group"] for c in calls}):
@@ -219,6 +227,15 @@ def source_text(fitted: dict | None, gpu: dict | None = None, device: str | None
     return f"calibrated on {fitted['cells']} cells in {fitted['runs']} runs of this device, {err}"
 
 
+def passed_text(passed: dict | None) -> str:
+    """'; passed over 2 runs (record, replay: not cells of named models timed by the harness)', or ''."""
+    if not passed:
+        return ""
+    kinds = ", ".join(sorted(set(passed.values())))
+    return f"; passed over {len(passed)} run{'s' if len(passed) > 1 else ''} ({kinds}: not cells of named models " \
+           "timed by the harness)"
+
+
 def _sdpa_kernels(blocks: list[dict], backend: str, dtype: str, device: str, gpu: dict | None) -> None:
     """The SDPA kernel of each call where the plan has none (a meta-device plan): bytes_moved differs for math."""
     from .. import devices
@@ -254,7 +271,8 @@ def predict(p: dict, backend: str, options: dict, limits: dict, calibration: dic
     times = {"predicted_attention_time_ms": attention, "predicted_rest_time_ms": rest,
              "predicted_forward_time_ms": attention + rest, "roofline_attention_time_ms": roof,
              "roofline_forward_time_ms": roof + rest_roof, "time_backend": backends.label(backend, options),
-             "time_source": source_text(fitted, gpu, (calibration or {}).get("device")),
+             "time_source": source_text(fitted, gpu, (calibration or {}).get("device")) +
+             passed_text((calibration or {}).get("passed_over")),
              "time_calibrated": bool(fitted),
              "time_limits": {"peak_flops_per_s": peaks[0], "peak_bytes_per_s": peaks[1],
                              "key": limits.get("device_limits", {}).get("key")}}

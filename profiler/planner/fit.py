@@ -1,4 +1,4 @@
-"""attnprof fit: for each backend, the largest image whose forward fits a memory budget (plan/forward.py's
+"""attnprof fit: for each backend, the largest image whose forward fits a memory budget (planner/forward.py's
 predicted_forward_peak_bytes), or the verdict for each of SDXL's trained aspect buckets.
 
 Every size on the grid (64-pixel steps of width, the height following the aspect) is screened, then the answer is

@@ -30,7 +30,7 @@ blocked copies of input, weight and output, or PyTorch's im2col columns), which 
 attention's tables are small (a VAE decode or a ControlNet under sdpa: a full-resolution convolution).
 
 With ops=True the same forward also counts every op's FLOPs and bytes (OpCount) for the time model (walk(), read by
-plan/timing.py), the asked backends' own ops left out: a sweep's preflight and its time prediction share one forward
+planner/timing.py), the asked backends' own ops left out: a sweep's preflight and its time prediction share one forward
 per shape (three before: this trace, a meta-device plan and the time model's walk; 5.1 s of a 32 s test fixture).
 """
 from __future__ import annotations
@@ -340,7 +340,7 @@ _WALKS: dict[tuple, dict] = {}  # the ops of the forwards traced with ops=True, 
 
 
 def walk(model: str, width: int, height: int, batch: int = 1, dtype: str = "float16", settings: tuple = ()) -> dict:
-    """The forward's ops on fake tensors (the time model's input, plan/timing.py): {"rows": the attention calls
+    """The forward's ops on fake tensors (the time model's input, planner/timing.py): {"rows": the attention calls
     (recorder rows), "blocks": each call's block, "calls": per call an array of its own ops' (FLOPs, bytes), the
     attention core left out, "rest": the same for every op outside attention calls}. From the trace that a sweep's
     preflight or a plan made of this shape already, else from a trace of its own."""

@@ -10,7 +10,7 @@ What is resident follows the offload (diffusers' names): none keeps every model 
 model (enable_model_cpu_offload) keeps only the phase's own models; sequential (enable_sequential_cpu_offload)
 streams the phase's weights one module at a time, so about its largest module is resident.
 
-A phase's need at a size is what is resident beside its model plus its forward's peak (plan/forward.py, the same
+A phase's need at a size is what is resident beside its model plus its forward's peak (planner/forward.py, the same
 fake-tensor trace as attnprof plan). The largest image is found per phase with attnprof fit's search (every 64-pixel
 step screened, the answer traced exactly), against the budget less what the other phases leave resident, and the
 smallest of those is the answer; a tiled decode (whose ops change with the size) is traced exactly at that answer

@@ -19,7 +19,7 @@ def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "floa
          gpu_arch: str | None = None, settings: tuple = ()) -> dict:
     """One size: {model, width, height, batch, dtype, settings, backend, device, blocks: [row per attention call],
     totals}. Without a backend, the calls' shapes from a meta-device forward. With one, the whole forward on fake
-    tensors (plan/forward.py): each call's traced transient beside its memory model's, and the forward's peak
+    tensors (planner/forward.py): each call's traced transient beside its memory model's, and the forward's peak
     memory (predicted_forward_peak_bytes); with a memory budget too, whether that fits. On CUDA the kernels are
     those of the GPU target: gpu_arch (e.g. sm89), else this machine's GPU, else an assumed H100-class sm90.
     settings: the model's (spec.SETTINGS: a ControlNet, IP-Adapter tokens, ToMe; a VAE's part, tiling, ...)."""

@@ -1,0 +1,153 @@
+"""attnprof record: an unmodified script profiled as it runs.
+
+    attnprof record [--out DIR] [--backend NAME]... [--trace] -- SCRIPT.py [ARGS...]
+
+The script runs as `python SCRIPT.py ARGS` would (its own __main__, argv, output and exit status), once per backend
+given (none: once, with the processors it loads), each time in a process of its own. Every call of a diffusers
+pipeline in it is profiled (session.profile); all of one process's calls make one cell of the one run, whose
+calibrations (the machine's speed, measure/calibrate.py) are taken before and after each, so that `attnprof diff`
+judges two such runs by the same rule as any other. To find the pipeline calls of a script it cannot change, the
+child wraps the `__call__` of each pipeline class the script builds (seen as its __init__ registers its modules),
+in its own process only: the one place attnprof patches diffusers.
+"""
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from ..spec import InputError
+
+RUN_ENV = "ATTNPROF_RECORD_RUN"
+
+
+def record(script: str, args: list[str], backends_: list[str], out: Path, trace: bool = False,
+           say=lambda line: None) -> tuple[int, Path]:
+    """Run the script once per backend (or once as it is), each in a child process that records its cell into one
+    new run under out. (the script's exit status, the first non-zero of its runs; the run's folder)."""
+    from .. import backends
+    from ..store import Run, now
+
+    path = Path(script)
+    if not path.is_file():
+        raise InputError(f"record: {script} is not a file: give the script to run, e.g. attnprof record -- "
+                         "generate.py --steps 30")
+    for name in backends_:
+        backends.check_backend_name(name)
+    run = Run.create(out, {"kind": "record", "command": " ".join(["attnprof record", *(f"--backend {b}" for b in
+                                                                                        backends_), "--", script,
+                                                                   *args]),
+                           "record": {"script": str(path), "args": args, "backends": backends_ or [None]},
+                           "cells": [], "ended_at": None})
+    code = 0
+    try:
+        for backend in backends_ or [None]:
+            say(f"running {script} {' '.join(args)}" + (f" with backend {backend}" if backend else
+                                                        " with the processors it loads"))
+            argv = [sys.executable, "-m", "profiler.record.script", *(["--backend", backend] if backend else []),
+                    *(["--trace"] if trace else []), "--", str(path), *args]
+            done = subprocess.run(argv, env={**os.environ, RUN_ENV: str(run.path)})
+            code = code or done.returncode
+    finally:
+        cells = run.cells()
+        run.update_manifest(ended_at=now(), interrupted=code != 0,
+                            cells=[{k: c[k] for k in ("model", "width", "height", "batch", "dtype", "backend", "device",
+                                                      "backend_options", "settings", "cell_id")}
+                                   for c in cells.to_dict("records")] if len(cells) else [])
+    if not len(cells):
+        say(f"the script made no diffusers pipeline call: run {run.id} holds no cell")
+    return code, run.path
+
+
+class _Watch:
+    """The pipeline calls of this process, each profiled: the __call__ of every pipeline class the script builds is
+    wrapped (once per class; a pipeline called inside another's call is part of the outer one)."""
+
+    def __init__(self, backend: str | None, trace: bool):
+        self.backend, self.trace, self.profiles = backend, trace, []
+        self.local, self.wrapped = threading.local(), {}
+
+    def __enter__(self) -> "_Watch":
+        from diffusers import DiffusionPipeline
+
+        register, watch = DiffusionPipeline.register_modules, self
+
+        def register_modules(pipe, **kwargs):
+            register(pipe, **kwargs)
+            watch.wrap(type(pipe))
+
+        self.register = register
+        DiffusionPipeline.register_modules = register_modules
+        return self
+
+    def wrap(self, cls) -> None:
+        owner = next((k for k in cls.__mro__ if "__call__" in vars(k)), None)
+        if owner is None or owner in self.wrapped:
+            return
+        original, watch = owner.__call__, self
+        self.wrapped[owner] = original
+
+        def __call__(pipe, *args, **kwargs):
+            if getattr(watch.local, "active", False):
+                return original(pipe, *args, **kwargs)
+            from .session import profile
+
+            watch.local.active = True
+            try:
+                with profile(pipe, out=None, backend=watch.backend, trace=watch.trace) as prof:
+                    result = original(pipe, *args, **kwargs)
+                watch.profiles.append(prof)
+                return result
+            finally:
+                watch.local.active = False
+
+        owner.__call__ = __call__
+
+    def __exit__(self, *exc) -> None:
+        from diffusers import DiffusionPipeline
+
+        DiffusionPipeline.register_modules = self.register
+        for owner, original in self.wrapped.items():
+            owner.__call__ = original
+
+
+def child(argv: list[str]) -> int:
+    """One run of the script in this process: calibrations, the script with its pipeline calls profiled, its cell
+    recorded into the run that $ATTNPROF_RECORD_RUN names. The script's exit status."""
+    import torch
+
+    from ..execute.local import LocalExecutor
+    from ..store import Run
+    from .session import merged, store_cell
+
+    backend = argv[argv.index("--backend") + 1] if "--backend" in argv else None
+    trace = "--trace" in argv[:argv.index("--")]
+    script, args = argv[argv.index("--") + 1], argv[argv.index("--") + 2:]
+    run = Run.open(Path(os.environ[RUN_ENV]))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    calibrations = [LocalExecutor(workers=False).calibrate(device, "start")]
+    code = 0
+    sys.argv = [script, *args]
+    sys.path.insert(0, str(Path(script).resolve().parent))
+    with _Watch(backend, trace) as watch:
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            if not isinstance(e.code, int) and e.code is not None:
+                print(e.code, file=sys.stderr)
+    calibrations.append(LocalExecutor(workers=False).calibrate(device, "end"))
+    if watch.profiles:
+        store_cell(run, merged(watch.profiles), backend)
+        run.update_manifest(calibration=[*run.manifest().get("calibration", []), *calibrations],
+                            notes=sorted({*run.manifest().get("notes", []), *(n for p in watch.profiles
+                                                                               for n in p.notes)}))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(child(sys.argv[1:]))

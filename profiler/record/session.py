@@ -1,0 +1,426 @@
+"""profiler.profile: a user's own generation profiled as it runs, around the code they already have.
+
+    with profile(pipe, out="results") as prof:
+        images = pipe(prompt, num_inference_steps=30).images
+    prof.calls, prof.components, prof.run_dir; print(prof)
+
+The target is a diffusers pipeline (its components: unet, controlnet, vae, text and image encoders) or any module
+that holds diffusers Attention modules (a U-Net, a ControlNet, a VAE: the component `model`). Every attention call is
+recorded at the call itself (recorder.Recorder: hooks on each Attention module, the measuring core that attnprof run
+uses too), so whatever processor runs is recorded and left in place: the user's, one a pipeline sets mid-call
+(perturbed-attention guidance), IP-Adapter's modules; with backend=NAME that backend's processors are swapped in for
+the generation and the user's restored after. The output is the same as an unprofiled run's: nothing is changed.
+
+- time: an interval per call and per component forward on the execution device's clock (CUDA events, read once at
+  the end: no synchronize per call; a host clock on the CPU);
+- memory: on CUDA the allocator's peak per call over what it began with (its statistics, no synchronize); on the
+  CPU none (that takes the profiler's allocation trace: attnprof run measures it in a probe pass), as the notes say;
+- step: the index of the denoiser's forward (the U-Net's, a ControlNet's) the call ran in; empty outside the loop;
+- a compiled component (torch.compile, compile_repeated_blocks) keeps its compiled graph: its forwards are timed, its
+  attention calls are not recorded one by one (hooks inside it would change what is compiled), and a note says so;
+- trace=True: a Chrome / Perfetto trace of the generation in the run, each attention call a range named by its
+  component, block and shape.
+
+The run it stores (out=None: none) is a run of kind `record` (store.RUN_KINDS): one cell, one block row per call of
+a forward with the per-forward times as its samples, and every call with its step in calls.parquet.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from .. import backends, devices
+from ..fmt import human_bytes, table
+from ..measure.probes import CallTimer, summarize, traced
+from ..recorder import Recorder, attention_modules
+from ..spec import CellSpec, InputError
+
+LOOP = ("unet", "controlnet", "transformer", "prior", "model")  # components that run once per denoising step
+DENOISERS = ("unet", "transformer", "prior", "model")  # the one whose forwards are the steps
+CALL_COLUMNS = ["component", "block", "generation", "step", "pass_index", "call_index", "kind", "batch", "heads",
+                "head_dim", "tokens_q", "tokens_k", "ip_tokens_k", "score_elements", "score_bytes", "flops", "time_ms",
+                "peak_bytes", "stage", "level", "upcast"]
+
+
+def components(target) -> dict[str, torch.nn.Module]:
+    """The modules to profile by name: a pipeline's nn.Module components (diffusers' `components`), or the target
+    itself as `model`."""
+    if isinstance(target, torch.nn.Module):
+        return {"model": target}
+    found = {name: m for name, m in (getattr(target, "components", None) or {}).items()
+             if isinstance(m, torch.nn.Module)}
+    if not found:
+        raise InputError(f"profile: {type(target).__name__} is neither a diffusers pipeline nor a torch module: give "
+                         "the pipeline (pipe) or one of its models (pipe.unet)")
+    return found
+
+
+def compiled(module: torch.nn.Module) -> bool:
+    """Whether the module, or a block of it, runs compiled (torch.compile's wrapper, or nn.Module.compile as
+    diffusers' compile_repeated_blocks does it)."""
+    return type(module).__name__ == "OptimizedModule" or any(
+        m._compiled_call_impl is not None for m in module.modules() if hasattr(m, "_compiled_call_impl"))
+
+
+def pass_modules(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """What a forward of the component is: a VAE's encoder and decoder (pipelines call vae.decode, not its
+    forward), else the module itself."""
+    parts = [getattr(module, p, None) for p in ("encoder", "decoder")]
+    if type(module).__name__.startswith("Autoencoder") and all(isinstance(p, torch.nn.Module) for p in parts):
+        return parts
+    return [module]
+
+
+def _device(target, found: dict) -> torch.device:
+    """Where the generation runs: its components' device; a pipeline whose components wait on the CPU for
+    offloading (their parameters there, CUDA here) runs on its _execution_device (a walk of diffusers' offload
+    hooks: 10 ms, so only then)."""
+    params = (p for m in found.values() for p in m.parameters())
+    device = next((p.device for p in params if p.device.type != "meta"), torch.device("cpu"))
+    if device.type == "cpu" and torch.cuda.is_available() and not isinstance(target, torch.nn.Module):
+        device = getattr(target, "_execution_device", device)
+    return torch.device(device)
+
+
+def meter(device, trace: bool = False) -> CallTimer:
+    """A generation's one meter: each call and component forward on the device's clock (CUDA events: read once at
+    the end, no synchronize per call), the allocator's peak per call where the device counts one, a named range per
+    call with trace."""
+    return CallTimer(devices.get(device), peaks=True, ranges=trace, key="uid", name=_range_name)
+
+
+def _range_name(row: dict) -> str:
+    """A trace range's name: 'unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1 2x4096x4096' (component,
+    block, batch x query tokens x key tokens) for an attention call, 'unet forward' for a component's forward."""
+    if row["block"] == "forward":
+        return f"{row['component']} forward"
+    return f"{row['component']}.{row['block']} {row['batch']}x{row['tokens_q']}x{row['tokens_k']}"
+
+
+class _Tagged:
+    """The meter of one component: each row tagged with the component and a key unique in the session, then told
+    to the session's one CallTimer."""
+
+    def __init__(self, meter: CallTimer, component: str, uid):
+        self.meter, self.component, self.uid = meter, component, uid
+
+    def before(self, row: dict) -> None:
+        row["component"], row["uid"] = self.component, next(self.uid)
+        self.meter.before(row)
+
+    def after(self, row: dict) -> None:
+        self.meter.after(row)
+
+
+@dataclass
+class Profile:
+    """What a profiled generation measured. calls: one row per attention call; components: per component its
+    forwards, their time, its attention calls and their time; run_dir: the stored run (None with out=None)."""
+
+    target: str = ""
+    calls: pd.DataFrame = field(default_factory=pd.DataFrame)
+    components: pd.DataFrame = field(default_factory=pd.DataFrame)
+    forwards: pd.DataFrame = field(default_factory=pd.DataFrame)  # each component forward: component, time_ms
+    run_dir: Path | None = None
+    wall_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    facts: dict = field(default_factory=dict)
+    traces: list[bytes] = field(default_factory=list)  # with trace=True: the generation's Chrome / Perfetto trace
+
+    def __str__(self) -> str:
+        return summary(self)
+
+
+class Session:
+    """The hooks of one profiled generation: a Recorder per component with attention modules (its calls), a timed
+    forward per component, the backend's processors where one is asked for."""
+
+    def __init__(self, target, backend: str | None = None, options: dict | None = None, trace: bool = False):
+        self.target, self.found = target, components(target)
+        self.device = _device(target, self.found)
+        self.backend, self.options, self.trace = backend, options or {}, trace
+        if backend:
+            backends.check_backend_name(backend)
+            options = backends.check_options(backend, self.options)
+            self.factory = lambda: backends.make_processor(backend, **options)  # noqa: E731
+        self.meter = meter(self.device, trace)
+        self.uid = itertools.count()
+        self.recorders: dict[str, Recorder] = {}
+        self.modules = {name: attention_modules(m) for name, m in self.found.items()}  # each component's, by path
+        self.forwards: list[dict] = []
+        self.notes: list[str] = []
+        self.facts: dict = {}
+        self._open: list[dict] = []
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> "Session":
+        try:
+            for name, module in self.found.items():
+                self._component(name, module)
+            if self.trace:
+                self.prof = self._stack.enter_context(traced(devices.get(self.device), memory=False))
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def _component(self, name: str, module: torch.nn.Module) -> None:
+        passes = pass_modules(module)
+        inside = [p for p in passes if getattr(p, "_compiled_call_impl", None) is not None]  # module.compile()
+        if inside:
+            self.notes.append(f"{name} was compiled with module.compile(): its forwards are not timed and its "
+                              "attention calls not recorded (a hook on it runs inside its compiled graph and would "
+                              "change what is compiled); torch.compile(module) leaves its forwards timeable")
+            return
+        for part in passes:
+            self._stack.callback(part.register_forward_pre_hook(self._forward_begins(name), with_kwargs=True).remove)
+            self._stack.callback(part.register_forward_hook(self._forward_ends, always_call=True).remove)
+        modules = self.modules[name]
+        if not modules:
+            return
+        if compiled(module):
+            self.notes.append(f"{name} runs compiled: its forwards are timed, its attention calls are not recorded "
+                              "one by one (hooks inside the compiled graph would change what is compiled); attnprof "
+                              "run --compile measures a compiled U-Net's calls")
+            return
+        if self.backend:
+            foreign = sorted({type(m.processor).__name__ for m in modules.values()
+                              if type(m.processor).__name__.startswith(("IPAdapter", "CustomDiffusion"))})
+            if foreign:
+                raise InputError(f"profile: backend={self.backend!r} would replace {name}'s {', '.join(foreign)} "
+                                 "processors, and with them what they add: profile with backend=None (the loaded "
+                                 "processors)")
+        rec = Recorder(module, processor=self.factory if self.backend else None,
+                       around=_Tagged(self.meter, name, self.uid), passes=passes, modules=modules)
+        self.recorders[name] = self._stack.enter_context(rec)
+
+    def _forward_begins(self, name: str):
+        def begin(module, args, kwargs) -> None:
+            row = {"component": name, "uid": next(self.uid), "block": "forward"}
+            if name in DENOISERS and "latent" not in self.facts:
+                sample = kwargs.get("sample", args[0] if args else None)
+                if isinstance(sample, torch.Tensor) and sample.ndim == 4:
+                    self.facts.update(latent=tuple(sample.shape), dtype=str(sample.dtype).removeprefix("torch."))
+            self.forwards.append(row)
+            self._open.append(row)
+            self.meter.before(row)
+        return begin
+
+    def _forward_ends(self, module, args, output) -> None:
+        self.meter.after(self._open.pop())
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+
+    def rows(self) -> list[dict]:
+        """Every attention call, in order, with its component, step, time and (CUDA) peak."""
+        self.meter.collect()
+        out = []
+        for name, rec in self.recorders.items():
+            for r in rec.rows:
+                out.append({**{k: v for k, v in r.items() if k != "uid"},
+                            "block": r["block"] if name in ("unet", "model") else f"{name}.{r['block']}",
+                            "step": r["pass_index"] if name in LOOP else None,
+                            "time_ms": self.meter.samples.get(r["uid"], [float("nan")])[0],
+                            "peak_bytes": self.meter.peak.get(r["uid"]), "uid": r["uid"]})
+        return sorted(out, key=lambda r: r["uid"])
+
+
+def _component_table(session: Session, calls: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for name in session.found:
+        mine = [f for f in session.forwards if f["component"] == name]
+        own = calls[calls["component"] == name] if len(calls) else calls
+        rows.append({"component": name, "class": type(session.found[name]).__name__, "forwards": len(mine),
+                     "time_ms": sum(session.meter.samples.get(f["uid"], [0.0])[0] for f in mine),
+                     "attention_calls": len(own), "attention_ms": float(own["time_ms"].sum()) if len(own) else 0.0})
+    return pd.DataFrame(rows)
+
+
+@contextlib.contextmanager
+def profile(target, out: str | Path | None = "results", backend: str | None = None, options: dict | None = None,
+            trace: bool = False, command: str = "profiler.profile"):
+    """Profile what runs inside the block: a diffusers pipeline or a module holding diffusers Attention modules.
+    Yields a Profile, filled when the block ends (its calls, components, summary and the stored run under `out`;
+    out=None stores none). backend=NAME runs the block with that backend's processors and restores the user's."""
+    prof = Profile(target=type(target).__name__)
+    session = Session(target, backend, options, trace)
+    with session:
+        t0 = time.perf_counter()
+        yield prof
+        session.meter.device.synchronize()
+        prof.wall_s = time.perf_counter() - t0
+        session.processors = _processors(session)  # while a backend's are still in
+    calls = pd.DataFrame(session.rows())
+    if len(calls):
+        calls = calls.assign(generation=0, step=calls["step"].astype("Int64"))
+    prof.calls = calls[[c for c in CALL_COLUMNS if c in calls]] if len(calls) else pd.DataFrame(columns=CALL_COLUMNS)
+    prof.forwards = pd.DataFrame([{"component": f["component"], "time_ms": session.meter.samples[f["uid"]][0]}
+                                  for f in session.forwards], columns=["component", "time_ms"])
+    prof.components = _component_table(session, calls)
+    prof.notes = session.notes + ([] if session.meter.peaks else [
+        f"no per-call peak memory on {session.device.type}: only a CUDA allocator counts one without changing the "
+        "run (attnprof run measures the CPU's in a probe pass)"])
+    prof.facts = _facts(target, session, prof)
+    prof.traces = [_trace_bytes(session)] if trace else []
+    if out is not None:
+        prof.run_dir = store(prof, Path(out), command)
+
+
+def _facts(target, session: Session, prof: Profile) -> dict:
+    """What the generation was: the pipeline, the denoiser's config hash (its public keys: diffusers' private ones,
+    such as _use_default_values, come in another order in each process), its size, steps, guidance, scheduler."""
+    denoiser = next((session.found[n] for n in DENOISERS if n in session.found), None)
+    config = {k: v for k, v in dict(getattr(denoiser, "config", {}) or {}).items() if not k.startswith("_")}
+    digest = hashlib.sha1(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    latent = session.facts.get("latent")
+    scale = getattr(target, "vae_scale_factor", 8)
+    steps = prof.calls[prof.calls["component"].isin(DENOISERS)]["step"].nunique() if len(prof.calls) else 0
+    return {"pipeline": type(target).__name__, "denoiser": f"{type(denoiser).__name__} {digest}" if denoiser is not None
+            else None, "source": getattr(getattr(denoiser, "config", None), "_name_or_path", None) or None, "batch": latent[0] if latent else 1, "width": latent[3] * scale if latent else 0,
+            "height": latent[2] * scale if latent else 0, "dtype": session.facts.get("dtype", "float32"),
+            "steps": int(steps), "guidance": getattr(target, "_guidance_scale", None),
+            "scheduler": type(getattr(target, "scheduler", None)).__name__ if hasattr(target, "scheduler") else None,
+            "device": str(session.device), "processors": session.processors, "backend": session.backend}
+
+
+def _processors(session: Session) -> str:
+    counts: dict[str, int] = {}
+    for modules in session.modules.values():
+        for m in modules.values():
+            counts[type(m.processor).__name__] = counts.get(type(m.processor).__name__, 0) + 1
+    return ", ".join(f"{k} x{v}" for k, v in sorted(counts.items()))
+
+
+def cell_rows(prof: Profile, backend: str | None) -> tuple[dict, list[dict]]:
+    """The stored cell and its block rows: the denoiser's forwards are the timed forwards (their times, their
+    attention sums the samples of the noise rule); one block row per call of a forward of each component, its
+    samples the forwards'."""
+    f, calls = prof.facts, prof.calls
+    spec = CellSpec(f"{f['pipeline']} {f['denoiser']}", int(f["width"]), int(f["height"]), int(f["batch"]),
+                    f["dtype"], backend or "loaded", "cuda" if f["device"].startswith("cuda") else "cpu")
+    loop = calls[calls["component"].isin(DENOISERS)] if len(calls) else calls
+    per_forward = loop.groupby(["generation", "pass_index"])["time_ms"].sum().tolist() if len(loop) else []
+    forward_ms = prof.forwards[prof.forwards["component"].isin(DENOISERS)]["time_ms"].tolist() \
+        if len(prof.forwards) else []
+    blocks = []
+    for (component, call_index), same in calls.groupby(["component", "call_index"], sort=False) if len(calls) else []:
+        first = same.iloc[0].to_dict()
+        samples = same["time_ms"].tolist()
+        peaks = same["peak_bytes"].dropna()
+        blocks.append({**spec.as_row(), **{k: first[k] for k in ("component", "block", "call_index", "stage", "level",
+                                                                   "kind", "batch", "heads", "head_dim", "tokens_q",
+                                                                   "tokens_k", "score_elements", "score_bytes",
+                                                                   "flops", "upcast")},
+                       **summarize(samples), "time_samples_ms": samples, "calls_recorded": len(same),
+                       "time_total_ms": float(sum(samples)),
+                       "peak_mem_bytes": int(peaks.max()) if len(peaks) else None, "predicted_peak_bytes": None,
+                       "kernel": "", "sdpa_kernel": None, "gpu_time_ms": None, "gpu_kernels": None, "status": "ok"})
+    for i, b in enumerate(blocks):
+        b["call_index"] = i
+    fwd, attention = summarize(forward_ms), summarize(per_forward)
+    peaks = calls["peak_bytes"].dropna() if len(calls) else pd.Series(dtype=float)
+    cell = {**spec.as_row(), "status": "ok", "error": "", "kind": "record",
+            "forward_time_ms": fwd["time_ms"], "forward_time_samples_ms": forward_ms, "forward_iqr_ms": fwd["iqr_ms"],
+            "noisy": fwd["noisy"] or attention["noisy"], "attention_time_ms": attention["time_ms"],
+            "attention_time_samples_ms": per_forward,
+            "attention_peak_mem_bytes": int(peaks.max()) if len(peaks) else None, "predicted_peak_bytes": None,
+            "calls": int(len(loop) / max(1, len(per_forward))), "kernel": "", "sdpa_kernel": None,
+            "pipeline": f["pipeline"], "denoiser": f["denoiser"], "source": f["source"], "steps": f["steps"],
+            "guidance": f["guidance"],
+            "scheduler": f["scheduler"], "processors": f["processors"], "generation_s": prof.wall_s,
+            "attention_share": float(calls["time_ms"].sum()) / 1e3 / prof.wall_s if prof.wall_s and len(calls) else None,
+            "components": json.dumps(prof.components.to_dict("records"), default=float),
+            "notes": "; ".join(prof.notes), "torch_threads": torch.get_num_threads()}
+    return cell, blocks
+
+
+def store(prof: Profile, out: Path, command: str) -> Path:
+    """The generation as a new run of kind `record` under out: one cell, its block rows, every call with its
+    step."""
+    from ..store import Run, now
+
+    run = Run.create(out, {"kind": "record", "command": command, "cells": [], "ended_at": None})
+    cell = store_cell(run, prof, prof.facts.get("backend"))
+    run.update_manifest(ended_at=now(), interrupted=False, notes=prof.notes,
+                        cells=[{k: cell[k] for k in CellSpec("", 0, 0, 0, "", "", "").as_row()}])
+    return run.path
+
+
+def store_cell(run, prof: Profile, backend: str | None) -> dict:
+    """Record the profiled generation(s) as a cell of the run (its blocks, its calls as calls-<cell_id>.parquet, its
+    traces), the run's environment and the generation's facts added to its manifest where it has none."""
+    from ..env import environment
+
+    cell, blocks = cell_rows(prof, backend)
+    files = {f"{cell['cell_id']}.generation-{i}.trace.json": t for i, t in enumerate(prof.traces)}
+    run.record(cell, blocks, files or None)
+    run.write_frame(f"calls-{cell['cell_id']}", prof.calls)
+    m = run.manifest()
+    run.update_manifest(environment=m.get("environment") or {**environment(prof.facts["device"]),
+                                                            "executor": "record"},
+                        record={**(m.get("record") or {}), **{k: v for k, v in prof.facts.items()
+                                                              if k not in ("backend",)}})
+    return cell
+
+
+def merged(profiles: list[Profile]) -> Profile:
+    """The profiles of several pipeline calls of one process (attnprof record) as one: their calls, each with its
+    generation's index, their forwards and wall time together, the first one's facts."""
+    if len(profiles) == 1:
+        return profiles[0]
+    calls = pd.concat([p.calls.assign(generation=i) for i, p in enumerate(profiles)], ignore_index=True)
+    comps = pd.concat([p.components for p in profiles]).groupby(["component", "class"], sort=False,
+                                                                 as_index=False).sum()
+    return Profile(target=profiles[0].target, calls=calls, components=comps,
+                   forwards=pd.concat([p.forwards for p in profiles], ignore_index=True),
+                   wall_s=sum(p.wall_s for p in profiles), notes=sorted({n for p in profiles for n in p.notes}),
+                   facts={**profiles[0].facts, "generations": len(profiles)},
+                   traces=[t for p in profiles for t in p.traces])
+
+
+def _trace_bytes(session: Session) -> bytes:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        session.prof.export_chrome_trace(str(path))
+        return path.read_bytes()
+
+
+def summary(prof: Profile) -> str:
+    """Per component its forwards, time and share of the generation's wall time, its attention's; the blocks that
+    took most; the notes."""
+    wall_ms = prof.wall_s * 1e3 or float("nan")
+    f = prof.facts
+    head = (f"profile of {f.get('pipeline') or prof.target}: {f.get('steps')} steps, {f.get('width')}x"
+            f"{f.get('height')}, batch {f.get('batch')}, {f.get('dtype')} on {f.get('device')}; {prof.wall_s:.3f} s "
+            f"of wall time; processors {f.get('processors') or '-'}")
+    rows = [{"component": r["component"], "forwards": str(r["forwards"]), "time": f"{r['time_ms']:.1f} ms",
+             "share": f"{100 * r['time_ms'] / wall_ms:.1f}%", "calls": str(r["attention_calls"]),
+             "attention": f"{r['attention_ms']:.1f} ms", "attention share": f"{100 * r['attention_ms'] / wall_ms:.1f}%"}
+            for r in prof.components.to_dict("records")]
+    lines = [head, "", table(rows, [(c, c) for c in ("component", "forwards", "time", "share", "calls", "attention",
+                                                      "attention share")])]
+    if len(prof.calls):
+        by = prof.calls.groupby("block").agg(calls=("time_ms", "size"), time_ms=("time_ms", "sum"),
+                                             tokens_q=("tokens_q", "first"), tokens_k=("tokens_k", "first"),
+                                             peak=("peak_bytes", "max")).sort_values("time_ms", ascending=False)
+        top = [{"block": b, "calls": str(r.calls), "time": f"{r.time_ms:.1f} ms",
+                "share": f"{100 * r.time_ms / wall_ms:.1f}%", "tokens": f"{r.tokens_q} x {r.tokens_k}",
+                "peak": human_bytes(r.peak)} for b, r in by.head(5).iterrows()]
+        lines += ["", "blocks that took most (all their calls):",
+                  table(top, [(c, c) for c in ("block", "calls", "time", "share", "tokens", "peak")])]
+    lines += [f"note: {n}" for n in prof.notes]
+    if prof.run_dir:
+        lines.append(f"stored as run {prof.run_dir.name} under {prof.run_dir.parent} (attnprof show {prof.run_dir})")
+    return "\n".join(lines)

@@ -1,0 +1,243 @@
+"""profiler.profile on a user's own generation: diffusers pipelines as diffusers builds them (docs/examples/generate.py's
+tiny ones: SD 1.5's real block topology), with PAG, InstructPix2Pix, an IP-Adapter and a LoRA loaded through
+diffusers' own loaders. Every call recorded with its true batch and step, the output bitwise the unprofiled one's, the
+user's processors the same objects after (IP-Adapter's still registered modules during), the stored run read by
+attnprof show; a compiled U-Net named in the notes rather than left out silently; a backend swapped in and out."""
+import importlib.util
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from profiler import profile
+from profiler.spec import InputError
+
+REPO = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("generate", REPO / "docs" / "examples" / "generate.py")
+gen = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gen)
+CALLS = 32  # SD 1.5's attention calls per U-Net forward (16 self, 16 cross)
+
+
+def _profiled(pipe, out=None, **kwargs):
+    """(the images of an unprofiled run, of a profiled one, the profile, the processors before, after, and the
+    names of the U-Net's modules during the profiled run)."""
+    plain = gen.generate(pipe, steps=3, **kwargs)
+    before = dict(pipe.unet.attn_processors)
+    with profile(pipe, out=out) as prof:
+        images = gen.generate(pipe, steps=3, **kwargs)
+        during = [n for n, _ in pipe.unet.named_modules()]
+    return plain, images, prof, before, dict(pipe.unet.attn_processors), during
+
+
+def _same_processors(before: dict, after: dict) -> bool:
+    return before.keys() == after.keys() and all(after[k] is before[k] for k in before)
+
+
+def ip_adapter(pipe, tokens_dim: int = 16, seed: int = 1) -> list[torch.Tensor]:
+    """An IP-Adapter (base: 4 image tokens) loaded through diffusers' load_ip_adapter from a state dict of the
+    shapes this U-Net takes, random values; the image embeddings to pass (negative and positive, for guidance)."""
+    unet, g = pipe.unet, torch.Generator().manual_seed(seed)
+    cross = unet.config.cross_attention_dim
+    proj = {"proj.weight": torch.randn(cross * 4, tokens_dim, generator=g) * 0.1, "proj.bias": torch.zeros(cross * 4),
+            "norm.weight": torch.ones(cross), "norm.bias": torch.zeros(cross)}
+    layers, key = {}, 1
+    for name in unet.attn_processors:
+        if not name.endswith("attn1.processor"):  # diffusers numbers the cross-attentions 1, 3, 5, ...
+            attn = unet.get_submodule(name.removesuffix(".processor"))
+            for w in ("k", "v"):
+                layers[f"{key}.to_{w}_ip.weight"] = torch.randn(getattr(attn, f"to_{w}").out_features, cross,
+                                                                generator=g) * 0.1
+            key += 2
+    pipe.load_ip_adapter({"image_proj": proj, "ip_adapter": layers}, subfolder="", weight_name="ip-adapter.bin",
+                         image_encoder_folder=None)
+    return [torch.randn(2, 1, tokens_dim, generator=g)]
+
+
+def test_a_generation_is_recorded_call_by_call_and_its_images_do_not_change(tmp_path, capsys):
+    """3 steps at guidance 7.5: 3 x 32 U-Net calls of batch 2 (the prompt and the negative one), steps 0, 1, 2, the
+    VAE decode's attention, a time on every call; the images bitwise the unprofiled run's; the stored run shown by
+    attnprof show, with the components' share of the generation."""
+    from profiler.cli import main
+
+    pipe = gen.tiny_pipeline()
+    plain, images, prof, before, after, _ = _profiled(pipe, out=tmp_path)
+    assert np.array_equal(plain, images) and _same_processors(before, after)
+    unet = prof.calls[prof.calls["component"] == "unet"]
+    assert len(unet) == 3 * CALLS and set(unet["batch"]) == {2}
+    assert unet.groupby("step").size().to_dict() == {0: CALLS, 1: CALLS, 2: CALLS}
+    vae = prof.calls[prof.calls["component"] == "vae"]
+    assert len(vae) == 1 and vae["block"].iloc[0] == "vae.decoder.mid_block.attentions.0" and vae["step"].isna().all()
+    assert vae["tokens_q"].iloc[0] == (64 // 8) ** 2 and prof.calls["time_ms"].gt(0).all()
+    comps = prof.components.set_index("component")
+    assert comps.loc["unet", "forwards"] == 3 and comps.loc["text_encoder", "forwards"] == 2
+    assert comps.loc["vae", "forwards"] == 1 and comps["time_ms"].sum() <= prof.wall_s * 1e3
+    text = str(prof)
+    assert "unet" in text and "attention share" in text and prof.run_dir and prof.run_dir.parent == tmp_path
+    assert main(["show", str(prof.run_dir)]) == 0
+    shown = capsys.readouterr().out
+    assert "StableDiffusionPipeline (loaded, 3 steps at 64x64, batch 2) took" in shown
+    assert "text_encoder  CLIPTextModel" in shown and "AttnProcessor2_0 x34" in shown
+
+
+@pytest.mark.parametrize("kind", ["pag", "pix2pix"])
+def test_pag_and_instructpix2pix_are_recorded_with_their_batch_of_three(kind):
+    """Perturbed-attention guidance with guidance (PAG sets its own processors on its layers mid-call) and
+    InstructPix2Pix (image and text guidance) both run the U-Net on a batch of 3."""
+    pipe = gen.tiny_pipeline(kind)
+    plain, images, prof, before, after, _ = _profiled(pipe)
+    unet = prof.calls[prof.calls["component"] == "unet"]
+    assert np.array_equal(plain, images) and _same_processors(before, after)
+    assert len(unet) == 3 * CALLS and set(unet["batch"]) == {3}
+
+
+def test_an_ip_adapter_stays_loaded_and_its_image_tokens_are_counted():
+    """IP-Adapter's processors are modules (their projections are parameters): they stay registered children of
+    their attention modules during the profiled run and after, the same objects; each cross-attention call counts
+    the adapter's 4 image tokens beside the text's."""
+    pipe = gen.tiny_pipeline()
+    embeds = ip_adapter(pipe)
+    modules = [n for n, _ in pipe.unet.named_modules()]
+    plain, images, prof, before, after, during = _profiled(pipe, ip_adapter_image_embeds=embeds)
+    assert np.array_equal(plain, images) and _same_processors(before, after)
+    assert during == modules == [n for n, _ in pipe.unet.named_modules()] and any(".processor.to_k_ip" in n
+                                                                                  for n in modules)
+    unet = prof.calls[prof.calls["component"] == "unet"]
+    cross = unet[unet["kind"] == "cross"]
+    assert len(unet) == 3 * CALLS and set(unet["batch"]) == {2} and set(cross["ip_tokens_k"]) == {4}
+    assert "IPAdapterAttnProcessor2_0 x16" in prof.facts["processors"]
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_lora_loaded_through_diffusers_fused_or_not(fused):
+    """A LoRA on to_q, to_k, to_v and to_out, saved by one pipeline and loaded by another with load_lora_weights
+    (peft's layers in the attention modules), then fused or not: every call recorded, the images unchanged."""
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+
+    source, pipe = gen.tiny_pipeline(seed=3), gen.tiny_pipeline()
+    source.unet.add_adapter(LoraConfig(r=4, lora_alpha=4, init_lora_weights=False,
+                                       target_modules=["to_q", "to_k", "to_v", "to_out.0"]))
+    with tempfile.TemporaryDirectory() as folder:
+        type(source).save_lora_weights(folder, unet_lora_layers=get_peft_model_state_dict(source.unet))
+        pipe.load_lora_weights(folder, adapter_name="style")
+    if fused:
+        pipe.fuse_lora()
+    assert any("lora_A" in n for n, _ in pipe.unet.named_parameters()) or fused
+    plain, images, prof, before, after, _ = _profiled(pipe)
+    assert np.array_equal(plain, images) and _same_processors(before, after)
+    assert len(prof.calls[prof.calls["component"] == "unet"]) == 3 * CALLS
+
+
+def test_a_backend_is_swapped_in_for_the_generation_and_the_users_processors_come_back():
+    pipe = gen.tiny_pipeline()
+    before = dict(pipe.unet.attn_processors)
+    with profile(pipe, out=None, backend="sliced") as prof:
+        gen.generate(pipe, steps=3)
+    assert _same_processors(before, pipe.unet.attn_processors)
+    assert prof.facts["processors"] == "SlicedAttnProcessor x34" and prof.facts["backend"] == "sliced"
+    ip = gen.tiny_pipeline()
+    ip_adapter(ip)
+    with pytest.raises(InputError, match="backend='sdpa' would replace unet's IPAdapterAttnProcessor2_0"):
+        with profile(ip, out=None, backend="sdpa"):
+            pass
+    assert all(type(p).__name__ != "SlicedAttnProcessor" for p in ip.unet.attn_processors.values())
+
+
+def test_a_bare_unet_and_a_compiled_one():
+    """A module rather than a pipeline is the component `model`, its forwards the steps. A compiled U-Net keeps its
+    graph: torch.compile's wrapper gets its forwards timed, module.compile() (its hooks would run inside the graph)
+    nothing, and the notes say why no call is recorded one by one; no hook of ours breaks either graph."""
+    from torch._dynamo.utils import counters
+
+    pipe = gen.tiny_pipeline()
+    unet = pipe.unet
+    inputs = {"sample": torch.randn(2, 4, 8, 8), "timestep": 10, "encoder_hidden_states": torch.randn(2, 77, 32)}
+    with torch.no_grad(), profile(unet, out=None) as prof:
+        plain = [unet(**inputs).sample for _ in range(2)]
+    assert prof.calls.groupby("step").size().to_dict() == {0: CALLS, 1: CALLS}
+    assert prof.facts["width"] == 64 and prof.facts["batch"] == 2
+    counters.clear()
+    wrapped = torch.compile(unet, backend="eager")  # Dynamo's graph capture, without Inductor's compile time
+    with torch.no_grad(), profile(wrapped, out=None) as prof:
+        out = wrapped(**inputs).sample
+    assert torch.allclose(out, plain[0]) and not len(prof.calls)
+    assert prof.components.set_index("component").loc["model", "forwards"] == 1
+    assert any("runs compiled" in n for n in prof.notes)
+    unet.compile(backend="eager")
+    with torch.no_grad(), profile(unet, out=None) as prof:
+        assert torch.allclose(unet(**inputs).sample, plain[0])
+    assert not len(prof.calls) and prof.components.set_index("component").loc["model", "forwards"] == 0
+    assert any("module.compile()" in n for n in prof.notes) and not counters["graph_break"]
+
+
+def test_not_a_pipeline_is_one_line():
+    with pytest.raises(InputError, match="is neither a diffusers pipeline nor a torch module"):
+        with profile("sd15"):
+            pass
+
+
+def test_the_readmes_from_python_section_runs_as_written(tmp_path, monkeypatch):
+    """Every code block of README's "From Python", run in order as a user pastes them, in a folder of their own
+    (its docs/ the repository's): the stored run lands under ./results there."""
+    import re
+
+    section = (REPO / "README.md").read_text().split("## From Python", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 2
+    (tmp_path / "docs").symlink_to(REPO / "docs")
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), scope)
+    assert len(list((tmp_path / "results").iterdir())) == 1 and scope["prof"].run_dir.is_dir()
+    assert list(scope["f"].backends["backend"]) == ["naive", "sdpa"] and scope["p"].totals["predicted_forward_peak_bytes"]
+
+
+def test_a_trace_names_each_attention_call_by_its_component_block_and_shape(tmp_path):
+    """trace=True: a Chrome / Perfetto trace of the generation stored in the run, listed in its cell; each attention
+    call a range named by its component, block and shape, as many ranges as calls."""
+    import json
+
+    from profiler.store import Run
+
+    pipe = gen.tiny_pipeline()
+    with profile(pipe, out=tmp_path, trace=True) as prof:
+        gen.generate(pipe, steps=2)
+    cell = Run.open(prof.run_dir).cells().iloc[0]
+    (name,) = list(cell["trace_files"])
+    events = json.loads((prof.run_dir / name).read_text())["traceEvents"]
+    ranges = [e["name"] for e in events if e.get("name", "").startswith(("unet.", "vae."))]
+    assert len(ranges) == len(prof.calls) == 2 * CALLS + 1
+    assert "unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1 2x64x64" in ranges
+    assert "vae.decoder.mid_block.attentions.0 1x64x64" in ranges
+    forwards = [e["name"].split(" (call")[0] for e in events if " forward" in e.get("name", "")]  # a repeated
+    assert forwards.count("unet forward") == 2 and forwards.count("vae forward") == 1  # name gets its call's key
+
+
+def test_on_cuda_a_generations_calls_are_timed_by_events_and_synchronized_once(monkeypatch):
+    """The meter profile uses (the session's: peaks on, no synchronize per call), on a CUDA device faked call by
+    call (tests/test_devices.py): each call records its two events and reads the allocator's statistics, all on the
+    device's own index; nothing synchronizes until the end, which synchronizes once and reads every interval."""
+    import itertools
+    import types
+
+    from profiler.record.session import meter as profile_meter
+    from tests.test_devices import _Recorder
+
+    fake = _Recorder(monkeypatch, reserved=itertools.repeat(0))
+    monkeypatch.setattr(torch.cuda, "Event", lambda **kw: types.SimpleNamespace(
+        record=fake._record, elapsed_time=lambda other: 1.5))
+    meter = profile_meter("cuda:1")
+    for uid in range(5):
+        meter.before({"uid": uid, "block": "b"})
+        meter.after({"uid": uid, "block": "b"})
+    assert not [c for c in fake.calls if c[0] == "synchronize"]
+    assert [c[0] for c in fake.calls].count("Event.record") == 10 and len(meter.peak) == 5
+    assert {c[1] for c in fake.calls if c[0] in ("reset_peak_memory_stats", "memory_allocated")} == \
+        {torch.device("cuda", 1)}
+    meter.collect()
+    assert [c for c in fake.calls if c[0] == "synchronize"] == [("synchronize", torch.device("cuda", 1))]
+    assert meter.samples == {uid: [1.5] for uid in range(5)}

@@ -1,0 +1,81 @@
+"""attnprof record on an unmodified script (docs/examples/generate.py imports no profiler): one run, one cell per
+backend, the script's exit status; two such runs diffed cell by cell by the same noise rule as any other, with the
+verdicts made independent of the machine's load (tests/faults.py: fault-scaled's calls are fixed waits, the
+calibrations injected)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from profiler.store import Run, list_runs
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "docs" / "examples" / "generate.py"
+STEADY = {**{k: v for k, v in os.environ.items() if k != "ATTNPROF_FAULT_FACTOR"}, "ATTNPROF_PLUGINS": "tests.faults",
+          "ATTNPROF_FAULT_STEADY": "1", "OMP_NUM_THREADS": "1"}
+
+
+def attnprof(*args, env=None, cwd=REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "profiler", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**(env or os.environ), "PYTHONPATH": str(REPO)}, timeout=600)
+
+
+def test_record_runs_the_script_once_per_backend_into_one_run(tmp_path):
+    done = attnprof("record", "--out", str(tmp_path), "--backend", "sdpa", "--backend", "sliced", "--", str(SCRIPT),
+                    "--steps", "3")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("generated 1 image(s) of 64x64 in 3 steps") == 2  # the script's own output, each run's
+    (path,) = list_runs(tmp_path)
+    run = Run.open(path)
+    cells, blocks = run.read()
+    assert run.kind.name == "record" and sorted(cells["backend"]) == ["sdpa", "sliced"]
+    assert set(cells["steps"]) == {3} and all(len(s) == 3 for s in cells["attention_time_samples_ms"])
+    assert set(cells["processors"]) == {"AttnProcessor2_0 x34", "SlicedAttnProcessor x34"}
+    assert len(blocks) == 2 * 33 and (blocks["time_samples_ms"].map(len) == blocks["component"].map(
+        {"unet": 3, "vae": 1})).all()
+    for cid in cells["cell_id"]:
+        calls = run.read_frame(f"calls-{cid}")
+        assert calls.groupby("component").size().to_dict() == {"unet": 96, "vae": 1}
+    m = run.manifest()
+    assert [c["when"] for c in m["calibration"]] == ["start", "end"] * 2 and m["ended_at"] and not m["interrupted"]
+    assert "StableDiffusionPipeline (sliced, 3 steps at 64x64, batch 2) took" in done.stdout
+
+
+def test_the_exit_status_is_the_scripts(tmp_path):
+    """A script that generates and then exits 3: record exits 3 with its cell stored; one that never calls a
+    pipeline: its own status, a run with no cell, and a line that says so."""
+    script = tmp_path / "exits.py"
+    script.write_text("import sys, importlib.util\n"
+                      f"spec = importlib.util.spec_from_file_location('g', {str(SCRIPT)!r})\n"
+                      "g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g)\n"
+                      "if '--generate' in sys.argv: g.generate(g.tiny_pipeline(), steps=3)\n"
+                      "sys.exit(3)\n")
+    done = attnprof("record", "--out", str(tmp_path / "a"), "--", str(script), "--generate")
+    assert done.returncode == 3, done.stderr[-2000:]
+    (path,) = list_runs(tmp_path / "a")
+    assert len(Run.open(path).cells()) == 1 and Run.open(path).manifest()["interrupted"] is True
+    done = attnprof("record", "--out", str(tmp_path / "b"), "--", str(script))
+    assert done.returncode == 3 and "the script made no diffusers pipeline call" in done.stderr
+    done = attnprof("record", "--out", str(tmp_path / "c"), "--", str(tmp_path / "missing.py"))
+    assert done.returncode == 2 and done.stderr.strip().endswith("is not a file: give the script to run, e.g. "
+                                                                 "attnprof record -- generate.py --steps 30")
+
+
+def test_two_records_of_the_same_code_are_diffed_cell_by_cell(tmp_path):
+    """Two records of the script with fault-scaled (each call a 40 ms wait) on a machine held steady: the cell
+    matched, its time judged within noise (exit 0); a third with the backend twice as slow: a regression (exit 1)."""
+    runs = []
+    for factor in ("1", "1", "2"):
+        done = attnprof("record", "--out", str(tmp_path), "--backend", "fault-scaled", "--quiet", "--", str(SCRIPT),
+                        "--steps", "3", env={**STEADY, "ATTNPROF_FAULT_FACTOR": factor})
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs.append(list_runs(tmp_path)[-1].name)
+    a, b, c = runs
+    same = attnprof("diff", a, b, "--results", str(tmp_path), "--json")
+    data = json.loads(same.stdout)
+    assert same.returncode == 0 and data["summary"]["matched"] == 1, same.stdout[-2000:]
+    assert [m["time_verdict"] for m in data["matched"]] == ["within noise"]
+    slower = attnprof("diff", a, c, "--results", str(tmp_path), "--json")
+    assert slower.returncode == 1 and [m["time_verdict"] for m in json.loads(slower.stdout)["matched"]] == \
+        ["regression"]
