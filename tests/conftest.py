@@ -268,6 +268,30 @@ def _compiled_run(folder: Path) -> str:
 
 
 @pytest.fixture(scope="session")
+def gpu_check_dry_run(tmp_path_factory) -> dict:
+    """make gpu-check's CPU dry run as the issue gives it (`python -m profiler.gpu_check --device cpu --models
+    tiny-sd15 --sizes 64 --out D --budget-s 60`), made once for the suite: its folder, output, exit code, wall time
+    from its start, and whether any process of it outlived it. tests/test_gpu_check.py judges it; its runs are a kind
+    of run every reader meets (tests/test_every_kind.py)."""
+    return made_once(tmp_path_factory, "gpu-check-dry-run", _gpu_check_dry_run)
+
+
+def _gpu_check_dry_run(folder: Path) -> dict:
+    import time
+
+    from tests.procs import alive, start_marked
+
+    budget, t0 = 60, time.monotonic()
+    proc, token = start_marked(["profiler.gpu_check", "--device", "cpu", "--models", "tiny-sd15", "--sizes", "64",
+                                "--out", str(folder / "gc"), "--budget-s", str(budget)])
+    out, err = proc.communicate(timeout=budget + 60)
+    wall = time.monotonic() - t0
+    time.sleep(1)
+    return {"out": str(folder / "gc"), "stdout": out, "stderr": err, "code": proc.returncode, "wall_s": wall,
+            "budget_s": budget, "alive": alive(token)}
+
+
+@pytest.fixture(scope="session")
 def traced_results(tmp_path_factory):
     """A results folder with one run of `attnprof run ... --trace` (worker subprocesses, as the CLI runs by default):
     tiny-sd15 at 64x64, float32 on the CPU, naive and sdpa; and what the command printed."""

@@ -40,8 +40,9 @@ def _interrupted(root: Path, source: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def every_kind(tmp_path_factory, dashboard_results, mixed_results, traced_results, compiled_results):
-    from profiler import gpu_check, profile
+def every_kind(tmp_path_factory, dashboard_results, mixed_results, traced_results, compiled_results,
+               gpu_check_dry_run):
+    from profiler import profile
 
     root = tmp_path_factory.mktemp("every") / "results"
     root.mkdir()
@@ -50,12 +51,10 @@ def every_kind(tmp_path_factory, dashboard_results, mixed_results, traced_result
     kinds["through workers, traced"] = _copy_runs(traced_results[0], root)[0]
     kinds["compiled"] = _copy_runs(compiled_results, root)[0]
     kinds["interrupted"] = _interrupted(root, root / kinds["sweep in process"])
+    kinds["gpu-check"] = _copy_runs(Path(gpu_check_dry_run["out"]) / "runs", root)
     with contextlib.redirect_stdout(io.StringIO()):
         assert main(["replay", "--model", "tiny-sd15", "--size", "64x64", "--device", "cpu", "--repeats", "2",
                      "--out", str(root), "--quiet"]) == 0
-        assert gpu_check.main(["--device", "cpu", "--models", "tiny-sd15", "--sizes", "64", "--backends", "naive",
-                               "sdpa", "--out", str(root.parent / "gc"), "--runs", str(root), "--budget-s", "45",
-                               "--record", "none"]) == 0
     kinds["replay"] = next(p.name for p in list_runs(root) if Run.open(p).kind.name == "replay")
     pipe = gen.tiny_pipeline()
     with profile(pipe, out=root) as prof:
@@ -110,11 +109,13 @@ def test_the_time_model_passes_over_what_it_cannot_fit_on_and_says_so(every_kind
     from profiler.bench import time_model_error
 
     assert "passed over 2 runs (record, replay" in time_model_error(root)
-    out = root.parent / "eta"
-    shutil.copytree(root, out)
-    ran = _ok(["run", "--model", "tiny-sd15", "--size", "64x64", "--device", "cpu", "--dtype", "float32", "--repeats",
-               "1", "--warmup", "0", "--in-process", "--quiet", "--out", str(out)])
-    assert "results:" in ran
+    from profiler.execute.grid import Sweep
+    from profiler.measure.limits import device_limits
+    from profiler.planner.timing import predict_cells
+
+    cells = Sweep(models=("tiny-sd15",), sizes=((64, 64),), dtypes=("float32",), device="cpu").cells()
+    eta = predict_cells(cells, device_limits("cpu", ["float32"]), root)  # what a run or sweep says before it runs
+    assert eta[cells[0].cell_id]["predicted_forward_time_ms"] > 0
 
 
 def test_replay_takes_a_named_run_and_says_why_not_a_recorded_one(every_kind):

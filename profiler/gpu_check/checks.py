@@ -627,7 +627,7 @@ def _judges(run: str, group: str, judges) -> list[Step]:
 
 
 STEPS = [
-    Step("core run", "run", core_run, 150, 25),
+    Step("core run", "run", core_run, 150, 15),
     *_judges("core run", "core", [cells_ok_within_tolerance, forced_kernels_ran, forward_peak_matches_the_planner,
                                   sdpa_runs_the_kernel_pytorch_answers, call_peaks_match_their_memory_models(["naive"]),
                                   call_times_cover_their_gpu_kernels, nvml_covers_the_allocator,
@@ -636,7 +636,7 @@ STEPS = [
         (random_build_on_cuda, 15), (folder_build_on_cuda, 15), (event_time_matches_wall_clock, 25),
         (kernels_credited_to_their_call, 25), (provoked_oom_then_ok, 25), (sweep_parent_holds_no_context, 35),
         (cuda1_is_measured_on_cuda1, 20))),
-    Step("rest run", "run", rest_run, 90, 25, group="rest"),
+    Step("rest run", "run", rest_run, 90, 15, group="rest"),
     *_judges("rest run", "rest", [cells_ok_within_tolerance, forward_peak_matches_the_planner,
                                   call_peaks_match_their_memory_models(CHUNKED),
                                   allocator_holds_only_the_model_and_its_forward]),
