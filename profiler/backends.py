@@ -40,6 +40,8 @@ class Needs:
     source: str = ""  # where the head-dim limit is documented
     gpus: str = ""  # the GPUs it runs on, as said where arch_ok refuses one
     arch_ok: Callable | None = None  # (major, minor) of the CUDA device -> whether it runs there
+    max_batch_heads: int = 0  # a call's batch x heads it takes at most (0: no limit), and where that is documented
+    batch_heads_source: str = ""
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class Backend:
     frees_qkv: bool = False  # q, k and v are freed before to_out (processor.Processor's attend() returns)
     copies_qkv: bool = False  # q, k and v copied once more for the kernel (diffusers' cuDNN: contiguous (B, h, T, d))
     compiles: bool = False  # compiles its kernel on first use of a shape (its cell then runs a compile pass)
+    added_kv: bool = False  # it stands in for a SimpleCrossAttn block's added-KV attention (processor.for_module)
     needs: Needs = Needs()
 
 
@@ -73,6 +76,8 @@ def _made_by(module: str, name: str, *args) -> Callable:
 _DIFFUSERS = "diffusers.models.attention_processor"
 _OURS, _FUSED = "profiler.processor", "profiler.fused"
 SAGE_MAX_HEAD_DIM = 128  # thu-ml/SageAttention#119: head_dim 160 (SD 1.5's inner blocks) is rejected
+XFORMERS_MAX_BATCH_HEADS = 65535  # xformers#845: batch x heads above it fails to launch (AnimateDiff's temporal calls
+# at 512x512 with guidance: 2 x 64 x 64 positions x 8 heads = 65,536)
 
 
 def dispatcher_names() -> list[str]:
@@ -108,7 +113,8 @@ def dispatcher_reason(backend: str, device: torch.device) -> str:
 
 def _sdpa_forced(kernel: str, description: str, **more) -> Backend:
     return Backend(f"sdpa-{kernel}", EXACT, description, factory=_made_by(_OURS, "SDPAKernelProcessor", kernel),
-                   model="math" if kernel == "math" else "fused", sdpa_kernel=kernel, uses_sdpa=True, **more)
+                   model="math" if kernel == "math" else "fused", sdpa_kernel=kernel, uses_sdpa=True, added_kv=True,
+                   **more)
 
 
 def _dispatcher_backend(name: str) -> Backend:
@@ -170,7 +176,7 @@ class _Registry(MutableMapping):
 _HALF_CUDA = {"cuda": True, "half": True}
 BACKENDS: MutableMapping[str, Backend] = _Registry((
     Backend("naive", MATERIALISED, "diffusers AttnProcessor: baddbmm + softmax, the whole score table materialised",
-            factory=_made_by(_DIFFUSERS, "AttnProcessor"), model="naive"),
+            factory=_made_by(_DIFFUSERS, "AttnProcessor"), model="naive", added_kv=True),
     Backend("sliced", CHUNKED, "diffusers SlicedAttnProcessor: slice_size (batch*heads) rows of tables at a time",
             {"slice_size": 1}, factory=_made_by(_DIFFUSERS, "SlicedAttnProcessor"), model="sliced"),
     Backend("split", CHUNKED, "query chunks sized so one chunk's score table fits budget_bytes (ComfyUI's split)",
@@ -179,14 +185,16 @@ BACKENDS: MutableMapping[str, Backend] = _Registry((
             "max and sum; at most query_chunk x key_chunk scores per batch*head",
             {"query_chunk": 1024, "key_chunk": 4096}, factory=_made_by(_OURS, "SubQuadProcessor"), model="subquad"),
     Backend("sdpa", EXACT, "diffusers AttnProcessor2_0: PyTorch SDPA, PyTorch picks the kernel",
-            factory=_made_by(_DIFFUSERS, "AttnProcessor2_0"), model="fused", picks_sdpa_kernel=True, uses_sdpa=True),
+            factory=_made_by(_DIFFUSERS, "AttnProcessor2_0"), model="fused", picks_sdpa_kernel=True, uses_sdpa=True,
+            added_kv=True),
     _sdpa_forced("flash", "PyTorch SDPA forced to its flash-attention kernel"),
     _sdpa_forced("efficient", "PyTorch SDPA forced to its memory-efficient kernel (CUDA)", needs=Needs(cuda=True)),
     _sdpa_forced("math", "PyTorch SDPA forced to its math kernel: materialises the score table, in fp32"),
     _sdpa_forced("cudnn", "PyTorch SDPA forced to its cuDNN kernel (CUDA)", needs=Needs(cuda=True)),
     Backend("xformers", EXACT, "xformers memory_efficient_attention via diffusers XFormersAttnProcessor",
             factory=_made_by(_DIFFUSERS, "XFormersAttnProcessor"), model="fused",
-            needs=Needs("xformers", "pip install xformers", cuda=True)),
+            needs=Needs("xformers", "pip install xformers", cuda=True, max_batch_heads=XFORMERS_MAX_BATCH_HEADS,
+                        batch_heads_source=" (facebookresearch/xformers#845: its CUDA grid's y dimension)")),
     Backend("flash-attn", EXACT, "flash_attn_func of the flash-attn package (CUDA, fp16/bf16, head_dim <= 256)",
             factory=_made_by(_FUSED, "FlashAttnProcessor"), model="fused", frees_qkv=True,
             needs=Needs("flash_attn", "pip install flash-attn", **_HALF_CUDA, max_head_dim=256, head_dim_multiple=8)),
@@ -206,6 +214,35 @@ BACKENDS: MutableMapping[str, Backend] = _Registry((
                         max_head_dim=SAGE_MAX_HEAD_DIM, source=" (thu-ml/SageAttention#119)",
                         gpus="needs an sm80 or newer GPU", arch_ok=lambda arch: arch >= (8, 0))),
 ))
+
+
+def call_refusal(name: str, row: dict) -> str:
+    """Why the backend cannot run one attention call (a recorder row: its kind, batch, heads, head_dim), from the facts
+    on its record; '' where it can. What the planner says beside the call and the preflight records as a cell's
+    reason (never an error at run time)."""
+    b = _record(name)
+    if b is None:
+        return ""
+    if row.get("kind") == "added-kv" and not b.added_kv:
+        return (f"{name} cannot stand in for a SimpleCrossAttn block's added-KV attention (its keys are the "
+                "conditioning tokens and every position of the block; diffusers' AttnAddedKVProcessor does it for "
+                "naive and sdpa)")
+    n, bh = b.needs, row["batch"] * row["heads"]
+    if n.max_batch_heads and bh > n.max_batch_heads:
+        return f"{name} cannot run this call (batch x heads {bh:,} > {n.max_batch_heads:,}{n.batch_heads_source})"
+    if n.max_head_dim and (row["head_dim"] > n.max_head_dim or row["head_dim"] % n.head_dim_multiple):
+        return f"{name} cannot run this call (head_dim {row['head_dim']}: it takes <= {n.max_head_dim}{n.source})"
+    return ""
+
+
+def refusal(name: str, rows: list[dict]) -> str:
+    """Why the backend cannot run a forward of these calls: the first call it refuses, and how many it refuses; ''
+    where it runs every one."""
+    refused = [(r, why) for r in rows for why in [call_refusal(name, r)] if why]
+    if not refused:
+        return ""
+    row, why = refused[0]
+    return f"{why}: {len(refused)} of {len(rows)} calls, e.g. {row['block']}"
 
 
 def _record(name: str) -> Backend | None:

@@ -34,8 +34,9 @@ _MAX_HEADER = 100 * 2**20  # safetensors' own limit on the JSON header
 SUPPORTED = {"v1": ("SD 1.x", "sd15"), "v2": ("SD 2.x", "sd21-base"), "xl_base": ("SDXL base", "sdxl-base"),
              "inpainting": ("SD 1.x inpainting", "sd15"), "inpainting_v2": ("SD 2.x inpainting", "sd21-base"),
              "xl_inpaint": ("SDXL inpainting", "sdxl-base"), "instruct-pix2pix": ("SD 1.x InstructPix2Pix", "sd15"),
-             "playground-v2-5": ("Playground v2.5 (SDXL's U-Net)", "sdxl-base")}
-_NAMED = {"xl_refiner": "an SDXL refiner (no refiner U-Net config in configs/models)", "upscale": "the SD x4 upscaler",
+             "playground-v2-5": ("Playground v2.5 (SDXL's U-Net)", "sdxl-base"),
+             "xl_refiner": ("SDXL refiner", "sdxl-refiner")}
+_NAMED = {"upscale": "the SD x4 upscaler",
           "controlnet": "a ControlNet", "sd3": "SD 3 (a DiT)", "sd35": "SD 3.5 (a DiT)", "flux": "Flux (a DiT)",
           "stable_cascade": "Stable Cascade", "animatediff": "an AnimateDiff motion module",
           "auraflow": "AuraFlow (a DiT)", "ltx": "LTX-Video (a DiT)", "hunyuan": "HunyuanVideo (a DiT)",
@@ -142,7 +143,7 @@ def _refused(path: Path, found: str) -> InputError:
     named = max((k for k in _NAMED if found.startswith(k)), key=len, default=None)  # sd35_large: SD 3.5, not 3
     what = _NAMED.get(named)
     return InputError(f"{path.name} is {what or repr(found)} (diffusers calls it {found!r}), not a U-Net attnprof "
-                      f"profiles: give an SD 1.x, SD 2.x or SDXL base checkpoint ({', '.join(SUPPORTED)})")
+                      f"profiles: give an SD 1.x, SD 2.x or SDXL base or refiner checkpoint ({', '.join(SUPPORTED)})")
 
 
 def resolve(path: Path, registry) -> tuple[Checkpoint, dict]:

@@ -54,7 +54,7 @@ def _add_shape_args(p, sizes_default=("512x512",)):
 
 def _add_settings_args(p):
     """The model's settings (profiler.spec.SETTINGS) as flags: each applies to one kind of model."""
-    g = p.add_argument_group("model settings (a U-Net's; a VAE's)")
+    g = p.add_argument_group("model settings (a U-Net's; a video U-Net's; a VAE's)")
     g.add_argument("--controlnet", action="store_true", default=None,
                    help="U-Net: run its ControlNet beside it, as a pipeline step does")
     g.add_argument("--ip-adapter-tokens", type=int, metavar="N",
@@ -63,6 +63,8 @@ def _add_settings_args(p):
     g.add_argument("--compile", choices=COMPILE_MODES,
                    help="U-Net: run it compiled: regional (diffusers' compile_repeated_blocks) or full (torch.compile "
                         "of the whole U-Net); default none (eager). run / sweep measure it; plan and fit predict eager")
+    g.add_argument("--frames", type=int, metavar="N", help="video U-Net (AnimateDiff, SVD): frames per video "
+                                                          "(default: the model's: 16 for AnimateDiff, 25 for SVD-XT)")
     g.add_argument("--vae-part", choices=VAE_PARTS, help="VAE: decoder (default) or encoder")
     g.add_argument("--vae-tiling", action="store_true", default=None, help="VAE: tiled decode / encode")
     g.add_argument("--vae-slicing", action="store_true", default=None, help="VAE: one image of the batch at a time")
@@ -228,6 +230,12 @@ def cmd_fit(args) -> int:
                             buckets=args.buckets, device=args.device, gpu_arch=args.gpu_arch)
         result = fit_pipeline(spec, say)
         text = format_pipeline(result) + _step_time(args, result, dtype, batch)
+    elif args.size:  # a video model at one size: the most frames
+        from .planner.fit import format_most_frames, most_frames
+
+        result = most_frames(args.model, budget, parse_size(args.size), args.backend, dtype, batch, args.device, say,
+                             args.gpu_arch, _settings(args, args.model))
+        text = format_most_frames(result)
     else:
         models.resolve(args.model)
         result = fit(args.model, budget, args.backend, dtype, batch, aspect, args.buckets, args.device, say=say,
@@ -651,6 +659,8 @@ def _add_fit(sub) -> None:
     p.add_argument("--dtype", help="float16 | bfloat16 | float32 (default float32 with --device cpu, else float16)")
     p.add_argument("--batch", default="1", help="batch size (default 1; 2 under classifier-free guidance)")
     p.add_argument("--aspect", default="1:1", help="W:H of the sizes searched (default 1:1)")
+    p.add_argument("--size", metavar="WxH", help="with a video model (AnimateDiff, SVD): the most frames that fit at "
+                                                 "this size, instead of the largest size at --frames")
     p.add_argument("--buckets", action="store_true", help="judge SDXL's aspect buckets (832x1216, 1024x1024, ...) "
                                                            "instead of searching")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="device whose kernels (default cuda)")

@@ -1,6 +1,6 @@
 """Model registry: named configs in configs/models/*.yaml, local diffusers folders and hub ids; meta, random or
-real-weight builds, and the example inputs of one U-Net forward. A model is of one kind: `unet` (diffusers'
-UNet2DConditionModel), `vae` (AutoencoderKL) or `controlnet` (ControlNetModel.from_unet of a registry U-Net)."""
+real-weight builds, and the example inputs of one U-Net forward. A model is of one kind (kinds.py: unet, vae,
+controlnet, animatediff, svd, ...): its record says its class, the keys its config needs, how it is made and fed."""
 from __future__ import annotations
 
 import difflib
@@ -12,16 +12,12 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint
+from . import checkpoint, kinds
 from .env import configs
 from .spec import InputError, load_yaml, torch_dtype
 
-_REQUIRED = ("down_block_types", "up_block_types", "block_out_channels", "cross_attention_dim")
 WEIGHTS = "diffusion_pytorch_model"  # diffusers' file name of a model's weights
 _SAFETENSORS = re.compile(rf"{WEIGHTS}(?:\.(\w+))?\.safetensors|{WEIGHTS}\.safetensors\.index(?:\.(\w+))?\.json")
-
-
-KINDS = {"unet": "UNet2DConditionModel", "vae": "AutoencoderKL", "controlnet": "ControlNetModel"}
 
 
 @dataclass(frozen=True)
@@ -31,7 +27,7 @@ class ModelSource:
     text_tokens: int = 77
     weights: str | None = None  # folder or hub id holding real weights; None for registry configs
     subfolder: str | None = None
-    kind: str = "unet"  # unet, vae or controlnet
+    kind: str = "unet"  # a record of kinds.KINDS
     variant: str | None = None  # the weights file's variant ('fp16': diffusion_pytorch_model.fp16.safetensors)
     checkpoint: object = None  # a single-file checkpoint's checkpoint.Checkpoint (weights: its path)
 
@@ -46,37 +42,32 @@ def known_models() -> dict[str, Path]:
 
 
 def _check_unet_config(config, where: str) -> dict:
-    if not isinstance(config, dict):
-        raise InputError(f"{where} does not describe a UNet2DConditionModel: expected a mapping of config keys")
-    cls = config.get("_class_name", "UNet2DConditionModel")
-    missing = [k for k in _REQUIRED if k not in config]
-    if cls != "UNet2DConditionModel" or missing:
-        what = f"its class is {cls}" if cls != "UNet2DConditionModel" else f"it lacks {', '.join(missing)}"
-        raise InputError(f"{where} does not describe a UNet2DConditionModel ({what}): point at a U-Net config")
-    return {k: v for k, v in config.items() if not k.startswith("_")}
-
-
-_VAE_REQUIRED = ("down_block_types", "up_block_types", "block_out_channels", "latent_channels")
+    """A U-Net config (kinds.check), or one line saying what it is instead."""
+    cls = config.get("_class_name", "UNet2DConditionModel") if isinstance(config, dict) else None
+    kind = kinds.of_class(cls) if cls else None
+    if kind is None:
+        raise InputError(f"{where} does not describe a model attnprof builds (its class is {cls}): point at the "
+                         f"config of one of {', '.join(k.cls for k in kinds.KINDS.values())}")
+    return kinds.check(kind, config, where)
 
 
 def _read_yaml(path: Path) -> ModelSource:
+    """A registry config: its top-level key names its kind; a kind built on a U-Net (controlnet, animatediff) names a
+    registry U-Net (`unet: NAME`) whose config it takes, with its own keys beside (a MotionAdapter's)."""
     doc = load_yaml(path.read_text(), str(path))
-    kind = next((k for k in KINDS if isinstance(doc, dict) and k in doc), None)
+    kind = next((k for k in kinds.KINDS.values() if isinstance(doc, dict) and k.name in doc), None)
     if kind is None:
-        raise InputError(f"{path} describes no model: expected a top-level 'unet:', 'vae:' or 'controlnet:' mapping")
-    name, tokens = doc.get("name", path.stem), int(doc.get("text_tokens", 77))
-    if kind == "vae":
-        missing = [k for k in _VAE_REQUIRED if k not in (doc["vae"] or {})]
-        if missing:
-            raise InputError(f"{path} does not describe an AutoencoderKL (it lacks {', '.join(missing)})")
-        return ModelSource(name, dict(doc["vae"]), tokens, kind="vae")
-    if kind == "controlnet":  # built from a registry U-Net, as ControlNetModel.from_unet builds it
-        base = (doc["controlnet"] or {}).get("unet")
-        if base not in known_models() or base == path.stem:
-            raise InputError(f"{path}: controlnet.unet must name a U-Net of the registry, not {base!r}")
+        raise InputError(f"{path} describes no model: expected a top-level mapping named by its kind, one of "
+                         f"{', '.join(f'{k}:' for k in kinds.KINDS)}")
+    name, tokens, body = doc.get("name", path.stem), int(doc.get("text_tokens", 77)), doc[kind.name] or {}
+    if kind.on_unet:
+        base = body.get("unet") if isinstance(body, dict) else None
+        if base not in known_models() or base == path.stem or resolve(base).kind != "unet":
+            raise InputError(f"{path}: {kind.name}.unet must name a U-Net of the registry, not {base!r}")
         unet = resolve(base)
-        return ModelSource(name, unet.config, unet.text_tokens, kind="controlnet")
-    return ModelSource(name, _check_unet_config(doc["unet"], str(path)), tokens)
+        extra = {k: v for k, v in body.items() if k != "unet"}
+        return ModelSource(name, {**unet.config, **extra}, unet.text_tokens, kind=kind.name)
+    return ModelSource(name, kinds.check(kind, body, str(path)), tokens, kind=kind.name)
 
 
 def _read_folder(path: Path) -> ModelSource:
@@ -87,9 +78,10 @@ def _read_folder(path: Path) -> ModelSource:
                 config = json.loads(cfg_path.read_text())
             except json.JSONDecodeError as e:
                 raise InputError(f"{cfg_path}: not valid JSON ({e}): fix the file") from None
+            kind = _kind_of(config)
             config = _check_unet_config(config, str(cfg_path))
             return ModelSource(str(path), config, weights=str(path), subfolder=sub,
-                               variant=_weights_variant(cfg_path.parent))
+                               variant=_weights_variant(cfg_path.parent), kind=kind)
     raise InputError(f"{path} holds no config.json nor unet/config.json: point at a diffusers model folder")
 
 
@@ -163,8 +155,14 @@ def _read_hub(repo_id: str) -> ModelSource:
     raise InputError(f"model {repo_id!r} is not a known name, a folder, or a reachable hub id ({first})")
 
 
+def _kind_of(config: dict) -> str:
+    kind = kinds.of_class(config.get("_class_name", "UNet2DConditionModel")) if isinstance(config, dict) else None
+    return kind.name if kind else "unet"
+
+
 def _hub_source(repo_id: str, config: dict, sub: str | None) -> ModelSource:
-    return ModelSource(repo_id, _check_unet_config(config, repo_id), weights=repo_id, subfolder=sub)
+    return ModelSource(repo_id, _check_unet_config(config, repo_id), weights=repo_id, subfolder=sub,
+                       kind=_kind_of(config))
 
 
 def _hub_unreachable(repo_id: str, timeout_s: float = 5.0) -> str | None:
@@ -182,20 +180,17 @@ def _hub_unreachable(repo_id: str, timeout_s: float = 5.0) -> str | None:
 
 
 def _from_config(source: ModelSource) -> torch.nn.Module:
-    """The model of the source's kind, on the meta device."""
-    import diffusers
-
+    """The model of the source's kind, on the meta device (every parameter: a module that makes one with the legacy
+    torch.Tensor([...]) constructor, as SVD's AlphaBlender does, gets it on the CPU whatever the default device)."""
     with torch.device("meta"):
-        if source.kind == "controlnet":
-            return diffusers.ControlNetModel.from_unet(diffusers.UNet2DConditionModel.from_config(source.config),
-                                                       load_weights_from_unet=False)
-        return getattr(diffusers, KINDS[source.kind]).from_config(source.config)
+        model = kinds.KINDS[source.kind].make(source.config)
+    return torch.nn.Module.to(model, "meta")
 
 
 def build(source: ModelSource | str, weights: str = "random", device: str = "cpu", dtype: str = "float32",
           seed: int = 0) -> torch.nn.Module:
     """Build the model. weights: 'meta' (shapes only, no memory), 'random' (fast seeded init) or 'pretrained'."""
-    from diffusers import UNet2DConditionModel
+    import diffusers
 
     if isinstance(source, str):
         source = resolve(source)
@@ -205,9 +200,9 @@ def build(source: ModelSource | str, weights: str = "random", device: str = "cpu
                              "give a diffusers folder or hub id for real weights")
         if source.checkpoint is not None:
             return checkpoint.load_unet(source.checkpoint, source.config, device, torch_dtype(dtype))
-        unet = UNet2DConditionModel.from_pretrained(source.weights, subfolder=source.subfolder, use_safetensors=True,
-                                                    variant=source.variant, low_cpu_mem_usage=False,
-                                                    torch_dtype=torch_dtype(dtype))
+        cls = getattr(diffusers, kinds.KINDS[source.kind].cls)
+        unet = cls.from_pretrained(source.weights, subfolder=source.subfolder, use_safetensors=True,
+                                   variant=source.variant, low_cpu_mem_usage=False, torch_dtype=torch_dtype(dtype))
         return unet.to(device).eval()
     unet = torch.nn.Module.to(_from_config(source), torch_dtype(dtype))  # on meta (no memory): diffusers' .to() warns
     if weights == "meta":
@@ -216,7 +211,24 @@ def build(source: ModelSource | str, weights: str = "random", device: str = "cpu
         raise ValueError(f"weights must be meta, random or pretrained, not {weights!r}")
     unet = unet.to_empty(device=device)
     _random_init(unet, seed)
+    _remake_buffers(unet)
     return unet.eval()
+
+
+@torch.no_grad()
+def _remake_buffers(model: torch.nn.Module) -> None:
+    """The buffers a meta build leaves empty (to_empty gives them memory, not values), remade on the model's device:
+    a video U-Net's positional table over frames (SinusoidalPositionalEmbedding.pe, a function of its shape); any
+    other buffer zeroed (none of the registry's models has one), so that no forward reads uninitialised memory."""
+    from diffusers.models.embeddings import SinusoidalPositionalEmbedding
+
+    for module in model.modules():
+        for name, buf in list(module.named_buffers(recurse=False)):
+            if isinstance(module, SinusoidalPositionalEmbedding) and name == "pe":
+                fresh = SinusoidalPositionalEmbedding(buf.shape[-1], buf.shape[-2]).pe
+                buf.copy_(fresh.to(device=buf.device, dtype=buf.dtype))
+            elif buf is not None:
+                buf.zero_()
 
 
 @torch.no_grad()
@@ -243,26 +255,9 @@ def _random_init(module: torch.nn.Module, seed: int, pool_size: int = 1 << 24) -
 
 def example_inputs(unet: torch.nn.Module, batch: int, width: int, height: int, text_tokens: int = 77,
                    seed: int = 0) -> dict:
-    """Keyword arguments of one U-Net forward at an image size of width x height pixels (latent = 1/8)."""
-    cfg = unet.config
-    device, dtype = unet.device, unet.dtype
-    shape = (batch, cfg.in_channels, height // 8, width // 8)
-    if device.type == "meta":
-        make = lambda *s: torch.empty(*s, device=device, dtype=dtype)  # noqa: E731
-    else:
-        gen = torch.Generator(device="cpu").manual_seed(seed)
-        make = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
-    cross = cfg.cross_attention_dim
-    cross = cross[0] if isinstance(cross, (list, tuple)) else cross
-    kwargs = {
-        "sample": make(*shape),
-        "timestep": torch.full((batch,), 500, dtype=torch.int64, device=device),  # 1-D: no [None] on fake CUDA
-        "encoder_hidden_states": make(batch, text_tokens, cross),
-    }
-    if cfg.addition_embed_type == "text_time":
-        text_dim = cfg.projection_class_embeddings_input_dim - 6 * cfg.addition_time_embed_dim
-        kwargs["added_cond_kwargs"] = {"text_embeds": make(batch, text_dim), "time_ids": make(batch, 6)}
-    return kwargs
+    """Keyword arguments of one U-Net forward at an image size of width x height pixels (latent = 1/8), as its
+    pipeline gives them (kinds.unet_inputs: what its config asks for)."""
+    return kinds.unet_inputs(unet, kinds.Shape(batch, width, height, 1, text_tokens, seed))
 
 
 def weights_bytes(model: torch.nn.Module) -> int:

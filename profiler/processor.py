@@ -86,3 +86,31 @@ class SDPAKernelProcessor:
                  **kwargs):
         with sdpa_kernel(self.kernel):
             return self.inner(attn, hidden_states, encoder_hidden_states, attention_mask, temb, *args, **kwargs)
+
+    @classmethod
+    def added_kv(cls, kernel) -> "SDPAKernelProcessor":
+        """The same kernel forced, for a SimpleCrossAttn block's added-KV attention (AttnAddedKVProcessor2_0)."""
+        from diffusers.models.attention_processor import AttnAddedKVProcessor2_0
+
+        made = cls.__new__(cls)
+        made.kernel, made.inner = kernel, AttnAddedKVProcessor2_0()
+        return made
+
+
+def for_module(processor, attn):
+    """The processor to set on this Attention module for a backend's processor: the processor itself; where the
+    module's attention is added-KV (a SimpleCrossAttn block: add_k_proj and add_v_proj beside to_k and to_v), the
+    processor of diffusers' that does that backend's attention there (naive: AttnAddedKVProcessor, sdpa and its forced
+    kernels: AttnAddedKVProcessor2_0); None where there is none (backends.Backend.added_kv says which backends have
+    one: the preflight refuses the others)."""
+    if getattr(attn, "added_kv_proj_dim", None) is None or getattr(processor, "handles_added_kv", False):
+        return processor
+    from diffusers.models import attention_processor as ap
+
+    if isinstance(processor, (ap.AttnAddedKVProcessor, ap.AttnAddedKVProcessor2_0)):
+        return processor
+    if isinstance(processor, SDPAKernelProcessor):
+        return SDPAKernelProcessor.added_kv(processor.kernel)
+    made = {ap.AttnProcessor: ap.AttnAddedKVProcessor, ap.AttnProcessor2_0: ap.AttnAddedKVProcessor2_0}.get(
+        type(processor))
+    return made() if made else None

@@ -9,6 +9,9 @@ from typing import Callable
 
 import torch
 
+from .kinds import temporal_paths
+from .spec import InputError
+
 _STAGES = {"down_blocks": "down", "mid_block": "mid", "up_blocks": "up"}
 
 
@@ -46,22 +49,32 @@ def attention_modules(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
 
 def describe_call(attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None,
                   block: str = "") -> dict:
-    """The shape figures of one attention call, from its inputs (works on the meta device). diffusers' IP-Adapter
-    passes (text, [image embeddings]) as encoder_hidden_states: the text is the call's keys, the image tokens it
-    also attends to (in the same processor call) are `ip_tokens_k`."""
+    """The shape figures of one attention call, from its inputs (works on the meta device). Its kind: self, cross,
+    image (IP-Adapter's image tokens, our adapter's), temporal (a video U-Net's attention over frames: its motion
+    modules, its temporal transformer blocks; tokens = frames, batch = videos x positions), added-kv (a SimpleCrossAttn
+    block's AttnAddedKVProcessor: its keys are the conditioning tokens and, but with only_cross_attention, every
+    position of the block too). diffusers' IP-Adapter passes (text, [image embeddings]) as encoder_hidden_states: the
+    text is the call's keys, the image tokens it also attends to (in the same processor call) are `ip_tokens_k`."""
     images = None
     if isinstance(encoder_hidden_states, tuple):
         encoder_hidden_states, images = encoder_hidden_states
     batch = hidden_states.shape[0]
     tokens_q = hidden_states.shape[1] if hidden_states.ndim == 3 else hidden_states.shape[2] * hidden_states.shape[3]
     tokens_k = tokens_q if encoder_hidden_states is None else encoder_hidden_states.shape[1]
+    added_kv = getattr(attn, "added_kv_proj_dim", None) is not None
+    if added_kv and not attn.only_cross_attention and encoder_hidden_states is not None:
+        tokens_k += tokens_q  # the block's own positions, concatenated after the conditioning tokens'
+    kind = "added-kv" if added_kv else "self" if encoder_hidden_states is None else \
+        "image" if block.endswith(".image") else "cross"
+    if kind == "self" and any(part in block for part in temporal_paths()):
+        kind = "temporal"
     heads = attn.heads
     head_dim = attn.inner_dim // heads
     upcast = "attention" if getattr(attn, "upcast_attention", False) else \
         "softmax" if getattr(attn, "upcast_softmax", False) else ""  # diffusers' AttnProcessor's float32 upcast
     score_elements = batch * heads * tokens_q * tokens_k
     return {
-        "kind": "self" if encoder_hidden_states is None else "image" if block.endswith(".image") else "cross",
+        "kind": kind,
         "batch": batch,
         "heads": heads,
         "head_dim": head_dim,
@@ -79,11 +92,19 @@ def describe_call(attn, hidden_states: torch.Tensor, encoder_hidden_states: torc
 def swapped(model: torch.nn.Module, make: Callable[[str, object], object], modules: dict | None = None):
     """Every Attention module's processor (of `modules`, default attention_modules(model)) replaced by make(block
     path, its original processor) for the duration; the originals restored on exit, also when the block raises."""
+    from .processor import for_module
+
     modules = modules or attention_modules(model)
     originals = {block: m.processor for block, m in modules.items()}
     try:
         for block, module in modules.items():
-            module.set_processor(make(block, originals[block]))
+            made = make(block, originals[block])
+            fitted = for_module(made, module)
+            if fitted is None:  # the preflight refuses such a cell: here only by mistake, never run wrongly
+                raise InputError(f"{type(made).__name__} cannot stand in for {block}'s "
+                                 f"{type(originals[block]).__name__} (added-KV attention): no backend but naive and "
+                                 "sdpa runs there")
+            module.set_processor(fitted)
         yield originals
     finally:
         for block, module in modules.items():

@@ -67,28 +67,35 @@ def _one_of(choices: tuple):
 
 
 class Setting(NamedTuple):
-    kind: str  # the kind of model it applies to: unet or vae
+    kinds: tuple[str, ...]  # the kinds of model it applies to (kinds.KINDS: unet, vae, ...; VIDEO: those with frames)
     default: object
     takes: str  # what it takes, as its error says
     read: Callable[[object], object]  # a value as given (YAML, the command line) in its own type; None: refused
     words: Callable[[object], str]  # a value as people read it (settings_label)
     config_key: str | None = None  # where the model's config gives the default, its key (default: where it has none)
+    always: bool = False  # kept in a cell's settings at its default too (a video model's frames: what its cells are)
 
 
 COMPILE_MODES = ("none", "regional", "full")
 VAE_PARTS = ("decoder", "encoder")
+VIDEO = "video"  # in a Setting's kinds: every kind whose record takes frames (kinds.Kind.frames)
 SETTINGS = {  # everything the code knows of a model's setting, one entry each
-    "controlnet": Setting("unet", False, "true or false", _flag, lambda v: "controlnet" if v else "no controlnet"),
-    "ip_adapter_tokens": Setting("unet", 0, "a whole number of image tokens >= 0 (4: IP-Adapter, 16: IP-Adapter "
+    "controlnet": Setting(("unet",), False, "true or false", _flag,
+                          lambda v: "controlnet" if v else "no controlnet"),
+    "ip_adapter_tokens": Setting(("unet",), 0, "a whole number of image tokens >= 0 (4: IP-Adapter, 16: IP-Adapter "
                                  "plus)", _count, lambda v: f"ip-adapter {v} tokens"),
-    "tome": Setting("unet", 0.0, "a merge ratio from 0 up to (not including) 1, e.g. 0.5", _ratio,
+    "tome": Setting(("unet",), 0.0, "a merge ratio from 0 up to (not including) 1, e.g. 0.5", _ratio,
                     lambda v: f"tome {v:g}"),
-    "compile": Setting("unet", "none", "none, regional (diffusers' compile_repeated_blocks) or full (torch.compile)",
-                       _one_of(COMPILE_MODES), lambda v: f"compiled ({v})" if v != "none" else "eager"),
-    "vae_part": Setting("vae", "decoder", " or ".join(VAE_PARTS), _one_of(VAE_PARTS), lambda v: f"vae {v}"),
-    "vae_tiling": Setting("vae", False, "true or false", _flag, lambda v: "tiling" if v else "no tiling"),
-    "vae_slicing": Setting("vae", False, "true or false", _flag, lambda v: "slicing" if v else "no slicing"),
-    "vae_upcast": Setting("vae", False, "true or false (default: the VAE config's force_upcast)", _flag,
+    "compile": Setting(("unet",), "none", "none, regional (diffusers' compile_repeated_blocks) or full "
+                       "(torch.compile)", _one_of(COMPILE_MODES), lambda v: f"compiled ({v})" if v != "none"
+                       else "eager"),
+    "frames": Setting((VIDEO,), 16, "a whole number of frames >= 1 (default: the model's, 16 for AnimateDiff, its config's "
+                      "num_frames for SVD)", lambda v: _count(v) or None, lambda v: f"{v} frames", "num_frames",
+                      always=True),
+    "vae_part": Setting(("vae",), "decoder", " or ".join(VAE_PARTS), _one_of(VAE_PARTS), lambda v: f"vae {v}"),
+    "vae_tiling": Setting(("vae",), False, "true or false", _flag, lambda v: "tiling" if v else "no tiling"),
+    "vae_slicing": Setting(("vae",), False, "true or false", _flag, lambda v: "slicing" if v else "no slicing"),
+    "vae_upcast": Setting(("vae",), False, "true or false (default: the VAE config's force_upcast)", _flag,
                           lambda v: "upcast to float32" if v else "no upcast", "force_upcast"),
 }
 

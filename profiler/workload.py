@@ -19,8 +19,15 @@ from contextlib import ExitStack, contextmanager
 
 import torch
 
-from . import models
-from .spec import SETTINGS, InputError, setting_value
+from . import kinds, models
+from .spec import SETTINGS, VIDEO, InputError, setting_value
+
+
+def applies(name: str, kind: str) -> bool:
+    """Whether setting `name` applies to a model of this kind (spec.SETTINGS: by name, or VIDEO for the kinds whose
+    record takes frames)."""
+    s = SETTINGS[name]
+    return kind in s.kinds or VIDEO in s.kinds and kinds.KINDS[kind].frames
 
 
 def check_settings(model: str, settings: dict) -> tuple[tuple[str, object], ...]:
@@ -30,12 +37,15 @@ def check_settings(model: str, settings: dict) -> tuple[tuple[str, object], ...]
     for name, value in settings.items():
         if name not in SETTINGS:
             raise InputError(f"unknown setting {name!r}: the settings are {', '.join(SETTINGS)}")
-        kind = SETTINGS[name].kind
         value = setting_value(name, value)
-        if source.kind != kind:
-            raise InputError(f"setting {name} is for a {kind} model, not {model} (a {source.kind})")
-        if value != _default(source, name):
+        if not applies(name, source.kind):
+            raise InputError(f"setting {name} is for a {' or '.join(SETTINGS[name].kinds)} model, not {model} (a "
+                             f"{source.kind})")
+        if value != _default(source, name) or SETTINGS[name].always:
             out[name] = value
+    for name, s in SETTINGS.items():  # what a cell of this kind always says, at the model's default where not given
+        if s.always and applies(name, source.kind) and name not in out:
+            out[name] = _default(source, name)
     return tuple(sorted(out.items()))
 
 
@@ -80,9 +90,9 @@ class Workload:
 
     def __init__(self, model: str, settings: tuple | dict = ()):
         self.model, self.source = model, models.resolve(model)
+        self.kind = kinds.KINDS[self.source.kind]
         given = dict(settings)
-        self.settings = {n: given.get(n, _default(self.source, n)) for n, s in SETTINGS.items()
-                         if s.kind == self.source.kind}
+        self.settings = {n: given.get(n, _default(self.source, n)) for n in SETTINGS if applies(n, self.source.kind)}
 
     def dtype(self, dtype: str) -> str:
         """The dtype the model computes in: float32 for an upcast VAE, else the cell's."""
@@ -122,12 +132,13 @@ class Workload:
             shape = (batch, 3, height, width) if encoder else (batch, unet.config.latent_channels, height // 8,
                                                                width // 8)
             return {"sample": _randn(shape, param, _generator(param, seed))}
-        out = models.example_inputs(unet, batch, width, height, self.source.text_tokens, seed)
+        shape = kinds.Shape(batch, width, height, self.settings.get("frames", 1), self.source.text_tokens, seed)
+        out = self.kind.inputs(unet, shape)
         if self.settings.get("ip_adapter_tokens"):  # the image tokens after the text tokens
             extra = _randn((batch, self.settings["ip_adapter_tokens"], out["encoder_hidden_states"].shape[-1]),
                            param, _generator(param, seed + 1))
             out["encoder_hidden_states"] = torch.cat([out["encoder_hidden_states"], extra], dim=1)
-        if self.source.kind == "controlnet" or self.settings.get("controlnet"):
+        if self.settings.get("controlnet"):
             out["controlnet_cond"] = _randn((batch, 3, height, width), param, _generator(param, seed + 2))
         return out
 
@@ -151,10 +162,10 @@ class Workload:
     def forward(self, model: torch.nn.Module, inputs: dict) -> torch.Tensor:
         """One forward (a call of the model: a recorder's pass begins there; apply the settings around it); the
         output that the fp32 reference is compared with."""
-        out = model(**inputs)
-        if self.source.kind == "controlnet":
-            return out.mid_block_res_sample  # the mid block's residual
-        return out if isinstance(out, torch.Tensor) else out.sample
+        fresh = {k: {n: dict(v) if isinstance(v, dict) else v for n, v in a.items()} if isinstance(a, dict) else a
+                 for k, a in inputs.items()}  # a U-Net consumes GLIGEN's arguments from its cross_attention_kwargs
+        out = model(**fresh)
+        return out if isinstance(out, torch.Tensor) else self.kind.output(out)
 
 
 def _generator(param: torch.Tensor, seed: int) -> torch.Generator:

@@ -42,7 +42,7 @@ def test_plan_json_one_object_per_size(capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["plan", "--model", "sd14"], "unknown model 'sd14': did you mean sd15? known models are sd15, sd15-controlnet, sd15-vae, sd21-base, sdxl-base"),
+    (["plan", "--model", "sd14"], "unknown model 'sd14': did you mean sd15? known models are animatediff-sd15, animatediff-sdxl, kandinsky22-decoder, sd15, sd15-controlnet"),
     (["plan", "--model", "sd15", "--size", "500x512"], "width 500 is not a positive multiple of 8"),
     (["plan", "--model", "sd15", "--size", "0x512"], "width 0 is not a positive multiple of 8"),
     (["plan", "--model", "sd15", "--size", "512by512"], "malformed size '512by512'"),
@@ -61,9 +61,9 @@ def test_bad_input_one_line_exit_2(capsys, argv, message):
 
 
 def test_config_that_is_not_a_unet(capsys, tmp_path):
-    (tmp_path / "config.json").write_text('{"_class_name": "AutoencoderKL", "block_out_channels": [1]}')
+    (tmp_path / "config.json").write_text('{"_class_name": "FluxTransformer2DModel", "num_layers": 19}')
     code, _, err = run(capsys, "plan", "--model", str(tmp_path))
-    assert code == 2 and "does not describe a UNet2DConditionModel" in err
+    assert code == 2 and "does not describe a model attnprof builds (its class is FluxTransformer2DModel)" in err
 
 
 def test_console_entry_point_exits_2_without_traceback():

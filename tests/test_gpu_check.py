@@ -305,5 +305,5 @@ def test_the_core_runs_preflight_asks_nothing_of_a_gpu(monkeypatch):
     h200 = devices.GpuTarget("NVIDIA H200", (9, 0), 91501, 13, False)  # this GPU's, read from its properties
     monkeypatch.setattr(devices, "gpu_target", lambda arch=None, index=0: h200)
     cells = [c for c in checks.core_run(checks.Context(device="cuda")).cells("cuda") if c.model == "sd15"]
-    predicted, dims = predict(cells)
+    predicted, dims, _ = predict(cells)
     assert dims == {"sd15": (40, 80, 160)} and all(p["predicted_forward_peak_bytes"] for p in predicted.values())

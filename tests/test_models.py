@@ -119,10 +119,12 @@ def test_config_only_model_has_no_real_weights():
 
 
 @pytest.mark.parametrize("content, message", [
-    ("unet: {foo: 1}", "does not describe a UNet2DConditionModel"),
-    ("just text", "describes no model: expected a top-level 'unet:', 'vae:' or 'controlnet:' mapping"),
+    ("unet: {foo: 1}", "does not describe a U-Net .UNet2DConditionModel: it lacks down_block_types"),
+    ("just text", "describes no model: expected a top-level mapping named by its kind, one of unet:, vae:, "
+                  "controlnet:, animatediff:, svd:"),
     ("unet: [1, 2", "not valid YAML at line 1, column 12"),
-    ("vae: {block_out_channels: [8]}", "does not describe an AutoencoderKL .it lacks down_block_types"),
+    ("vae: {block_out_channels: [8]}", "does not describe a VAE .AutoencoderKL: it lacks down_block_types"),
+    ("animatediff: {unet: tiny-vae}", "animatediff.unet must name a U-Net of the registry, not 'tiny-vae'"),
     ("controlnet: {unet: sd99}", "controlnet.unet must name a U-Net of the registry, not 'sd99'"),
 ])
 def test_bad_model_files(tmp_path, content, message):
@@ -133,8 +135,13 @@ def test_bad_model_files(tmp_path, content, message):
 
 
 def test_folder_with_another_models_config(tmp_path):
+    """A folder's config names its class: one attnprof builds is read as its kind (a VAE's config must then hold a
+    VAE's keys); one of another class is refused naming it and the classes it takes."""
+    (tmp_path / "config.json").write_text('{"_class_name": "SD3Transformer2DModel", "num_layers": 24}')
+    with pytest.raises(InputError, match="its class is SD3Transformer2DModel.*UNetMotionModel"):
+        models.resolve(str(tmp_path))
     (tmp_path / "config.json").write_text('{"_class_name": "AutoencoderKL", "block_out_channels": [1]}')
-    with pytest.raises(InputError, match="its class is AutoencoderKL"):
+    with pytest.raises(InputError, match="does not describe a VAE .AutoencoderKL: it lacks down_block_types"):
         models.resolve(str(tmp_path))
 
 

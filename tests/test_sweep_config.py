@@ -21,13 +21,20 @@ def test_every_shipped_sweep_validates(path):
         assert len({c.cell_id for c in sweep.cells()}) == len(sweep.cells()) == n
 
 
+# the attention modules of each shipped model (hand counts): SD 1.x / 2.x U-Nets 32, SDXL base 140, the refiner 88
+# (4 layers at two levels and the mid block), their ControlNets the down and mid blocks' 14 and 68, a VAE its two mid
+# blocks' 2, AnimateDiff SD 1.5's 32 spatial and 40 temporal (20 motion modules), its SDXL 140 + 30 (15 modules),
+# SVD 16 spatio-temporal transformers of 4, Kandinsky 2.2's 22 SimpleCrossAttn blocks
+ATTENTIONS = {"sd15": 32, "sd15-inpainting": 32, "sd21-base": 32, "sd21-768-v": 32, "tiny-sd15": 32, "sdxl-base": 140,
+              "tiny-sdxl": 140, "sdxl-refiner": 88, "sd15-controlnet": 14, "tiny-sd15-controlnet": 14,
+              "sdxl-controlnet": 68, "sd15-vae": 2, "sdxl-vae": 2, "tiny-vae": 2, "animatediff-sd15": 72,
+              "tiny-animatediff": 72, "animatediff-sdxl": 170, "svd-xt": 64, "tiny-svd": 64, "kandinsky22-decoder": 22}
+
+
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("models/*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_model_config_builds_on_meta(path):
-    source = models.resolve(path.stem)
-    model = models.build(source, weights="meta")
-    # U-Nets: SD 1.x 32 calls, SDXL 140; their ControlNets: the down and mid blocks' 14 and 68; a VAE: 2 mid blocks
-    assert len(model.attn_processors) == {"unet": (32, 140), "controlnet": (14, 68), "vae": (2,)}[source.kind][
-        "xl" in path.stem and source.kind != "vae"]
+    model = models.build(models.resolve(path.stem), weights="meta")
+    assert len(model.attn_processors) == ATTENTIONS[path.stem]
 
 
 GOOD = """models: [tiny-sd15]

@@ -10,7 +10,7 @@ from pathlib import Path
 from .. import backends, devices, models
 from ..spec import (SETTINGS, CellSpec, InputError, load_yaml, parse_batch, parse_bytes, parse_dtype, parse_size,
                     setting_value)
-from ..workload import check_settings
+from ..workload import applies, check_settings
 
 GRID_KEYS = {"models": "list of model names", "sizes": "list of WxH strings", "batch": "list of batch sizes",
              "dtypes": "list of dtype names", "backends": "list of backend names or {name: {option: value}}",
@@ -56,7 +56,7 @@ class Sweep:
         for grid in (self, *self.also):
             for m in grid.models:
                 kind = models.resolve(m).kind
-                axes = [(n, vals) for n, vals in grid.model_settings if SETTINGS[n].kind == kind]
+                axes = [(n, vals) for n, vals in grid.model_settings if applies(n, kind)]
                 for combo in itertools.product(*(vals for _, vals in axes)):
                     settings = check_settings(m, dict(zip((n for n, _ in axes), combo)))
                     for c in (CellSpec(m, w, h, b, dt, name, device, opts, settings)
@@ -150,9 +150,10 @@ def loads(text: str, where: str) -> Sweep:
     for i, (grid, given) in enumerate(zip((sweep, *sweep.also), (doc, *also))):
         kinds = {models.resolve(m).kind for m in grid.models}
         for name in [n for n in SETTINGS if n in given]:  # a setting a grid inherits may apply to none of its models
-            if SETTINGS[name].kind not in kinds:
+            if not any(applies(name, k) for k in kinds):
                 place = f"{where}: also[{i - 1}]" if i else where
-                raise InputError(f"{place}: key '{name}' is for {SETTINGS[name].kind} models and this grid has none: "
+                raise InputError(f"{place}: key '{name}' is for {' or '.join(SETTINGS[name].kinds)} models and this "
+                                 "grid has none: "
                                  "add one to its models, or move the key to a grid that has one (also:)")
     return sweep
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from .. import devices
+from .. import backends, devices
 from ..models import model_files
 from ..measure.limits import cell_peaks
 from ..spec import CellSpec
@@ -35,14 +35,15 @@ class Shape(NamedTuple):
         return cls(c.model, c.width, c.height, c.batch, c.dtype, c.device.split(":")[0], eager)
 
 
-def predict(cells: list[CellSpec]) -> tuple[dict[str, dict], dict[str, tuple[int, ...]]]:
+def predict(cells: list[CellSpec]) -> tuple[dict[str, dict], dict[str, tuple[int, ...]], dict[str, str]]:
     """Per cell, from one fake-tensor forward per shape (model, settings, size, batch, dtype) and device type for all the
     backends that share them, each with its own options (a backend asked with two sets of options takes a second
     forward): predicted_forward_peak_bytes (this model's weights, the inputs and the forward's transient,
     planner/forward.py) and predicted_need_bytes, what the preflight holds against the memory budget: the same
     forward peak, since nothing of ours stays on the device beside the model under test (the fp32 reference is
     computed and freed before it is built: measure/cell.py). And the head dims of each model, for the
-    availability probe."""
+    availability probe; and per cell why its backend cannot run a call of that forward (backends.refusal: an
+    added-KV block it cannot stand in for, a kernel's batch x heads limit), '' where it runs them all."""
     from ..planner.forward import trace
 
     groups: dict[Shape, list[dict[str, tuple]]] = {}  # shape -> forwards, each {backend: its options}
@@ -52,7 +53,7 @@ def predict(cells: list[CellSpec]) -> tuple[dict[str, dict], dict[str, tuple[int
         if forward is None:
             forwards.append(forward := {})
         forward[c.backend] = c.backend_options
-    traced, dims = {}, {}
+    traced, dims, refused = {}, {}, {}
     for s, forwards in groups.items():
         for i, forward in enumerate(forwards):  # the first also counts the ops that the time model reads
             t = trace(s.model, s.width, s.height, s.batch, s.dtype, s.device, sorted(forward),
@@ -61,8 +62,10 @@ def predict(cells: list[CellSpec]) -> tuple[dict[str, dict], dict[str, tuple[int
             for name, options in forward.items():
                 peak = t["backends"].get(name, {}).get("predicted_forward_peak_bytes")
                 traced[s, name, options] = {"predicted_forward_peak_bytes": peak, "predicted_need_bytes": peak}
+                refused[s, name, options] = backends.refusal(name, t["rows"])
     out = {c.cell_id: traced[Shape.of(c), c.backend, c.backend_options] for c in cells}
-    return out, {m: tuple(sorted(d)) for m, d in dims.items()}
+    why = {c.cell_id: refused[Shape.of(c), c.backend, c.backend_options] for c in cells}
+    return out, {m: tuple(sorted(d)) for m, d in dims.items()}, why
 
 
 def preflight(cells: list[CellSpec], budget: int, force: bool, availability) -> tuple[dict[str, dict], dict]:
@@ -72,12 +75,13 @@ def preflight(cells: list[CellSpec], budget: int, force: bool, availability) -> 
     from ..fmt import human_bytes
     from ..measure.cell import failed_cell
 
-    predicted, dims = predict(cells)
+    predicted, dims, refused = predict(cells)
     ask = {c.cell_id: (c.backend, c.device, c.dtype, dims[c.model]) for c in cells}
     answers = dict(zip(sorted(set(ask.values())), availability(sorted(set(ask.values()))), strict=True))
     rows = {}
     for c in cells:
         ok, reason = answers[ask[c.cell_id]]
+        ok, reason = (False, refused[c.cell_id]) if ok and refused[c.cell_id] else (ok, reason)
         need = predicted[c.cell_id]["predicted_need_bytes"]
         if not ok:
             rows[c.cell_id] = failed_cell(c, "unavailable", reason, **predicted[c.cell_id])

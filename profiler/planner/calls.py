@@ -7,7 +7,7 @@ import json
 
 import torch
 
-from .. import models
+from .. import backends, models
 from ..fmt import human_bytes, human_count, table
 from ..recorder import Recorder
 from ..spec import parse_dtype
@@ -57,8 +57,10 @@ def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "floa
     blocks = []
     for row in traced["rows"]:
         blocks.append({**row, "predicted_peak_bytes": predicted_peak_bytes(backend, row, w.dtype(dtype), **options),
-                       "traced_peak_bytes": row["traced_peak_bytes"][backend]})
+                       "traced_peak_bytes": row["traced_peak_bytes"][backend],
+                       "refused": backends.call_refusal(backend, row)})
     t = totals(blocks, models.param_counts(module))
+    t["refused"] = backends.refusal(backend, blocks)  # the calls it cannot run: a run records this as the reason
     b = traced["backends"][backend]
     t.update(weights_bytes=traced["weights_bytes"], inputs_bytes=traced["inputs_bytes"],
              forward_transient_peak_bytes=b["transient_peak_bytes"],
@@ -88,6 +90,8 @@ def totals(blocks: list[dict], params: dict) -> dict:
         "calls_self": sum(r["kind"] == "self" for r in blocks),
         "calls_cross": sum(r["kind"] == "cross" for r in blocks),
         "calls_image": sum(r["kind"] == "image" for r in blocks),
+        "calls_temporal": sum(r["kind"] == "temporal" for r in blocks),
+        "calls_added_kv": sum(r["kind"] == "added-kv" for r in blocks),
         "largest_score_elements": largest["score_elements"],
         "largest_score_bytes": largest["score_bytes"],
         "largest_score_block": largest["block"],
@@ -132,8 +136,9 @@ def format_plan(p: dict) -> str:
     head = f"{p['model']}{describe({k: v for k, v in p.items() if k.startswith('model_file')})} at {p['width']}x{p['height']} (latent {p['width'] // 8}x{p['height'] // 8}), " \
            f"batch {p['batch']}, {p['dtype']}" + (f", {settings}" if settings else "")
     share = lambda k: f"{t['params_' + k] / 1e6:.2f}M ({100 * t['share_' + k]:.1f}%)"  # noqa: E731
-    image = f", {t['calls_image']} image" if t.get("calls_image") else ""
-    facts = [("calls per forward", f"{t['calls']} ({t['calls_self']} self, {t['calls_cross']} cross{image})"),
+    more = "".join(f", {t['calls_' + k]} {w}" for k, w in (("image", "image"), ("temporal", "temporal"),
+                                                           ("added_kv", "added-KV")) if t.get(f"calls_{k}"))
+    facts = [("calls per forward", f"{t['calls']} ({t['calls_self']} self, {t['calls_cross']} cross{more})"),
              ("largest score table", f"{human_count(t['largest_score_elements'])} scores, "
                                      f"{human_bytes(t['largest_score_bytes'])} ({t['largest_score_block']})"),
              ("attention FLOPs", human_count(t["flops_total"]))]
@@ -150,6 +155,10 @@ def format_plan(p: dict) -> str:
                   ("not counted", t["not_counted"])]
         if t.get("gpu"):
             facts.insert(-1, ("GPU planned for", t["gpu"]))
+    if t.get("refused"):
+        facts.insert(0, (f"{p['backend_label']} refused", t["refused"]))
+        for r in rows:
+            r["peak_h"] = "refused" if r.get("refused") else r["peak_h"]
     if "fits" in t:
         verdict = "yes" if t["fits"] else "NO"
         facts.append(("fits the budget", f"{verdict}: the forward peak "

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import backends, devices
+from .. import backends, devices, kinds, models
 from ..fmt import human_bytes, table
 from ..spec import InputError, parse_dtype
 from ..workload import Workload
@@ -82,13 +82,19 @@ def _affine(t1: dict, t2: dict, p1: int, p2: int):
 
 
 def _rows_at(rows: list[dict], p_ref: int, pixels: int) -> list[dict]:
-    """The attention calls at another size: query tokens scale with the pixels (so do self-attention's keys)."""
+    """The attention calls at another size: query tokens scale with the pixels (so do self-attention's keys, and an
+    added-KV call's own positions among its keys); a temporal call's batch does (a sequence of frames per position),
+    its tokens (the frames) do not."""
     out = []
     for r in rows:
-        tq = r["tokens_q"] * pixels // p_ref
-        tk = tq if r["kind"] == "self" else r["tokens_k"]
-        elements = r["batch"] * r["heads"] * tq * tk
-        out.append({**r, "tokens_q": tq, "tokens_k": tk, "score_elements": elements,
+        if r["kind"] == "temporal":
+            batch, tq, tk = r["batch"] * pixels // p_ref, r["tokens_q"], r["tokens_k"]
+        else:
+            batch, tq = r["batch"], r["tokens_q"] * pixels // p_ref
+            tk = tq if r["kind"] == "self" else r["tokens_k"] - r["tokens_q"] + tq if r["kind"] == "added-kv" else \
+                r["tokens_k"]
+        elements = batch * r["heads"] * tq * tk
+        out.append({**r, "batch": batch, "tokens_q": tq, "tokens_k": tk, "score_elements": elements,
                     "score_bytes": elements * (r["score_bytes"] // r["score_elements"])})
     return out
 
@@ -136,15 +142,17 @@ def fit_many(model: str, budgets: list[int], names: list[str] | None = None, dty
               for r in (r1, r2))
     p1, p2 = r1[0] * r1[1], r2[0] * r2[1]
     (ma, mb), (sa, sb), (ia, ib) = _affine(t1, t2, p1, p2)
-    screened = {}
+    screened, refused = {}, {}
     for n in runs:  # every size's need, from the two traces and the calls' memory models
         options = backends.check_options(n, {})
-        screened[n] = []
+        screened[n], refused[n] = [], []
         for w, h in sizes:
             pix = w * h
-            calls = [memory.predicted_peak_bytes(n, r, compute, **options) for r in _rows_at(t1["rows"], p1, pix)]
+            rows = _rows_at(t1["rows"], p1, pix)
+            calls = [memory.predicted_peak_bytes(n, r, compute, **options) for r in rows]
             transient = max(float((ma * pix + mb).max()), float((sa * pix + sb + np.array(calls)).max()))
-            screened[n].append(t1["weights_bytes"] + ia * pix + ib + transient)
+            refused[n].append(backends.refusal(n, rows))  # a call the backend cannot run: it does not fit there
+            screened[n].append(float("inf") if refused[n][-1] else t1["weights_bytes"] + ia * pix + ib + transient)
     results = []
     for budget in budgets:
         entries = []
@@ -153,7 +161,7 @@ def fit_many(model: str, budgets: list[int], names: list[str] | None = None, dty
                      "next": None, "next_need_bytes": None}
             entries.append(entry)
             if n in runs:
-                entry.update(_largest(n, sizes, screened[n], budget, exact if verify else None))
+                entry.update(_largest(n, sizes, screened[n], budget, exact if verify else None, refused[n]))
                 if n in exact.how:
                     entry["method"] = method_text(exact.how[n])
         results.append({**base, "budget_bytes": budget, "backends": entries})
@@ -162,12 +170,14 @@ def fit_many(model: str, budgets: list[int], names: list[str] | None = None, dty
     return results
 
 
-def _largest(name: str, sizes: list, screened: list, budget: int, exact) -> dict:
+def _largest(name: str, sizes: list, screened: list, budget: int, exact, refused: list) -> dict:
     """The largest size the screen lets through; with exact, moved a step at a time until the exact trace fits
-    and the next step's does not."""
+    and the next step's does not. A size at which the backend refuses a call (refused[i]: backends.refusal) does
+    not fit, whatever its memory; the next step then says why (refused)."""
     ok = [i for i, need in enumerate(screened) if need <= budget]
     i = ok[-1] if ok else -1
-    need = (lambda j: exact(sizes[j])[name]) if exact else (lambda j: int(screened[j]))
+    need = (lambda j: float("inf") if refused[j] else exact(sizes[j])[name]) if exact else \
+        (lambda j: float(screened[j]))
     if exact:
         i = max(i, 0)
         while i >= 0 and need(i) > budget:  # the screen was optimistic here
@@ -176,10 +186,81 @@ def _largest(name: str, sizes: list, screened: list, budget: int, exact) -> dict
             i += 1
     out = {}
     if i >= 0:
-        out.update(largest=list(sizes[i]), largest_need_bytes=need(i))
+        out.update(largest=list(sizes[i]), largest_need_bytes=int(need(i)))
     if i + 1 < len(sizes):
-        out.update(next=list(sizes[i + 1]), next_need_bytes=need(i + 1))
+        refusal = refused[i + 1]
+        out.update(next=list(sizes[i + 1]), next_need_bytes=None if refusal else int(need(i + 1)),
+                   **({"refused": refusal} if refusal else {}))
     return out
+
+
+MAX_FRAMES = 256  # the frames searched at most where the model sets no limit (SVD)
+
+
+def most_frames(model: str, budget: int, size: tuple[int, int], names: list[str] | None = None,
+                dtype: str = "float16", batch: int = 1, device: str = "cuda", say=lambda line: None,
+                gpu_arch: str | None = None, settings: tuple = ()) -> dict:
+    """For a video model at one size: per backend the most frames whose forward fits the budget (and whose every call
+    the backend runs), each answer traced exactly; searched by halves from 1 to the model's limit (AnimateDiff: its
+    motion modules' positional table, motion_max_seq_length; else MAX_FRAMES). {"model", "budget_bytes", "size",
+    "max_frames", "backends": [{"backend", "frames", "need_bytes", "next_frames", "next_need_bytes", "refused"}]}"""
+    source = models.resolve(model)
+    if not kinds.KINDS[source.kind].frames:
+        raise InputError(f"{model} is {kinds.KINDS[source.kind].what}, not a video model: fit --size searches frames "
+                         "(AnimateDiff, SVD); for images give --budget alone")
+    dtype = parse_dtype(dtype)
+    names = names or backends.names()
+    limit = (source.config.get("motion_adapter") or {}).get("motion_max_seq_length") or \
+        source.config.get("motion_max_seq_length") or MAX_FRAMES
+    gpu = devices.gpu_target(gpu_arch) if device == "cuda" else None
+    compute = Workload(model, settings).dtype(dtype)
+    runs = [n for n in names if how_traced(n, device, compute) is not None]
+    traces: dict[int, dict] = {}
+    others = tuple(x for x in settings if x[0] != "frames")
+
+    def at(frames: int) -> dict:
+        if frames not in traces:
+            traces[frames] = trace(model, size[0], size[1], batch, dtype, device, runs, gpu=gpu,
+                                   settings=(*others, ("frames", frames)))
+            say(f"traced {frames} frames")
+        return traces[frames]
+
+    def need(name: str, frames: int) -> float:
+        t = at(frames)
+        return float("inf") if backends.refusal(name, t["rows"]) else t["backends"][name]["predicted_forward_peak_bytes"]
+
+    entries = []
+    for n in names:
+        entry = {"backend": n, "method": _method(n, device, dtype), "frames": None, "need_bytes": None,
+                 "next_frames": None, "next_need_bytes": None}
+        if n in runs:
+            lo, hi = 0, limit  # need(lo) fits (0: none tried yet), need(hi + 1) does not
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if need(n, mid) <= budget else (lo, mid - 1)
+            if lo:
+                entry.update(frames=lo, need_bytes=int(need(n, lo)))
+            if lo < limit:
+                why = backends.refusal(n, at(lo + 1)["rows"])
+                entry.update(next_frames=lo + 1, next_need_bytes=None if why else int(need(n, lo + 1)),
+                             **({"refused": why} if why else {}))
+        entries.append(entry)
+    return {"model": model, "budget_bytes": budget, "size": list(size), "dtype": dtype, "batch": batch,
+            "device": device, "max_frames": limit, "gpu": gpu.describe() if gpu else None, "backends": entries,
+            "frames_traced": sorted(traces)}
+
+
+def format_most_frames(f: dict) -> str:
+    on = f"{f['device']} ({f['gpu']})" if f.get("gpu") else f["device"]
+    rows = [{"backend": b["backend"], "frames": str(b["frames"] or "none"), "needs": human_bytes(b["need_bytes"]),
+             "next": str(b["next_frames"] or "-"),
+             "next needs": "refused" if b.get("refused") else human_bytes(b["next_need_bytes"]),
+             "how": b["method"] + (f"; at {b['next_frames']} frames: {b['refused']}" if b.get("refused") else "")}
+            for b in f["backends"]]
+    return "\n".join([f"{f['model']} at {f['size'][0]}x{f['size'][1]}, {f['dtype']}, batch {f['batch']} on {on}: the "
+                      f"most frames whose forward fits {human_bytes(f['budget_bytes'])} (up to {f['max_frames']})",
+                      table(rows, [(c, c) for c in ("backend", "frames", "needs", "next", "next needs", "how")]), "",
+                      f"traced exactly at {', '.join(map(str, f['frames_traced']))} frames", f"not counted: {LEFT_OUT}"])
 
 
 def _method(name: str, device: str, dtype: str) -> str:
@@ -205,7 +286,9 @@ def format_fit(f: dict) -> str:
              "largest": f"{b['largest'][0]}x{b['largest'][1]}" if b["largest"] else "none",
              "needs": human_bytes(b["largest_need_bytes"]),
              "next step": f"{b['next'][0]}x{b['next'][1]}" if b["next"] else "-",
-             "next needs": human_bytes(b["next_need_bytes"]), "how": b["method"]} for b in f["backends"]]
+             "next needs": human_bytes(b["next_need_bytes"]) if not b.get("refused") else "refused",
+             "how": b["method"] + (f"; from {b['next'][0]}x{b['next'][1]}: {b['refused']}" if b.get("refused") else
+                                   "")} for b in f["backends"]]
     cols = [(c, c) for c in ("backend", "largest", "needs", "next step", "next needs", "how")]
     return "\n".join([f"{head} (aspect {f['aspect']}, 64-pixel steps)", table(rows, cols), "",
                       f"screened {f['sizes_screened']} sizes; traced exactly: {', '.join(f['sizes_traced'])}",

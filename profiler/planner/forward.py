@@ -49,6 +49,7 @@ from torch.utils._pytree import tree_leaves
 
 from .. import backends, devices, models
 from . import cpu_conv, memory
+from ..processor import for_module
 from ..recorder import Recorder
 from ..workload import Workload
 from ..spec import parse_dtype
@@ -242,6 +243,8 @@ def _dispatcher(name: str):
 
 
 class _EveryBackend:
+    handles_added_kv = True  # it runs each backend as processor.for_module fits it to the call's module
+
     """Stands in for each attention module's processor during the trace: runs every asked backend on the call's
     inputs (once per call shape), measures each one's transient, and returns one backend's output."""
 
@@ -261,6 +264,7 @@ class _EveryBackend:
         if key not in tr.transient:
             tr.transient[key] = {}
             for name, proc in tr.processors.items():
+                proc = for_module(proc, attn) if proc is not None else None  # an added-KV block's own, or none
                 if proc is not None and memory.chunks(name, row, tr.dtype, **tr.options[name]) <= MAX_TRACED_CHUNKS:
                     live.reset_peak()
                     try:
@@ -277,7 +281,7 @@ class _EveryBackend:
             tr.counter.paused, tr.counter.inside = False, []
             tr.counter.calls.append(tr.counter.inside)
         with _NoCore():  # an output of the call's shape, which every backend's has; its transient is not used
-            out = tr.carry(attn, hidden_states, encoder_hidden_states, attention_mask, **kwargs)
+            out = for_module(tr.carry, attn)(attn, hidden_states, encoder_hidden_states, attention_mask, **kwargs)
         if tr.counter:
             tr.counter.inside = None
         tr.calls.append((row, start, key))

@@ -193,6 +193,29 @@ def recorded(cells: pd.DataFrame, blocks: pd.DataFrame) -> list[str]:
     return out
 
 
+def temporal(cells: pd.DataFrame, blocks: pd.DataFrame) -> list[str]:
+    """Per video model and size (cells with temporal calls: a video U-Net's attention over frames), the share of
+    attention time its temporal calls took, per backend that ran: the first thing to know of a video model."""
+    if not len(blocks) or "kind" not in blocks or not blocks["kind"].eq("temporal").any():
+        return []
+    ok = cells[cells["status"] == "ok"].set_index("cell_id")
+    mine = blocks[blocks["cell_id"].isin(ok.index) & blocks["time_ms"].notna()]
+    out = []
+    for (model, size), g in mine.groupby(["model", "size"], sort=False):
+        shares = []
+        for cid, calls in g.groupby("cell_id", sort=False):
+            t = calls[calls["kind"] == "temporal"]
+            if len(t):
+                shares.append(f"{ok.loc[cid, 'backend_label']} {100 * t['time_ms'].sum() / calls['time_ms'].sum():.0f}%")
+        if shares:
+            frames = ok.loc[g["cell_id"].iloc[0], "frames"]
+            n = (g[g["cell_id"] == g["cell_id"].iloc[0]]["kind"] == "temporal").sum()
+            out.append(f"At {size} ({model}, {frames:g} frames) temporal attention (over the frames at each position: "
+                       f"{n} of {len(g[g['cell_id'] == g['cell_id'].iloc[0]])} calls) took {', '.join(shares)} of "
+                       "attention time.")
+    return out
+
+
 def findings(cells: pd.DataFrame, blocks: pd.DataFrame) -> list[str]:
     """The run's headline findings, each a plain sentence; none for a run with no cells. A recorded generation's
     cells (kind record) get their own sentences; the others are compared shape by shape."""
@@ -203,8 +226,8 @@ def findings(cells: pd.DataFrame, blocks: pd.DataFrame) -> list[str]:
     cells = cells[~mine]
     if not len(cells):
         return out
-    return out + per_shape(cells) + compiled_effect(cells) + stopped_fitting(cells) + largest_call(blocks) + \
-        doubtful(cells)
+    return out + per_shape(cells) + temporal(cells, blocks) + compiled_effect(cells) + stopped_fitting(cells) + \
+        largest_call(blocks) + doubtful(cells)
 
 
 def format_findings(sentences: list[str], width: int = 118) -> str:

@@ -6,13 +6,15 @@ profiler recorded the run. Two things happen here and nowhere else:
   settings ("{}"), the backend's default options ("{}"), a call's softmax upcast told by its 4-byte scores, a
   cell's device as its device_name, no place on the roofline (NaN);
 - the columns people read are derived once: size ('512x512'), pixels, aspect ('13:19'), backend_label
-  ('sliced(slice_size=4)', backends.label), settings_label ('controlnet', or NO_SETTINGS), family
-  (backends.family) and, where a cell has both figures, forward_peak_ratio (measured over predicted).
+  ('sliced(slice_size=4)', backends.label), settings_label ('controlnet', or NO_SETTINGS), frames (a video model's,
+  from its settings; NaN for images), family (backends.family) and, where a cell has both figures,
+  forward_peak_ratio (measured over predicted).
 
 A frame built by hand (a test's, one whose settings were edited) becomes a stored one's by passing through
 `normalised`; derived columns are computed afresh each time."""
 from __future__ import annotations
 
+import json
 import math
 
 import pandas as pd
@@ -61,6 +63,8 @@ def _derived(df: pd.DataFrame) -> dict[str, pd.Series | list]:
         out.update(size=df["width"].astype(str) + "x" + df["height"].astype(str), pixels=df["width"] * df["height"],
                    aspect=[shape[s] for s in zip(df["width"], df["height"])])
     words = df["settings"].map({s: settings_label(s) or NO_SETTINGS for s in set(df["settings"])})
+    frames = {s: json.loads(s).get("frames", math.nan) for s in set(df["settings"])}
+    out["frames"] = df["settings"].map(frames)  # a video model's frames (its settings say them); NaN: images
     if "backend" in df:
         pairs = list(zip(df["backend"], df["backend_options"]))
         labels = {p: backends.label(*p) for p in dict.fromkeys(pairs)}
