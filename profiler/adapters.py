@@ -139,11 +139,11 @@ def image_attention(text: nn.Module, scale: float = 1.0) -> nn.Module:
 
         image = image._apply(lambda t: FakeTensor(weight.fake_mode, t, weight.device))
     elif weight.device.type != "meta":
-        from .models import _random_init
+        from .weights_init import random_init
 
         image = image.to_empty(device=weight.device)
-        _random_init(image.to_k, seed=1)
-        _random_init(image.to_v, seed=2)
+        random_init(image.to_k, seed=1)
+        random_init(image.to_v, seed=2)
     image.to_q = _SharedQuery()
     image.to_out[0] = _ProjectOnly(text.to_out[0], scale)
     return image

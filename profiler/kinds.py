@@ -19,6 +19,7 @@ kind names; adding a kind is one record (register) and its configs.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
@@ -46,9 +47,14 @@ class Kind:
     what: str
     required: tuple[str, ...]
     make: Callable[[dict], torch.nn.Module]  # a config -> the model, under torch.device("meta")
-    inputs: Callable[[torch.nn.Module, Shape], dict]  # the built model, a shape -> one forward's keyword arguments
+    inputs: Callable[[torch.nn.Module, Shape, dict], dict]  # its own model, a shape, the cell's settings -> one
+    # forward's keyword arguments
     output: Callable[[object], torch.Tensor] = lambda out: out.sample  # the forward's output compared with the fp32
     # reference
+    wrap: Callable = lambda model, settings, part: model  # its model -> what a cell runs (a VAE's part, a step with
+    # its ControlNet: part("controlnet") builds one)
+    parts: Callable[[dict], tuple[str, ...]] = lambda settings: ("model",)  # the parts wrap asks for
+    apply: Callable = lambda model, settings: contextlib.nullcontext()  # its settings on its model for a forward
     on_unet: bool = False  # its registry config names a registry U-Net whose config it builds on (`unet: NAME`)
     frames: bool = False  # a video kind: its inputs carry frames (the `frames` setting)
     temporal: tuple[str, ...] = ()  # module path parts of its attention over frames (the recorder's kind: temporal)
@@ -102,7 +108,7 @@ HINT_CHANNELS = 4  # what an image_hint U-Net's hint block gives, concatenated t
 GLIGEN_OBJECTS = 30  # the boxes a GLIGEN pipeline passes (max_objs): each gated self-attention attends to them too
 
 
-def unet_inputs(model: torch.nn.Module, s: Shape) -> dict:
+def unet_inputs(model: torch.nn.Module, s: Shape, settings: dict | None = None) -> dict:
     """One forward of a UNet2DConditionModel, as its pipeline calls it: the latents, a timestep, the encoder states
     its cross-attention (or its encoder_hid_proj) takes, and whatever its config adds: class labels, the added
     conditions of its addition_embed_type, GLIGEN's boxes."""
@@ -141,6 +147,12 @@ def unet_inputs(model: torch.nn.Module, s: Shape) -> dict:
         out["cross_attention_kwargs"] = {"gligen": {
             "boxes": make(b, n, 4), "positive_embeddings": make(b, n, cross),
             "masks": torch.ones(b, n, device=param.device, dtype=param.dtype)}}
+    settings = settings or {}
+    if settings.get("ip_adapter_tokens"):  # the image tokens after the text tokens (adapters.IPCross splits them)
+        extra = _maker(model, s.seed + 1)(b, settings["ip_adapter_tokens"], out["encoder_hidden_states"].shape[-1])
+        out["encoder_hidden_states"] = torch.cat([out["encoder_hidden_states"], extra], dim=1)
+    if settings.get("controlnet"):
+        out["controlnet_cond"] = _maker(model, s.seed + 2)(b, 3, s.height, s.width)
     return out
 
 
@@ -150,8 +162,78 @@ def _unet(config: dict) -> torch.nn.Module:
     return diffusers.UNet2DConditionModel.from_config(config)
 
 
-def _controlnet_inputs(model: torch.nn.Module, s: Shape) -> dict:
+def _controlnet_inputs(model: torch.nn.Module, s: Shape, settings: dict) -> dict:
     return {**unet_inputs(model, s), "controlnet_cond": _maker(model, s.seed + 2)(s.batch, 3, s.height, s.width)}
+
+
+class Step(torch.nn.Module):
+    """A pipeline's denoising step with a ControlNet: the ControlNet first (on the text tokens only), its residuals
+    into the U-Net."""
+
+    def __init__(self, unet: torch.nn.Module, controlnet: torch.nn.Module, text_tokens: int):
+        super().__init__()
+        self.unet, self.controlnet, self.text_tokens = unet, controlnet, text_tokens
+        self.config = unet.config
+
+    @property
+    def own(self) -> torch.nn.Module:
+        return self.unet
+
+    def forward(self, controlnet_cond, encoder_hidden_states, **inputs):
+        down, mid = self.controlnet(**inputs, controlnet_cond=controlnet_cond, return_dict=False,
+                                    encoder_hidden_states=encoder_hidden_states[:, :self.text_tokens])
+        return self.unet(**inputs, encoder_hidden_states=encoder_hidden_states, down_block_additional_residuals=down,
+                         mid_block_additional_residual=mid).sample
+
+
+def _unet_wrap(model, settings: dict, part):
+    return Step(model, part("controlnet"), settings.get("text_tokens", 77)) if settings.get("controlnet") else model
+
+
+@contextlib.contextmanager
+def _unet_apply(model, settings: dict):
+    """ToMe and IP-Adapter (profiler/adapters.py) on the U-Net for the duration."""
+    from .adapters import applied
+
+    with applied(model, settings.get("tome", 0.0), settings.get("ip_adapter_tokens", 0)):
+        yield model
+
+
+class VaePart(torch.nn.Module):
+    """The VAE's decoder (latents to an image) or encoder (an image to the latents' mean), as a pipeline runs it."""
+
+    def __init__(self, vae: torch.nn.Module, part: str):
+        super().__init__()
+        self.vae, self.part = vae, part
+        self.config = vae.config
+
+    @property
+    def own(self) -> torch.nn.Module:
+        return self.vae
+
+    def forward(self, sample):
+        if self.part == "encoder":
+            return self.vae.encode(sample).latent_dist.mean
+        return self.vae.decode(sample).sample
+
+
+def _vae_inputs(model: torch.nn.Module, s: Shape, settings: dict) -> dict:
+    """A VAE part's input: an image to encode, or latents (1/8 of it) to decode."""
+    make = _maker(model, s.seed)
+    if settings.get("vae_part") == "encoder":
+        return {"sample": make(s.batch, 3, s.height, s.width)}
+    return {"sample": make(s.batch, model.config.latent_channels, s.height // 8, s.width // 8)}
+
+
+@contextlib.contextmanager
+def _vae_apply(model, settings: dict):
+    """Tiling and slicing (AutoencoderKL.enable_tiling / enable_slicing) as the settings say, then as they were."""
+    before = model.use_tiling, model.use_slicing
+    model.use_tiling, model.use_slicing = settings.get("vae_tiling", False), settings.get("vae_slicing", False)
+    try:
+        yield model
+    finally:
+        model.use_tiling, model.use_slicing = before
 
 
 def _animatediff(config: dict) -> torch.nn.Module:
@@ -164,7 +246,7 @@ def _animatediff(config: dict) -> torch.nn.Module:
     return diffusers.UNetMotionModel.from_unet2d(unet, adapter, load_weights=False)
 
 
-def _animatediff_inputs(model: torch.nn.Module, s: Shape) -> dict:
+def _animatediff_inputs(model: torch.nn.Module, s: Shape, settings: dict) -> dict:
     """AnimateDiff's U-Net call, as its pipelines make it: latents of (batch, channels, frames, h, w), the prompt's
     states repeated for every frame (the pipeline's repeat_interleave: the model does not), SDXL's added conditions
     once per video where its U-Net has them."""
@@ -184,7 +266,7 @@ def _svd(config: dict) -> torch.nn.Module:
     return diffusers.UNetSpatioTemporalConditionModel.from_config(config)
 
 
-def _svd_inputs(model: torch.nn.Module, s: Shape) -> dict:
+def _svd_inputs(model: torch.nn.Module, s: Shape, settings: dict) -> dict:
     """Stable Video Diffusion's U-Net call: latents of (batch, frames, channels, h, w) (its 8 channels: the noisy
     latents and the conditioning image's), one image embedding token per video, and three added time ids (fps,
     motion bucket, noise augmentation)."""
@@ -215,11 +297,13 @@ def register(kind: Kind) -> Kind:
 
 
 for _k in (
-    Kind("unet", "UNet2DConditionModel", "a U-Net", _UNET_KEYS,
-         _unet, unet_inputs),
+    Kind("unet", "UNet2DConditionModel", "a U-Net", _UNET_KEYS, _unet, unet_inputs, wrap=_unet_wrap,
+         parts=lambda settings: ("model", "controlnet") if settings.get("controlnet") else ("model",),
+         apply=_unet_apply),
     Kind("vae", "AutoencoderKL", "a VAE",
-         ("down_block_types", "up_block_types", "block_out_channels", "latent_channels"), _vae,
-         inputs=lambda model, s: {}),  # workload.VaePart makes its inputs: they depend on its part
+         ("down_block_types", "up_block_types", "block_out_channels", "latent_channels"), _vae, _vae_inputs,
+         output=lambda out: out, wrap=lambda model, settings, part: VaePart(model, settings["vae_part"]),
+         apply=_vae_apply),
     Kind("controlnet", "ControlNetModel", "a ControlNet", _UNET_KEYS,
          _controlnet, _controlnet_inputs, output=lambda out: out.mid_block_res_sample, on_unet=True, loads=False),
     Kind("animatediff", "UNetMotionModel", "a video U-Net: AnimateDiff (a U-Net with motion modules)", _UNET_KEYS,

@@ -15,7 +15,7 @@ what each takes and how it reads: spec.SETTINGS):
 """
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 
 import torch
 
@@ -54,36 +54,6 @@ def _default(source: models.ModelSource, name: str):
     return s.read(source.config.get(s.config_key, s.default)) if s.config_key else s.default
 
 
-class Step(torch.nn.Module):
-    """A pipeline's denoising step with a ControlNet: the ControlNet first (on the text tokens only), its residuals
-    into the U-Net."""
-
-    def __init__(self, unet: torch.nn.Module, controlnet: torch.nn.Module, text_tokens: int):
-        super().__init__()
-        self.unet, self.controlnet, self.text_tokens = unet, controlnet, text_tokens
-        self.config = unet.config
-
-    def forward(self, controlnet_cond, encoder_hidden_states, **inputs):
-        down, mid = self.controlnet(**inputs, controlnet_cond=controlnet_cond, return_dict=False,
-                                    encoder_hidden_states=encoder_hidden_states[:, :self.text_tokens])
-        return self.unet(**inputs, encoder_hidden_states=encoder_hidden_states, down_block_additional_residuals=down,
-                         mid_block_additional_residual=mid).sample
-
-
-class VaePart(torch.nn.Module):
-    """The VAE's decoder (latents to an image) or encoder (an image to the latents' mean), as a pipeline runs it."""
-
-    def __init__(self, vae: torch.nn.Module, part: str):
-        super().__init__()
-        self.vae, self.part = vae, part
-        self.config = vae.config
-
-    def forward(self, sample):
-        if self.part == "encoder":
-            return self.vae.encode(sample).latent_dist.mean
-        return self.vae.decode(sample).sample
-
-
 class Workload:
     """A model with its settings: builds it (from parts a cache may keep), gives the inputs of one forward and runs
     it, with the settings applied for the duration."""
@@ -100,19 +70,17 @@ class Workload:
 
     def build(self, part) -> torch.nn.Module:
         """The model under test, from part(which) -> a built model of this source ('model') or, for a U-Net cell
-        with a ControlNet, its ControlNet ('controlnet'): parts a cache may keep for the cells that follow."""
-        model = part("model")
-        if self.source.kind == "vae":
-            return VaePart(model, self.settings["vae_part"])
-        return Step(model, part("controlnet"), self.source.text_tokens) if self.settings.get("controlnet") else model
+        with a ControlNet, its ControlNet ('controlnet'): parts a cache may keep for the cells that follow. What a
+        cell runs is its kind's (kinds.Kind.wrap: a VAE's part, a step with its ControlNet)."""
+        return self.kind.wrap(part("model"), {**self.settings, "text_tokens": self.source.text_tokens}, part)
 
     def parts(self) -> tuple[str, ...]:
         """The parts build() asks for."""
-        return ("model", "controlnet") if self.settings.get("controlnet") else ("model",)
+        return self.kind.parts(self.settings)
 
     def unet(self, model: torch.nn.Module) -> torch.nn.Module:
         """The built model's own diffusers model (the U-Net of a step, the VAE of a part)."""
-        return model.unet if isinstance(model, Step) else model.vae if isinstance(model, VaePart) else model
+        return getattr(model, "own", model)
 
     def make_part(self, which: str, weights: str, device: str, dtype: str, seed: int = 0) -> torch.nn.Module:
         """One part, built in `dtype` (give it self.dtype(the cell's)): the model, or its ControlNet (random
@@ -124,39 +92,16 @@ class Workload:
         return models.build(self.source, weights=weights, device=device, dtype=dtype, seed=seed)
 
     def inputs(self, model: torch.nn.Module, batch: int, width: int, height: int, seed: int = 0) -> dict:
-        """Keyword arguments of one forward at an image of width x height pixels (a latent of 1/8)."""
-        unet = self.unet(model)
-        param = next(unet.parameters())
-        if self.source.kind == "vae":
-            encoder = self.settings["vae_part"] == "encoder"
-            shape = (batch, 3, height, width) if encoder else (batch, unet.config.latent_channels, height // 8,
-                                                               width // 8)
-            return {"sample": _randn(shape, param, _generator(param, seed))}
+        """Keyword arguments of one forward at an image of width x height pixels (a latent of 1/8), as the kind's
+        record makes them for the cell's settings."""
         shape = kinds.Shape(batch, width, height, self.settings.get("frames", 1), self.source.text_tokens, seed)
-        out = self.kind.inputs(unet, shape)
-        if self.settings.get("ip_adapter_tokens"):  # the image tokens after the text tokens
-            extra = _randn((batch, self.settings["ip_adapter_tokens"], out["encoder_hidden_states"].shape[-1]),
-                           param, _generator(param, seed + 1))
-            out["encoder_hidden_states"] = torch.cat([out["encoder_hidden_states"], extra], dim=1)
-        if self.settings.get("controlnet"):
-            out["controlnet_cond"] = _randn((batch, 3, height, width), param, _generator(param, seed + 2))
-        return out
+        return self.kind.inputs(self.unet(model), shape, self.settings)
 
     @contextmanager
     def applied(self, model: torch.nn.Module):
-        """The settings on the model for the duration: ToMe and IP-Adapter on the U-Net, tiling and slicing on the
-        VAE; each taken back on exit."""
-        from .adapters import applied
-
-        with ExitStack() as stack:
-            own = self.unet(model)
-            if self.source.kind == "unet":
-                stack.enter_context(applied(own, self.settings["tome"], self.settings["ip_adapter_tokens"]))
-            if self.source.kind == "vae":
-                tiling, slicing = own.use_tiling, own.use_slicing
-                own.use_tiling, own.use_slicing = self.settings["vae_tiling"], self.settings["vae_slicing"]
-                stack.callback(lambda: setattr(own, "use_tiling", tiling))
-                stack.callback(lambda: setattr(own, "use_slicing", slicing))
+        """The settings on the model for the duration (the kind's: ToMe and IP-Adapter on a U-Net, tiling and
+        slicing on a VAE); taken back on exit."""
+        with self.kind.apply(self.unet(model), self.settings):
             yield model
 
     def forward(self, model: torch.nn.Module, inputs: dict) -> torch.Tensor:
@@ -168,11 +113,3 @@ class Workload:
         return out if isinstance(out, torch.Tensor) else self.kind.output(out)
 
 
-def _generator(param: torch.Tensor, seed: int) -> torch.Generator:
-    return torch.Generator(device="cpu").manual_seed(seed)
-
-
-def _randn(shape: tuple, param: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    if param.device.type == "meta":
-        return torch.empty(*shape, device="meta", dtype=param.dtype)
-    return torch.randn(*shape, generator=gen).to(device=param.device, dtype=param.dtype)

@@ -270,7 +270,7 @@ def test_a_new_kind_is_one_record_and_every_command_knows_it(tmp_path, capsys):
     a setting, its temporal calls named."""
     import diffusers
 
-    def inputs(model, s: kinds.Shape) -> dict:
+    def inputs(model, s: kinds.Shape, settings: dict) -> dict:
         make = kinds._maker(model, s.seed)
         return {"sample": make(s.batch, 4, s.frames, s.height // 8, s.width // 8),
                 "timestep": kinds._timestep(model, s.batch), "encoder_hidden_states": make(s.batch, s.tokens, 32)}
