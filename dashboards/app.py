@@ -70,6 +70,7 @@ def report_button(root: Path, run_ids: list[str]) -> None:
 
 
 TIME_SIZES = (512, 768, 1024, 1280, 1536)  # square sizes of the Planner page's time chart
+GENERATION_BACKENDS = ("sdpa", "xformers", "sliced", "naive")  # the Planner page's generation times
 
 
 @st.cache_data(show_spinner="Tracing the forward on fake tensors...", max_entries=16)
@@ -96,10 +97,17 @@ def load_pipeline(pipeline: str, batch: int, dtype: str) -> list[dict]:
 @st.cache_data(show_spinner="Counting each forward's ops on fake tensors...", max_entries=8)
 def load_times(model: str, batch: int, dtype: str, gpu: str) -> pd.DataFrame:
     from profiler import backends
-    from profiler.planner.timing import by_size
+    from profiler.planner.calibration import by_size
 
     names = [n for n in backends.names() if not n.startswith("diffusers:")]
     return pd.DataFrame(by_size(model, [(s, s) for s in TIME_SIZES], names, dtype, batch, gpu))
+
+
+@st.cache_data(show_spinner="Counting each model's ops on fake tensors...", max_entries=8)
+def load_generation_times(pipeline: str, width: int, height: int, steps: int, dtype: str) -> pd.DataFrame:
+    from profiler.planner.generation import by_gpu
+
+    return pd.DataFrame(by_gpu(pipeline, width, height, steps, list(GENERATION_BACKENDS), dtype))
 
 
 def load_selected(root: Path, run_ids: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
@@ -418,10 +426,31 @@ def planner_page(model: str, size: str, batch: str, dtype: str, budget: str) -> 
         table(pd.DataFrame([{k: v for k, v in r.items() if k != "traced_peak_bytes"} for r in traced["rows"]]),
               "planner-blocks")
     times_section(model, n, dtype)
+    generation_section(pipeline, width, height, dtype)
+
+
+def generation_section(pipeline: str, width: int, height: int, dtype: str) -> None:
+    """A whole generation's predicted time on every GPU of the table, per backend (planner/generation.py)."""
+    from profiler.spec import InputError
+
+    steps = int(st.number_input("Steps of the generation", 1, 200, 30, key="plan_steps"))
+    try:
+        times = load_generation_times(pipeline, width, height, steps, dtype)
+    except InputError as e:
+        st.error(str(e))
+        return
+    st.subheader(f"Predicted time of a whole {pipeline} generation, {width}x{height}, {steps} steps, one image "
+                 f"under classifier-free guidance, {dtype}: per GPU and backend")
+    st.caption("Text encoding, every denoising step, the VAE decode: each GPU's published throughput and bandwidth "
+               "at the efficiencies its architecture's kernels are published to reach (or assumed, and said so: "
+               "attnprof plan --pipeline ... --gpu NAME names each figure's source). An estimate, not a measurement.")
+    wide = times.pivot(index="gpu", columns="backend", values="total_s").reindex(columns=list(GENERATION_BACKENDS))
+    table(wide.round(2).reset_index().rename(columns={b: f"{b} (s)" for b in GENERATION_BACKENDS}), "generation")
 
 
 def times_section(model: str, n: int, dtype: str) -> None:
-    """Predicted time per backend and size on a GPU of the table (profiler/gpus.py): the roofline bound."""
+    """Predicted time per backend and size on a GPU of the table (profiler/gpus.py): its published figures at the
+    efficiencies its architecture's kernels are published (or assumed) to reach."""
     from profiler import gpus
     from profiler.spec import InputError
 
@@ -432,9 +461,10 @@ def times_section(model: str, n: int, dtype: str) -> None:
         st.error(str(e))
         return
     st.subheader(f"Predicted forward time per backend and size on the {gpu} ({model}, batch {n}, {dtype})")
-    st.caption(f"{times['source'].iloc[0]}: {gpus.describe(gpus.get(gpu), dtype)}. Each call at the roofline of its "
-               "FLOPs and the bytes its backend moves, the rest of the forward from its own ops (planner/timing.py); "
-               "attnprof plan --results calibrates it on stored runs of the device you have.")
+    st.caption(f"{gpus.describe(gpus.get(gpu), dtype)}. Each call from its FLOPs and the bytes its backend moves, the "
+               "rest of the forward from its own ops, at the efficiencies of the GPU's architecture "
+               "(planner/timing.py; attnprof plan --model ... --gpu NAME names each figure's source); attnprof plan "
+               "--results calibrates it on stored runs of the device you have. An estimate, not a measurement.")
     chart(times, C.planner_times([f"{s}x{s}" for s in TIME_SIZES]))
 
 

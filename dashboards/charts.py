@@ -225,11 +225,11 @@ def planner_needs(unit: str, budget: float, backends: int) -> dict:
 
 
 def planner_times(sizes: list[str]) -> dict:
-    """Each backend's predicted forward time (the data: plan.timing.by_size) against the image size, a line per
+    """Each backend's predicted forward time (the data: planner.calibration.by_size) against the image size, a line per
     backend; the attention's share in the tooltip."""
     return {"height": 300, "mark": {"type": "line", "point": True, "tooltip": True}, "encoding": {
         "x": {"field": "size", "type": "ordinal", "sort": sizes, "title": SIZE_X},
-        "y": log_axis("forward_ms", "predicted forward time (ms, roofline bound)"),
+        "y": log_axis("forward_ms", "predicted forward time (ms, published efficiencies)"),
         "color": colour("backend", "backend"),
         "tooltip": [tip("backend", "backend"), tip("size", "size"), num("forward_ms", "forward (ms)", ".3f"),
                     num("attention_ms", "attention (ms)", ".3f"), tip("gpu", "GPU")]}}

@@ -306,6 +306,21 @@ def label(name: str, options=None) -> str:
     return name + (f"({','.join(f'{k}={v}' for k, v in changed.items())})" if changed else "")
 
 
+_DISPATCHER_OURS = (("native_flash", "sdpa-flash"), ("native_efficient", "sdpa-efficient"),
+                       ("native_math", "sdpa-math"), ("native_cudnn", "sdpa-cudnn"), ("native", "sdpa"),
+                       ("xformers", "xformers"), ("flash_3", "flash-attn-3"), ("flash", "flash-attn"),
+                       ("sage", "sage"))
+
+
+def kernel_of(name: str) -> str:
+    """The backend whose kernel a diffusers dispatcher backend runs (diffusers:_native_flash: sdpa-flash,
+    diffusers:flash_varlen_hub: flash-attn), else the name itself: what fit shows one row for."""
+    if not name.startswith("diffusers:"):
+        return name
+    key = name.split(":", 1)[1].lstrip("_")
+    return next((ours for prefix, ours in _DISPATCHER_OURS if key.startswith(prefix) and ours in BACKENDS), name)
+
+
 def uses_sdpa(name: str) -> bool:
     """Whether the backend's processor calls PyTorch's scaled_dot_product_attention (so a kernel of SDPA's runs)."""
     b = _record(name)

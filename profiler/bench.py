@@ -209,6 +209,25 @@ def profile_overhead(rounds: int, steps: int = 10, size: int = 256) -> dict:
             "per_call_us": (med(profiled) - med(plain)) * 1e3 / max(1, len(prof.calls))}
 
 
+def _print_recorder(args) -> None:
+    r = recorder_overhead(args.model, args.size, args.backend, args.rounds)
+    print(f"recorder overhead, {args.model} {args.size}x{args.size} {args.backend} fp32 cpu, "
+          f"median of {args.rounds} interleaved rounds:")
+    print(f"  plain forward      {r['plain_ms']:9.1f} ms")
+    print(f"  recorded forward   {r['recorded_ms']:9.1f} ms   ratio {r['recorder_ratio']:.3f}x  (target <= 1.05x)")
+    print(f"  torch.profiler     {r['profiled_ms']:9.1f} ms   ratio {r['profiler_ratio']:.3f}x  (for reference)")
+
+
+def _print_profile(rounds: int) -> None:
+    r = profile_overhead(rounds)
+    print(f"profile overhead, a generation of docs/examples/generate.py's tiny SD 1.5 pipeline ({r['steps']} steps, "
+          f"{r['size']}x{r['size']}, fp32 cpu, {r['calls']} attention calls), median of {rounds} interleaved "
+          "rounds:")
+    print(f"  plain generation   {r['plain_ms']:9.1f} ms")
+    print(f"  profiled           {r['profiled_ms']:9.1f} ms   ratio {r['ratio']:.3f}x  (target <= 1.05x); "
+          f"{r['per_call_us']:.0f} us more per attention call")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m profiler.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -219,29 +238,26 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", default=str(configs() / "sweeps" / "cpu-default.yaml"))
     p.add_argument("--out", default="results/bench")
     p.add_argument("--only", nargs="+", choices=["recorder", "profile", "planner", "forward", "store", "ray", "sweep",
-                                                 "time"], help="run only these benches (default: all)")
+                                                 "time", "generation", "published"],
+                   help="run only these benches (default: all)")
+    p.add_argument("--validate", nargs=2, metavar=("CALIBRATION", "HELD_OUT"),
+                   help="with generation: calibrate on the runs under CALIBRATION and predict each recorded "
+                        "generation under HELD_OUT")
     p.add_argument("--results", default="results", help="for the time model: the stored runs it is judged on")
     args = p.parse_args(argv)
 
-    run = set(args.only or ["recorder", "profile", "planner", "forward", "store", "ray", "sweep", "time"])
+    run = set(args.only or ["recorder", "profile", "planner", "forward", "store", "ray", "sweep", "time",
+                            "generation", "published"])
+    if "published" in run:
+        print(published_timings())
     if "time" in run:
         print(time_model_error(Path(args.results)))
+    if "generation" in run:
+        print(held_out(*map(Path, args.validate)) if args.validate else generation_error(Path(args.results)))
     if "recorder" in run:
-        r = recorder_overhead(args.model, args.size, args.backend, args.rounds)
-        print(f"recorder overhead, {args.model} {args.size}x{args.size} {args.backend} fp32 cpu, "
-              f"median of {args.rounds} interleaved rounds:")
-        print(f"  plain forward      {r['plain_ms']:9.1f} ms")
-        print(f"  recorded forward   {r['recorded_ms']:9.1f} ms   ratio {r['recorder_ratio']:.3f}x  (target <= 1.05x)")
-        print(f"  torch.profiler     {r['profiled_ms']:9.1f} ms   ratio {r['profiler_ratio']:.3f}x  (for reference)")
+        _print_recorder(args)
     if "profile" in run:
-        rounds = min(args.rounds, 7)  # a generation takes seconds here
-        r = profile_overhead(rounds)
-        print(f"profile overhead, a generation of docs/examples/generate.py's tiny SD 1.5 pipeline ({r['steps']} steps, "
-              f"{r['size']}x{r['size']}, fp32 cpu, {r['calls']} attention calls), median of {rounds} interleaved "
-              "rounds:")
-        print(f"  plain generation   {r['plain_ms']:9.1f} ms")
-        print(f"  profiled           {r['profiled_ms']:9.1f} ms   ratio {r['ratio']:.3f}x  (target <= 1.05x); "
-              f"{r['per_call_us']:.0f} us more per attention call")
+        _print_profile(min(args.rounds, 7))  # a generation takes seconds here
     if "planner" in run:
         t = planner_time()
         print(f"planner, sdxl-base 4096x4096 on the meta device: {t['plan_s']:.2f} s (target < 2 s)")
@@ -270,7 +286,7 @@ def main(argv=None) -> int:
 def time_model_error(results: Path) -> str:
     """The time model's leave-one-out error per backend over this CPU's stored runs under results."""
     from .measure.limits import device_key
-    from .planner.timing import calibrate
+    from .planner.calibration import calibrate
 
     c = calibrate(results, device_key("cpu"), write=False) if results.is_dir() else None
     if not c:
@@ -284,6 +300,133 @@ def time_model_error(results: Path) -> str:
         lines.append(f"  {group:24s} {f['cells']:3d} cells  attention {'-' if att is None else f'{att:.1f}%':>7s}  "
                      f"forward {'-' if fwd is None else f'{fwd:.1f}%':>7s}")
     return "\n".join(lines)
+
+
+_DIFFUSERS_DOC = ("diffusers docs, optimization/torch2.0.mdx (huggingface/diffusers at 07dc8feb): runwayml/stable-"
+                  "diffusion-v1-5, fp16, channels-last U-Net, SDPA, torch 2.0 without compile; the denoising loop's "
+                  "it/s")
+_FAL = ("fal-ai/stable-diffusion-benchmarks README (A100 80G SXM, torch 2.1, diffusers 0.21.4, fp16, 50 steps, "
+        "the pipeline call's median seconds)")
+# (what, pipeline, size, steps, images, backend, GPU, published, unit: "it/s" of the loop or "s" of the call, source)
+PUBLISHED_TIMINGS = (
+    ("SD 1.5 txt2img", "sd15", 512, 50, 1, "sdpa", "A100-40GB", 21.66, "it/s", _DIFFUSERS_DOC),
+    ("SD 1.5 txt2img", "sd15", 512, 50, 4, "sdpa", "A100-40GB", 11.6, "it/s", _DIFFUSERS_DOC),
+    ("SD 1.5 txt2img", "sd15", 512, 50, 1, "sdpa", "RTX-4090", 40.5, "it/s", _DIFFUSERS_DOC),
+    ("SD 1.5 txt2img", "sd15", 512, 50, 1, "sdpa", "RTX-3090", 22.56, "it/s", _DIFFUSERS_DOC),
+    ("SD 1.5 txt2img", "sd15", 512, 50, 1, "sdpa", "V100-32GB", 18.99, "it/s", _DIFFUSERS_DOC),
+    ("SD 1.5 txt2img", "sd15", 512, 50, 1, "sdpa", "T4", 6.9, "it/s", _DIFFUSERS_DOC),
+    ("SD 1.5", "sd15", 512, 50, 1, "sdpa", "A100-80GB", 1.590, "s", _FAL),
+    ("SD 1.5, xformers", "sd15", 512, 50, 1, "xformers", "A100-80GB", 1.759, "s", _FAL),
+    ("SDXL base (guidance 5)", "sdxl", 1024, 50, 1, "sdpa", "A100-80GB", 5.933, "s", _FAL),
+    ("SDXL base (guidance 5), xformers", "sdxl", 1024, 50, 1, "xformers", "A100-80GB", 5.724, "s", _FAL),
+)
+
+
+def published_timings() -> str:
+    """Each published timing of PUBLISHED_TIMINGS beside the time model's prediction from the GPU's published figures
+    and efficiencies (never fitted to these)."""
+    from . import gpus
+    from .planner.calibration import published_calibration
+    from .planner.generation import GenerationSpec, predict_generation
+
+    lines = ["published timings against the time model's prediction (published limits and efficiencies of each GPU; "
+             "never fitted to these):",
+             f"  {'what':34s} {'GPU':10s} {'images':>6s} {'published':>12s} {'predicted':>12s} {'error':>7s}"]
+    for what, pipeline, size, steps, images, backend, name, value, unit, _ in PUBLISHED_TIMINGS:
+        gpu = gpus.get(name)
+        guidance = 5.0 if pipeline == "sdxl" else 7.5
+        spec = GenerationSpec(pipeline, size, size, steps, guidance, backend=backend, dtype="float16", batch=images)
+        g = predict_generation(spec, gpus.limits(gpu, "float16"), published_calibration(gpu, "float16"), gpu,
+                               "cuda")
+        step_ms = next(p["each_ms"] for p in g["parts"] if p["part"] == "denoise")
+        predicted = 1e3 / step_ms if unit == "it/s" else g["total_ms"] / 1e3
+        error = (1 / predicted - 1 / value) / (1 / value) if unit == "it/s" else (predicted - value) / value
+        lines.append(f"  {what:34s} {name:10s} {images:6d} {value:8.2f} {unit:4s} {predicted:7.2f} {unit:4s} "
+                     f"{100 * error:+6.0f}%")
+    lines.append("  (error: of the time, predicted over published; sources: docs/timing.md)")
+    return "\n".join(lines)
+
+
+def recorded_generations(results: Path) -> list[tuple[dict, object]]:
+    """(cell, GenerationSpec) of every ok recorded generation of this CPU under results whose pipeline the planner
+    knows."""
+    from .measure.limits import device_key
+    from .planner.generation import generation_spec
+    from .store import Run, kind_of, list_runs
+
+    found = []
+    for path in list_runs(results) if results.is_dir() else []:
+        run = Run.open(path)
+        manifest = run.manifest()
+        if kind_of(manifest).name != "record" or (manifest.get("device_limits") or {}).get("key") != device_key("cpu"):
+            continue
+        table, _ = run.read()
+        for cell in table[table["status"] == "ok"].to_dict("records"):
+            spec = generation_spec(run, manifest, cell)
+            if spec:
+                found.append(({**cell, "run": run.id}, spec))
+    return found
+
+
+def _predicted_ms(spec, c: dict) -> float:
+    from .planner.generation import predict_generation
+
+    return predict_generation(spec, c["limits"], c, None, "cpu")["total_ms"]
+
+
+def _error_lines(pairs: list[tuple[str, float, float]]) -> list[str]:
+    """Per backend: the mean |predicted - measured| / measured over (backend, predicted, measured)."""
+    import numpy as np
+
+    out = []
+    for backend in sorted({b for b, _, _ in pairs}):
+        errs = [100 * (p - m) / m for b, p, m in pairs if b == backend]
+        out.append(f"  {backend:10s} {len(errs):3d} generations  mean |error| {np.mean(np.abs(errs)):5.1f}%  "
+                   f"(each: {', '.join(f'{e:+.0f}%' for e in errs)})")
+    return out
+
+
+def generation_error(results: Path) -> str:
+    """The whole-generation model's held-out error over this CPU's recorded generations under results: each
+    generation predicted from a calibration on the stored runs less every cell of its size (leave-one-size-out) or
+    of its step count (leave-one-steps-out), per backend."""
+    from .measure.limits import device_key
+    from .planner.calibration import calibrate
+
+    found = recorded_generations(results)
+    if not found:
+        return f"generation time: no recorded generation of this CPU under {results} to judge it on (attnprof record)"
+    lines = [f"generation time, held out over {len(found)} recorded generations of this CPU under {results} (mean "
+             "|predicted - measured| / measured):"]
+    for what, of in (("size", lambda c: (c["width"], c["height"])), ("steps", lambda c: c.get("steps"))):
+        pairs = []
+        for value in sorted({of(c) for c, _ in found}, key=str):
+            c = calibrate(results, device_key("cpu"), write=False, keep=lambda cell, v=value: of(cell) != v)
+            for cell, spec in found if c else []:
+                if of(cell) == value and spec.backend in {g.split(" ")[0] for g in c["backends"]}:
+                    pairs.append((spec.backend, _predicted_ms(spec, c), cell["generation_s"] * 1e3))
+        lines += [f"leave-one-{what}-out:"] + (_error_lines(pairs) or ["  - (one value only)"])
+    return "\n".join(lines)
+
+
+def held_out(calibration_runs: Path, held: Path) -> str:
+    """Each recorded generation under held predicted from a calibration on the runs under calibration_runs."""
+    from .measure.limits import device_key
+    from .planner.calibration import calibrate
+
+    c = calibrate(calibration_runs, device_key("cpu"), write=False)
+    found = recorded_generations(held)
+    if not c or not found:
+        return f"generation time: nothing to calibrate on under {calibration_runs} or to predict under {held}"
+    lines = [f"generation time, calibrated on {len(c['runs'])} runs under {calibration_runs}, predicting the "
+             f"{len(found)} recorded generations under {held} (predicted / measured):"]
+    pairs = []
+    for cell, spec in found:
+        p, m = _predicted_ms(spec, c), cell["generation_s"] * 1e3
+        pairs.append((spec.backend, p, m))
+        lines.append(f"  {spec.backend:8s} {spec.width}x{spec.height} {spec.steps} steps: {p:8.0f} ms / {m:8.0f} ms "
+                     f"({100 * (p - m) / m:+.0f}%)")
+    return "\n".join(lines + _error_lines(pairs))
 
 
 if __name__ == "__main__":

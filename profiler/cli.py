@@ -43,8 +43,8 @@ def _add_pickle_arg(p):
                    help="let --model be a .ckpt / .pt checkpoint: a pickle, which runs any code it holds when loaded")
 
 
-def _add_shape_args(p, sizes_default=("512x512",)):
-    p.add_argument("--model", required=True, help=MODEL_HELP)
+def _add_shape_args(p, sizes_default=("512x512",), model_required: bool = True):
+    p.add_argument("--model", required=model_required, help=MODEL_HELP)
     _add_pickle_arg(p)
     p.add_argument("--size", action="append", metavar="WxH",
                    help=f"image size in pixels, repeatable (default {' '.join(sizes_default)})")
@@ -100,6 +100,14 @@ def _shape(args, device: str, sizes_default=("512x512",), say: bool = False):
 def cmd_plan(args) -> int:
     from .planner import format_plan, plan
 
+    if (args.model is None) == (args.pipeline is None):
+        raise InputError("give --model NAME (one model's forward) or --pipeline NAME (a whole generation: "
+                         "sd15, sdxl, tiny-sd15, animatediff-sd15)")
+    if args.pipeline:
+        return _plan_generation(args)
+    given = [f for f, v in (("--steps", args.steps), ("--guidance", args.guidance)) if v is not None]
+    if given:
+        raise InputError(f"{given[0]} is for --pipeline NAME: a whole generation's time")
     sizes, batch, dtype = _shape(args, args.device, say=True)
     options = _backend_options(args.option)
     if args.backend:
@@ -127,13 +135,45 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def _plan_generation(args) -> int:
+    """plan --pipeline: a whole generation's predicted time (planner/generation.py), per size."""
+    from .planner import calibration
+    from .planner.generation import GenerationSpec, format_generation, predict_generation
+
+    if args.memory_budget:
+        raise InputError("--memory-budget is for --model: a whole generation's memory is attnprof fit --pipeline's")
+    sizes, batch, dtype = _shape(args, args.device, say=True)
+    backend = args.backend or "sdpa"
+    from .backends import check_options
+
+    options = check_options(backend, _backend_options(args.option))
+    steps, guidance = 30 if args.steps is None else args.steps, 7.5 if args.guidance is None else args.guidance
+    specs = [GenerationSpec(args.pipeline, w, h, steps, guidance, args.frames, backend, options, dtype, batch,
+                            bool(args.controlnet)) for w, h in sizes]
+    if args.gpu:
+        from . import gpus
+
+        gpus.limits(gpus.get(args.gpu), dtype)  # a GPU we know, with this dtype: before any work
+    where = calibration.target(args.device, dtype, args.gpu, args.results)
+    if where is None:
+        raise InputError("no GPU here to predict for: give --gpu NAME (attnprof gpus), or --device cpu "
+                         "[--results DIR] for this machine's CPU")
+    found = [predict_generation(s, *where, args.device) for s in specs]
+    if args.json:
+        json.dump(found, sys.stdout, indent=1, default=str)
+        print()
+    else:
+        print("\n\n".join(format_generation(g) for g in found))
+    return 0
+
+
 def _plan_time(args, plans: list[dict], dtype: str) -> None:
     """Each plan's predicted times (planner/timing.py) for --backend (sdpa where none is given): on --gpu's published
     figures, or on this machine's device, calibrated on the runs under --results made on it."""
     from . import gpus
-    from .planner import timing
+    from .planner import calibration, timing
 
-    where = timing.target(args.device, dtype, args.gpu, args.results)
+    where = calibration.target(args.device, dtype, args.gpu, args.results)
     if where is None:
         return
     limits, calibration, gpu = where
@@ -145,17 +185,20 @@ def _plan_time(args, plans: list[dict], dtype: str) -> None:
 
 def _fit_time(args, result: dict, dtype: str, batch: int) -> str:
     """Each backend's predicted forward time at its largest size, added to the fit's entries; the lines to print."""
-    from .planner import timing
+    from .planner import calibration, timing
 
-    where = timing.target(args.device, dtype, args.gpu, args.results)
+    where = calibration.target(args.device, dtype, args.gpu, args.results)
     if where is None:
         return ""
-    lines = []
-    for b in result.get("backends", []):
+    from .planner.fit import distinct
+
+    lines, entries = [], {b["backend"]: b for b in result.get("backends", [])}
+    for b in result.get("backends", []) if args.all else distinct(result.get("backends", [])):
         if b.get("largest"):
             p = timing.walked_plan(args.model, *b["largest"], batch, dtype, _settings(args, args.model))
             t = timing.predict(p, b["backend"], {}, *where, args.device)
-            b["predicted_forward_time_ms"] = t["predicted_forward_time_ms"]
+            for name in [b["backend"], *b.get("also", [])]:
+                entries[name]["predicted_forward_time_ms"] = t["predicted_forward_time_ms"]
             lines.append(f"  {b['backend']:14s} {t['predicted_forward_time_ms']:12,.1f} ms at "
                          f"{p['width']}x{p['height']}")
     return "\n".join(["", f"forward time at the largest size ({t['time_source']}):", *lines]) if lines else ""
@@ -164,14 +207,14 @@ def _fit_time(args, result: dict, dtype: str, batch: int) -> str:
 def _step_time(args, result: dict, dtype: str, batch: int) -> str:
     """A whole generation's predicted time per denoising step at its largest size: the U-Net's forward (with its
     ControlNet where given) at the step's batch (twice the images under classifier-free guidance)."""
-    from .planner import timing
-    from .planner.pipeline import PIPELINES
+    from .planner import calibration, timing
+    from .planner.pipeline import PIPELINES, pipeline_name
     from .workload import check_settings
 
-    where = timing.target(args.device, dtype, args.gpu, args.results)
+    where = calibration.target(args.device, dtype, args.gpu, args.results)
     if where is None or not result.get("largest"):
         return ""
-    unet = PIPELINES[args.pipeline]["unet"]
+    unet = PIPELINES[pipeline_name(args.pipeline)]["unet"]
     settings = check_settings(unet, {"controlnet": bool(args.controlnet), "ip_adapter_tokens": args.ip_adapter_tokens
                                      or 0, "tome": args.tome or 0.0})
     p = timing.walked_plan(unet, *result["largest"], batch * (2 if args.cfg else 1), dtype, settings)
@@ -201,18 +244,24 @@ def cmd_fit(args) -> int:
     from .planner.fit import fit, format_fit, parse_aspect
 
     if (args.model is None) == (args.pipeline is None):
-        raise InputError("give --model NAME (one model's forward) or --pipeline sd15|sdxl (a whole generation)")
+        raise InputError("give --model NAME (one model's forward) or --pipeline NAME (a whole generation: sd15, "
+                         "sdxl, tiny-sd15)")
     if not (args.budget or args.gpu):
         raise InputError("give --budget SIZE (24GiB, 24GB or a GPU's name such as 4090) or --gpu NAME")
     if args.gpu:
-        from . import gpus
+        from .gpus import get
 
-        gpus.get(args.gpu)  # a GPU we know: before any work
+        get(args.gpu)  # a GPU we know: before any work
     args.budget = args.budget or args.gpu  # a GPU's memory
     budget, batch = parse_bytes(args.budget, "--budget"), parse_batch(args.batch)
     dtype = _dtype(args, args.device, say=True)
     aspect = parse_aspect(args.aspect)
     _gpu_arch(args)
+    from . import gpus
+
+    named = gpus.find(str(args.budget))
+    if args.gpu_arch is None and named and args.device == "cuda":  # a GPU of the table: its kernels, not an H100's
+        args.gpu_arch = named["arch"]
     say = (lambda line: None) if args.quiet else (lambda line: print(f"attnprof fit: {line}", file=sys.stderr,
                                                                      flush=True))
     if args.pipeline:
@@ -240,7 +289,7 @@ def cmd_fit(args) -> int:
         models.resolve(args.model)
         result = fit(args.model, budget, args.backend, dtype, batch, aspect, args.buckets, args.device, say=say,
                      gpu_arch=args.gpu_arch, settings=_settings(args, args.model))
-        text = format_fit(result) + _fit_time(args, result, dtype, batch)
+        text = format_fit(result, args.all) + _fit_time(args, result, dtype, batch)
     result["budget_given"] = size_text(args.budget)
     text += f"\nbudget: {result['budget_given']}"
     if args.json:
@@ -383,7 +432,7 @@ def _execute(sweep, args) -> int:
     run = Run.open(outcome.run_path)
     print(status_table(run))
     _print_versus(run)
-    found = findings(*run.read())
+    found = findings(*run.read(), run.manifest())
     if found:
         print(f"\nfindings:\n{format_findings(found)}")
     print(f"\nresults: {outcome.run_path}")
@@ -412,7 +461,9 @@ def resume_command(argv: list[str]) -> str:
 def _print_versus(run) -> None:
     from .planner.timing import format_versus
 
-    text = format_versus(run.cells())
+    from .planner.timing import format_wall
+
+    text = "\n".join(t for t in (format_versus(run.cells()), format_wall(run.manifest())) if t)
     if text:
         print(f"\n{text}")
 
@@ -470,10 +521,11 @@ def cmd_record(args) -> int:
     from .report.show import format_run
     from .store import Run
 
-    say = (lambda line: None) if args.quiet else (lambda line: print(f"attnprof record: {line}", file=sys.stderr,
-                                                                     flush=True))
+    from .fmt import terminal_width
+
+    say = None if args.quiet else (lambda line: print(f"attnprof record: {line}", file=sys.stderr, flush=True))
     code, path = record(args.script, args.args, args.backend or [], Path(args.out), args.trace, say)
-    print(format_run(Run.open(path)))
+    print(format_run(Run.open(path), terminal_width()))
     return code
 
 
@@ -481,7 +533,9 @@ def cmd_show(args) -> int:
     from .report.show import format_run
     from .store import find_run
 
-    print(format_run(find_run(args.results, args.run)))
+    from .fmt import terminal_width
+
+    print(format_run(find_run(args.results, args.run), None if args.wide else terminal_width()))
     return 0
 
 
@@ -614,8 +668,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_plan(sub) -> None:
     p = sub.add_parser("plan", help="per-block tokens, score tables, FLOPs and predicted peak; no GPU, no weights",
-                       description="Per-block figures from a meta-device forward: no weights, no GPU.")
-    _add_shape_args(p)
+                       description="Per-block figures from a meta-device forward: no weights, no GPU. With "
+                                   "--pipeline instead of --model: a whole generation's predicted time, part by part.")
+    _add_shape_args(p, model_required=False)
+    p.add_argument("--pipeline", metavar="NAME", help="a whole generation's time instead of one model's forward: "
+                                                      "sd15, sdxl (or sdxl-base), tiny-sd15, animatediff-sd15")
+    p.add_argument("--steps", type=int, help="with --pipeline: denoising steps (default 30)")
+    p.add_argument("--guidance", type=float, help="with --pipeline: guidance scale; above 1 the U-Net and text "
+                                                  "encoders run twice the batch (default 7.5)")
     p.add_argument("--backend", help="add each call's predicted peak memory for this backend (attnprof backends)")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="backend option, e.g. slice_size=4")
     p.add_argument("--memory-budget", metavar="SIZE",
@@ -647,7 +707,8 @@ def _add_fit(sub) -> None:
                                    "phase sets the limit.")
     p.add_argument("--model", help=MODEL_HELP)
     _add_pickle_arg(p)
-    p.add_argument("--pipeline", choices=["sd15", "sdxl"], help="a whole generation instead of one model")
+    p.add_argument("--pipeline", metavar="NAME", help="a whole generation instead of one model: sd15, sdxl (or "
+                                                      "sdxl-base), tiny-sd15")
     p.add_argument("--cfg", action=argparse.BooleanOptionalAction, default=True,
                    help="with --pipeline: classifier-free guidance, the U-Net and text at twice the batch (default on)")
     p.add_argument("--offload", choices=["none", "model", "sequential"], default="none",
@@ -656,6 +717,8 @@ def _add_fit(sub) -> None:
     p.add_argument("--budget", help="memory budget with its unit (12GiB, 12GB) or a GPU's name (4090, "
                                                      "L4, A100-40GB, H100: attnprof gpus)")
     p.add_argument("--backend", action="append", help="backend, repeatable (default: every one)")
+    p.add_argument("--all", action="store_true", help="a row for every backend (default: one per distinct kernel and "
+                                                      "answer, diffusers' dispatcher aliases named under it)")
     p.add_argument("--dtype", help="float16 | bfloat16 | float32 (default float32 with --device cpu, else float16)")
     p.add_argument("--batch", default="1", help="batch size (default 1; 2 under classifier-free guidance)")
     p.add_argument("--aspect", default="1:1", help="W:H of the sizes searched (default 1:1)")
@@ -785,6 +848,8 @@ def _add_show(sub) -> None:
     p = sub.add_parser("show", help="print a run's summary")
     p.add_argument("run", nargs="?", default="latest", help="run id, a unique prefix, 'latest' or a folder")
     p.add_argument("--results", default="results", help="results folder (default results)")
+    p.add_argument("--wide", action="store_true", help="every column, whatever the terminal's width (default: fit "
+                                                       "$COLUMNS, or 120)")
     p.set_defaults(func=cmd_show)
 
 
@@ -846,7 +911,8 @@ def _add_diff(sub) -> None:
 def _add_report(sub) -> None:
     p = sub.add_parser("report", help="one self-contained HTML file of one or more runs (no server, no network)")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run ids, unique prefixes, 'latest' or folders")
-    p.add_argument("--html", required=True, metavar="FILE", help="where to write the report")
+    p.add_argument("--out", "--html", dest="html", required=True, metavar="FILE",
+                   help="where to write the report (--html: the same)")
     p.add_argument("--results", default="results", help="results folder (default results)")
     p.set_defaults(func=cmd_report)
 

@@ -97,9 +97,19 @@ class Cpu:
     matmul_max = 4096  # the device limits' largest square matmul (measure/limits.py)
     copy_bytes = 256 * 2**20  # and the buffer its bandwidth copy moves (a large memcpy)
     memory_snapshot = False  # no allocator history to dump: --trace writes the profiler trace only
+    # glibc's largest mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX): an allocation this large always gets
+    # new pages from the kernel, each touched page a fault (measured here: 32 MiB buffers filled new at 4 GB/s,
+    # reused at 29; 16 MiB ones the same either way). The time model (planner/timing.py) prices those pages.
+    fresh_min_bytes = 32 * 2**20
 
     def __init__(self, device: torch.device):
         self.torch = device
+
+    def cache_bytes(self) -> int | None:
+        """The last-level cache (sysfs: the highest cache index of cpu0), or None where the kernel does not say."""
+        caches = sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"))
+        sizes = [_sysfs_bytes(p) for p in caches]
+        return max((s for s in sizes if s), default=None)
 
     def guard(self):
         return contextlib.nullcontext()
@@ -150,10 +160,15 @@ class Cuda:
     matmul_max = 8192
     copy_bytes = 2**30  # a device-to-device copy
     memory_snapshot = True  # the caching allocator's history, for PyTorch's memory_viz
+    fresh_min_bytes = None  # the caching allocator keeps its blocks: no call pays for new pages after the first
 
     def __init__(self, device: torch.device):
         self.torch = torch.device("cuda", device.index if device.index is not None else 0)
         self._reserved = self._allocated = 0
+
+    def cache_bytes(self) -> int | None:
+        """The L2 cache, from the device's properties (no context made)."""
+        return getattr(torch.cuda.get_device_properties(self.torch), "L2_cache_size", None) or None
 
     def guard(self):
         return torch.cuda.device(self.torch)
@@ -209,6 +224,16 @@ class Cuda:
 
     def identity(self) -> dict:
         return {"host": socket.gethostname(), **describe_cuda(self.torch.index)}
+
+
+def _sysfs_bytes(path: Path) -> int | None:
+    """'32768K' -> 33554432; None where unreadable."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    return int(text[:-1]) * units[text[-1]] if text and text[-1] in units else int(text) if text.isdigit() else None
 
 
 # ---- what a CUDA device is, and its NVML handle (no CUDA context is made)

@@ -17,6 +17,8 @@ def human_count(n) -> str:
     if n is None or n != n:
         return "-"
     n = float(n)
+    if abs(n) >= 1e15:
+        return f"{n:.3g}"  # 1.78e+20: past tera a unit letter says less than the exponent
     for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(n) >= scale:
             return f"{n / scale:.2f}{unit}"
@@ -32,3 +34,30 @@ def table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
     for c in cells:
         lines.append("  ".join(v.rjust(w) if v[:1].isdigit() else v.ljust(w) for v, w in zip(c, widths)))
     return "\n".join(lines)
+
+
+def terminal_width(default: int = 120) -> int:
+    """$COLUMNS where set, else the width of the terminal that standard output is, else default (output into a file
+    or a pipe): what `show` fits its tables to."""
+    import os
+    import sys
+
+    if os.environ.get("COLUMNS", "").isdigit():
+        return int(os.environ["COLUMNS"])
+    try:
+        return os.get_terminal_size(sys.stdout.fileno()).columns if sys.stdout.isatty() else default
+    except (OSError, ValueError, AttributeError):  # a stream with no file behind it (captured output)
+        return default
+
+
+def fitted_table(rows: list[dict], columns: list[tuple[str, str]], width: int, drop: list[str]) -> tuple[str, list]:
+    """table() within width characters: the columns of `drop` left out in that order until it fits (the others
+    always kept). (the table, the headers left out)."""
+    columns, dropped = list(columns), []
+    for name in drop:
+        if max(map(len, table(rows, columns).splitlines())) <= width:
+            break
+        if any(h == name for h, _ in columns):
+            columns = [(h, k) for h, k in columns if h != name]
+            dropped.append(name)
+    return table(rows, columns), dropped

@@ -104,3 +104,33 @@ def arch_of(environment: dict) -> str | None:
         return environment["device_arch"]
     words = {_norm(w) for w in re.split(r"[\s_-]+", str(environment.get("device_name") or ""))}
     return next((row[2] for row in _ROWS for n in (row[0], *row[1]) if _norm(n) in words), None)
+
+
+# Efficiency of each op class against the table's roofline, per architecture: (fraction, where it comes from). The
+# attention kernels' are published forward-pass benchmarks at the head dims of these U-Nets (40-64, where each paper's
+# figures are lowest); what no paper gives is marked assumed. Memory-bound work (naive, sliced, query-split and
+# sub-quadratic attention, SDPA's math kernel, norms and elementwise ops) is a share of the published bandwidth.
+_FA2 = ("FlashAttention-2 paper (Dao 2023, arXiv:2307.08691): forward 50-73% of the A100's peak, the low end at head "
+        "dim 64")
+_FA2_H100 = ("FlashAttention-3 paper (Shah et al. 2024, arXiv:2407.08608): FlashAttention-2 reaches 35% of the H100's "
+             "peak (PyTorch's SDPA flash kernel is FlashAttention-2)")
+_ASSUMED = "assumed: no published figure at these shapes"
+_AS_A100 = "assumed as the A100's (no published figure for this architecture): " + _FA2
+EFFICIENCY = {
+    "flash": {"sm80": (0.50, _FA2), "sm86": (0.50, _AS_A100), "sm89": (0.50, _AS_A100), "sm90": (0.35, _FA2_H100)},
+    "efficient": {"*": (0.25, "assumed half of flash's (the FlashAttention-2 paper: about 2x FlashAttention, which "
+                               "the memory-efficient kernels match)")},
+    "matmul": {"*": (0.70, _ASSUMED)},
+    "convolution": {"*": (0.50, _ASSUMED)},
+    "memory": {"*": (0.80, _ASSUMED)},
+}
+HOST_OP_S = (5e-6, "assumed 5 us of host time per aten op (PyTorch eager dispatch and a kernel launch; 1.3 us measured "
+                   "for a tiny op on this project's CPU, without the launch)")
+CALL_OPS = 12  # aten ops of one diffusers attention call outside its kernel (projections, layouts, the output)
+FUSED = {"sdpa": None, "sdpa-flash": "flash", "flash-attn": "flash", "flash-attn-3": "flash", "sdpa-cudnn": "flash",
+         "sdpa-efficient": "efficient", "xformers": "efficient"}
+
+
+def efficiency(what: str, arch: str) -> tuple[float, str] | None:
+    table = EFFICIENCY[what]
+    return table.get(arch) or table.get("*")

@@ -44,7 +44,7 @@ class RunKind:
     """What a kind of run holds, so that each reader asks here rather than guessing from the files: whether its
     cells timed whole forwards of a model (forward_time_ms: the findings' speed lines, diff's verdicts), whether its
     cells' models are names the planner resolves (a replay of its shapes), whether the time model may be fitted on
-    it (named models timed by the harness), and whether each of its calls has a measured peak."""
+    it (forwards of models it can trace: a sweep's named ones, a record's components matched to them), and whether each of its calls has a measured peak."""
 
     name: str
     what: str
@@ -59,7 +59,7 @@ RUN_KINDS = {k.name: k for k in (
             True, True),
     RunKind("replay", "each attention shape of a run or a plan, its kernel alone (attnprof replay)", False, True,
             False, True),
-    RunKind("record", "a user's own generation as it ran (attnprof record, profiler.profile)", True, False, False,
+    RunKind("record", "a user's own generation as it ran (attnprof record, profiler.profile)", True, False, True,
             False))}
 
 

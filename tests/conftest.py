@@ -20,6 +20,9 @@ if not os.environ.get("PYTEST_XDIST_WORKER"):
 # thread handoff each, and two threads on two cores that another process also uses spin on each other (a 2-thread
 # calibration took 288 ms a round beside one busy process, against 24 ms on one thread). No test compares threads.
 os.environ["OMP_NUM_THREADS"] = "1"
+# show fits its tables to $COLUMNS (profiler/fmt.terminal_width): one width whatever runs the suite (xdist's workers
+# are given 80, a terminal its own), the 120 of output into a file.
+os.environ["COLUMNS"] = "120"
 # Ctrl-C as a terminal has it: a suite started from a background job of a non-interactive shell (`make test &` in a
 # script) inherits SIGINT ignored, and so would every process the tests start, so that the tests of Ctrl-C would
 # see it ignored (three failed so, here). The xdist workers started from this process inherit the handler too.

@@ -51,7 +51,7 @@ def test_plan_json_one_object_per_size(capsys):
     (["plan", "--model", "sd15", "--dtype", "float64"], "unknown dtype 'float64'"),
     (["plan", "--model", "/no/such/folder"], "no such folder '/no/such/folder'"),
     (["plan", "--model", "./missing.yaml"], "does not exist"),
-    (["plan"], "required: --model"),
+    (["plan"], "give --model NAME (one model's forward) or --pipeline NAME"),
 ])
 def test_bad_input_one_line_exit_2(capsys, argv, message):
     code, out, err = run(capsys, *argv)
@@ -72,6 +72,15 @@ def test_console_entry_point_exits_2_without_traceback():
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == ["attnprof: error: size '12x12': width 12 is not a positive multiple "
                                              "of 8 (the latent is 1/8 of the image)"]
+
+
+def test_a_size_no_gpu_can_hold_is_said_in_words(capsys):
+    """plan --size 100000x100000: the FLOPs written as a number with its exponent, and a line saying the score table
+    alone needs more than the largest GPU of the table has."""
+    assert main(["plan", "--model", "sd15", "--size", "100000x100000"]) == 0
+    out = capsys.readouterr().out
+    assert "beyond every GPU" in out and "no GPU of the table holds it (the largest, the H200, has 141 GiB)" in out
+    assert "e+" in out.split("attention FLOPs")[1].splitlines()[0]
 
 
 def test_plan_says_whether_the_forward_fits_a_budget(capsys):
@@ -241,3 +250,19 @@ def test_backends_says_before_a_probe_that_compiles(capsys, monkeypatch):
     assert code == 0 and "on cpu in float32" in out
     compiling = [ln.split(":")[0].strip(" (") for ln in err.splitlines() if "its probe compiles a kernel" in ln]
     assert compiling == [n for n in backends.names() if backends.compiles(n)] == ["flex"]
+
+
+def test_fit_shows_one_row_per_distinct_kernel_unless_all(capsys):
+    """fit over every backend: diffusers' dispatcher backends that run one of ours and fit the same are named under
+    that one's row, not a row each; --all gives a row each."""
+    from profiler import backends
+
+    args = ["fit", "--model", "tiny-sd15", "--budget", "1GiB", "--quiet"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    table = out.split("\n\n")[0].splitlines()[3:]  # the rows, after the heading and the table's head
+    assert len(table) < len(backends.names()) and any(line.startswith("sdpa (+") for line in table)
+    assert "diffusers dispatcher backends that run one of these kernels" in out and "also diffusers:native" in out
+    assert main([*args, "--all"]) == 0
+    every = capsys.readouterr().out.split("\n\n")[0].splitlines()[3:]
+    assert len(every) == len(backends.names()) and not any("(+" in line for line in every)

@@ -289,7 +289,7 @@ def test_planner_page_needs_no_run(tmp_path, monkeypatch):
     assert spec["layer"][0]["encoding"]["x"]["title"] == "predicted need (GiB)"  # sdpa-math needs over 1 GiB
     assert spec["layer"][1]["encoding"]["x"]["datum"] == pytest.approx(300 / 1024)  # the budget line, in GiB
     spec, data = _charts(at)[1]  # predicted time per backend and size on the H100 (profiler/gpus.py)
-    assert spec["encoding"]["y"]["title"] == "predicted forward time (ms, roofline bound)"
+    assert spec["encoding"]["y"]["title"] == "predicted forward time (ms, published efficiencies)"
     naive, sdpa = (data[data["backend"] == b].set_index("size")["forward_ms"] for b in ("naive", "sdpa"))
     assert naive["1536x1536"] > naive["512x512"] and naive["1536x1536"] > sdpa["1536x1536"]  # its table passes
     assert set(data["gpu"]) == {"H100-SXM"}
@@ -298,6 +298,11 @@ def test_planner_page_needs_no_run(tmp_path, monkeypatch):
     side = lambda size: int(size.split("x")[0])  # noqa: E731
     assert side(largest.loc["naive", "8 GiB"]) < side(largest.loc["sdpa", "8 GiB"])  # the score tables cost pixels
     assert side(largest.loc["naive", "8 GiB"]) <= side(largest.loc["naive", "24 GiB"])
+    generation = next(t for t in (_table(at, i) for i in range(len(at.dataframe))) if "gpu" in t)  # every GPU
+    assert list(generation.columns) == ["gpu", "sdpa (s)", "xformers (s)", "sliced (s)", "naive (s)"]
+    seconds = generation.set_index("gpu")
+    assert seconds.loc["H100-SXM", "sdpa (s)"] < seconds.loc["T4", "sdpa (s)"]  # 989 against 65 TFLOP/s
+    assert (seconds > 0).all().all() and len(seconds) == 12
     pipeline = _table(at, 2).set_index("gpu_memory_gib")  # a whole SD 1.5 generation, per GPU size
     assert list(pipeline.index) == [8, 12, 16, 24, 40, 48, 80, 141]
     assert set(pipeline["limited_by"]) <= {"text", "denoise", "decode"}

@@ -15,7 +15,12 @@ def _findings_block(out: str) -> str:
     return " ".join(line[2:] for line in first[1:])
 
 
-def test_show_starts_with_the_fastest_backend_per_size_and_its_speedup_against_naive(dashboard_results, capsys):
+def test_show_starts_with_the_fastest_backend_per_size_and_its_speedup_against_naive(dashboard_results, capsys,
+                                                                                       monkeypatch):
+    """Judged as a steady run (whether the machine moved while this real one ran is the next test's, injected)."""
+    from profiler.report import compare
+
+    monkeypatch.setattr(compare, "unsteady", lambda manifest: None)
     run = Run.open(list_runs(dashboard_results)[0])
     assert main(["show", "latest", "--results", str(dashboard_results)]) == 0
     out = capsys.readouterr().out
@@ -74,5 +79,49 @@ def test_findings_name_the_settings_that_tell_apart_cells_of_one_size(dashboard_
 def test_a_run_ends_with_its_findings(traced_results):
     _, printed = traced_results
     status, rest = printed.split("findings", 1)
-    assert "naive" in status and "At 64x64 " in rest and "was the fastest" in rest
-    assert rest.index("was the fastest") < rest.index("results: ")
+    judged = "was the fastest" if "was the fastest" in rest else "no backend is named the fastest"  # a machine
+    assert "naive" in status and "At 64x64 " in rest and judged in rest  # that moved while it ran: the second
+    assert rest.index(judged) < rest.index("results: ")
+
+
+def test_a_run_made_while_the_machine_slowed_is_named_judged_by_no_one_and_weighted_down(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """The machine's speed injected 1.5x slower at the run's end calibration than at its start (the calibrations read
+    10 ms and 15 ms): show says so first and names no fastest backend, and the time model weights the run down by
+    1/1.5^2 and says why."""
+    from profiler.measure import calibrate as measured
+    from profiler.measure.limits import device_key
+    from profiler.planner import calibration, timing
+
+    def slowed(device, when):
+        ms = 15.0 if when == "end" else 10.0
+        return {"when": when, "at": "injected", "median_ms": ms, "samples_ms": [ms], "workload": measured.WORKLOAD}
+
+    monkeypatch.setattr(measured, "calibrate", slowed)
+    assert main(["run", "--model", "tiny-sd15", "--size", "64x64", "--backend", "naive", "--backend", "sdpa",
+                 "--device", "cpu", "--dtype", "float32", "--repeats", "1", "--warmup", "0", "--in-process",
+                 "--quiet", "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    (path,) = list_runs(tmp_path)
+    ratio = 1.5
+    assert main(["show", "latest", "--results", str(tmp_path)]) == 0
+    text = _findings_block(capsys.readouterr().out)
+    assert text.startswith("Times not judged: the machine's speed moved") and "was the fastest" not in text
+    assert "At 64x64 no backend is named the fastest (the machine moved: above)" in text
+    c = calibration.calibrate(tmp_path, device_key("cpu"), write=False)
+    assert c["passed_over"][path.name].startswith(f"weighted 1/{ratio ** 2:.2f}: the machine's speed moved")
+    assert "weighted down 1 run (" in timing.passed_text(c["passed_over"])
+
+
+def test_show_fits_120_columns_unless_wide(dashboard_results, capsys, monkeypatch):
+    """show's table and notes fit $COLUMNS (120 here), the columns it left out named; --wide gives them all."""
+    monkeypatch.setenv("COLUMNS", "120")
+    assert main(["show", "latest", "--results", str(dashboard_results)]) == 0
+    out = capsys.readouterr().out
+    body = out.split("\n\n", 1)[1]  # after the findings
+    table = [line for line in body.splitlines() if not line.startswith(("command:", "run ", "device "))]
+    assert max(map(len, table)) <= 120, max(table, key=len)
+    assert "--wide shows them" in out
+    assert main(["show", "latest", "--results", str(dashboard_results), "--wide"]) == 0
+    wide = capsys.readouterr().out
+    assert "fwd predicted" in wide and max(map(len, wide.splitlines())) > 120

@@ -26,7 +26,7 @@ def test_the_sweeps_status_table_names_each_backend_with_its_options(mixed_resul
 
 
 def test_show_and_runs_name_backends_with_their_options(mixed_results, capsys):
-    assert main(["show", mixed_results.mixed, "--results", str(mixed_results.root)]) == 0
+    assert main(["show", mixed_results.mixed, "--results", str(mixed_results.root), "--wide"]) == 0
     out = capsys.readouterr().out
     table = next(part for part in out.split("\n\n") if part.startswith("model ")).splitlines()
     at = table[0].index(" backend ") + 1  # the family column before it holds spaces ("fused exact")

@@ -68,7 +68,9 @@ def test_identical_runs_under_load_give_no_regression(three_runs):
     root, a, b, _ = three_runs
     manifest = json.loads((root / b / "manifest.json").read_text())
     assert [c["when"] for c in manifest["calibration"]] == ["start", "end"]
-    assert all(c["median_ms"] > 0 and len(c["samples_ms"]) == 21 for c in manifest["calibration"])
+    from profiler.measure.calibrate import ROUNDS
+
+    assert all(c["median_ms"] > 0 and len(c["samples_ms"]) == ROUNDS for c in manifest["calibration"])
     code, data = _diff(root, a, b)
     assert data["summary"]["matched"] == 2 and not data["only_a"] and not data["only_b"]
     assert code == 0 and [m["time_verdict"] for m in data["matched"]] == ["within noise"] * 2, data["matched"]

@@ -56,8 +56,18 @@ def test_a_good_config_gives_the_grid(tmp_path):
     assert len({c.cell_id for c in cells}) == 4
 
 
+def test_backends_in_the_mapping_form_the_docs_give(tmp_path):
+    """docs/backends.md: `backends: {sliced: {slice_size: 4}}`, each name a key with its options (or none)."""
+    path = tmp_path / "s.yaml"
+    path.write_text(GOOD.replace("backends: [naive, {sliced: {slice_size: 2}}]",
+                                 "backends: {sliced: {slice_size: 4}, naive: null, sdpa: {}}"))
+    cells = load(path).cells()
+    assert [(c.backend, c.options) for c in cells] == [("sliced", {"slice_size": 4}), ("naive", {}), ("sdpa", {})]
+
+
 @pytest.mark.parametrize("extra, message", [
     ("colour: blue\n", "unknown key 'colour': the keys are models, sizes"),
+    ("size: [64x64]\n", "unknown key 'size' (did you mean 'sizes'?): the keys are models, sizes"),
     ("sizes: [640x48x]\n", "key 'sizes': malformed size '640x48x'"),
     ("sizes: [500x500]\n", "key 'sizes': size '500x500': width 500 is not a positive multiple of 8"),
     ("sizes: 512x512\n", "key 'sizes' must be a non-empty list of WxH strings, not '512x512'"),

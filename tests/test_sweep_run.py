@@ -213,3 +213,31 @@ device: cpu
     again = blocks[blocks["cell_id"].isin(finished.index)].sort_values(["cell_id", "call_index"])
     assert again["time_ms"].tolist() == finished_blocks.sort_values(["cell_id", "call_index"])["time_ms"].tolist()
     assert Run.open(run_dir).manifest()["ended_at"] is not None
+
+
+def test_sigint_to_the_parent_alone_stops_the_run_and_its_worker(tmp_path, faults):
+    """`kill -INT PID` of a run started as a background job of a script (SIGINT inherited ignored): the run ends
+    within 10 s as interrupted, its worker with it, the cell in flight not recorded as a worker death."""
+    import secrets
+
+    from tests.procs import alive
+
+    token = secrets.token_hex(8)
+    argv = ["profiler", "run", "--model", "tiny-sd15", "--size", "64x64", "--backend", "fault-slow", "--dtype",
+            "float32", "--device", "cpu", "--repeats", "20", "--warmup", "0", "--quiet", "--out",
+            str(tmp_path / "results")]
+    proc = subprocess.Popen([sys.executable, "-m", *argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "ATTNPROF_TEST_TOKEN": token}, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # as `cmd &` leaves it
+    run_dir = _wait_for(lambda: list_runs(tmp_path / "results"))[0]
+    _wait_for(lambda: (run_dir / "worker.log").exists() and len(alive(token)) >= 2)
+    time.sleep(2)  # the worker in its cell
+    t0 = time.time()
+    os.kill(proc.pid, signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert time.time() - t0 < 10 and proc.returncode == 130
+    _wait_for(lambda: not alive(token), timeout=10)
+    run = Run.open(run_dir)
+    assert run.manifest()["interrupted"] is True
+    cells = run.cells()
+    assert not len(cells) or "worker died" not in " ".join(cells["error"].astype(str))

@@ -9,13 +9,15 @@ import pytest
 from profiler import gpus
 from profiler.cli import main
 from profiler.measure.limits import device_key
-from profiler.planner import plan, timing
+from profiler.planner import calibration, plan, timing
 from profiler.spec import CellSpec, InputError, parse_bytes, size_text
 from profiler.store import Run
 
 TRUE = {"core_self": 3.0, "core_cross": 1.5, "projections": 2.0, "overhead": 0.25}  # the synthetic device's answer
-REST = {"rest": 4.0, "ops": 0.01}
+REST = {"convolution": 3.0, "matmul": 2.0, "norm": 5.0, "other": 4.0, "ops": 0.01}
 PEAKS = {"float32": 2e11}, 1.5e10  # FLOP/s, bytes/s
+DEVICE = timing.Device(PEAKS[0]["float32"], PEAKS[1])
+SIZES = [(64, 64), (128, 128), (192, 128), (128, 64), (64, 192), (192, 192)]  # more forwards than rest features
 
 
 def test_nnls_recovers_known_coefficients_and_clips_negative_ones():
@@ -45,13 +47,12 @@ def test_fit_model_leave_one_out_is_exact_on_noiseless_rows_and_measures_a_wrong
     assert loo["c"]["predicted_ms"] == pytest.approx(loo["c"]["measured_ms"] / 1.2, rel=1e-6)
 
 
-def _features(row, backend, call_ops) -> dict:
-    peak = PEAKS[0]["float32"], PEAKS[1]
-    return timing.call_features(row, backend, {}, "float32", timing.roof_ms(call_ops, *peak), *peak)
+def _features(row, backend, call_ops, device=DEVICE) -> dict:
+    return timing.call_features(row, backend, {}, "float32", timing.roof_ms(call_ops, device), device)
 
 
-def _rest(ops) -> float:
-    return REST["rest"] * timing.roof_ms(ops["rest"], PEAKS[0]["float32"], PEAKS[1]) + REST["ops"] * len(ops["rest"])
+def _rest(ops, device=DEVICE) -> float:
+    return sum(REST[k] * v for k, v in device.rest_features(ops["rest"]).items())
 
 
 def _synthetic_run(root, sizes, backend="naive", gpu_name=None):
@@ -60,6 +61,7 @@ def _synthetic_run(root, sizes, backend="naive", gpu_name=None):
     gpu_name, as if made on a CUDA device of that name (its environment and limits key)."""
     key = f"{gpu_name} | synthetic" if gpu_name else device_key("cpu")
     manifest = {"device_peak_flops": PEAKS[0], "device_peak_bytes_per_s": PEAKS[1],
+                "device_memory": {}, "device_softmax_per_s": {},  # DEVICE's: no cache, page or softmax terms
                 "device_limits": {"key": key, "measured_at": "synthetic"},
                 "environment": {"device": "cuda:0", "device_name": gpu_name} if gpu_name else {"device": "cpu"}}
     run = Run.create(root, manifest, run_id="synthetic-gpu" if gpu_name else "synthetic")
@@ -80,7 +82,7 @@ def _synthetic_run(root, sizes, backend="naive", gpu_name=None):
 
 
 def test_plan_predicts_a_new_size_from_a_stored_run_exactly(capsys, tmp_path):
-    _synthetic_run(tmp_path, [(64, 64), (128, 128), (192, 128)])
+    _synthetic_run(tmp_path, SIZES)
     code = main(["plan", "--model", "tiny-sd15", "--size", "128x192", "--backend", "naive", "--dtype", "float32",
                  "--device", "cpu", "--results", str(tmp_path), "--json"])
     out = json.loads(capsys.readouterr().out)[0]
@@ -96,55 +98,66 @@ def test_plan_predicts_a_new_size_from_a_stored_run_exactly(capsys, tmp_path):
     rest = _rest(ops)
     assert t["predicted_attention_time_ms"] == pytest.approx(sum(want_calls), rel=1e-6)
     assert t["predicted_forward_time_ms"] == pytest.approx(sum(want_calls) + rest, rel=1e-6)
-    assert t["time_source"].startswith("calibrated on 3 cells in 1 runs of this device, leave-one-out error 0.0%")
+    assert t["time_source"].startswith("calibrated on 6 cells in 1 runs of this device, leave-one-out error 0.0%")
     assert all(b["predicted_time_ms"] >= b["roofline_time_ms"] for b in out["blocks"])
     # the fit and its residuals went to the calibration file, under the device's key
-    stored = json.loads(timing.calibration_path().read_text())[device_key("cpu")]
+    stored = json.loads(calibration.calibration_path().read_text())[device_key("cpu")]
     assert stored["backends"]["naive float32"]["coefficients"] == pytest.approx(TRUE, rel=1e-6)
 
 
-def test_plan_on_a_gpu_from_the_table_is_the_roofline_bound(capsys):
+def test_plan_on_a_gpu_from_the_table_uses_its_architectures_published_efficiencies(capsys):
+    """No runs of the GPU's architecture: each call's core at its kernel's published efficiency (FlashAttention-2 on
+    an H100: 35%, from the FlashAttention-3 paper), the projections at the matmul's, the rest per op class, every
+    figure named with its source and said to be an estimate."""
     code = main(["plan", "--model", "sd15", "--size", "512x512", "--gpu", "H100-SXM"])
     out = capsys.readouterr().out
     assert code == 0
-    assert "roofline bound on the H100-SXM's published figures" in out
+    assert "sdpa (published efficiencies)" in out and "an estimate, not a measurement" in out
+    assert "sdpa attention at 35% of the peak (flash kernel: FlashAttention-3 paper" in out
     assert "H100-SXM (sm90): 989.5 TFLOP/s dense float16, 3.35 TB/s, 80 GiB" in out and "datasheet" in out
+    h100 = gpus.get("H100")
     p = plan("sd15", 512, 512)
-    t = timing.predict(p, "sdpa", {}, gpus.limits(gpus.get("H100"), "float16"), gpu=gpus.get("H100"))
-    # sdpa on a GPU is fused: Q, K, V read and O written once; the largest call is compute-bound there
-    big = max(p["blocks"], key=lambda r: r["flops"])
-    assert big["roofline_time_ms"] >= big["flops"] / 989.5e12 * 1e3
-    assert t["predicted_forward_time_ms"] == t["roofline_forward_time_ms"] > t["predicted_attention_time_ms"]
+    cal = calibration.published_calibration(h100, "float16")
+    t = timing.predict(p, "sdpa", {}, gpus.limits(h100, "float16"), cal, gpu=h100)
+    assert t["time_published"] and t["time_calibrated"]
+    device = timing.Device(989.5e12, 3350e9)
+    ops = timing.walk("sd15", 512, 512, 1, "float16")
+    for row, o in list(zip(p["blocks"], ops["calls"]))[:4]:  # each call: core / 0.35 + projections / 0.7 + 12 host ops
+        f = timing.call_features(row, "sdpa", {}, "float16", timing.roof_ms(o, device), device)
+        want = (f["core_self"] + f["core_cross"]) / 0.35 + f["projections"] / 0.7 + 12 * 5e-3
+        assert row["predicted_time_ms"] == pytest.approx(want, rel=1e-9) and want > row["roofline_time_ms"]
+    assert t["predicted_forward_time_ms"] > t["roofline_forward_time_ms"] > t["roofline_attention_time_ms"]
+    # an unfused backend is memory-bound there: its core at the bandwidth's share
+    assert "naive attention at 80% of the bandwidth" in cal["per_backend"]["naive"]["published"]
 
 
 def test_a_gpu_of_the_table_is_calibrated_on_stored_runs_of_its_architecture(capsys, tmp_path):
     """--gpu with --results: the fit to the runs made on a GPU of the same architecture (an H100 here, named as torch
     names it, for an H200), applied to the H200's published figures, exactly, and said to be an estimate; a GPU of
     another architecture (an A100) and runs made on no GPU give the roofline bound alone."""
-    _synthetic_run(tmp_path, [(64, 64), (128, 128), (192, 128)], gpu_name="NVIDIA H100 80GB HBM3")
+    _synthetic_run(tmp_path, SIZES, gpu_name="NVIDIA H100 80GB HBM3")
     _synthetic_run(tmp_path, [(64, 64)])  # this CPU's: never used for a GPU
     args = ["plan", "--model", "tiny-sd15", "--size", "128x192", "--backend", "naive", "--dtype", "float32",
             "--results", str(tmp_path), "--json"]
     assert main([*args, "--gpu", "H200"]) == 0
     out = json.loads(capsys.readouterr().out)[0]
     h200 = gpus.get("H200")
-    peak = h200["tflops"]["float32"] * 1e12, h200["bytes_per_s"]
+    device = timing.Device(h200["tflops"]["float32"] * 1e12, h200["bytes_per_s"])
     ops = timing.walk("tiny-sd15", 128, 192, 1, "float32")
     want = [sum(TRUE[k] * f[k] for k in TRUE) for f in
-            (timing.call_features(row, "naive", {}, "float32", timing.roof_ms(o, *peak), *peak)
-             for row, o in zip(out["blocks"], ops["calls"]))]
+            (_features(row, "naive", o, device) for row, o in zip(out["blocks"], ops["calls"]))]
     t = out["totals"]
     assert [b["predicted_time_ms"] for b in out["blocks"]] == pytest.approx(want, rel=1e-6)
-    rest = REST["rest"] * timing.roof_ms(ops["rest"], *peak) + REST["ops"] * len(ops["rest"])
+    rest = _rest(ops, device)
     assert t["predicted_forward_time_ms"] == pytest.approx(sum(want) + rest, rel=1e-6)
     assert t["time_calibrated"] and t["time_source"] == (
-        "the H200's published figures, calibrated on 3 cells in 1 runs of a NVIDIA H100 80GB HBM3 (sm90, the same "
+        "the H200's published figures, calibrated on 6 cells in 1 runs of a NVIDIA H100 80GB HBM3 (sm90, the same "
         "architecture): an estimate, not a measurement")
     assert t["predicted_attention_time_ms"] > t["roofline_attention_time_ms"]
     assert main([*args, "--gpu", "A100"]) == 0
     t = json.loads(capsys.readouterr().out)[0]["totals"]
-    assert not t["time_calibrated"] and t["time_source"].startswith("roofline bound on the A100-40GB's published")
-    assert t["predicted_attention_time_ms"] == t["roofline_attention_time_ms"]
+    assert t["time_published"] and "the A100-40GB's published figures" in t["time_source"]
+    assert "naive attention at 80% of the bandwidth" in t["time_source"]
 
 
 def test_a_runs_gpu_architecture_from_its_environment():
@@ -172,6 +185,15 @@ def test_budget_by_gpu_name_and_units():
     for bad in ("8", 8, "8 GiBs"):
         with pytest.raises(InputError, match="unit|not a size"):
             parse_bytes(bad, "--budget")
+
+
+def test_a_gpu_named_for_the_budget_sets_its_architecture(capsys):
+    """fit --budget 4090: the RTX 4090's kernels (sm89), not the default H100's; --gpu-arch still says otherwise."""
+    args = ["fit", "--model", "sd15", "--budget", "4090", "--backend", "sdpa", "--json", "--quiet"]
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["gpu"].startswith("sm89")
+    assert main([*args, "--gpu-arch", "sm80"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpu"].startswith("sm80")
 
 
 def test_fit_budget_8_exits_2_naming_the_unit(capsys):
@@ -204,7 +226,10 @@ def test_the_sweeps_predicted_total_and_its_end_summary():
                  "b": {"predicted_forward_time_ms": 300.0, "time_source": "sdpa: calibrated on 2 cells"}}
     text = timing.sweep_text(predicted, 5)  # 5 forwards a cell: (100 + 300) ms x 5 = 2 s
     assert text.startswith("predicted: 2 cells, 2.0 s of forwards (5 a cell")
-    assert "naive: roofline bound; sdpa: calibrated on 2 cells" in text
+    assert "naive: roofline bound; sdpa: calibrated on 2 cells" in text and "not counted" in text
+    # with what this device's finished runs took beyond their forwards: 2 s + 2 x 3 s + 4 s
+    text = timing.sweep_text(predicted, 5, {"cell_s": 3.0, "run_s": 4.0, "cells": 7, "runs": 2})
+    assert text.startswith("predicted: 2 cells, about 12 s in all: 2.0 s of forwards") and "7 cells in 2" in text
     cells = pd.DataFrame([{"status": "ok", "backend": "sdpa", "width": 64, "height": 64, "attention_time_ms": 30.0,
                            "forward_time_ms": 90.0, "predicted_attention_time_ms": 20.0,
                            "predicted_forward_time_ms": 60.0},
@@ -231,7 +256,7 @@ def test_calibration_skips_cells_it_cannot_sample(tmp_path):
         spec = CellSpec(model, 64, 64, 1, "float32", backend, "cpu")
         rows = [{**r, **spec.as_row()} for r in blocks[blocks["width"] == 64].to_dict("records")]
         other.record({**spec.as_row(), "status": "ok", "attention_time_ms": 1.0, "forward_time_ms": 2.0}, rows)
-    calls, cells, _, runs = timing.samples(tmp_path, device_key("cpu"))
+    calls, cells, _, runs = calibration.samples(tmp_path, device_key("cpu"))
     assert sorted(runs) == ["plugins", "synthetic"] and len(cells) == 2  # the two good cells only
 
 
@@ -249,7 +274,7 @@ def test_a_sweeps_preflight_and_time_prediction_share_one_fake_forward_per_shape
     monkeypatch.setattr(forward, "trace", lambda *a, **k: traced.append(a[:3]) or real(*a, **k))
     forward._WALKS.clear()
     predict(cells)
-    times = timing.predict_cells(cells, limits, Path("no-such-results"))
+    times = calibration.predict_cells(cells, limits, Path("no-such-results"))
     assert traced == [("tiny-sd15", 64, 64), ("tiny-sd15", 128, 96)]
     assert len(times) == 6 and all(t["predicted_forward_time_ms"] > t["predicted_attention_time_ms"] > 0
                                    for t in times.values())

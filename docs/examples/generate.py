@@ -63,11 +63,13 @@ def tiny_pipeline(kind: str = "txt2img", seed: int = 0, dtype=torch.float32):
     return pipe if dtype == torch.float32 else pipe.to(dtype=dtype)
 
 
-def generate(pipe, steps: int = 3, size: int = 64, guidance: float = 7.5, seed: int = 0, **kwargs):
-    """One generation, as a script calls its pipeline: the images as an array."""
+def generate(pipe, steps: int = 3, size: int = 64, guidance: float = 7.5, seed: int = 0, width: int | None = None,
+             **kwargs):
+    """One generation, as a script calls its pipeline: the images as an array. size x size, or width x size."""
+    width = width or size
     if type(pipe).__name__ == PIPELINES["pix2pix"] and "image" not in kwargs:  # the image to edit
-        kwargs["image"] = torch.rand(1, 3, size, size, generator=torch.Generator().manual_seed(seed))
-    return pipe("a cat in a hat", num_inference_steps=steps, height=size, width=size, guidance_scale=guidance,
+        kwargs["image"] = torch.rand(1, 3, size, width, generator=torch.Generator().manual_seed(seed))
+    return pipe("a cat in a hat", num_inference_steps=steps, height=size, width=width, guidance_scale=guidance,
                 generator=torch.Generator().manual_seed(seed), output_type="np", **kwargs).images
 
 
@@ -76,7 +78,8 @@ def main(argv=None) -> int:
     p.add_argument("--model", help="a hub id or folder of a Stable Diffusion pipeline (default: the tiny one)")
     p.add_argument("--pipeline", choices=sorted(PIPELINES), default="txt2img", help="the tiny pipeline's kind")
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--size", type=int, default=64, help="square image size in pixels (default 64)")
+    p.add_argument("--size", type=int, default=64, help="image height in pixels, and width unless --width (default 64)")
+    p.add_argument("--width", type=int, help="image width in pixels (default: --size)")
     p.add_argument("--guidance", type=float, default=7.5)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -86,7 +89,7 @@ def main(argv=None) -> int:
         pipe = diffusers.AutoPipelineForText2Image.from_pretrained(args.model)
     else:
         pipe = tiny_pipeline(args.pipeline)
-    images = generate(pipe, args.steps, args.size, args.guidance, args.seed)
+    images = generate(pipe, args.steps, args.size, args.guidance, args.seed, args.width)
     print(f"generated {len(images)} image(s) of {images.shape[2]}x{images.shape[1]} in {args.steps} steps")
     return 0
 

@@ -10,9 +10,13 @@ class ExecutorError(RuntimeError):
 
 def stop_on_sigterm() -> None:
     """Make SIGTERM (a kill, `attnprof jobs --stop`) end a sweep as Ctrl-C does: the cells recorded so far are kept
-    and the run can be resumed. Called at start, and again after ray.init, whose driver would otherwise just exit."""
+    and the run can be resumed. Called at start, and again after ray.init, whose driver would otherwise just exit.
+    SIGINT too where the process was started with it ignored (a background job of a non-interactive shell, `cmd &`):
+    `kill -INT PID` then stops it as Ctrl-C would, and its workers with it (local.py kills the one in flight)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
+        if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _interrupt(signum, frame):

@@ -132,7 +132,11 @@ def loads(text: str, where: str) -> Sweep:
         raise InputError(f"{where}: expected a mapping of keys ({', '.join(KEYS)})")
     unknown = [k for k in doc if k not in KEYS]
     if unknown:
-        raise InputError(f"{where}: unknown key '{unknown[0]}': the keys are {', '.join(KEYS)}")
+        import difflib
+
+        near = difflib.get_close_matches(unknown[0], list(KEYS), n=1)
+        raise InputError(f"{where}: unknown key '{unknown[0]}'" + (f" (did you mean '{near[0]}'?)" if near else "")
+                         + f": the keys are {', '.join(KEYS)}")
     _allow_pickle(doc, where)  # before the models are read
     kw = {"source": where, **_grid(doc, where)}
     also = doc.get("also", [])
@@ -189,7 +193,10 @@ def _grid(doc: dict, where: str, inherit: dict | None = None) -> dict:
     if "dtypes" in doc:
         kw["dtypes"] = tuple(_checked(where, "dtypes", parse_dtype, d) for d in _as_list(doc, "dtypes", where))
     if "backends" in doc:
-        kw["backends"] = tuple(_backend_entry(b, where) for b in _as_list(doc, "backends", where))
+        given = doc["backends"]  # a list, or the docs' mapping form {sliced: {slice_size: 4}, sdpa: {}}
+        entries = [{n: o or {}} for n, o in given.items()] if isinstance(given, dict) and given else \
+            _as_list(doc, "backends", where)
+        kw["backends"] = tuple(_backend_entry(b, where) for b in entries)
     axes = dict((inherit or {}).get("model_settings", ()))
     for name in SETTINGS:
         if name in doc:

@@ -174,7 +174,7 @@ def _run_pending(pending: list[CellSpec], run, sweep: Sweep, executor: Executor,
     (model, dtype, device)) on the executor, each cell with its extra (groups.py): its predictions, the device's
     limits for its dtype and its predicted times."""
     pre, predicted = preflight(pending, budget, force, executor.availability)
-    times = _predicted_times([c for c in pending if c.cell_id not in pre], limits, sweep, progress)
+    times = _predicted_times([c for c in pending if c.cell_id not in pre], limits, sweep, progress, run)
     extra = {c.cell_id: {**predicted[c.cell_id], **cell_peaks(limits, c.dtype), **times.get(c.cell_id, {})}
              for c in pending}
     for c in [c for c in pending if c.cell_id in pre]:
@@ -194,14 +194,21 @@ def _calibrate(run, executor, device: str, when: str) -> None:
     run.update_manifest(calibration=[*run.manifest().get("calibration", []), found])
 
 
-def _predicted_times(cells: list[CellSpec], limits: dict, sweep: Sweep, say: bool) -> dict[str, dict]:
+def _predicted_times(cells: list[CellSpec], limits: dict, sweep: Sweep, say: bool, run=None) -> dict[str, dict]:
     """Each cell's predicted time (planner/timing.py), and the sweep's total printed (stderr, beside the progress bar)
-    before the first cell."""
-    from ..planner.timing import predict_cells, sweep_text
+    before the first cell and kept in the manifest (predicted_wall_s) for the end's comparison."""
+    from ..planner.calibration import harness_overhead, predict_cells
+    from ..planner.timing import predicted_wall_s, sweep_text
 
     times = predict_cells(cells, limits, Path(sweep.out))
-    if say and times:
-        print(f"attnprof: {sweep_text(times, sweep.warmup + sweep.repeats + 1)}", file=sys.stderr, flush=True)
+    if times:
+        overhead = harness_overhead(Path(sweep.out), limits["device_limits"]["key"])
+        per_cell = sweep.warmup + sweep.repeats + 1
+        if run is not None and overhead:  # a resumed run's wall time spans its attempts: nothing to set it against
+            resumed = "predicted_wall_s" in run.manifest()
+            run.update_manifest(predicted_wall_s=None if resumed else predicted_wall_s(times, per_cell, overhead))
+        if say:
+            print(f"attnprof: {sweep_text(times, per_cell, overhead)}", file=sys.stderr, flush=True)
     return times
 
 
@@ -210,8 +217,8 @@ def _limits(manifest: dict, executor, device: str, dtypes) -> dict:
     has them all, else asked of the executor, which measures where the cells run (never a CUDA context here)."""
     have = manifest.get("device_peak_flops") or {}
     if manifest.get("device_peak_bytes_per_s") and all(d in have for d in dtypes):
-        return {k: manifest[k] for k in ("device_peak_flops", "device_peak_bytes_per_s", "device_limits")
-                if k in manifest}
+        return {k: manifest[k] for k in ("device_peak_flops", "device_peak_bytes_per_s", "device_limits",
+                                         "device_memory", "device_softmax_per_s") if k in manifest}
     return executor.limits(device, list(dtypes))
 
 

@@ -6,16 +6,19 @@ The workload is attention-shaped, as the cells are: on fixed random Q, K, V of 8
 float16 on CUDA), a naive attention whole (two batched matmuls and a softmax: the large operations) and then head by
 head (24 small operations, whose cost is mostly the threads' handoff: what another process on the CPU slows most). One
 round is that pair; ROUNDS rounds after one warm-up, each timed by the device's interval (a host clock on the CPU,
-CUDA events on a GPU) after a synchronize, summarised by their median as a cell's times are. About 0.2 s on a
-2-core CPU."""
+CUDA events on a GPU) after a synchronize, summarised by their median as a cell's times are. Each round draws its Q,
+K, V anew: on this project's 2-core virtual machine one set of buffers ran the workload at 7-8 ms and another, of the
+same shape, at 15-16 ms, call after call (where they lie in memory, not the machine's speed), so that a calibration on
+one set read 2x apart from the next; over fresh buffers each round, 41 rounds' medians read within 5% of each other.
+About 0.6 s on a 2-core CPU."""
 from __future__ import annotations
 
 import statistics
 
-ROUNDS = 21
+ROUNDS = 41
 SHAPE = (8, 512, 40)  # heads, tokens, head dim
 WORKLOAD = (f"naive attention on {SHAPE[0]} heads x {SHAPE[1]} tokens x {SHAPE[2]}, whole then head by head; median "
-            f"of {ROUNDS} rounds after one warm-up")
+            f"of {ROUNDS} rounds after one warm-up, fresh inputs each round")
 
 
 def calibrate(device: str, when: str) -> dict:
@@ -28,10 +31,10 @@ def calibrate(device: str, when: str) -> dict:
     dev = devices.get(device)
     gen = torch.Generator().manual_seed(0)
     dtype = torch.float16 if device.startswith("cuda") else torch.float32
-    q, k, v = (torch.randn(SHAPE, generator=gen).to(device=device, dtype=dtype) for _ in range(3))
     samples = []
     with torch.inference_mode(), dev.guard():
         for i in range(ROUNDS + 1):
+            q, k, v = (torch.randn(SHAPE, generator=gen).to(device=device, dtype=dtype) for _ in range(3))
             dev.synchronize()
             interval = dev.interval()
             interval.start()

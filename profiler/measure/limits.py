@@ -8,7 +8,10 @@
   of ROUNDS such intervals. Matmul: square n x n products (2 n^3 FLOPs), n doubled from 512 until one product takes
   a tenth of TARGET_MS or n reaches the device's cap (devices.py: 4096 on the CPU, 8192 on CUDA). Bandwidth: a copy
   of a large buffer (256 MiB on the CPU, 1 GiB device to device on CUDA) counted as read once and written once (2x
-  its size). Timed by the device's own interval (CUDA events on the device's stream, a host clock on the CPU),
+  its size); the same for a buffer of an eighth of the last-level cache (the CPU's L3 from sysfs, a GPU's L2), the
+  bandwidth of a working set that stays in it. On the CPU, what new pages cost (an allocation of at least
+  fresh_min_bytes gets them from the kernel every time: devices.py). Softmax: elements per second over a table in the
+  cache (the exponentials a materialised or fused score table costs beyond its traffic). Timed by the device's own interval (CUDA events on the device's stream, a host clock on the CPU),
   after a synchronize. About 2 s per dtype on a 2-core CPU, a few seconds on a GPU.
 - `place(flops, bytes_moved, ms, peak_flops, peak_bytes_per_s)`: the achieved FLOP/s, the arithmetic intensity
   (FLOPs per byte moved), the roofline bound that applies (memory where intensity x bandwidth is below the compute
@@ -17,6 +20,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 from pathlib import Path
 
@@ -32,7 +36,9 @@ WARM_MS = 500.0  # of products before the first figure, so that the device runs 
 ROUNDS = 3
 METHOD = (f"warmed for {WARM_MS:g} ms; matmul: square n x n (n doubled from 512 until one takes {TARGET_MS / 10:g} ms "
           f"or n reaches the device's cap), repeated to at least {TARGET_MS:g} ms per interval, best of {ROUNDS}; "
-          f"bandwidth: a large buffer copied (read + written), repeated so, best of {ROUNDS}")
+          f"bandwidth: a large buffer copied (read + written), repeated so, best of {ROUNDS}; the same for a buffer of "
+          "an eighth of the last-level cache; new pages: a 4 x fresh_min_bytes buffer allocated and filled against "
+          "a kept one's fill; softmax: rows of 1024 in an eighth of the cache")
 
 
 def cache_path() -> Path:
@@ -54,27 +60,44 @@ def device_key(device: str) -> str:
 
 
 def device_limits(device: str, dtypes) -> dict:
-    """{"device_peak_flops": {dtype: FLOP/s}, "device_peak_bytes_per_s": bytes/s, "device_limits": {key, cache,
-    measured_at, method}}: from the cache, measuring what it lacks (a dtype not yet measured) and adding it."""
+    """{"device_peak_flops": {dtype: FLOP/s}, "device_peak_bytes_per_s": bytes/s, "device_memory": {cache_bytes,
+    cache_bytes_per_s, fresh_bytes_per_s, fresh_min_bytes}, "device_softmax_per_s": {dtype: elements/s},
+    "device_limits": {key, cache, measured_at, method}}: from the cache, measuring what it lacks (a dtype not yet
+    measured, a figure an older version did not measure) and adding it."""
     from ..store import add_to_cache, read_cache
 
     dev = devices.get(device)
     path = cache_path()
     with dev.guard():
         key = _key(dev)
-        entry = read_cache(path).get(key) or {}
-        flops = dict(entry.get("flops") or {})
-        todo = [d for d in dtypes if d not in flops]
+        entry = dict(read_cache(path).get(key) or {})
+        before = json.dumps(entry, sort_keys=True)
         with torch.no_grad():
-            flops.update({d: matmul_flops_per_s(dev, d) for d in todo})
-            bandwidth = entry.get("bytes_per_s") or copy_bytes_per_s(dev)
+            _measure_missing(dev, entry, dtypes)
         dev.release()
-    if todo or not entry.get("bytes_per_s"):
-        entry = {"flops": flops, "bytes_per_s": bandwidth,
-                 "measured_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    if json.dumps(entry, sort_keys=True) != before:
+        entry["measured_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         add_to_cache(path, key, entry)  # one that cannot be written is measured again next time
-    return {"device_peak_flops": {d: flops[d] for d in dtypes}, "device_peak_bytes_per_s": bandwidth,
+    memory = {k: entry.get(k) for k in ("cache_bytes", "cache_bytes_per_s", "fresh_bytes_per_s")}
+    return {"device_peak_flops": {d: entry["flops"][d] for d in dtypes}, "device_peak_bytes_per_s": entry["bytes_per_s"],
+            "device_memory": {**memory, "fresh_min_bytes": dev.fresh_min_bytes},
+            "device_softmax_per_s": {d: entry["softmax_per_s"][d] for d in dtypes},
             "device_limits": {"key": key, "cache": str(path), "measured_at": entry["measured_at"], "method": METHOD}}
+
+
+def _measure_missing(dev, entry: dict, dtypes) -> None:
+    """Each figure the cache entry lacks, measured into it."""
+    entry["flops"] = {**(entry.get("flops") or {}), **{d: matmul_flops_per_s(dev, d) for d in dtypes
+                                                         if d not in (entry.get("flops") or {})}}
+    entry["softmax_per_s"] = {**(entry.get("softmax_per_s") or {}),
+                              **{d: softmax_per_s(dev, d) for d in dtypes if d not in (entry.get("softmax_per_s") or {})}}
+    if not entry.get("bytes_per_s"):
+        entry["bytes_per_s"] = copy_bytes_per_s(dev)
+    if "cache_bytes" not in entry:
+        entry["cache_bytes"] = dev.cache_bytes()
+        entry["cache_bytes_per_s"] = copy_bytes_per_s(dev, entry["cache_bytes"] // 8) if entry["cache_bytes"] else None
+    if "fresh_bytes_per_s" not in entry:
+        entry["fresh_bytes_per_s"] = fresh_bytes_per_s(dev) if dev.fresh_min_bytes else None
 
 
 def _interval_ms(dev, fn, times: int) -> float:
@@ -118,12 +141,34 @@ def matmul_flops_per_s(dev, dtype: str) -> float:
         n *= 2
 
 
-def copy_bytes_per_s(dev) -> float:
-    """The memory bandwidth: a large buffer copied, its bytes read once and written once, on a warm device."""
-    src = torch.ones(dev.copy_bytes // 4, device=dev.torch)  # written first, so that its pages exist
+def copy_bytes_per_s(dev, nbytes: int | None = None) -> float:
+    """The memory bandwidth: a buffer copied, its bytes read once and written once, on a warm device. By default a
+    large one (from memory); given nbytes, that size (small enough, from the cache)."""
+    src = torch.ones((nbytes or dev.copy_bytes) // 4, device=dev.torch)  # written first, so that its pages exist
     dst = torch.zeros_like(src)
     copy = lambda: dst.copy_(src)  # noqa: E731
     return 2 * src.nbytes / (_best_ms(dev, copy) / 1e3)
+
+
+def fresh_bytes_per_s(dev) -> float:
+    """What new pages cost beyond writing them: a buffer of 4x the size that always gets new pages (the device's
+    fresh_min_bytes) allocated and filled, against the same fill of a kept buffer; its bytes over the difference."""
+    n = 4 * dev.fresh_min_bytes // 4
+    kept = torch.empty(n, device=dev.torch)
+    new = lambda: torch.empty(n, device=dev.torch).fill_(1.0)  # noqa: E731
+    reuse = lambda: kept.fill_(1.0)  # noqa: E731
+    extra = _best_ms(dev, new) - _best_ms(dev, reuse)
+    return 4 * n / (max(extra, 1e-6) / 1e3)
+
+
+def softmax_per_s(dev, dtype: str) -> float:
+    """Softmax throughput in elements per second over rows of 1024 that stay in the cache (an eighth of it, or 4 MiB
+    where the device does not say): its exponentials, the work that a call's score table costs beyond moving it."""
+    tdt = torch_dtype(dtype)
+    elements = max(1024, ((dev.cache_bytes() or 2**25) // 8) // tdt.itemsize // 1024 * 1024)
+    x = torch.randn(elements // 1024, 1024, device=dev.torch, dtype=tdt)
+    out = torch.empty_like(x)
+    return elements / (_best_ms(dev, lambda: torch.softmax(x, -1, out=out)) / 1e3)
 
 
 def cell_peaks(limits: dict, dtype: str) -> dict:

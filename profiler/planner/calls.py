@@ -112,7 +112,20 @@ def _versus(predicted, traced) -> str:
     return "same" if abs(predicted - traced) <= 0.01 * max(traced, 1) else human_bytes(predicted)
 
 
-def format_plan(p: dict) -> str:
+def _beyond_every_gpu(t: dict) -> list[tuple[str, str]]:
+    """A fact where the largest score table alone outgrows the largest GPU of the table (plan --size 100000x100000)."""
+    from .. import gpus
+
+    largest = max((gpus.get(n) for n in gpus.names()), key=lambda g: g["memory_bytes"])
+    if t["largest_score_bytes"] <= largest["memory_bytes"]:
+        return []
+    return [("beyond every GPU", f"the largest score table alone needs {human_bytes(t['largest_score_bytes'])}: no "
+                                 f"GPU of the table holds it (the largest, the {largest['name']}, has "
+                                 f"{largest['memory_gib']} GiB); only a backend that never holds it whole (sdpa, "
+                                 "sliced, subquad) can run this size, and the time is another matter")]
+
+
+def _plan_columns(p: dict) -> list[tuple[str, str]]:
     cols = [("block", "block"), ("stage", "stage"), ("lvl", "level"), ("kind", "kind"), ("heads", "heads"),
             ("hdim", "head_dim"), ("tokens_q", "tokens_q"), ("tokens_k", "tokens_k"), ("scores", "scores"),
             ("score table", "score_h"), ("FLOPs", "flops_h")]
@@ -120,6 +133,11 @@ def format_plan(p: dict) -> str:
         cols += [(f"peak ({p['backend_label']})", "peak_h"), ("model", "model_h")]
     if p["blocks"] and "predicted_time_ms" in p["blocks"][0]:
         cols += [("time (ms)", "time_h")]
+    return cols
+
+
+def format_plan(p: dict) -> str:
+    cols = _plan_columns(p)
     rows = [dict(r, scores=human_count(r["score_elements"]), score_h=human_bytes(r["score_bytes"]),
                  flops_h=human_count(r["flops"]), peak_h=human_bytes(r.get("traced_peak_bytes")),
                  model_h=_versus(r.get("predicted_peak_bytes"), r.get("traced_peak_bytes")),
@@ -142,6 +160,7 @@ def format_plan(p: dict) -> str:
              ("largest score table", f"{human_count(t['largest_score_elements'])} scores, "
                                      f"{human_bytes(t['largest_score_bytes'])} ({t['largest_score_block']})"),
              ("attention FLOPs", human_count(t["flops_total"]))]
+    facts[2:2] = _beyond_every_gpu(t)
     if "predicted_forward_peak_bytes" in t:
         facts += [(f"largest call, {p['backend_label']}",
                    f"{human_bytes(t['traced_peak_bytes_max'])} "

@@ -14,6 +14,8 @@ checked exactly:
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from .. import backends, devices, kinds, models
@@ -268,7 +270,28 @@ def _method(name: str, device: str, dtype: str) -> str:
     return f"does not run on {device}" if how is None else method_text(how)
 
 
-def format_fit(f: dict) -> str:
+def distinct(entries: list[dict]) -> list[dict]:
+    """One entry per kernel and answer: a diffusers dispatcher backend that runs one of ours (backends.kernel_of) and
+    fits the same is named on that one's row ("also")."""
+    rows: dict[tuple, dict] = {}
+    for b in entries:
+        answer = json.dumps({k: v for k, v in b.items() if k not in ("backend", "method")}, sort_keys=True,
+                            default=str)
+        key = (backends.kernel_of(b["backend"]), answer)
+        if key in rows:
+            rows[key]["also"].append(b["backend"])
+        else:
+            rows[key] = {**b, "also": []}
+    for row in rows.values():  # our own name first where a dispatcher alias came before it
+        names = [row["backend"], *row["also"]]
+        own = next((n for n in names if not n.startswith("diffusers:")), names[0])
+        row["backend"], row["also"] = own, [n for n in names if n != own]
+    return list(rows.values())
+
+
+def format_fit(f: dict, every: bool = False) -> str:
+    """The fit as a table: one row per distinct kernel and answer (distinct), or every backend with every=True."""
+    f = {**f, "backends": f["backends"] if every else distinct(f["backends"])}
     on = f"{f['device']} ({f['gpu']})" if f.get("gpu") else f["device"]
     head = (f"{f['model']}, {f['dtype']}, batch {f['batch']} on {on}: the largest image whose forward fits "
             f"{human_bytes(f['budget_bytes'])}")
@@ -282,7 +305,7 @@ def format_fit(f: dict) -> str:
             rows.append(row)
         cols = [("backend", "backend")] + [(f"{w}x{h}", f"{w}x{h}") for w, h in BUCKETS]
         return "\n".join([head + " (SDXL's aspect buckets)", table(rows, cols)])
-    rows = [{"backend": b["backend"],
+    rows = [{"backend": b["backend"] + (f" (+{len(b['also'])})" if b.get("also") else ""),
              "largest": f"{b['largest'][0]}x{b['largest'][1]}" if b["largest"] else "none",
              "needs": human_bytes(b["largest_need_bytes"]),
              "next step": f"{b['next'][0]}x{b['next'][1]}" if b["next"] else "-",
@@ -290,6 +313,10 @@ def format_fit(f: dict) -> str:
              "how": b["method"] + (f"; from {b['next'][0]}x{b['next'][1]}: {b['refused']}" if b.get("refused") else
                                    "")} for b in f["backends"]]
     cols = [(c, c) for c in ("backend", "largest", "needs", "next step", "next needs", "how")]
-    return "\n".join([f"{head} (aspect {f['aspect']}, 64-pixel steps)", table(rows, cols), "",
+    folded = [f"  {b['backend']} (+{len(b['also'])}): also {', '.join(b['also'])}" for b in f["backends"]
+              if b.get("also")]
+    folded = ["diffusers dispatcher backends that run one of these kernels and fit the same (--all: a row each):",
+              *folded] if folded else []
+    return "\n".join([f"{head} (aspect {f['aspect']}, 64-pixel steps)", table(rows, cols), "", *folded,
                       f"screened {f['sizes_screened']} sizes; traced exactly: {', '.join(f['sizes_traced'])}",
                       f"not counted: {LEFT_OUT}"])

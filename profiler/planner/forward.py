@@ -163,13 +163,28 @@ _NO_TRAFFIC = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_s
                "arange", "scalar_tensor", "lift_fresh", "detach"}
 
 
+OP_CLASSES = ("convolution", "matmul", "norm", "other")  # the time model's classes of ops (planner/timing.py)
+_CLASS_OF = {**dict.fromkeys(("convolution", "_convolution", "mkldnn_convolution", "convolution_overrideable",
+                              "cudnn_convolution", "_slow_conv2d_forward", "slow_conv_transpose2d"), 0),
+             **dict.fromkeys(("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_addmm_activation"), 1),
+             **dict.fromkeys(("native_group_norm", "native_layer_norm", "group_norm", "layer_norm",
+                              "_native_batch_norm_legit_no_training", "native_batch_norm", "rms_norm",
+                              "_fused_rms_norm"), 2)}
+
+
+def op_class(name: str) -> int:
+    """The index in OP_CLASSES of an aten op (its overload packet's name)."""
+    return _CLASS_OF.get(name, 3)
+
+
 class OpCount(TorchDispatchMode):
-    """Every op's (FLOPs, bytes moved): outside attention calls into `rest`, inside one into its list in `calls`."""
+    """Every op's (FLOPs, bytes moved, bytes of its largest output, class): outside attention calls into `rest`,
+    inside one into its list in `calls`."""
 
     def __init__(self):
         super().__init__()
-        self.rest: list[tuple[float, float]] = []
-        self.calls: list[list[tuple[float, float]]] = []
+        self.rest: list[tuple[float, float, float, float]] = []
+        self.calls: list[list[tuple[float, float, float, float]]] = []
         self.inside: list | None = None
         self.paused = False  # while the trace runs each asked backend on a call: their ops are not the forward's
 
@@ -180,15 +195,18 @@ class OpCount(TorchDispatchMode):
         out = func(*args, **kwargs)
         if self.paused:
             return out
-        returns = func._schema.returns
-        if func.overloadpacket.__name__ in _NO_TRAFFIC or \
-                any(r.alias_info is not None and not r.alias_info.is_write for r in returns):
+        returns, name = func._schema.returns, func.overloadpacket.__name__
+        if name in _NO_TRAFFIC or any(r.alias_info is not None and not r.alias_info.is_write for r in returns):
             return out  # a view or an allocation: no traffic
         tensors = lambda x: [t for t in tree_leaves(x) if isinstance(t, torch.Tensor)]  # noqa: E731
-        moved = sum(t.numel() * t.element_size() for t in tensors((args, kwargs)) + tensors(out))
+        nbytes = lambda t: t.numel() * t.element_size()  # noqa: E731
+        moved = sum(nbytes(t) for t in tensors((args, kwargs)) + tensors(out))
+        written = any(r.alias_info is not None for r in returns)  # an in-place op or out=: no new tensor
+        largest = 0 if written else max((nbytes(t) for t in tensors(out)), default=0)
         count = flop_registry.get(func.overloadpacket)
         flops = count(*args, **kwargs, out_val=out) if count else 0
-        (self.inside if self.inside is not None else self.rest).append((float(flops), float(moved)))
+        (self.inside if self.inside is not None else self.rest).append((float(flops), float(moved), float(largest),
+                                                                         float(op_class(name))))
         return out
 
 
@@ -242,6 +260,13 @@ def _dispatcher(name: str):
     return backends.make_processor(name) if name.startswith("diffusers:") else None
 
 
+def _temb(proc, temb) -> dict:
+    """temb for a processor whose __call__ takes it (diffusers' own drop it for those that do not)."""
+    import inspect
+
+    return {"temb": temb} if temb is not None and "temb" in inspect.signature(proc.__call__).parameters else {}
+
+
 class _EveryBackend:
     handles_added_kv = True  # it runs each backend as processor.for_module fits it to the call's module
 
@@ -251,7 +276,8 @@ class _EveryBackend:
     def __init__(self, trace: "_Trace"):
         self.trace = trace
 
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, **kwargs):
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, **kwargs):
+        # temb named, so that diffusers passes a VAE's own (and warns of nothing); handed on to a processor that takes it
         tr, live = self.trace, self.trace.live
         tr.outside = max(tr.outside, live.peak)
         start, moments, live.moments = live.now, live.moments, None
@@ -268,7 +294,8 @@ class _EveryBackend:
                 if proc is not None and memory.chunks(name, row, tr.dtype, **tr.options[name]) <= MAX_TRACED_CHUNKS:
                     live.reset_peak()
                     try:
-                        out = proc(attn, hidden_states, encoder_hidden_states, attention_mask, **kwargs)
+                        out = proc(attn, hidden_states, encoder_hidden_states, attention_mask, **kwargs,
+                                   **_temb(proc, temb))
                         del out
                         tr.transient[key][name] = live.peak - start
                         continue
@@ -345,8 +372,9 @@ _WALKS: dict[tuple, dict] = {}  # the ops of the forwards traced with ops=True, 
 
 def walk(model: str, width: int, height: int, batch: int = 1, dtype: str = "float16", settings: tuple = ()) -> dict:
     """The forward's ops on fake tensors (the time model's input, planner/timing.py): {"rows": the attention calls
-    (recorder rows), "blocks": each call's block, "calls": per call an array of its own ops' (FLOPs, bytes), the
-    attention core left out, "rest": the same for every op outside attention calls}. From the trace that a sweep's
+    (recorder rows), "blocks": each call's block, "calls": per call an array of its own ops' (FLOPs, bytes moved,
+    bytes of the largest new output, class: OP_CLASSES), the attention core left out, "rest": the same for every op
+    outside attention calls}. From the trace that a sweep's
     preflight or a plan made of this shape already, else from a trace of its own."""
     key = (model, width, height, batch, parse_dtype(dtype), tuple(sorted(settings)))
     if key not in _WALKS:
@@ -359,8 +387,8 @@ def _remember_walk(shape: tuple, tr: _Trace) -> None:
     _WALKS[shape] = {"rows": [{k: v for k, v in row.items() if k not in ("pass_index", "sdpa_kernel", "device")}
                               for row, _, _ in tr.calls],
                      "blocks": [row["block"] for row, _, _ in tr.calls],
-                     "calls": [np.array(c, float).reshape(-1, 2) for c in tr.counter.calls],
-                     "rest": np.array(tr.counter.rest, float).reshape(-1, 2)}
+                     "calls": [np.array(c, float).reshape(-1, 4) for c in tr.counter.calls],
+                     "rest": np.array(tr.counter.rest, float).reshape(-1, 4)}
     while len(_WALKS) > 64:
         _WALKS.pop(next(iter(_WALKS)))
 

@@ -220,6 +220,39 @@ def _fused_moved(c: Call) -> int:
     return _math_moved(c) if c.kernel == "math" else 2 * c.a_q + 2 * c.a_k
 
 
+# ---- tables: what a call allocates for its scores, as (bytes of one table, tables allocated per call)
+
+def _no_tables(c: Call) -> tuple[int, int]:
+    return 0, 0  # a table's bytes and how many such the call makes (or a list of such pairs)
+
+
+def _whole_tables(c: Call) -> tuple[int, int]:
+    """The scores and the probabilities: two tables of every score."""
+    return c.n * c.tq * c.tk * c.sb, 2
+
+
+def _sliced_tables(c: Call) -> tuple[int, int]:
+    ns = min(c.opts["slice_size"], c.n)
+    return ns * c.tq * c.tk * c.sb, 2 * _slices(c)
+
+
+def _split_tables(c: Call) -> tuple[int, int]:
+    return c.n * min(c.tq, split_rows(c.n, c.tk, c.sb, c.opts["budget_bytes"])) * c.tk * c.sb, 2 * _split_chunks(c)
+
+
+def _subquad_tables(c: Call) -> list[tuple[int, int]]:
+    """Each chunk's two tables at its own size: the last query and key chunks are the remainders."""
+    def sizes(n: int, chunk: int) -> list[int]:
+        return [min(chunk, n - i) for i in range(0, n, chunk)]
+
+    return [(c.n * r * k * c.sb, 2) for r in sizes(c.tq, c.opts["query_chunk"])
+            for k in sizes(c.tk, c.opts["key_chunk"])]
+
+
+def _math_tables(c: Call) -> tuple[int, int]:
+    return c.n * c.tq * c.tk * 4, 2
+
+
 # ---- chunks: how many a chunked backend cuts one call into
 
 def _one(c: Call) -> int:
@@ -243,15 +276,16 @@ class Model:
     peak: Callable[[Call], int]  # the core's transient (predicted_peak_bytes adds q, k, v and the output)
     moved: Callable[[Call], int]
     chunks: Callable[[Call], int] = _one
+    tables: Callable[[Call], tuple[int, int]] = _no_tables
 
 
 MODELS = {
-    "naive": Model(_naive_peak, _table_moved),
-    "sliced": Model(_sliced_peak, _table_moved, _slices),
-    "split": Model(_split_peak, _split_moved, _split_chunks),
-    "subquad": Model(_subquad_peak, _subquad_moved, _subquad_chunks),
-    "math": Model(_math_peak, _math_moved),  # aten's math kernel (sdpa-math)
-    "flex-eager": Model(_flex_eager_peak, _math_moved),  # diffusers' uncompiled FlexAttention
+    "naive": Model(_naive_peak, _table_moved, tables=_whole_tables),
+    "sliced": Model(_sliced_peak, _table_moved, _slices, _sliced_tables),
+    "split": Model(_split_peak, _split_moved, _split_chunks, _split_tables),
+    "subquad": Model(_subquad_peak, _subquad_moved, _subquad_chunks, _subquad_tables),
+    "math": Model(_math_peak, _math_moved, tables=_math_tables),  # aten's math kernel (sdpa-math)
+    "flex-eager": Model(_flex_eager_peak, _math_moved, tables=_math_tables),  # diffusers' uncompiled FlexAttention
     "flex": Model(_flex_peak, _fused_moved),
     "sage": Model(_sage_peak, _fused_moved),
     "fused": Model(_fused_peak, _fused_moved),  # SDPA's fused kernels, xformers, flash-attn
@@ -307,3 +341,23 @@ def chunks(name: str, row: dict, dtype: str, **options) -> int:
     """How many chunks a chunked backend cuts one call into (1 for the others, a plugin's memory_like included)."""
     opts, b = backends.check_options(name, options), backends.BACKENDS[name]
     return MODELS[b.model].chunks(Call(row, dtype, opts)) if b.model in MODELS else 1
+
+
+def working_set(name: str, row: dict, dtype: str, **options) -> int:
+    """The bytes one pass of the call's attention works over at a time: its core's transient (the tables alive at
+    once, one slice's or chunk's for the chunked backends; a fused kernel's tiles). Where that stays in the device's
+    last-level cache, its traffic runs at the cache's bandwidth (planner/timing.py)."""
+    model, c = _call(name, row, dtype, options)
+    return int(model.peak(c))
+
+
+def new_page_bytes(name: str, row: dict, dtype: str, fresh_min: int | None, **options) -> int:
+    """The bytes of the call's score tables that get new pages from the kernel: every table of at least fresh_min
+    bytes (the CPU's allocator maps each anew: devices.Cpu.fresh_min_bytes); 0 where fresh_min is None (CUDA's
+    caching allocator keeps its blocks)."""
+    if not fresh_min:
+        return 0
+    model, c = _call(name, row, dtype, options)
+    tables = model.tables(c)
+    return int(sum(size * count for size, count in (tables if isinstance(tables, list) else [tables])
+                   if size >= fresh_min))

@@ -35,7 +35,18 @@ PIPELINES = {
     "sd15": {"unet": "sd15", "vae": "sd15-vae", "controlnet": "sd15-controlnet", "text": ("clip-l",)},
     "sdxl": {"unet": "sdxl-base", "vae": "sdxl-vae", "controlnet": "sdxl-controlnet",
              "text": ("clip-l", "openclip-bigg")},
+    # docs/examples/generate.py's offline pipeline: SD 1.5's topology with few channels (tests, CPU calibration)
+    "tiny-sd15": {"unet": "tiny-sd15", "vae": "tiny-vae", "controlnet": "tiny-sd15-controlnet", "text": ("tiny-clip",)},
 }
+PIPELINE_ALIASES = {"sdxl-base": "sdxl", "sd15-pipeline": "sd15"}  # the U-Net's registry name names its pipeline
+
+
+def pipeline_name(name: str) -> str:
+    """A pipeline by its name or its U-Net's (sdxl-base: sdxl); one line naming the known ones otherwise."""
+    found = name if name in PIPELINES else PIPELINE_ALIASES.get(name)
+    if found is None:
+        raise InputError(f"unknown pipeline {name!r}: use {', '.join(PIPELINES)} (or sdxl-base for sdxl)")
+    return found
 # ../shared/reference/pipeline_configs.json: text_encoders
 TEXT_ENCODERS = {
     "clip-l": ("CLIPTextModel", dict(hidden_size=768, intermediate_size=3072, num_attention_heads=12,
@@ -45,6 +56,10 @@ TEXT_ENCODERS = {
                                                           num_attention_heads=20, num_hidden_layers=32,
                                                           max_position_embeddings=77, vocab_size=49408,
                                                           projection_dim=1280, hidden_act="gelu")),
+    # docs/examples/generate.py's (TEXT there): CLIPTextConfig's defaults for the rest
+    "tiny-clip": ("CLIPTextModel", dict(hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                                        num_hidden_layers=2, vocab_size=100, max_position_embeddings=77,
+                                        bos_token_id=0, eos_token_id=1, pad_token_id=1)),
 }
 OFFLOADS = ("none", "model", "sequential")
 
@@ -80,6 +95,21 @@ def text_phase(names: tuple[str, ...], dtype: str, batch: int) -> dict:
     return {"weights_bytes": weights, "transient_bytes": transient}
 
 
+def text_ops(name: str, dtype: str, batch: int):
+    """Every op of one forward of the text encoder at 77 tokens (forward.OpCount's rows: FLOPs, bytes, new output,
+    class), on fake tensors: the time model's features of the text phase."""
+    import numpy as np
+
+    from .forward import OpCount
+
+    model = text_encoder(name, dtype)
+    with fake_mode(), torch.no_grad():
+        ids = torch.zeros(batch, 77, dtype=torch.int64)
+        with OpCount() as count:
+            model(input_ids=ids)
+    return np.array(count.rest, float).reshape(-1, 4)
+
+
 def _largest_module(model: torch.nn.Module) -> int:
     """The bytes of the model's largest leaf module's own weights: what sequential offload holds at a time."""
     return max((models.weights_bytes(m) for m in model.modules() if not list(m.children())), default=0)
@@ -108,8 +138,7 @@ class PipelineSpec:
     gpu_arch: str | None = None
 
     def __post_init__(self):
-        if self.pipeline not in PIPELINES:
-            raise InputError(f"unknown pipeline {self.pipeline!r}: use {' or '.join(PIPELINES)}")
+        object.__setattr__(self, "pipeline", pipeline_name(self.pipeline))
         if self.offload not in OFFLOADS:
             raise InputError(f"--offload {self.offload!r}: use none, model or sequential")
 

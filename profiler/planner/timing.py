@@ -1,63 +1,113 @@
-"""Time before you measure: each attention call's time, and the whole forward's, on a device, from the roofline and
-the device's own stored runs.
+"""Time before you measure: each attention call's time, the whole forward's, and (planner/generation.py) a whole
+generation's, on a device, from the roofline and the device's own stored runs.
 
-What a call costs (ms), from four features on the device's limits (peak FLOP/s P of the dtype, bandwidth B):
-    compute   = the call's attention FLOPs / P              (QK^T and PV: the row's `flops`)
-    memory    = the backend's bytes moved / B               (memory.bytes_moved: score-table passes, chunks)
-    projections = the sum over the call's own other ops (to_q, to_k, to_v, to_out, layouts) of max(FLOPs / P,
-                bytes / B): a call's measured time includes its projections (the recorder times the processor)
-    1         = a per-call overhead (launches, dispatch)
-The roofline bound is core + projections, core = max(compute, memory): a lower bound, every kernel at the peak and
-no overhead. Calibrated, time = a.core (a per shape class: self or cross attention) + c.projections + d, the
-coefficients >= 0 fitted by least squares to every ok call of the device's stored runs, per (device, backend with
-its options, dtype): 1/a is the backend's efficiency against the roofline there. (Fitting compute and memory apart
-was tried and dropped: for one backend both grow as tokens squared, so their split is noise, and on a loaded
-machine the fit gave it to whichever term the noise favoured.) The rest of the
-forward (convolutions, norms, the feed-forwards, every op outside attention calls) costs e.rest + f.ops, rest the sum
-of max(FLOPs / P, bytes / B) over its ops and ops their number (per-op dispatch), fitted per (device, dtype) to the
-cells' forward_time_ms - attention_time_ms. A prediction is never below the roofline bound.
+The device (Device, from measure/limits.py's figures or the GPU table's): the dense matmul peak P of the dtype, the
+memory bandwidth B, and where measured the last-level cache (its size and bandwidth B_c: a working set of at most
+half the cache moves at B_c), what new pages cost (B_new: the CPU's allocator maps every buffer of at least
+fresh_min_bytes anew, each page a fault) and softmax's rate S (elements per second). A GPU of the table has P and B
+only. What one op costs at the device's limits (its roofline time, ms):
+    max(FLOPs / P, bytes moved / B or B_c) + its new output's bytes / B_new where that output gets new pages.
+What one attention call costs, four features in ms:
+    core     = max(FLOPs / P, the backend's bytes moved / B or B_c by its working set) + score elements / S
+               (memory.bytes_moved, working_set: the backend's own traffic, tables and chunks),
+               split by the call's shape class: core_self, core_cross
+    projections = the sum over the call's own other ops (to_q, to_k, to_v, to_out, layouts) of their roofline time
+    overhead = 1 (launches, dispatch)
+and, not fitted, its score tables' new pages / B_new (memory.new_page_bytes: measured physics that the sizes calibrated
+on may never reach; 64 MiB tables of sliced at 512x512 on a CPU whose allocator maps anew from 32 MiB).
+Calibrated, a call takes a_self.core_self + a_cross.core_cross + c.projections + d + pages, the coefficients >= 0 fitted
+by least squares to every measured call of the device's stored runs, per (device, backend with its options, dtype):
+1/a is the backend's efficiency against the roofline there. The cache and page terms are the device's measured
+physics, not fitted: a working set that outgrows the cache between the sizes calibrated on and the size asked moves
+at B there (sliced's tables on a 32 MiB L3: in the cache at 256x256, out of it from 384x384). The rest of a forward
+(every op outside attention calls) costs sum over op classes k (convolution, matmul, norm, other) of
+e_k.roofline_k + f.ops, fitted per (device, dtype) to the measured forwards less their attention: the U-Net's of
+every sweep cell, and each component's of every recorded generation (the U-Net, the VAE, the text encoders: their
+different mixes of classes tell the classes apart). A prediction is never below the roofline bound.
 
-The ops come from one forward on fake tensors (planner/forward.py's trace, the very forward of a sweep's preflight or
-of a plan, so that a shape is traced once): every aten op is counted with its
-FLOPs (torch.utils.flop_counter's formulas: matmuls and convolutions) and the bytes of its tensor inputs and outputs
-(views move nothing); inside an attention call the attention itself is left out (it is modelled per backend above),
-so the call's ops are its projections. The device is the measured one (its limits in each run's manifest, keyed as
-measure/limits.py keys them), or a GPU you do not have from the GPU table (profiler/gpus.py), whose published
-figures give the roofline bound only. The fit, its leave-one-out error and residuals go to time-calibration.json
-beside the device limits' cache, keyed like it.
+The ops come from one forward on fake tensors (planner/forward.py's walk, the very forward of a sweep's preflight or
+of a plan): every aten op is counted with its FLOPs (torch.utils.flop_counter's formulas), the bytes of its tensor
+inputs and outputs, its new output and its class; inside an attention call the attention itself is left out (it is
+modelled per backend above). The fit, its leave-one-out error and residuals go to time-calibration.json beside the
+device limits' cache, keyed like it. A run whose own calibrations say the machine slowed while it ran is left out,
+and named.
 """
 from __future__ import annotations
 
 import copy
 import itertools
 import json
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from .. import backends
-from ..env import cache_dir
 from ..spec import InputError, parse_dtype
-from .forward import walk
-from .memory import bytes_moved
+from .forward import OP_CLASSES, walk
+from .memory import bytes_moved, new_page_bytes, working_set
 
-CALIBRATION_FILE = "time-calibration.json"
 CALL_FEATURES = ("core_self", "core_cross", "projections", "overhead")
-REST_FEATURES = ("rest", "ops")
-def roof_ms(ops: np.ndarray, peak_flops: float, peak_bytes_per_s: float) -> float:
-    """The ops one after another, each at the roofline's bound."""
-    return float(np.maximum(ops[:, 0] / peak_flops, ops[:, 1] / peak_bytes_per_s).sum() * 1e3)
+REST_FEATURES = (*OP_CLASSES, "ops")
+CACHE_SHARE = 0.5  # a working set of at most this share of the last-level cache moves at the cache's bandwidth
 
 
-def call_features(row: dict, backend: str, options: dict, dtype: str, projections_ms: float, peak_flops: float,
-                  peak_bytes_per_s: float) -> dict:
+@dataclass(frozen=True)
+class Device:
+    """What the time model knows of a device in one dtype (module docstring); None where not measured."""
+
+    flops: float
+    bandwidth: float
+    cache_bytes: float | None = None
+    cache_bandwidth: float | None = None
+    new_page_bandwidth: float | None = None
+    fresh_min: float | None = None
+    softmax: float | None = None
+
+    @classmethod
+    def of(cls, limits: dict, dtype: str) -> "Device":
+        mem = limits.get("device_memory") or {}
+        return cls(limits["device_peak_flops"][dtype], limits["device_peak_bytes_per_s"], mem.get("cache_bytes"),
+                   mem.get("cache_bytes_per_s"), mem.get("fresh_bytes_per_s"), mem.get("fresh_min_bytes"),
+                   (limits.get("device_softmax_per_s") or {}).get(dtype))
+
+    def moved_ms(self, nbytes, working):
+        """Milliseconds to move nbytes whose working set is `working` bytes (arrays or numbers)."""
+        cached = self.cache_bytes and self.cache_bandwidth
+        bandwidth = np.where(np.asarray(working) <= CACHE_SHARE * (self.cache_bytes or 0), self.cache_bandwidth or
+                             self.bandwidth, self.bandwidth) if cached else self.bandwidth
+        return np.asarray(nbytes) / bandwidth * 1e3
+
+    def new_pages_ms(self, nbytes):
+        return np.asarray(nbytes) / self.new_page_bandwidth * 1e3 if self.new_page_bandwidth else 0 * nbytes
+
+    def ops_ms(self, ops: np.ndarray) -> np.ndarray:
+        """Each op's roofline time: ops rows are (FLOPs, bytes moved, bytes of its new output, class)."""
+        flops, moved, out = ops[:, 0], ops[:, 1], ops[:, 2]
+        fresh = np.where(out >= (self.fresh_min or np.inf), out, 0.0)
+        return np.maximum(flops / self.flops * 1e3, self.moved_ms(moved, moved)) + self.new_pages_ms(fresh)
+
+    def rest_features(self, ops: np.ndarray) -> dict:
+        """The rest of a forward's features: its roofline time per op class, and its op count."""
+        ms = self.ops_ms(ops) if len(ops) else np.zeros(0)
+        classes = ops[:, 3] if len(ops) else np.zeros(0)
+        return {**{k: float(ms[classes == i].sum()) for i, k in enumerate(OP_CLASSES)}, "ops": float(len(ops))}
+
+
+def roof_ms(ops: np.ndarray, device: Device) -> float:
+    """The ops one after another, each at its roofline time."""
+    return float(device.ops_ms(ops).sum()) if len(ops) else 0.0
+
+
+def call_features(row: dict, backend: str, options: dict, dtype: str, projections_ms: float, device: Device) -> dict:
     """A call's features in ms (module docstring), and its roofline bound."""
-    compute = row["flops"] / peak_flops * 1e3
-    memory = bytes_moved(backend, row, dtype, **options) / peak_bytes_per_s * 1e3
-    core, self_ = max(compute, memory), row["kind"] == "self"
+    compute = row["flops"] / device.flops * 1e3
+    memory = float(device.moved_ms(bytes_moved(backend, row, dtype, **options),
+                                   working_set(backend, row, dtype, **options)))
+    softmax = row["score_elements"] / device.softmax * 1e3 if device.softmax else 0.0
+    pages = float(device.new_pages_ms(new_page_bytes(backend, row, dtype, device.fresh_min, **options)))
+    core, self_ = max(compute, memory) + softmax, row["kind"] == "self"
     return {"core_self": core * self_, "core_cross": core * (not self_), "projections": projections_ms,
-            "overhead": 1.0, "roofline_ms": core + projections_ms}
+            "overhead": 1.0, "fixed_ms": pages, "roofline_ms": core + pages + projections_ms}
 
 
 def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -76,22 +126,25 @@ def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
-def fit_model(samples: list[dict], features: tuple, target: str) -> dict:
-    """Coefficients (>= 0) of target on the features over the samples, and the leave-one-out error: each cell's
-    samples predicted from a fit to the other cells' (each at least its roofline bound, floor_ms), their sum against
-    the cell's measured sum."""
+def fit_model(samples: list[dict], features: tuple, target: str, group: str = "cell_id") -> dict:
+    """Coefficients (>= 0) of target on the features over the samples, and the leave-one-out error: each group's
+    samples (a cell's, by default) predicted from a fit to the other groups' (each at least its roofline bound,
+    floor_ms), their sum against the group's measured sum. "predicted" holds each sample's left-out prediction."""
     x = np.array([[s[f] for f in features] for s in samples], float).reshape(-1, len(features))
-    y = np.array([s[target] for s in samples], float)
+    fixed = np.array([s.get("fixed_ms", 0.0) for s in samples], float)
+    y = np.array([s[target] for s in samples], float) - fixed
+    w = np.sqrt(np.array([s.get("weight", 1.0) for s in samples], float))  # rows scaled: weighted least squares
     floor = np.array([s.get("floor_ms", 0.0) for s in samples], float)
-    cells = list(dict.fromkeys(s["cell_id"] for s in samples))
-    loo = []
-    for cell in cells if len(cells) > 1 else []:
-        inside = np.array([s["cell_id"] == cell for s in samples])
-        c = nnls(x[~inside], y[~inside])
-        loo.append({"cell_id": cell, "measured_ms": float(y[inside].sum()),
-                    "predicted_ms": float(np.maximum(x[inside] @ c, floor[inside]).sum())})
-    return {"coefficients": dict(zip(features, map(float, nnls(x, y)))), "samples": len(samples),
-            "cells": len(cells), "loo": loo, "loo_error_pct": mean_error(loo)}
+    groups = list(dict.fromkeys(s[group] for s in samples))
+    loo, predicted = [], np.full(len(samples), np.nan)
+    for g in groups if len(groups) > 1 else []:
+        inside = np.array([s[group] == g for s in samples])
+        c = nnls(x[~inside] * w[~inside, None], y[~inside] * w[~inside])
+        predicted[inside] = np.maximum(x[inside] @ c + fixed[inside], floor[inside])
+        loo.append({"cell_id": g, "measured_ms": float((y + fixed)[inside].sum()),
+                    "predicted_ms": float(predicted[inside].sum())})
+    return {"coefficients": dict(zip(features, map(float, nnls(x * w[:, None], y * w)))), "samples": len(samples),
+            "cells": len(groups), "loo": loo, "loo_error_pct": mean_error(loo), "predicted": predicted.tolist()}
 
 
 def mean_error(pairs: list[dict]) -> float | None:
@@ -102,118 +155,45 @@ def mean_error(pairs: list[dict]) -> float | None:
 
 
 def apply(fitted: dict | None, features: dict, floor: float) -> float:
+    """The fit's prediction from the features (plus their fixed_ms, the terms not fitted), never below floor."""
     if not fitted:
         return floor
-    return max(floor, sum(v * features[f] for f, v in fitted["coefficients"].items()))
+    fitted_ms = sum(v * features[f] for f, v in fitted["coefficients"].items())
+    return max(floor, fitted_ms + features.get("fixed_ms", 0.0))
 
 
 def group_key(backend: str, options, dtype: str) -> str:
     return f"{backends.label(backend, options)} {dtype}"
 
 
-def _settings(cell: dict) -> tuple:
-    return tuple(sorted(json.loads(cell["settings"]).items()))
-
-
-def samples(results: Path, key: str, passed: dict | None = None) -> tuple[list[dict], list[dict], dict, list[str]]:
-    """From every ok cell of the runs under results measured on the device of this limits key: (one sample per
-    attention call, one per cell, the device's limits from the latest such run's manifest, the run ids). A run of a
-    kind the time model is not fitted on (store.RUN_KINDS: a replay, a recorded generation) is passed over, and
-    named in `passed` (run id -> its kind)."""
-    from ..store import Run, kind_of, list_runs
-
-    calls, cells, limits, runs = [], [], {}, []
-    for path in list_runs(Path(results)):
-        run = Run.open(path)
-        manifest = run.manifest()
-        if not kind_of(manifest).calibrates:
-            if passed is not None:
-                passed[run.id] = kind_of(manifest).name
-            continue
-        if (manifest.get("device_limits") or {}).get("key") != key or not manifest.get("device_peak_bytes_per_s"):
-            continue
-        table, blocks = run.read()
-        ok = table[table["status"] == "ok"] if len(table) else table
-        limits = {k: manifest[k] for k in ("device_peak_flops", "device_peak_bytes_per_s", "device_limits")}
-        runs.append(run.id)
-        for cell in ok.to_dict("records"):
-            if cell["backend"] not in backends.BACKENDS or not cell.get("attention_time_ms") == \
-                    cell.get("attention_time_ms"):  # a plugin's backend not loaded here; no attention time (fused)
-                continue
-            rows = blocks[blocks["cell_id"] == cell["cell_id"]].sort_values("call_index").to_dict("records")
-            try:
-                c, r = _cell_samples(cell, rows, manifest)
-            except InputError:  # its model no longer resolves here (a file moved, a hub id not cached)
-                continue
-            calls += [{**s, "run": run.id} for s in c]
-            cells.append({**r, "run": run.id})
-    return calls, cells, limits, runs
-
-
-def _cell_samples(cell: dict, rows: list[dict], manifest: dict) -> tuple[list[dict], dict]:
-    peaks = manifest["device_peak_flops"][cell["dtype"]], manifest["device_peak_bytes_per_s"]
-    w = walk(cell["model"], int(cell["width"]), int(cell["height"]), int(cell["batch"]), cell["dtype"],
-             _settings(cell))
-    group, options = group_key(cell["backend"], cell["backend_options"], cell["dtype"]), \
+def forward_samples(model: str, cell: dict, rows: list[dict], manifest: dict, settings: tuple,
+                    cell_id: str | None = None) -> tuple[list[dict], dict]:
+    """One measured forward of a named model as samples: a sample per attention call (rows: its measured calls in
+    order, each with time_ms) and one of its rest (rest_ms: the forward less its calls). Where the calls do not
+    line up with the walk's, InputError."""
+    dtype, cell_id = cell["dtype"], cell_id or cell["cell_id"]
+    device = Device.of(manifest, dtype)
+    w = walk(model, int(cell["width"]), int(cell["height"]), int(cell["batch"]), dtype, settings)
+    if len(rows) != len(w["calls"]) or any(int(r["tokens_q"]) != int(o["tokens_q"]) for r, o in zip(rows, w["rows"])):
+        raise InputError(f"{model}'s measured calls are not its planned ones")
+    group, options = group_key(cell["backend"], cell["backend_options"], dtype), \
         json.loads(cell["backend_options"] or "{}")
     calls = []
-    for row in rows:
-        f = call_features(row, cell["backend"], options, cell["dtype"], roof_ms(w["calls"][row["call_index"]], *peaks),
-                          *peaks)
-        calls.append({**f, "floor_ms": f["roofline_ms"], "time_ms": row["time_ms"], "cell_id": cell["cell_id"],
+    for row, ops in zip(rows, w["calls"]):
+        f = call_features(row, cell["backend"], options, dtype, roof_ms(ops, device), device)
+        calls.append({**f, "floor_ms": f["roofline_ms"], "time_ms": row["time_ms"], "cell_id": cell_id,
                       "group": group})
-    rest = roof_ms(w["rest"], *peaks)
-    return calls, {"rest": rest, "ops": float(len(w["rest"])), "floor_ms": rest, "cell_id": cell["cell_id"],
-                   "group": group, "dtype": cell["dtype"],
-                   "rest_ms": cell["forward_time_ms"] - cell["attention_time_ms"],
-                   "attention_time_ms": cell["attention_time_ms"], "forward_time_ms": cell["forward_time_ms"]}
+    rest = device.rest_features(w["rest"])
+    return calls, {**rest, "floor_ms": roof_ms(w["rest"], device), "cell_id": cell_id, "group": group,
+                   "dtype": dtype, "rest_ms": cell["forward_time_ms"] - cell["attention_time_ms"]}
 
 
-def calibrate(results: Path, key: str, write: bool = True) -> dict | None:
-    """The time model of the device of this limits key, fitted to its stored runs under results (None where it has
-    none): {"key", "runs", "limits", "backends": {group: fit}, "rest": {dtype: fit}}, each backend's fit with its
-    leave-one-out error of the forward too. Written to the calibration file under the key."""
-    passed: dict[str, str] = {}
-    calls, cells, limits, runs = samples(results, key, passed)
-    if not cells:
-        return None
-    out = {"key": key, "results": str(results), "runs": runs, "limits": limits, "backends": {}, "rest": {},
-           "passed_over": passed}
-    for dtype in sorted({c["dtype"] for c in cells}):
-        out["rest"][dtype] = fit_model([c for c in cells if c["dtype"] == dtype], REST_FEATURES, "rest_ms")
-    for group in sorted({c["group"] for c in calls}):
-        fitted = fit_model([c for c in calls if c["group"] == group], CALL_FEATURES, "time_ms")
-        fitted["loo_forward"] = _forward_loo(fitted, cells, out["rest"])
-        fitted["loo_forward_error_pct"] = mean_error(fitted["loo_forward"])
-        fitted["runs"] = len({c["run"] for c in calls if c["group"] == group})
-        out["backends"][group] = fitted
-    if write:
-        from ..store import add_to_cache
-
-        add_to_cache(calibration_path(), key, out)
-    return out
-
-
-def _forward_loo(fitted: dict, cells: list[dict], rest: dict) -> list[dict]:
-    """Each cell's forward left out: its calls' and its rest's predictions from fits to the other cells."""
-    by_cell = {c["cell_id"]: c for c in cells}
-    out = []
-    for e in fitted["loo"]:
-        cell = by_cell[e["cell_id"]]
-        rest_e = next((r for r in rest[cell["dtype"]]["loo"] if r["cell_id"] == e["cell_id"]), None)
-        if rest_e:
-            out.append({"cell_id": e["cell_id"], "measured_ms": cell["forward_time_ms"],
-                        "predicted_ms": e["predicted_ms"] + rest_e["predicted_ms"]})
-    return out
-
-
-def calibration_path() -> Path:
-    return cache_dir() / CALIBRATION_FILE
-
-
-def source_text(fitted: dict | None, gpu: dict | None = None, device: str | None = None) -> str:
+def source_text(fitted: dict | None, gpu: dict | None = None, device: str | None = None,
+                published: str | None = None) -> str:
     if gpu is not None and not fitted:
         return f"roofline bound on the {gpu['name']}'s published figures: a lower bound, not a measurement"
+    if gpu is not None and published:
+        return published
     if gpu is not None:
         return (f"the {gpu['name']}'s published figures, calibrated on {fitted['cells']} cells in {fitted['runs']} "
                 f"runs of a {device} ({gpu['arch']}, the same architecture): an estimate, not a measurement")
@@ -227,13 +207,21 @@ def source_text(fitted: dict | None, gpu: dict | None = None, device: str | None
     return f"calibrated on {fitted['cells']} cells in {fitted['runs']} runs of this device, {err}"
 
 
+def published_backend(calibration: dict, backend: str) -> str:
+    """What a published calibration says of this backend's attention efficiency."""
+    return calibration["per_backend"][backend]["published"]
+
+
 def passed_text(passed: dict | None) -> str:
-    """'; passed over 2 runs (record, replay: not cells of named models timed by the harness)', or ''."""
-    if not passed:
-        return ""
-    kinds = ", ".join(sorted(set(passed.values())))
-    return f"; passed over {len(passed)} run{'s' if len(passed) > 1 else ''} ({kinds}: not cells of named models " \
-           "timed by the harness)"
+    """'; left out 1 run (20261204-...: replay: ...); weighted down 2 runs (...: weighted 1/2.40: the machine's
+    speed moved ...)', or ''."""
+    out = ""
+    for what, runs in (("left out", {r: w for r, w in (passed or {}).items() if not w.startswith("weighted")}),
+                       ("weighted down", {r: w for r, w in (passed or {}).items() if w.startswith("weighted")})):
+        if runs:
+            whys = "; ".join(f"{run}: {why}" for run, why in sorted(runs.items()))
+            out += f"; {what} {len(runs)} run{'s' if len(runs) > 1 else ''} ({whys})"
+    return out
 
 
 def _sdpa_kernels(blocks: list[dict], backend: str, dtype: str, device: str, gpu: dict | None) -> None:
@@ -255,75 +243,41 @@ def predict(p: dict, backend: str, options: dict, limits: dict, calibration: dic
     source."""
     dtype = p["dtype"]
     _sdpa_kernels(p["blocks"], backend, dtype, device, gpu)
-    peaks = limits["device_peak_flops"][dtype], limits["device_peak_bytes_per_s"]
+    dev = Device.of(limits, dtype)
     w = walk(p["model"], p["width"], p["height"], p["batch"], dtype, tuple(sorted((p.get("settings") or {}).items())))
     if [r["block"] for r in p["blocks"]] != w["blocks"]:
         raise RuntimeError("the walk's attention calls differ from the plan's")  # the same forward: a bug if so
-    fitted = (calibration or {}).get("backends", {}).get(group_key(backend, options, dtype))
-    rest_fit = (calibration or {}).get("rest", {}).get(dtype) if fitted else None
+    cal = calibration or {}
+    fitted = cal.get("backends", {}).get(group_key(backend, options, dtype)) or \
+        cal.get("per_backend", {}).get(backend)
+    rest_fit = cal.get("rest", {}).get(dtype) if fitted else None
     for row, ops in zip(p["blocks"], w["calls"]):
-        f = call_features(row, backend, options, dtype, roof_ms(ops, *peaks), *peaks)
+        f = call_features(row, backend, options, dtype, roof_ms(ops, dev), dev)
         row.update(roofline_time_ms=f["roofline_ms"], predicted_time_ms=apply(fitted, f, f["roofline_ms"]))
-    rest_roof = roof_ms(w["rest"], *peaks)
-    rest = apply(rest_fit, {"rest": rest_roof, "ops": float(len(w["rest"]))}, rest_roof)
+    rest_roof = roof_ms(w["rest"], dev)
+    rest = apply(rest_fit, dev.rest_features(w["rest"]), rest_roof)
     attention = sum(r["predicted_time_ms"] for r in p["blocks"])
     roof = sum(r["roofline_time_ms"] for r in p["blocks"])
     times = {"predicted_attention_time_ms": attention, "predicted_rest_time_ms": rest,
              "predicted_forward_time_ms": attention + rest, "roofline_attention_time_ms": roof,
              "roofline_forward_time_ms": roof + rest_roof, "time_backend": backends.label(backend, options),
-             "time_source": source_text(fitted, gpu, (calibration or {}).get("device")) +
-             passed_text((calibration or {}).get("passed_over")),
-             "time_calibrated": bool(fitted),
-             "time_limits": {"peak_flops_per_s": peaks[0], "peak_bytes_per_s": peaks[1],
+             "time_source": source_text(fitted, gpu, cal.get("device"),
+                                                     fitted and cal.get("published") and
+                                                     f"{cal['published']}; {fitted['published']}") +
+             passed_text(cal.get("passed_over")),
+             "time_calibrated": bool(fitted), "time_published": bool(fitted and cal.get("published")),
+             "time_limits": {"peak_flops_per_s": dev.flops, "peak_bytes_per_s": dev.bandwidth,
                              "key": limits.get("device_limits", {}).get("key")}}
     p["totals"].update(times)
     return times
-
-
-def target(device: str, dtype: str, gpu_name: str | None = None, results: str | None = None) -> tuple | None:
-    """(limits, calibration, gpu) of the device to predict for: the GPU table's gpu_name (its published figures,
-    calibrated on the runs under results made on a GPU of its architecture, where there are any), or this machine's
-    device (its measured limits, calibrated on the stored runs under results made on it); None for
-    CUDA on a machine without a GPU and no gpu_name."""
-    from .. import gpus
-    from ..measure.limits import device_key, device_limits
-
-    if gpu_name:
-        gpu = gpus.get(gpu_name)
-        return gpus.limits(gpu, dtype), (same_arch(Path(results), gpu, dtype) if results else None), gpu
-    if device == "cuda" and not torch.cuda.is_available():
-        return None
-    calibration = calibrate(Path(results), device_key(device)) if results else None
-    if calibration and dtype in calibration["limits"]["device_peak_flops"]:
-        return calibration["limits"], calibration, None
-    return device_limits(device, [dtype]), calibration, None
-
-
-def same_arch(results: Path, gpu: dict, dtype: str) -> dict | None:
-    """The time model fitted to the stored runs under results made on a GPU of the same architecture as gpu (a table
-    row), for applying to its published figures: each backend's efficiencies against the roofline and its per-call
-    overhead carried over. Of several such devices, the one with the most cells of this dtype. None where there is
-    none. The result's "device" names the GPU the runs were made on."""
-    from .. import gpus
-    from ..store import Run, list_runs
-
-    found = {}
-    for path in list_runs(results) if results.is_dir() else []:
-        manifest = Run.open(path).manifest()
-        key = (manifest.get("device_limits") or {}).get("key")
-        env = manifest.get("environment") or {}
-        if key and str(env.get("device", "")).startswith("cuda") and gpus.arch_of(env) == gpu["arch"]:
-            found.setdefault(key, env.get("device_name") or key)
-    fits = [{**c, "device": name} for key, name in found.items()
-            if (c := calibrate(results, key, write=False)) and dtype in c["rest"]]
-    return max(fits, key=lambda c: c["rest"][dtype]["cells"], default=None)
 
 
 def format_times(t: dict) -> list[tuple[str, str]]:
     """The plan's time lines (facts) from its totals."""
     if "predicted_forward_time_ms" not in t:
         return []
-    what = "calibrated" if t["time_calibrated"] else "roofline bound"
+    what = "published efficiencies" if t.get("time_published") else "calibrated" if t["time_calibrated"] else \
+        "roofline bound"
     return [("predicted time", f"{t['time_backend']} ({what}): attention {t['predicted_attention_time_ms']:.3g} ms + "
                                f"the rest of the forward {t['predicted_rest_time_ms']:.3g} ms = forward "
                                f"{t['predicted_forward_time_ms']:.3g} ms"),
@@ -338,30 +292,44 @@ def walked_plan(model: str, width: int, height: int, batch: int, dtype: str, set
             "settings": dict(settings), "totals": {}, "blocks": copy.deepcopy(rows)}
 
 
-def predict_cells(cells: list, limits: dict, results: Path) -> dict[str, dict]:
-    """Per cell of a sweep, before it runs: its predicted forward and attention time and each call's, on the device
-    whose limits the sweep measured, calibrated on the runs under results made on it."""
-    calibration = calibrate(Path(results), limits["device_limits"]["key"]) if Path(results).is_dir() else None
-    out = {}
-    for c in cells:  # the calls of one shape are every backend's: one walk per shape (the preflight's trace made it)
-        eager = tuple(s for s in c.settings if s[0] != "compile")  # a compiled U-Net predicted as eager
-        p = walked_plan(c.model, c.width, c.height, c.batch, c.dtype, eager)
-        t = predict(p, c.backend, c.options, limits, calibration, device=c.device.split(":")[0])
-        out[c.cell_id] = {"predicted_forward_time_ms": t["predicted_forward_time_ms"],
-                          "predicted_attention_time_ms": t["predicted_attention_time_ms"],
-                          "time_source": f"{t['time_backend']}: {t['time_source']}",
-                          "predicted_call_times_ms": [r["predicted_time_ms"] for r in p["blocks"]]}
-    return out
-
-
-def sweep_text(predicted: dict[str, dict], forwards_per_cell: int) -> str:
-    """The line a sweep prints before its first cell."""
+def sweep_text(predicted: dict[str, dict], forwards_per_cell: int, overhead: dict | None = None) -> str:
+    """The line a sweep prints before its first cell: its whole expected wall time where this device's stored runs
+    say what a cell and a run take beyond their forwards (harness_overhead), else its forwards'."""
     if not predicted:
         return "predicted: no cell to run"
-    total = sum(v["predicted_forward_time_ms"] for v in predicted.values()) * forwards_per_cell / 1e3
-    sources = sorted({v["time_source"] for v in predicted.values()})
-    return (f"predicted: {len(predicted)} cells, {total:.1f} s of forwards ({forwards_per_cell} a cell: warm-up, timed "
-            f"and probe; model builds and references not counted), from {'; '.join(sources)}")
+    forwards = predicted_wall_s(predicted, forwards_per_cell)
+    sources = "; ".join(sorted({v["time_source"] for v in predicted.values()}))
+    each = f"{forwards:.1f} s of forwards ({forwards_per_cell} a cell: warm-up, timed and probe)"
+    if not overhead:
+        return (f"predicted: {len(predicted)} cells, {each}; model builds, references and probes not counted (no "
+                f"finished run of this device to tell them); forwards from {sources}")
+    total = predicted_wall_s(predicted, forwards_per_cell, overhead)
+    return (f"predicted: {len(predicted)} cells, about {_duration(total)} in all: {each}, and "
+            f"{overhead['cell_s']:.1f} s a cell and {overhead['run_s']:.1f} s a run beyond them (model builds, "
+            f"references, probes, workers: the median of {overhead['cells']} cells in {overhead['runs']} finished "
+            f"runs of this device); forwards from {sources}")
+
+
+def predicted_wall_s(predicted: dict[str, dict], forwards_per_cell: int, overhead: dict | None = None) -> float:
+    """The cells' forwards, plus what each cell and the run take beyond them where overhead says (harness_overhead)."""
+    forwards = sum(v["predicted_forward_time_ms"] for v in predicted.values()) * forwards_per_cell / 1e3
+    return forwards + (len(predicted) * overhead["cell_s"] + overhead["run_s"] if overhead else 0.0)
+
+
+def format_wall(manifest: dict) -> str | None:
+    """The end of a run: its wall time against the one predicted before it began (where it ran whole, once)."""
+    from datetime import datetime
+
+    p = manifest.get("predicted_wall_s")
+    if not p or not manifest.get("ended_at") or manifest.get("interrupted"):
+        return None
+    wall = (datetime.fromisoformat(manifest["ended_at"]) - datetime.fromisoformat(manifest["created_at"])
+            ).total_seconds()
+    return f"the whole run took {_duration(wall)}, predicted {_duration(p)} ({wall / p:.2f}x)"
+
+
+def _duration(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{int(s // 60)} min {s % 60:.0f} s"
 
 
 def attach(cell: dict, blocks: list[dict], extra: dict) -> dict:
@@ -396,19 +364,3 @@ def format_versus(cells) -> str | None:
     return "\n".join(lines)
 
 
-def by_size(model: str, sizes: list[tuple[int, int]], names: list[str], dtype: str, batch: int,
-            gpu_name: str) -> list[dict]:
-    """Each backend's roofline-bound attention and forward time per size on a GPU of the table (the dashboard's
-    Planner page): one row per (backend, size)."""
-    from .. import gpus
-
-    gpu = gpus.get(gpu_name)
-    limits = gpus.limits(gpu, parse_dtype(dtype))
-    rows = []
-    for w, h in sizes:
-        for name in names:
-            t = predict(walked_plan(model, w, h, batch, dtype), name, {}, limits, gpu=gpu)
-            rows.append({"backend": name, "size": f"{w}x{h}", "pixels": w * h, "gpu": gpu["name"],
-                         "attention_ms": t["predicted_attention_time_ms"], "forward_ms": t["predicted_forward_time_ms"],
-                         "source": t["time_source"]})
-    return rows

@@ -12,7 +12,6 @@ in its own process only: the one place attnprof patches diffusers.
 """
 from __future__ import annotations
 
-import json
 import os
 import runpy
 import subprocess
@@ -26,12 +25,13 @@ RUN_ENV = "ATTNPROF_RECORD_RUN"
 
 
 def record(script: str, args: list[str], backends_: list[str], out: Path, trace: bool = False,
-           say=lambda line: None) -> tuple[int, Path]:
+           say=None) -> tuple[int, Path]:
     """Run the script once per backend (or once as it is), each in a child process that records its cell into one
     new run under out. (the script's exit status, the first non-zero of its runs; the run's folder)."""
     from .. import backends
     from ..store import Run, now
 
+    quiet, say = say is None, say or (lambda line: None)
     path = Path(script)
     if not path.is_file():
         raise InputError(f"record: {script} is not a file: give the script to run, e.g. attnprof record -- "
@@ -49,7 +49,7 @@ def record(script: str, args: list[str], backends_: list[str], out: Path, trace:
             say(f"running {script} {' '.join(args)}" + (f" with backend {backend}" if backend else
                                                         " with the processors it loads"))
             argv = [sys.executable, "-m", "profiler.record.script", *(["--backend", backend] if backend else []),
-                    *(["--trace"] if trace else []), "--", str(path), *args]
+                    *(["--trace"] if trace else []), *(["--quiet"] if quiet else []), "--", str(path), *args]
             done = subprocess.run(argv, env={**os.environ, RUN_ENV: str(run.path)})
             code = code or done.returncode
     finally:
@@ -67,8 +67,8 @@ class _Watch:
     """The pipeline calls of this process, each profiled: the __call__ of every pipeline class the script builds is
     wrapped (once per class; a pipeline called inside another's call is part of the outer one)."""
 
-    def __init__(self, backend: str | None, trace: bool):
-        self.backend, self.trace, self.profiles = backend, trace, []
+    def __init__(self, backend: str | None, trace: bool, results: Path | None = None, quiet: bool = True):
+        self.backend, self.trace, self.profiles, self.results, self.quiet = backend, trace, [], results, quiet
         self.local, self.wrapped = threading.local(), {}
 
     def __enter__(self) -> "_Watch":
@@ -98,14 +98,44 @@ class _Watch:
 
             watch.local.active = True
             try:
+                eta = watch.predicted(pipe, args, kwargs)
                 with profile(pipe, out=None, backend=watch.backend, trace=watch.trace) as prof:
                     result = original(pipe, *args, **kwargs)
                 watch.profiles.append(prof)
+                if eta and not watch.quiet:
+                    print(f"attnprof record: the generation took {prof.wall_s:.2f} s, predicted {eta[0] / 1e3:.2f} s "
+                          f"({prof.wall_s * 1e3 / eta[0]:.2f}x)", file=sys.stderr)
                 return result
             finally:
                 watch.local.active = False
 
         owner.__call__ = __call__
+
+    def predicted(self, pipe, args: tuple, kwargs: dict) -> tuple[float, str] | None:
+        """The time model's prediction of the generation about to run, said on stderr: (ms, source), or None where
+        its pipeline is not one the planner knows. A prediction never stops the script."""
+        from ..planner import calibration
+        from ..planner.generation import pipeline_spec, predict_generation
+
+        try:
+            spec = pipeline_spec(pipe, args, kwargs, self.backend)
+            device = pipe.unet.device.type
+            where = calibration.target(device, spec.dtype, None, str(self.results)) if spec else None
+            if not where:
+                return None
+            g = predict_generation(spec, *where, device)
+        except Exception as e:  # noqa: BLE001 - the user's script runs whatever the model makes of it
+            if not self.quiet:
+                print(f"attnprof record: no prediction for this generation ({type(e).__name__}: {e})",
+                      file=sys.stderr)
+            return None
+        source = g["parts"][-2]["source"] if len(g["parts"]) > 1 else ""
+        if not self.quiet:
+            print(f"attnprof record: predicted {g['total_ms'] / 1e3:.2f} s for this generation ({spec.pipeline}, "
+                  f"{spec.width}x{spec.height}, {spec.steps} steps, {spec.backend}; the U-Net's time from: "
+                  f"{_short(g['parts'][[x['part'] for x in g['parts']].index('denoise')]['source'])})",
+                  file=sys.stderr)
+        return g["total_ms"], source
 
     def __exit__(self, *exc) -> None:
         from diffusers import DiffusionPipeline
@@ -113,6 +143,11 @@ class _Watch:
         DiffusionPipeline.register_modules = self.register
         for owner, original in self.wrapped.items():
             owner.__call__ = original
+
+
+def _short(source: str) -> str:
+    """A time source without the runs it left out or weighted down (attnprof show and plan name them)."""
+    return source.split("; left out")[0].split("; weighted down")[0]
 
 
 def child(argv: list[str]) -> int:
@@ -125,7 +160,7 @@ def child(argv: list[str]) -> int:
     from .session import merged, store_cell
 
     backend = argv[argv.index("--backend") + 1] if "--backend" in argv else None
-    trace = "--trace" in argv[:argv.index("--")]
+    trace, quiet = "--trace" in argv[:argv.index("--")], "--quiet" in argv[:argv.index("--")]
     script, args = argv[argv.index("--") + 1], argv[argv.index("--") + 2:]
     run = Run.open(Path(os.environ[RUN_ENV]))
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -133,7 +168,7 @@ def child(argv: list[str]) -> int:
     code = 0
     sys.argv = [script, *args]
     sys.path.insert(0, str(Path(script).resolve().parent))
-    with _Watch(backend, trace) as watch:
+    with _Watch(backend, trace, run.path.parent, quiet) as watch:
         try:
             runpy.run_path(script, run_name="__main__")
         except SystemExit as e:

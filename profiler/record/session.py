@@ -290,7 +290,17 @@ def _facts(target, session: Session, prof: Profile) -> dict:
             "height": latent[2] * scale if latent else 0, "dtype": session.facts.get("dtype", "float32"),
             "steps": int(steps), "guidance": getattr(target, "_guidance_scale", None),
             "scheduler": type(getattr(target, "scheduler", None)).__name__ if hasattr(target, "scheduler") else None,
-            "device": str(session.device), "processors": session.processors, "backend": session.backend}
+            "device": str(session.device), "processors": session.processors, "backend": session.backend,
+            "configs": {name: {"class": type(m).__name__, "config": _config(m)} for name, m in session.found.items()
+                        if _config(m)}}
+
+
+def _config(module: torch.nn.Module) -> dict:
+    """A component's public config as JSON holds it (diffusers' config, transformers' to_dict()): what the time
+    model matches to a model it can trace (planner/calibration.py)."""
+    config = getattr(module, "config", None)
+    config = config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
+    return json.loads(json.dumps({k: v for k, v in config.items() if not str(k).startswith("_")}, default=str))
 
 
 def _processors(session: Session) -> str:
@@ -366,6 +376,10 @@ def store_cell(run, prof: Profile, backend: str | None) -> dict:
     run.record(cell, blocks, files or None)
     run.write_frame(f"calls-{cell['cell_id']}", prof.calls)
     m = run.manifest()
+    if not m.get("device_limits"):  # what the time model keys its calibration by (measured once per machine)
+        from ..measure.limits import device_limits
+
+        run.update_manifest(**device_limits(prof.facts["device"], [prof.facts["dtype"]]))
     run.update_manifest(environment=m.get("environment") or {**environment(prof.facts["device"]),
                                                             "executor": "record"},
                         record={**(m.get("record") or {}), **{k: v for k, v in prof.facts.items()

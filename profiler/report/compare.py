@@ -44,6 +44,7 @@ ENV_KEYS = ("device", "device_name", "cpu_count", "torch_threads", "torch", "dif
 ATTENTION_TIME = ("a cell's attention time: per timed forward its attention calls' times summed, the median over "
                   "the timed forwards")  # what show, the findings, diff and the report give (measure/cell.py)
 STEADY = (1.0, 1.0)  # (how many times slower B's machine was at most, how many times faster): no change known
+DRIFT_LIMIT = 0.45  # a run whose like calibrations differ by more than this share: its machine moved
 
 
 def rule_text(threshold: float | str = "--threshold") -> str:
@@ -120,6 +121,31 @@ def calibrations(manifest: dict, when: str | None = None) -> list[float]:
     where given: none for runs made before they were recorded."""
     return [float(c["median_ms"]) for c in manifest.get("calibration") or []
             if c.get("median_ms") and when in (None, c.get("when"))]
+
+
+def drift(manifest: dict) -> float | None:
+    """How far the machine moved while the run ran: of its start calibrations, and of its end ones, the slowest over
+    the fastest, the larger (1.0: steady); with one of each (a sweep's), the one over the other; None where it has
+    fewer than two. Like with like where it can: a start is
+    taken in a process that has just begun, an end after the cell's forwards have kept every core busy, and on this
+    project's 2-core virtual machine the two read 1.3-2.6x apart in every record child (a start 14-23 ms, its end
+    7-13 ms, 2026-12-04)."""
+    found = [max(c) / min(c) for when in ("start", "end") if len(c := calibrations(manifest, when)) > 1]
+    every = calibrations(manifest)  # one start and one end (a sweep's): the one against the other
+    return max(found) if found else max(every) / min(every) if len(every) > 1 else None
+
+
+def unsteady(manifest: dict) -> str | None:
+    """'the machine's speed moved 1.50x while it ran (its calibrations ...)' where the run's own calibrations of a
+    kind differ by more than DRIFT_LIMIT, else None: such a run's times say as much about the machine as about the
+    backends."""
+    d = drift(manifest)
+    if d is None or d <= 1 + DRIFT_LIMIT:
+        return None
+    found = ", ".join(f"{c.get('when')} {float(c['median_ms']):.3g} ms" for c in manifest.get("calibration") or []
+                      if c.get("median_ms"))
+    return (f"the machine's speed moved {d:.2f}x while it ran (its calibrations: {found}; those of a kind more "
+            f"than {100 * DRIFT_LIMIT:.0f}% apart)")
 
 
 def machine_change(manifest_a: dict, manifest_b: dict) -> tuple[float, float]:

@@ -50,8 +50,9 @@ def _by_shape(df: pd.DataFrame) -> dict[tuple, dict]:
     return {tuple(r[k] for k in SHAPE): r for r in df.to_dict("records")}
 
 
-def per_shape(cells: pd.DataFrame) -> list[str]:
-    """The fastest and the smallest-memory backend per shape, each against naive where naive ran."""
+def per_shape(cells: pd.DataFrame, judge_time: bool = True) -> list[str]:
+    """The fastest and the smallest-memory backend per shape, each against naive where naive ran; no fastest where
+    judge_time is False (the machine moved while the run ran: unsteady)."""
     varying = _varying(cells)
     cells = cells.sort_values("pixels", kind="stable")
     timed = cells["attention_time_ms"].notna() if "attention_time_ms" in cells else False  # none: compiled, fused
@@ -75,7 +76,8 @@ def per_shape(cells: pd.DataFrame) -> list[str]:
         ran = base is not None and base["status"] == "ok" and base["attention_time_ms"] == base["attention_time_ms"]
         line = (f"{where} {fast['backend_label']} was the fastest: {_ms(fast['attention_time_ms'])} of attention per "
                 "forward (the median of the timed forwards, each its calls summed)"
-                f"{_against_naive(fast, base, 'attention_time_ms', 'faster', _ms) if ran else ''}; ")
+                f"{_against_naive(fast, base, 'attention_time_ms', 'faster', _ms) if ran else ''}; ") if judge_time \
+            else f"{where} no backend is named the fastest (the machine moved: above); "
         line += (f"{small['backend_label']} needed the least memory: its largest call peaked at "
                  f"{human_bytes(small['attention_peak_mem_bytes'])}"
                  f"{_against_naive(small, base, 'attention_peak_mem_bytes', 'less', human_bytes) if ran else ''}"
@@ -216,17 +218,24 @@ def temporal(cells: pd.DataFrame, blocks: pd.DataFrame) -> list[str]:
     return out
 
 
-def findings(cells: pd.DataFrame, blocks: pd.DataFrame) -> list[str]:
+def findings(cells: pd.DataFrame, blocks: pd.DataFrame, manifest: dict | None = None) -> list[str]:
     """The run's headline findings, each a plain sentence; none for a run with no cells. A recorded generation's
-    cells (kind record) get their own sentences; the others are compared shape by shape."""
+    cells (kind record) get their own sentences; the others are compared shape by shape. Where the run's own
+    calibrations (its manifest's) say the machine moved while it ran, that comes first and no backend is named the
+    fastest: its times say as much about the machine as about the backends."""
+    from .compare import unsteady
+
     if not len(cells):
         return []
+    moved = unsteady(manifest or {})
+    out = [f"Times not judged: {moved}, so no backend is named the fastest; run it again on a quiet machine."] \
+        if moved else []
     mine = cells["kind"].eq("record") if "kind" in cells else pd.Series(False, index=cells.index)
-    out = recorded(cells[mine], blocks) if mine.any() else []
+    out += recorded(cells[mine], blocks) if mine.any() else []
     cells = cells[~mine]
     if not len(cells):
         return out
-    return out + per_shape(cells) + temporal(cells, blocks) + compiled_effect(cells) + stopped_fitting(cells) + \
+    return out + per_shape(cells, judge_time=not moved) + temporal(cells, blocks) + compiled_effect(cells) + stopped_fitting(cells) + \
         largest_call(blocks) + doubtful(cells)
 
 

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 
 from .. import backends
 from ..backends import label
-from ..fmt import human_bytes, human_count, table
+from ..fmt import fitted_table, human_bytes, human_count, table
 from ..store import BLOCKS, CELLS, DONE_STATUSES, Run, Unreadable, list_runs
 from .compare import ATTENTION_TIME, eager_twins
 from .frame import NO_SETTINGS
@@ -139,13 +139,22 @@ def _references(cells) -> str:
     return "; ".join(named) or f"{backends.REFERENCE_BACKEND}/{backends.REFERENCE_DTYPE}"
 
 
-def format_run(run: Run) -> str:
+# what show leaves out first to fit a terminal, in order (--wide: none)
+NARROW_DROP = ["eager fwd peak", "eager attn peak", "eager forward", "note", "fwd predicted", "ratio", "predicted",
+               "family", "dtype", "batch", "fwd peak", "settings", "compile", "graph breaks", "noisy", "of peak",
+               "rel err"]
+
+
+def format_run(run: Run, width: int | None = None) -> str:
+    """The run's summary; its tables and notes fitted to width characters (None: every column, unwrapped)."""
+    import textwrap
+
     from .findings import findings, format_findings
 
     m = run.manifest()
     env = m.get("environment", {})
     cells, blocks = run.read()
-    found = findings(cells, blocks)
+    found = findings(cells, blocks, m)
     lines = ([f"findings ({run.id}):", format_findings(found), ""] if found else []) + [
              f"run {run.id}  ({run.path})",
              f"created {m.get('created_at')}  ended {m.get('ended_at') or 'not yet (running or stopped)'}",
@@ -156,11 +165,27 @@ def format_run(run: Run) -> str:
         return "\n".join(lines + [f"no cells recorded yet ({len(m.get('cells', []))} planned)"])
     twins = eager_twins(cells)
     rows = _cell_rows(cells, twins)
-    lines += [table(rows, [(c, c) for c in _cell_columns(rows, twins)]), "", _footnote(cells)]
+    columns = [(c, c) for c in _cell_columns(rows, twins)]
+    if width is None:
+        lines += [table(rows, columns), "", _footnote(cells)]
+    else:
+        shown, dropped = fitted_table(_short_models(rows), columns, width, NARROW_DROP)
+        lines += [shown, ""] + ([f"(left out to fit {width} columns: {', '.join(dropped)}; --wide shows them)"]
+                               if dropped else []) + [textwrap.fill(_footnote(cells), width)]
     lines += _recorded_lines(cells, m)
     if len(blocks) and blocks["peak_mem_bytes"].notna().any():
-        lines += ["", "largest measured per-call peaks:", _largest_calls(blocks)]
-    return "\n".join(lines)
+        lines += ["", "largest measured per-call peaks:", _largest_calls(blocks, width)]
+    if width is None:
+        return "\n".join(lines)
+    return "\n".join(textwrap.fill(line, width, subsequent_indent="  ", break_on_hyphens=False)
+                     if len(line) > width and "  " not in line.strip() else line for line in lines)
+
+
+def _short_models(rows: list[dict]) -> list[dict]:
+    """A recorded generation's model column, 'StableDiffusionPipeline UNet2DConditionModel 7f3af43b', as its
+    pipeline and config hash."""
+    return [{**r, "model": " ".join(w for i, w in enumerate(r["model"].split()) if i != 1)}
+            if len(r["model"].split()) == 3 else r for r in rows]
 
 
 def _recorded_lines(cells, m: dict) -> list[str]:
@@ -234,15 +259,17 @@ def _footnote(cells) -> str:
             "measured compute peak, or its bandwidth x the calls' FLOPs per byte moved).")
 
 
-def _largest_calls(blocks) -> str:
+def _largest_calls(blocks, width: int | None = None) -> str:
     top = blocks[blocks["status"] == "ok"].sort_values("peak_mem_bytes", ascending=False).head(5)
-    return table([{
+    rows = [{
         "backend": b["backend_label"], "size": b["size"],
         "block": b["block"], "tokens": f"{b['tokens_q']}x{b['tokens_k']}", "time": f"{b['time_ms']:.2f} ms",
         "peak": human_bytes(b["peak_mem_bytes"]), "predicted": human_bytes(b["predicted_peak_bytes"]),
         "of peak": _of_peak(b.get("pct_of_peak"), b.get("roofline_bound")),
-        "kernel": b["kernel"]} for b in top.to_dict("records")],
-        [(c, c) for c in ("backend", "size", "block", "tokens", "time", "peak", "predicted", "of peak", "kernel")])
+        "kernel": b["kernel"]} for b in top.to_dict("records")]
+    columns = [(c, c) for c in ("backend", "size", "block", "tokens", "time", "peak", "predicted", "of peak", "kernel")]
+    return table(rows, columns) if width is None else \
+        fitted_table(rows, columns, width, ["kernel", "of peak", "predicted", "time", "size"])[0]
 
 
 def _compile(c: dict) -> str:

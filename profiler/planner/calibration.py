@@ -1,0 +1,394 @@
+"""What the time model (planner/timing.py) learns from a recorded generation (attnprof record, profiler.profile), and
+which stored runs it leaves out.
+
+A recorded generation is calibration data where its components are models the planner can trace: each component's
+class and config (stored with the record) matched to a registry model (configs/models: the same class, every key the
+registry's config sets equal) or to a text encoder the pipeline planner knows (planner/pipeline.py). Such a
+generation gives, per matched component, its attention calls (the U-Net's and the VAE's, each call's median over
+the component's forwards, under the backend the record ran: a named one, or `loaded` where every processor is
+diffusers' AttnProcessor2_0, which is sdpa) and the rest of its forward (the component's time per forward less its
+calls'); and once, the generation's own overhead: its wall time less every component's forwards (the scheduler,
+latents, the image's post-processing), fitted to steps, pixels and a constant.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import backends
+from ..env import cache_dir
+from ..spec import InputError, parse_dtype
+from .timing import (CALL_FEATURES, REST_FEATURES, Device, fit_model, forward_samples, mean_error, predict, roof_ms,
+                     walked_plan)
+
+CALIBRATION_FILE = "time-calibration.json"
+
+GENERATION_FEATURES = ("steps", "pixels", "one")
+LOADED_AS = {"AttnProcessor2_0": "sdpa", "AttnProcessor": "naive"}  # a record of loaded processors, all of one class
+
+
+def passed_why(manifest: dict) -> str | None:
+    """Why the time model leaves a run out, or None: a kind it is not fitted on (a replay)."""
+    from ..store import kind_of
+
+    kind = kind_of(manifest)
+    return None if kind.calibrates else f"{kind.name}: not forwards of a model timed whole"
+
+
+def weight(manifest: dict) -> tuple[float, str | None]:
+    """A run's weight in the fit, and why it is less than 1: a run whose own calibrations say the machine moved
+    while it ran by d (report/compare.unsteady) counts 1/d^2, its residuals as large as the speed it ran at."""
+    from ..report.compare import drift, unsteady
+
+    why = unsteady(manifest)
+    if not why:
+        return 1.0, None
+    d = drift(manifest)
+    return 1 / d ** 2, f"weighted 1/{d ** 2:.2f}: {why}"
+
+
+def _same(a, b) -> bool:
+    norm = lambda v: [norm(x) for x in v] if isinstance(v, (list, tuple)) else v  # noqa: E731
+    return norm(a) == norm(b)
+
+
+def named(cls: str, config: dict) -> str | None:
+    """The registry model or text encoder whose config this component's is, or None."""
+    from .. import kinds, models
+    from .pipeline import TEXT_ENCODERS
+
+    found = [(len(c), name) for name, kind, c in models.registry_configs()
+             if kinds.KINDS[kind].cls == cls and all(_same(config.get(k), v) for k, v in c.items())]
+    found += [(len(c), name) for name, (text_cls, c) in TEXT_ENCODERS.items()
+              if text_cls == cls and all(_same(config.get(k), v) for k, v in c.items())]
+    return max(found)[1] if found else None
+
+
+def record_backend(cell: dict) -> str | None:
+    """The backend whose calls a recorded cell timed: the one it ran, or what its loaded processors are."""
+    if cell["backend"] in backends.BACKENDS:
+        return cell["backend"]
+    kinds = [part.split(" x")[0] for part in str(cell.get("processors") or "").split(", ") if part]
+    return LOADED_AS.get(kinds[0]) if len(set(kinds)) == 1 else None
+
+
+def record_samples(run, manifest: dict, keep=None) -> tuple[list[dict], list[dict]]:
+    """The time model's samples from a recorded generation (module docstring): (attention calls, rests), the rests
+    holding one `generation` sample per cell."""
+    from ..spec import InputError
+
+    facts = manifest.get("record") or {}
+    names = {c: named(v["class"], v["config"]) for c, v in (facts.get("configs") or {}).items()}
+    table, blocks = run.read()
+    calls, rests = [], []
+    for cell in (table[table["status"] == "ok"] if len(table) else table).to_dict("records"):
+        if keep and not keep(cell):
+            continue
+        backend = record_backend(cell)
+        comps = json.loads(cell.get("components") or "[]")
+        for comp in comps:
+            model = names.get(comp["component"])
+            if not model or not comp["forwards"]:
+                continue
+            try:
+                c, r = _component_samples(model, comp, cell, blocks, manifest, backend)
+            except InputError:
+                continue
+            calls += c if backend else []
+            rests.append(r)
+        generations = int(facts.get("generations") or 1)
+        outside = cell["generation_s"] * 1e3 - sum(c["time_ms"] for c in comps)
+        rests.append({"component": "generation", "cell_id": cell["cell_id"], "steps": float(cell["steps"] or 0),
+                      "pixels": float(cell["width"] * cell["height"] * images(cell, blocks)), "one": 1.0,
+                      "overhead_ms": outside / generations, "floor_ms": 0.0})
+    return calls, rests
+
+
+def images(cell: dict, blocks) -> int:
+    """How many images the generation decoded: the VAE's batch where it has attention calls, else the cell's."""
+    vae = blocks[(blocks["cell_id"] == cell["cell_id"]) & (blocks.get("component") == "vae")] \
+        if "component" in blocks else blocks.iloc[0:0]
+    return int(vae["batch"].iloc[0]) if len(vae) else int(cell["batch"])
+
+
+def _component_samples(model: str, comp: dict, cell: dict, blocks, manifest: dict,
+                       backend: str | None) -> tuple[list[dict], dict]:
+    """One component's samples: its calls (under backend) and its rest per forward."""
+    from .pipeline import TEXT_ENCODERS, text_ops
+
+    per_forward = comp["time_ms"] / comp["forwards"]
+    cell_id = cell["cell_id"]
+    if model in TEXT_ENCODERS:
+        device = Device.of(manifest, cell["dtype"])
+        ops = text_ops(model, cell["dtype"], images(cell, blocks))
+        return [], {**device.rest_features(ops), "floor_ms": roof_ms(ops, device), "cell_id": cell_id,
+                    "dtype": cell["dtype"], "component": comp["component"], "rest_ms": per_forward}
+    rows = blocks[(blocks["cell_id"] == cell_id) & (blocks["component"] == comp["component"])] \
+        .sort_values("call_index").to_dict("records")
+    batch = int(rows[0]["batch"]) if rows else images(cell, blocks)
+    attention = comp["attention_ms"] / comp["forwards"]
+    forward = {**cell, "batch": batch, "backend": backend or "sdpa", "backend_options": "{}",
+               "forward_time_ms": per_forward, "attention_time_ms": attention}
+    calls, rest = forward_samples(model, forward, rows, manifest, (), cell_id)
+    return calls, {**rest, "component": comp["component"], "forward_time_ms": per_forward,
+                   "attention_time_ms": attention}
+
+
+def fit_generation(rests: list[dict]) -> dict | None:
+    """The generation's own overhead fitted to its samples (None where no recorded generation gave one)."""
+
+    found = [r for r in rests if r.get("component") == "generation"]
+    return fit_model(found, GENERATION_FEATURES, "overhead_ms") if found else None
+
+
+def _settings(cell: dict) -> tuple:
+    return tuple(sorted(json.loads(cell["settings"]).items()))
+
+
+def samples(results: Path, key: str, passed: dict | None = None,
+            keep=None) -> tuple[list[dict], list[dict], dict, list[str]]:
+    """From every ok cell of the runs under results measured on the device of this limits key: (one sample per
+    attention call, one per forward's rest, the device's limits from the latest such run's manifest, the run
+    ids). Sweep cells give the U-Net's calls and rest; recorded generations (calibration.py) each component's and
+    the generation's own overhead. A run of a kind the time model is not fitted on (store.RUN_KINDS: a replay), or
+    is passed over and named in `passed` (run id -> why); one whose calibrations say the machine moved while it ran
+    is weighted down (calibration.weight) and named there too.
+    keep(cell) -> bool, where given, chooses the cells (a held-out test leaves some out)."""
+    from ..store import Run, kind_of, list_runs
+    calls, rests, limits, runs = [], [], {}, []
+    for path in list_runs(Path(results)):
+        run = Run.open(path)
+        manifest = run.manifest()
+        why = passed_why(manifest)
+        if why:
+            if passed is not None:
+                passed[run.id] = why
+            continue
+        w, why = weight(manifest)
+        if (manifest.get("device_limits") or {}).get("key") != key or not manifest.get("device_peak_bytes_per_s"):
+            continue
+        limits = {k: manifest[k] for k in ("device_peak_flops", "device_peak_bytes_per_s", "device_limits",
+                                           "device_memory", "device_softmax_per_s") if k in manifest}
+        runs.append(run.id)
+        reader = record_samples if kind_of(manifest).name == "record" else _sweep_samples
+        c, r = reader(run, manifest, keep)
+        if why and passed is not None:
+            passed[run.id] = why
+        calls += [{**s, "run": run.id, "weight": w} for s in c]
+        rests += [{**s, "run": run.id, "weight": w} for s in r]
+    return calls, rests, limits, runs
+
+
+def _sweep_samples(run, manifest: dict, keep=None) -> tuple[list[dict], list[dict]]:
+    table, blocks = run.read()
+    ok = table[table["status"] == "ok"] if len(table) else table
+    calls, rests = [], []
+    for cell in ok.to_dict("records"):
+        if keep and not keep(cell):
+            continue
+        if cell["backend"] not in backends.BACKENDS or not cell.get("attention_time_ms") == \
+                cell.get("attention_time_ms"):  # a plugin's backend not loaded here; no attention time (fused)
+            continue
+        rows = blocks[blocks["cell_id"] == cell["cell_id"]].sort_values("call_index").to_dict("records")
+        try:
+            c, r = forward_samples(cell["model"], cell, rows, manifest, _settings(cell))
+        except InputError:  # its model no longer resolves here (a file moved, a hub id not cached)
+            continue
+        calls += c
+        rests.append({**r, "component": "unet", "forward_time_ms": cell["forward_time_ms"],
+                      "attention_time_ms": cell["attention_time_ms"]})
+    return calls, rests
+
+
+def calibrate(results: Path, key: str, write: bool = True, keep=None) -> dict | None:
+    """The time model of the device of this limits key, fitted to its stored runs under results (None where it has
+    none): {"key", "runs", "limits", "backends": {group: fit}, "rest": {dtype: fit}, "generation": fit or None,
+    "passed_over": {run: why}}, each backend's fit with its leave-one-out error of the forward too. Written to the
+    calibration file under the key."""
+    passed: dict[str, str] = {}
+    calls, rests, limits, runs = samples(results, key, passed, keep)
+    if not rests:
+        return None
+    out = {"key": key, "results": str(results), "runs": runs, "limits": limits, "backends": {}, "rest": {},
+           "passed_over": passed, "generation": fit_generation(rests)}
+    for dtype in sorted({c["dtype"] for c in rests if "dtype" in c}):
+        fitted = fit_model([c for c in rests if c.get("dtype") == dtype], REST_FEATURES, "rest_ms")
+        out["rest"][dtype] = fitted
+    for group in sorted({c["group"] for c in calls}):
+        fitted = fit_model([c for c in calls if c["group"] == group], CALL_FEATURES, "time_ms")
+        fitted["loo_forward"] = _forward_loo(fitted, [c for c in calls if c["group"] == group], rests, out["rest"])
+        fitted["loo_forward_error_pct"] = mean_error(fitted["loo_forward"])
+        fitted["runs"] = len({c["run"] for c in calls if c["group"] == group})
+        out["backends"][group] = fitted
+    if write:
+        from ..store import add_to_cache
+
+        add_to_cache(calibration_path(), key, _lean(out))
+    return out
+
+
+def _lean(out: dict) -> dict:
+    """The calibration as stored: without the per-sample predictions."""
+    strip = lambda f: {k: v for k, v in f.items() if k != "predicted"} if f else f  # noqa: E731
+    return {**out, "backends": {g: strip(f) for g, f in out["backends"].items()},
+            "rest": {d: strip(f) for d, f in out["rest"].items()}, "generation": strip(out["generation"])}
+
+
+def _forward_loo(fitted: dict, calls: list[dict], rests: list[dict], rest_fits: dict) -> list[dict]:
+    """Each forward of the U-Net left out: its calls' and its rest's predictions from fits to the other cells."""
+    attention: dict[str, float] = {}
+    for c, p in zip(calls, fitted["predicted"]):
+        attention[c["cell_id"]] = attention.get(c["cell_id"], 0.0) + p
+    out = []
+    for dtype, fit in rest_fits.items():
+        mine = [r for r in rests if r.get("dtype") == dtype]
+        for r, p in zip(mine, fit["predicted"]):
+            if r.get("component") == "unet" and r["cell_id"] in attention and p == p:
+                out.append({"cell_id": r["cell_id"], "measured_ms": r["forward_time_ms"],
+                            "predicted_ms": attention[r["cell_id"]] + p})
+    return out
+
+
+def calibration_path() -> Path:
+    return cache_dir() / CALIBRATION_FILE
+
+
+def target(device: str, dtype: str, gpu_name: str | None = None, results: str | None = None) -> tuple | None:
+    """(limits, calibration, gpu) of the device to predict for: the GPU table's gpu_name (its published figures,
+    calibrated on the runs under results made on a GPU of its architecture where there are any, else by the
+    published kernel efficiencies of its architecture: gpus.EFFICIENCY), or this machine's device (its measured
+    limits, calibrated on the stored runs under results made on it); None for CUDA on a machine without a GPU and
+    no gpu_name."""
+    from .. import gpus
+    from ..measure.limits import device_key, device_limits
+
+    if gpu_name:
+        gpu = gpus.get(gpu_name)
+        fitted = same_arch(Path(results), gpu, dtype) if results else None
+        return gpus.limits(gpu, dtype), fitted or published_calibration(gpu, dtype), gpu
+    if device == "cuda" and not torch.cuda.is_available():
+        return None
+    calibration = calibrate(Path(results), device_key(device)) if results else None
+    if calibration and dtype in calibration["limits"]["device_peak_flops"] and \
+            "device_memory" in calibration["limits"]:
+        return calibration["limits"], calibration, None
+    return device_limits(device, [dtype]), calibration, None
+
+
+def same_arch(results: Path, gpu: dict, dtype: str) -> dict | None:
+    """The time model fitted to the stored runs under results made on a GPU of the same architecture as gpu (a table
+    row), for applying to its published figures: each backend's efficiencies against the roofline and its per-call
+    overhead carried over. Of several such devices, the one with the most cells of this dtype. None where there is
+    none. The result's "device" names the GPU the runs were made on."""
+    from .. import gpus
+    from ..store import Run, list_runs
+
+    found = {}
+    for path in list_runs(results) if results.is_dir() else []:
+        manifest = Run.open(path).manifest()
+        key = (manifest.get("device_limits") or {}).get("key")
+        env = manifest.get("environment") or {}
+        if key and str(env.get("device", "")).startswith("cuda") and gpus.arch_of(env) == gpu["arch"]:
+            found.setdefault(key, env.get("device_name") or key)
+    fits = [{**c, "device": name} for key, name in found.items()
+            if (c := calibrate(results, key, write=False)) and dtype in c["rest"]]
+    return max(fits, key=lambda c: c["rest"][dtype]["cells"], default=None)
+
+
+def predict_cells(cells: list, limits: dict, results: Path) -> dict[str, dict]:
+    """Per cell of a sweep, before it runs: its predicted forward and attention time and each call's, on the device
+    whose limits the sweep measured, calibrated on the runs under results made on it."""
+    calibration = calibrate(Path(results), limits["device_limits"]["key"]) if Path(results).is_dir() else None
+    out = {}
+    for c in cells:  # the calls of one shape are every backend's: one walk per shape (the preflight's trace made it)
+        eager = tuple(s for s in c.settings if s[0] != "compile")  # a compiled U-Net predicted as eager
+        p = walked_plan(c.model, c.width, c.height, c.batch, c.dtype, eager)
+        t = predict(p, c.backend, c.options, limits, calibration, device=c.device.split(":")[0])
+        out[c.cell_id] = {"predicted_forward_time_ms": t["predicted_forward_time_ms"],
+                          "predicted_attention_time_ms": t["predicted_attention_time_ms"],
+                          "time_source": f"{t['time_backend']}: {t['time_source']}",
+                          "predicted_call_times_ms": [r["predicted_time_ms"] for r in p["blocks"]]}
+    return out
+
+
+def harness_overhead(results: Path, key: str) -> dict | None:
+    """What a cell of the finished runs of this device under results took beyond its forwards (its wall_s less its
+    warm-up, timed and probe forwards: the model's build, the reference, the probes, the worker), and what a run took
+    beyond its cells (its wall time less its cells': the preflight, the limits, the calibrations): the medians, or
+    None where there is no such run."""
+    from ..store import Run, kind_of, list_runs
+
+    cells, runs = [], []
+    for path in list_runs(results) if Path(results).is_dir() else []:
+        run = Run.open(path)
+        m = run.manifest()
+        sweep = m.get("sweep") or {}
+        if not kind_of(m).calibrates or (m.get("device_limits") or {}).get("key") != key or \
+                not m.get("ended_at") or m.get("interrupted") or "repeats" not in sweep:
+            continue
+        table = run.cells()
+        if not len(table) or "wall_s" not in table:
+            continue
+        n = int(sweep.get("warmup", 0)) + int(sweep["repeats"]) + 1
+        ok = table[(table["status"] == "ok") & table["wall_s"].notna()]
+        cells += (ok["wall_s"] - n * ok["forward_time_ms"] / 1e3).tolist()
+        from datetime import datetime
+
+        wall = (datetime.fromisoformat(m["ended_at"]) - datetime.fromisoformat(m["created_at"])).total_seconds()
+        runs.append(max(0.0, wall - float(table["wall_s"].fillna(0).sum())))
+    if not cells:
+        return None
+    return {"cell_s": float(np.median(cells)), "run_s": float(np.median(runs)), "cells": len(cells), "runs": len(runs)}
+
+
+def by_size(model: str, sizes: list[tuple[int, int]], names: list[str], dtype: str, batch: int,
+            gpu_name: str) -> list[dict]:
+    """Each backend's predicted attention and forward time per size on a GPU of the table (the dashboard's Planner
+    page): one row per (backend, size)."""
+    from .. import gpus
+
+    gpu = gpus.get(gpu_name)
+    limits = gpus.limits(gpu, parse_dtype(dtype))
+    calibration = published_calibration(gpu, parse_dtype(dtype))
+    rows = []
+    for w, h in sizes:
+        for name in names:
+            t = predict(walked_plan(model, w, h, batch, dtype), name, {}, limits, calibration, gpu=gpu)
+            rows.append({"backend": name, "size": f"{w}x{h}", "pixels": w * h, "gpu": gpu["name"],
+                         "attention_ms": t["predicted_attention_time_ms"], "forward_ms": t["predicted_forward_time_ms"],
+                         "source": t["time_source"]})
+    return rows
+
+
+def published_calibration(gpu: dict, dtype: str) -> dict:
+    """The time model's coefficients for a GPU of the table from published kernel efficiencies of its architecture
+    (EFFICIENCY), in the shape of a calibration (planner/timing.py): "per_backend" holds each backend's call fit
+    (core at the efficiency of its kernel, or of the bandwidth for an unfused one; projections at the matmul's; a
+    call's host ops), "rest" the rest of a forward's per op class, "published" says where each figure came from."""
+    from .. import backends, devices
+    from ..gpus import CALL_OPS, FUSED, HOST_OP_S, efficiency
+
+    arch = gpu["arch"]
+    memory, matmul, conv = efficiency("memory", arch), efficiency("matmul", arch), efficiency("convolution", arch)
+    sources = {"memory-bound ops": memory, "matmul": matmul, "convolution": conv}
+    per_backend = {}
+    for name in backends.BACKENDS:
+        kernel = FUSED.get(name, "memory")
+        if name == "sdpa":
+            kernel = devices.sdpa_rule(dtype, 64, 4096, devices.gpu_target(arch))
+            kernel = {"cudnn": "flash", "math": "memory"}.get(kernel, kernel)
+        core = efficiency(kernel, arch) or efficiency("efficient", arch) if kernel != "memory" else memory
+        said = f"{name} attention at {core[0]:.0%} of " + (f"the peak ({kernel} kernel: {core[1]})" if kernel != "memory"
+                                                           else "the bandwidth (unfused: memory-bound)")
+        per_backend[name] = {"coefficients": {"core_self": 1 / core[0], "core_cross": 1 / core[0],
+                                              "projections": 1 / matmul[0], "overhead": CALL_OPS * HOST_OP_S[0] * 1e3},
+                             "cells": 0, "runs": 0, "loo_error_pct": None, "published": said}
+    rest = {"coefficients": {"convolution": 1 / conv[0], "matmul": 1 / matmul[0], "norm": 1 / memory[0],
+                             "other": 1 / memory[0], "ops": HOST_OP_S[0] * 1e3}}
+    said = "; ".join(f"{k} at {v[0]:.0%} ({v[1]})" for k, v in sources.items())
+    text = (f"an estimate, not a measurement: the {gpu['name']}'s published figures ({gpu['source']}) at these "
+            f"efficiencies of {arch}: {said}; the host's {HOST_OP_S[1]}")
+    return {"published": text, "per_backend": per_backend, "backends": {}, "rest": {dtype: rest}, "generation": None}

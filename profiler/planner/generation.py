@@ -1,0 +1,217 @@
+"""A whole generation's time before it runs: attnprof plan --pipeline NAME --size WxH --steps N.
+
+A generation of a Stable Diffusion pipeline (planner/pipeline.py's parts, those fit --pipeline knows) is: the text
+encoders, each once for the prompt and once for the negative prompt under classifier-free guidance (guidance > 1);
+N denoising steps, each a U-Net forward (with its ControlNet's where asked) at the images' batch, twice it under
+guidance; one VAE decode at the images' batch; and the pipeline's own work around them (the scheduler's steps, the
+latents, the image's post-processing). Each forward's time is the time model's (planner/timing.py: its attention
+calls per backend and the rest of its ops per op class, on this device calibrated on its stored runs and recorded
+generations, or on a GPU of the table by its published figures and efficiencies), the pipeline's own work the
+recorded generations' (planner/calibration.py; not counted where there are none). Every figure names its source.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..fmt import table
+from ..spec import InputError
+from . import timing
+from .calibration import LOADED_AS, images, named, published_calibration, record_backend
+from .pipeline import PIPELINES, pipeline_name, text_ops
+
+VIDEO_PIPELINES = {"animatediff-sd15": {"unet": "animatediff-sd15", "vae": "sd15-vae", "text": ("clip-l",),
+                                        "frames": 16}}
+
+
+@dataclass(frozen=True)
+class GenerationSpec:
+    """What one generation runs: the pipeline, the image size, the steps, the guidance (above 1: classifier-free
+    guidance, the U-Net and the text encoders at twice the batch), the video frames (a video pipeline's), the
+    attention backend every part runs, the dtype, the images per prompt, a ControlNet."""
+
+    pipeline: str
+    width: int
+    height: int
+    steps: int = 30
+    guidance: float = 7.5
+    frames: int | None = None
+    backend: str = "sdpa"
+    options: dict = field(default_factory=dict)
+    dtype: str = "float16"
+    batch: int = 1
+    controlnet: bool = False
+
+    def __post_init__(self):
+        name = self.pipeline if self.pipeline in VIDEO_PIPELINES else pipeline_name(self.pipeline)
+        object.__setattr__(self, "pipeline", name)
+        if self.steps < 1:
+            raise InputError(f"--steps {self.steps}: a generation takes at least one step")
+        if self.frames is not None and name not in VIDEO_PIPELINES:
+            raise InputError(f"--frames: the {name} pipeline makes images; use a video pipeline "
+                             f"({', '.join(VIDEO_PIPELINES)})")
+        if self.controlnet and "controlnet" not in self.parts:
+            raise InputError(f"--controlnet: the {name} pipeline has no ControlNet in the registry")
+
+    @property
+    def parts(self) -> dict:
+        return {**PIPELINES, **VIDEO_PIPELINES}[self.pipeline]
+
+    @property
+    def cfg(self) -> bool:
+        return self.guidance > 1
+
+    @property
+    def images(self) -> int:
+        """What the VAE decodes: the images, times the frames of a video."""
+        return self.batch * (self.frames or self.parts.get("frames") or 1)
+
+
+PUBLISHED = "published limits and efficiencies"
+
+
+def predict_generation(spec: GenerationSpec, limits: dict, calibration: dict | None, gpu: dict | None,
+                       device: str) -> dict:
+    """{"spec", "parts": [{"part", "model", "forwards", "each_ms", "total_ms", "attention_ms", "source"}], "total_ms",
+    "attention_ms", "attention_share", "largest_blocks", "device"}."""
+    p, step_batch = spec.parts, spec.batch * (2 if spec.cfg else 1)
+    frames = spec.frames or p.get("frames")
+    unet_settings = (("frames", frames),) if frames else ()
+    parts = [_text_part(name, spec, limits, calibration) for name in p["text"]]
+    unet = _forward_part("denoise", p["unet"], spec, step_batch, unet_settings, limits, calibration, gpu, device)
+    parts.append(unet)
+    if spec.controlnet:
+        parts.append(_forward_part("denoise", p["controlnet"], spec, step_batch, (), limits, calibration, gpu, device))
+    parts.append(_forward_part("decode", p["vae"], spec, spec.images, (), limits, calibration, gpu, device))
+    parts.append(_overhead_part(spec, calibration))
+    total = sum(x["total_ms"] for x in parts)
+    attention = sum(x["attention_ms"] or 0.0 for x in parts)
+    blocks = sorted(unet.pop("blocks"), key=lambda r: -r["predicted_time_ms"])[:5]
+    return {"spec": {**spec.__dict__, "cfg": spec.cfg, "step_batch": step_batch, "images": spec.images},
+            "parts": [{k: v for k, v in x.items() if k != "blocks"} for x in parts], "total_ms": total,
+            "attention_ms": attention, "attention_share": attention / total if total else None,
+            "largest_blocks": [{"block": r["block"], "kind": r["kind"], "tokens_q": r["tokens_q"],
+                                "tokens_k": r["tokens_k"], "each_ms": r["predicted_time_ms"],
+                                "total_ms": r["predicted_time_ms"] * spec.steps} for r in blocks],
+            "device": gpu["name"] if gpu else f"this machine's {device}",
+            "published": (calibration or {}).get("published")}
+
+
+def _forward_part(part: str, model: str, spec: GenerationSpec, batch: int, settings: tuple, limits: dict,
+                  calibration: dict | None, gpu: dict | None, device: str) -> dict:
+    p = timing.walked_plan(model, spec.width, spec.height, batch, spec.dtype, settings)
+    t = timing.predict(p, spec.backend, spec.options, limits, calibration, gpu, device)
+    published = t["time_calibrated"] and (calibration or {}).get("published")
+    source = f"{PUBLISHED}, {timing.published_backend(calibration, spec.backend)}" if published else t["time_source"]
+    forwards = spec.steps if part == "denoise" else 1
+    return {"part": part, "model": model, "batch": batch, "forwards": forwards,
+            "each_ms": t["predicted_forward_time_ms"], "total_ms": t["predicted_forward_time_ms"] * forwards,
+            "attention_ms": t["predicted_attention_time_ms"] * forwards, "source": source,
+            "blocks": p["blocks"]}
+
+
+def _text_part(name: str, spec: GenerationSpec, limits: dict, calibration: dict | None) -> dict:
+    """A text encoder, once per prompt (and once more for the negative prompt under guidance): its ops at the rest's
+    calibration (its attention is CLIP's own, counted among its ops)."""
+    dev = timing.Device.of(limits, spec.dtype)
+    ops = text_ops(name, spec.dtype, spec.batch)
+    fit = (calibration or {}).get("rest", {}).get(spec.dtype)
+    each = timing.apply(fit, dev.rest_features(ops), timing.roof_ms(ops, dev))
+    forwards = 2 if spec.cfg else 1
+    published = (calibration or {}).get("published")
+    source = (PUBLISHED if published else f"the rest of the forwards' calibration ({fit['cells']} forwards), on its "
+              "ops" if fit else "roofline bound of its ops")
+    return {"part": "text", "model": name, "batch": spec.batch, "forwards": forwards, "each_ms": each,
+            "total_ms": each * forwards, "attention_ms": None, "source": source}
+
+
+def _overhead_part(spec: GenerationSpec, calibration: dict | None) -> dict:
+    """The pipeline's own work: the recorded generations' fit, or nothing counted."""
+    fit = (calibration or {}).get("generation")
+    features = {"steps": float(spec.steps), "pixels": float(spec.width * spec.height * spec.images), "one": 1.0}
+    ms = timing.apply(fit, features, 0.0) if fit else 0.0
+    source = (f"calibrated on {fit['cells']} recorded generations of this device" if fit else
+              "not counted: no recorded generation of this device to calibrate on (attnprof record)")
+    return {"part": "pipeline", "model": "scheduler, latents, images", "batch": spec.batch, "forwards": spec.steps,
+            "each_ms": ms / spec.steps, "total_ms": ms, "attention_ms": None, "source": source}
+
+
+def by_gpu(pipeline: str, width: int, height: int, steps: int, names: list[str], dtype: str = "float16",
+           batch: int = 1) -> list[dict]:
+    """A generation's predicted time on every GPU of the table, per backend, from the published figures and
+    efficiencies (the dashboard's Planner page): one row per (GPU, backend) whose dtype and kernels the GPU has."""
+    from .. import gpus
+
+    rows = []
+    for name in gpus.names():
+        gpu = gpus.get(name)
+        if gpu["tflops"].get(dtype) is None:
+            continue
+        limits, calibration = gpus.limits(gpu, dtype), published_calibration(gpu, dtype)
+        for backend in names:
+            spec = GenerationSpec(pipeline, width, height, steps, backend=backend, dtype=dtype, batch=batch)
+            g = predict_generation(spec, limits, calibration, gpu, "cuda")
+            rows.append({"gpu": name, "backend": backend, "total_s": g["total_ms"] / 1e3,
+                         "attention_share": g["attention_share"], "steps": steps, "size": f"{width}x{height}"})
+    return rows
+
+
+def format_generation(g: dict) -> str:
+    s = g["spec"]
+    how = (f"{s['pipeline']} pipeline, {s['width']}x{s['height']}, {s['steps']} steps, guidance {s['guidance']:g}"
+           + (f" (classifier-free: the U-Net at batch {s['step_batch']})" if s["cfg"] else " (no classifier-free "
+              "guidance)") + (f", {s['frames']} frames" if s.get("frames") else "")
+           + f", {s['dtype']}, {s['backend']} attention on {g['device']}")
+    ms = lambda v: "-" if v is None else f"{v:,.1f} ms" if v < 1e4 else f"{v / 1e3:,.2f} s"  # noqa: E731
+    rows = [{"part": x["part"], "model": x["model"], "runs": f"{x['forwards']} x batch {x['batch']}",
+             "each": ms(x["each_ms"]), "total": ms(x["total_ms"]), "attention": ms(x["attention_ms"]),
+             "share": f"{100 * x['total_ms'] / g['total_ms']:.1f}%" if g["total_ms"] else "-"} for x in g["parts"]]
+    cols = [(c, c) for c in ("part", "model", "runs", "each", "total", "attention", "share")]
+    top = [{"block": b["block"], "kind": b["kind"], "tokens": f"{b['tokens_q']} x {b['tokens_k']}",
+            "each step": ms(b["each_ms"]), "all steps": ms(b["total_ms"])} for b in g["largest_blocks"]]
+    sources = [f"  {x['part']} ({x['model']}): {x['source']}" for x in g["parts"]]
+    sources += [f"  {PUBLISHED}: {g['published']}"] if g.get("published") else []
+    share = f" ({100 * g['attention_share']:.1f}% of it attention)" if g["attention_share"] is not None else ""
+    return "\n".join([how, "", table(rows, cols), "", f"predicted total: {ms(g['total_ms'])}{share}", "",
+                      "largest attention calls of the U-Net:", table(top, [(c, c) for c in top[0]]) if top else "-",
+                      "", "each figure from:", *sources])
+
+
+def generation_spec(run, manifest: dict, cell: dict):
+    """The GenerationSpec (planner/generation.py) a recorded generation ran: its pipeline the registry's whose U-Net
+    its denoiser is, its size, steps, guidance, backend, dtype and images; None where its pipeline is not one the
+    planner knows."""
+
+    configs = (manifest.get("record") or {}).get("configs") or {}
+    unet = named(configs["unet"]["class"], configs["unet"]["config"]) if "unet" in configs else None
+    name = next((n for n, p in PIPELINES.items() if p["unet"] == unet), None)
+    backend = record_backend(cell)
+    if not name or not backend:
+        return None
+    _, blocks = run.read()
+    return GenerationSpec(name, int(cell["width"]), int(cell["height"]), int(cell["steps"]),
+                          float(cell["guidance"] or 1.0), backend=backend, dtype=cell["dtype"],
+                          batch=images(cell, blocks))
+
+
+def pipeline_spec(pipe, args: tuple, kwargs: dict, backend: str | None):
+    """The GenerationSpec of a diffusers pipeline call about to run (its size, steps, guidance and images as the
+    pipeline's own defaults give them where the call does not), or None where its U-Net is not a registry model's."""
+    from ..record.session import _config
+
+    unet = getattr(pipe, "unet", None)
+    model = named(type(unet).__name__, _config(unet)) if unet is not None else None
+    name = next((n for n, p in PIPELINES.items() if p["unet"] == model), None)
+    if name is None:
+        return None
+    if backend is None:
+        kinds = {type(p).__name__ for p in unet.attn_processors.values()}
+        backend = LOADED_AS.get(kinds.pop()) if len(kinds) == 1 else None
+    if backend is None:
+        return None
+    size = unet.config.sample_size * getattr(pipe, "vae_scale_factor", 8)
+    prompt = kwargs.get("prompt", args[0] if args else None)
+    prompts = len(prompt) if isinstance(prompt, list) else 1
+    return GenerationSpec(name, int(kwargs.get("width") or size), int(kwargs.get("height") or size),
+                          int(kwargs.get("num_inference_steps") or 50), float(kwargs.get("guidance_scale", 7.5)),
+                          backend=backend, dtype=str(unet.dtype).removeprefix("torch."),
+                          batch=prompts * int(kwargs.get("num_images_per_prompt") or 1))
