@@ -352,12 +352,10 @@ def recorded_generations(results: Path) -> list[tuple[dict, object]]:
     knows."""
     from .measure.limits import device_key
     from .planner.generation import generation_spec
-    from .store import Run, kind_of, list_runs
+    from .store import kind_of, readable_runs
 
     found = []
-    for path in list_runs(results) if results.is_dir() else []:
-        run = Run.open(path)
-        manifest = run.manifest()
+    for run, manifest in readable_runs(results):
         if kind_of(manifest).name != "record" or (manifest.get("device_limits") or {}).get("key") != device_key("cpu"):
             continue
         table, _ = run.read()

@@ -429,6 +429,26 @@ def _read_many(paths: list[Path]) -> pd.DataFrame:
     return pa.concat_tables(tables, promote_options="permissive").to_pandas()
 
 
+_WARNED: set = set()  # the unreadable runs this process has warned of
+
+
+def readable_runs(root: Path) -> list[tuple["Run", dict]]:
+    """(run, manifest) of every run under root whose manifest reads; one that does not is passed over with one
+    warning line on stderr (once a process), so that one torn run never blocks new work."""
+    import sys
+
+    found = []
+    for path in list_runs(root):
+        run = Run.open(path)
+        try:
+            found.append((run, run.manifest()))
+        except Unreadable as e:
+            if path not in _WARNED:
+                print(f"attnprof: warning: passed over {path.name}: {e}", file=sys.stderr)
+                _WARNED.add(path)
+    return found
+
+
 def list_runs(root: Path) -> list[Path]:
     root = Path(root)
     if not root.is_dir():

@@ -46,3 +46,22 @@ def test_runs_lists_the_good_run_and_marks_the_unreadable_ones(results, capsys):
     assert "1: 1 ok" in lines["good"] and "unreadable" not in lines["good"]
     assert "unreadable: ArrowInvalid" in lines["bad-cells"] and "unreadable: JSONDecodeError" in lines["bad-manifest"]
     assert not any("nan" in line for line in lines.values())
+
+
+def test_new_work_beside_an_unreadable_run_passes_it_over_with_one_warning(results, capsys):
+    """A torn run in the results folder: plan --results, run into the folder, show and runs go on, each
+    naming it once on stderr (no exit 2, no stub run left by a refusal)."""
+    args = ["--model", "tiny-sd15", "--size", "64x64", "--dtype", "float32", "--device", "cpu"]
+    assert main(["plan", *args, "--results", str(results)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning: passed over bad-manifest") == 1 and "manifest.json cannot be read" in err
+    before = {p.name for p in results.iterdir()}
+    assert main(["run", *args, "--backend", "sdpa", "--repeats", "1", "--warmup", "0", "--in-process", "--quiet",
+                 "--out", str(results)]) == 0
+    made = {p.name for p in results.iterdir()} - before
+    assert len(made) == 1  # the new run, whole
+    new = made.pop()
+    assert main(["show", new, "--results", str(results)]) == 0  # (latest: by name, the synthetic "good" run here)
+    assert f"run {new}" in capsys.readouterr().out
+    assert main(["runs", "--results", str(results)]) == 0
+    assert "unreadable" in capsys.readouterr().out

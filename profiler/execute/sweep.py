@@ -223,11 +223,10 @@ def _limits(manifest: dict, executor, device: str, dtypes) -> dict:
 
 
 def _find_resumable(sweep: Sweep):
-    from ..store import Run, list_runs
+    from ..store import readable_runs
 
-    for path in reversed(list_runs(Path(sweep.out))):
-        run = Run.open(path)
-        if _same_grid(run.manifest().get("sweep", {}), sweep.settings()):
+    for run, manifest in reversed(readable_runs(Path(sweep.out))):
+        if _same_grid(manifest.get("sweep", {}), sweep.settings()):
             return run
     return None
 

@@ -157,11 +157,10 @@ def samples(results: Path, key: str, passed: dict | None = None,
     is passed over and named in `passed` (run id -> why); one whose calibrations say the machine moved while it ran
     is weighted down (calibration.weight) and named there too.
     keep(cell) -> bool, where given, chooses the cells (a held-out test leaves some out)."""
-    from ..store import Run, kind_of, list_runs
+    from ..store import Unreadable, kind_of, readable_runs
+
     calls, rests, limits, runs = [], [], {}, []
-    for path in list_runs(Path(results)):
-        run = Run.open(path)
-        manifest = run.manifest()
+    for run, manifest in readable_runs(Path(results)):
         why = passed_why(manifest)
         if why:
             if passed is not None:
@@ -172,9 +171,14 @@ def samples(results: Path, key: str, passed: dict | None = None,
             continue
         limits = {k: manifest[k] for k in ("device_peak_flops", "device_peak_bytes_per_s", "device_limits",
                                            "device_memory", "device_softmax_per_s") if k in manifest}
-        runs.append(run.id)
         reader = record_samples if kind_of(manifest).name == "record" else _sweep_samples
-        c, r = reader(run, manifest, keep)
+        try:
+            c, r = reader(run, manifest, keep)
+        except Unreadable as e:  # its cells or blocks torn: passed over, named
+            if passed is not None:
+                passed[run.id] = f"unreadable: {e}"
+            continue
+        runs.append(run.id)
         if why and passed is not None:
             passed[run.id] = why
         calls += [{**s, "run": run.id, "weight": w} for s in c]
@@ -284,11 +288,10 @@ def same_arch(results: Path, gpu: dict, dtype: str) -> dict | None:
     overhead carried over. Of several such devices, the one with the most cells of this dtype. None where there is
     none. The result's "device" names the GPU the runs were made on."""
     from .. import gpus
-    from ..store import Run, list_runs
+    from ..store import readable_runs
 
     found = {}
-    for path in list_runs(results) if results.is_dir() else []:
-        manifest = Run.open(path).manifest()
+    for _, manifest in readable_runs(results):
         key = (manifest.get("device_limits") or {}).get("key")
         env = manifest.get("environment") or {}
         if key and str(env.get("device", "")).startswith("cuda") and gpus.arch_of(env) == gpu["arch"]:
@@ -319,12 +322,10 @@ def harness_overhead(results: Path, key: str) -> dict | None:
     warm-up, timed and probe forwards: the model's build, the reference, the probes, the worker), and what a run took
     beyond its cells (its wall time less its cells': the preflight, the limits, the calibrations): the medians, or
     None where there is no such run."""
-    from ..store import Run, kind_of, list_runs
+    from ..store import kind_of, readable_runs
 
     cells, runs = [], []
-    for path in list_runs(results) if Path(results).is_dir() else []:
-        run = Run.open(path)
-        m = run.manifest()
+    for run, m in readable_runs(Path(results)):
         sweep = m.get("sweep") or {}
         if not kind_of(m).calibrates or (m.get("device_limits") or {}).get("key") != key or \
                 not m.get("ended_at") or m.get("interrupted") or "repeats" not in sweep:
