@@ -79,6 +79,13 @@ def test_a_call_is_placed_against_the_bound_that_applies():
     unknown = limits.place(flops=4e9, bytes_moved=2e9, ms=100.0)  # no limits measured: no bound, no percent
     assert unknown["roofline_bound"] is None and unknown["pct_of_peak"] is None
     assert unknown["achieved_flops_per_s"] == 4e10
+    # a 32 MiB last-level cache at 400 GB/s: a call whose tables (8 MiB) stay in half of it meets the cache's roof,
+    # so sliced's small tables no longer run "at 150% of memory"; one whose tables (20 MiB) spill meets DRAM's
+    cached = dict(peak_flops=1e12, peak_bytes_per_s=1e11, cache_bytes=32 * 2**20, cache_bytes_per_s=4e11)
+    fits = limits.place(flops=4e9, bytes_moved=2e9, ms=10.0, **cached, working=8 * 2**20)
+    assert fits["pct_of_peak"] == pytest.approx(100 * 4e11 / (2.0 * 4e11))  # 50% of the cache's roof
+    spills = limits.place(flops=4e9, bytes_moved=2e9, ms=10.0, **cached, working=20 * 2**20)
+    assert spills["pct_of_peak"] == pytest.approx(100 * 4e11 / (2.0 * 1e11))  # DRAM's: 200%, a bound beaten
 
 
 class FakeDevice:

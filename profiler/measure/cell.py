@@ -16,6 +16,7 @@ from ..recorder import Recorder
 from ..backends import REFERENCE_BACKEND, REFERENCE_DTYPE
 from ..spec import CellSpec
 from ..workload import Workload
+from .limits import roof_of
 from .rows import TOLERANCE, attention_summary, block_row, cell_row, timed_forwards  # noqa: F401 (also cell's)
 
 
@@ -182,7 +183,7 @@ def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev, 
     per_call, cpu_forward_peak = trace_windows(prof, probe.ranges)
     probe.collect()
     probe_ms = {key: samples[-1] for key, samples in probe.samples.items()}
-    roof = (extra.get("device_peak_flops_per_s"), extra.get("device_peak_bytes_per_s"))
+    roof = roof_of(extra)
     blocks = [block_row(spec, row, timer.samples.get(row["call_index"], []),
                         {**per_call.get(row["call_index"], {}), "probe_time_ms": probe_ms.get(row["call_index"])},
                         probe.peak.get(row["call_index"]), roof) for row in probe_rec.rows]

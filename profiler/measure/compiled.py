@@ -29,6 +29,7 @@ import torch
 from .. import backends, models
 from ..recorder import Recorder, swapped
 from ..spec import CellSpec
+from .limits import roof_of
 from .probes import _CPU, _CUDA, NvmlSampler, attention_op, op_calls, trace_windows, traced
 
 
@@ -121,7 +122,7 @@ def measure_compiled(spec: CellSpec, cache, repeats: int, warmup: int, dev, extr
         forwards_s += time.perf_counter() - t0 - compile_s
     rows = rec.passes()[0]
     note = next((n for n in (matched(rows, ops, spec.backend) for ops in traces) if n), "")  # every traced forward
-    roof = (extra.get("device_peak_flops_per_s"), extra.get("device_peak_bytes_per_s"))
+    roof = roof_of(extra)
     blocks = [_call_row(spec, row, [] if note else [ops[i] for ops in traces], roof) for i, row in enumerate(rows)]
     cell = cell_row(spec, reference, inputs, weights, timed, None if dev.allocator else cpu_forward_peak, dev, nvml)
     cell.update(**attention_summary(blocks, roof), **report, forwards_total_s=forwards_s, compile_s=compile_s,

@@ -171,16 +171,33 @@ def softmax_per_s(dev, dtype: str) -> float:
     return elements / (_best_ms(dev, lambda: torch.softmax(x, -1, out=out)) / 1e3)
 
 
+CACHE_SHARE = 0.5  # a working set of at most this share of the last-level cache moves at the cache's bandwidth
+
+
 def cell_peaks(limits: dict, dtype: str) -> dict:
-    """The two limits that apply to a cell of this dtype, as the cell row stores them."""
+    """The limits that apply to a cell of this dtype, as the cell row stores them: the compute peak, the memory
+    bandwidth, and where measured the last-level cache's size and bandwidth."""
+    memory = limits.get("device_memory") or {}
     return {"device_peak_flops_per_s": (limits.get("device_peak_flops") or {}).get(dtype),
-            "device_peak_bytes_per_s": limits.get("device_peak_bytes_per_s")}
+            "device_peak_bytes_per_s": limits.get("device_peak_bytes_per_s"),
+            "device_cache_bytes": memory.get("cache_bytes"), "device_cache_bytes_per_s": memory.get("cache_bytes_per_s")}
+
+
+def roof_of(extra: dict) -> tuple:
+    """The roof place() takes, from a cell's limits (cell_peaks)."""
+    return tuple(extra.get(k) for k in ("device_peak_flops_per_s", "device_peak_bytes_per_s", "device_cache_bytes",
+                                        "device_cache_bytes_per_s"))
 
 
 def place(flops: float, bytes_moved: float, ms: float, peak_flops: float | None = None,
-          peak_bytes_per_s: float | None = None) -> dict:
+          peak_bytes_per_s: float | None = None, cache_bytes: float | None = None,
+          cache_bytes_per_s: float | None = None, working: float | None = None) -> dict:
     """One call (or a cell's calls summed) on the roofline: achieved FLOP/s, FLOPs per byte, and where the peaks
-    are known the bound that applies ('compute' or 'memory') and the percent of it achieved."""
+    are known the bound that applies ('compute' or 'memory') and the percent of it achieved. A call whose working
+    set (working: the tables alive at once) fits the cache's share moves at the cache's bandwidth where measured: its
+    memory roof is that one (sliced's small tables ran at 119-156% of the DRAM roof)."""
+    if working is not None and cache_bytes and cache_bytes_per_s and working <= CACHE_SHARE * cache_bytes:
+        peak_bytes_per_s = max(peak_bytes_per_s or 0.0, cache_bytes_per_s)
     achieved = flops / (ms / 1e3) if ms and ms > 0 else float("nan")
     intensity = flops / bytes_moved if bytes_moved else float("nan")
     out = {"achieved_flops_per_s": achieved, "arithmetic_intensity": intensity, "roofline_bound": None,

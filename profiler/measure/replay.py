@@ -25,9 +25,9 @@ import torch
 
 from .. import backends, devices
 from ..models import facts_of
-from ..planner.memory import bytes_moved, predicted_peak_bytes
+from ..planner.memory import bytes_moved, predicted_peak_bytes, working_set
 from ..spec import CellSpec, torch_dtype
-from .limits import cell_peaks, device_limits, place
+from .limits import cell_peaks, device_limits, place, roof_of
 from .probes import CallProbe, CallTimer, summarize, trace_windows, traced
 
 SHAPE = ("batch", "heads", "head_dim", "tokens_q", "tokens_k", "kind", "upcast")
@@ -165,7 +165,7 @@ def _replay_cell(spec, rows, in_model, repeats, warmup, measured: dict, peaks: d
     if not ok:
         return failed_cell(spec, "unavailable", reason), []
     blocks = []
-    roof = (peaks["device_peak_flops_per_s"], peaks["device_peak_bytes_per_s"])
+    roof = roof_of(peaks)
     try:
         for row in rows:
             key = (spec.backend, spec.backend_options, spec.dtype, spec.device, shape_of(row))
@@ -183,7 +183,9 @@ def _replay_cell(spec, rows, in_model, repeats, warmup, measured: dict, peaks: d
             blocks.append({**spec.as_row(), **base, **figures,
                            "predicted_peak_bytes": predicted_peak_bytes(spec.backend, modelled, spec.dtype,
                                                                         **spec.options) - qkv,
-                           "bytes_moved": moved, **place(row["flops"], moved, figures["time_ms"], *roof),
+                           "bytes_moved": moved, **place(row["flops"], moved, figures["time_ms"], *roof,
+                                                                     working=working_set(spec.backend, modelled,
+                                                                                         spec.dtype, **spec.options)),
                            "in_model_time_ms": inside,
                            "gap_ms": None if inside is None else inside - figures["time_ms"], "status": "ok"})
     except Exception as e:  # a shape that fails fails its cell, as a measured cell would

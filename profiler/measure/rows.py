@@ -9,7 +9,7 @@ from torch.utils._pytree import tree_leaves
 
 from .. import backends
 from ..models import facts_of
-from ..planner.memory import bytes_moved, predicted_peak_bytes
+from ..planner.memory import bytes_moved, predicted_peak_bytes, working_set
 from ..spec import CellSpec
 from .limits import place
 from .probes import CallTimer, summarize
@@ -62,7 +62,9 @@ def block_row(spec: CellSpec, row: dict, samples: list[float], seen: dict, peak:
             "kernel": seen.get("kernel", ""), "gpu_time_ms": seen.get("gpu_time_ms"),
             "probe_time_ms": seen.get("probe_time_ms"),  # the call's device-clock time in the pass of gpu_time_ms
             "gpu_kernels": ",".join(seen["gpu_kernels"]) if seen.get("gpu_time_ms") is not None else None,
-            "bytes_moved": moved, **place(row["flops"], moved, timing["time_ms"], *roof), "status": "ok"}
+            "bytes_moved": moved, **place(row["flops"], moved, timing["time_ms"], *roof,
+                                          working=working_set(spec.backend, row, spec.dtype, **spec.options)),
+            "status": "ok"}
 
 
 def cell_row(spec: CellSpec, reference: tuple, inputs: dict, weights: int, timed: dict, cpu_forward_peak,

@@ -44,11 +44,11 @@ import numpy as np
 from .. import backends
 from ..spec import InputError, parse_dtype
 from .forward import OP_CLASSES, walk
+from ..measure.limits import CACHE_SHARE
 from .memory import bytes_moved, new_page_bytes, working_set
 
 CALL_FEATURES = ("core_self", "core_cross", "projections", "overhead")
 REST_FEATURES = (*OP_CLASSES, "ops")
-CACHE_SHARE = 0.5  # a working set of at most this share of the last-level cache moves at the cache's bandwidth
 
 
 @dataclass(frozen=True)
