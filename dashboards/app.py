@@ -204,6 +204,7 @@ def table(df: pd.DataFrame, name: str) -> None:
 def chart(data: pd.DataFrame, spec: dict, stretch: bool = True) -> None:
     if "concat" in spec:  # small multiples: Streamlit names no data set for a concat's views, so the data goes inline
         return st.vega_lite_chart(C.with_data(spec, data), width="content")
+    spec = C.coloured(spec, data)
     if stretch:  # fit the width only: a legend below the plot adds to the height instead of taking the plot's;
         # padding on the left, where a y title would otherwise stand a pixel or two outside the chart (clipped)
         spec = {"autosize": {"type": "fit-x", "contains": "padding"}, "padding": {"left": 8, "top": 5, "right": 5,

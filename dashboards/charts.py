@@ -228,7 +228,8 @@ def planner_times(sizes: list[str]) -> dict:
     """Each backend's predicted forward time (the data: planner.calibration.by_size) against the image size, a line per
     backend; the attention's share in the tooltip."""
     return {"height": 300, "mark": {"type": "line", "point": True, "tooltip": True}, "encoding": {
-        "x": {"field": "size", "type": "ordinal", "sort": sizes, "title": SIZE_X},
+        "x": {"field": "size", "type": "ordinal", "sort": sizes, "title": SIZE_X,
+              "axis": {"labelAngle": 0, "labelLimit": 0}},  # "1536x1536" whole, not rotated and clipped to "x512"
         "y": log_axis("forward_ms", "predicted forward time (ms, published efficiencies)"),
         "color": colour("backend", "backend"),
         "tooltip": [tip("backend", "backend"), tip("size", "size"), num("forward_ms", "forward (ms)", ".3f"),
@@ -260,6 +261,47 @@ def roofline(lines: pd.DataFrame, legend: str = "backend") -> dict:
 
 
 def with_data(spec: dict, data: pd.DataFrame) -> dict:
-    """The spec with its data inline (for a page with no server): NaN as null."""
+    """The spec with its data inline (for a page with no server): NaN as null; its colours fixed (coloured)."""
     records = data.astype(object).where(data.notna(), None).to_dict("records")
-    return {"$schema": SCHEMA, **spec, "data": {"values": records}}
+    return {"$schema": SCHEMA, **coloured(spec, data), "data": {"values": records}}
+
+
+# Twenty colours told apart (Tableau 20): a backend of ours has its own on every page and in the report; the other
+# series of a chart take the next free ones, so that no two series of one chart share a colour up to twenty
+PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
+           "#bab0ac", "#a0cbe8", "#ffbe7d", "#ff9d9a", "#86bcb6", "#8cd17d", "#f1ce63", "#d4a6c8", "#fabfd2",
+           "#d7b5a6", "#79706e")
+OWN_COLOUR = {name: PALETTE[i] for i, name in enumerate(
+    ("naive", "sliced", "split", "subquad", "sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-math", "sdpa-cudnn",
+     "xformers", "flash-attn", "flash-attn-3", "flex", "sage"))}
+
+
+def colours(values: list) -> list[str]:
+    """A colour for each of the values (a chart's series, in order): a backend of ours its own, the rest the free
+    ones in turn; distinct up to len(PALETTE) values."""
+    out, used = [], set()
+    free = (c for c in PALETTE * (1 + len(values) // len(PALETTE)))
+    for v in values:
+        c = OWN_COLOUR.get(str(v))
+        if c is None or c in used:
+            c = next(x for x in free if x not in used or len(used) >= len(PALETTE))
+        used.add(c)
+        out.append(c)
+    return out
+
+
+def coloured(spec: dict, data: pd.DataFrame) -> dict:
+    """The spec with every nominal colour of a field in data given a scale of its own (colours): where the data and
+    the spec meet, the app's chart() and with_data()."""
+    spec = dict(spec)
+    enc = spec.get("encoding")
+    c = (enc or {}).get("color")
+    if c and c.get("type") == "nominal" and "scale" not in c and c.get("field") in data:
+        values = sorted(data[c["field"]].dropna().unique().tolist(), key=str)
+        spec["encoding"] = {**enc, "color": {**c, "scale": {"domain": values, "range": colours(values)}}}
+    for key in ("layer", "concat", "vconcat", "hconcat"):
+        if key in spec:
+            spec[key] = [coloured(part, data) for part in spec[key]]
+    if "spec" in spec:
+        spec["spec"] = coloured(spec["spec"], data)
+    return spec

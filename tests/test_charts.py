@@ -20,7 +20,7 @@ from tests.test_dashboard_e2e import _MISSING, CHROMIUM, sync_playwright  # noqa
 # Fields that say which measured thing a row is: rows that differ in one of them must not be drawn as one series.
 IDENTITY = ("run_id", "model", "dtype", "batch", "backend", "backend_label", "aspect", "source", "block")
 NOT_SPECS = {"tip", "num", "log_axis", "colour", "call_tooltip", "cell_tooltip", "with_data", "scaling_charts",
-             "size_axis"}
+             "size_axis", "colours", "coloured"}
 OUT = Path(__file__).resolve().parent.parent / "test-output" / "charts-e2e"
 
 
@@ -71,8 +71,13 @@ def violations(spec: dict, data: pd.DataFrame) -> list[str]:
 
 
 def _same(made: dict, shown: dict) -> bool:
-    """Whether a spec a function made is the one Streamlit shows (which adds keys of its own)."""
-    return all(shown.get(k) == v for k, v in json.loads(json.dumps(made)).items())
+    """Whether a spec a function made is the one Streamlit shows (which adds keys of its own, as the app's colours:
+    charts.coloured's scales)."""
+    def plain(spec):
+        if isinstance(spec, dict):
+            return {k: plain(v) for k, v in spec.items() if k != "scale" or "range" not in (v or {})}
+        return [plain(v) for v in spec] if isinstance(spec, list) else spec
+    return all(plain(shown.get(k)) == plain(v) for k, v in json.loads(json.dumps(made)).items())
 
 
 @pytest.fixture(scope="module")
@@ -211,3 +216,21 @@ def test_the_report_draws_without_warnings_and_its_tooltips_and_legends_say_what
     finally:
         page.close()
     assert messages == []  # no 'Dropping ... from channel "tooltip"', no version mismatch, nothing
+
+
+def test_a_backend_keeps_its_colour_and_no_two_series_of_a_chart_share_one():
+    """Fourteen backends of ours, one series each: fourteen colours, each backend's own (the same on every page and
+    in the report: the app's chart() and with_data() both colour through charts.coloured); with a second run beside
+    (labels naming the run too), twenty-eight series still share no colour up to the palette's twenty, and where
+    they pass it every one of the twenty is used before any repeats."""
+    own = list(C.OWN_COLOUR)
+    assert len(own) == 14 and len(set(C.colours(own))) == 14
+    assert C.colours(own) == [C.OWN_COLOUR[b] for b in own]
+    assert C.colours(["sdpa", "naive"]) == [C.OWN_COLOUR["sdpa"], C.OWN_COLOUR["naive"]]  # whatever else is drawn
+    mixed = [f"{b} run-a" for b in own[:10]] + own[:10]
+    assert len(set(C.colours(mixed))) == 20
+    data = pd.DataFrame({"label": own, "x": range(14), "y": range(14)})
+    spec = C.coloured({"layer": [{"mark": "point", "encoding": {"color": C.colour("label", "backend")}}]}, data)
+    scale = spec["layer"][0]["encoding"]["color"]["scale"]
+    assert sorted(scale["domain"]) == sorted(own) and len(set(scale["range"])) == 14
+    assert dict(zip(scale["domain"], scale["range"]))["xformers"] == C.OWN_COLOUR["xformers"]
