@@ -31,8 +31,10 @@ def log_axis(field: str, title: str, **extra) -> dict:
 def colour(field: str, title: str, columns: int = 4, **extra) -> dict:
     """A nominal colour whose legend sits below the chart, `columns` entries to a row, and shows labels whole (a
     label names backend, model, dtype, ... where they vary): however many series, the plot keeps its width."""
-    return {"field": field, "type": "nominal", "title": title,
-            "legend": {"orient": "bottom", "columns": columns, "labelLimit": 420}, **extra}
+    return {"field": field, "type": "nominal", "title": title, "legend": {**LEGEND, "columns": columns}, **extra}
+
+
+LEGEND = {"orient": "bottom", "labelLimit": 420}
 
 
 PANEL_WIDTH, PANEL_HEIGHT, PANEL_COLUMNS = 320, 220, 2  # small multiples: two side by side fit a laptop's window
@@ -276,32 +278,62 @@ OWN_COLOUR = {name: PALETTE[i] for i, name in enumerate(
      "xformers", "flash-attn", "flash-attn-3", "flex", "sage"))}
 
 
-def colours(values: list) -> list[str]:
-    """A colour for each of the values (a chart's series, in order): a backend of ours its own, the rest the free
-    ones in turn; distinct up to len(PALETTE) values."""
-    out, used = [], set()
-    free = (c for c in PALETTE * (1 + len(values) // len(PALETTE)))
-    for v in values:
-        c = OWN_COLOUR.get(str(v))
-        if c is None or c in used:
-            c = next(x for x in free if x not in used or len(used) >= len(PALETTE))
-        used.add(c)
-        out.append(c)
-    return out
+def colours(values: list, owners: list | None = None) -> list[str]:
+    """A colour for each of the values (a chart's series, in order): a value whose owner (the value itself, or the
+    backend given for it) is a backend of ours takes that backend's own colour, the first such value in order where
+    several share one owner; the rest the free ones in turn; distinct up to len(PALETTE) values."""
+    out, used = [None] * len(values), set()
+    for i, owner in enumerate(owners or [str(v) for v in values]):
+        c = OWN_COLOUR.get(owner)
+        if c and c not in used:
+            out[i] = c
+            used.add(c)
+    free = iter([c for c in PALETTE if c not in used] + list(PALETTE) * (1 + len(values) // len(PALETTE)))
+    return [c or next(free) for c in out]
 
 
-def coloured(spec: dict, data: pd.DataFrame) -> dict:
-    """The spec with every nominal colour of a field in data given a scale of its own (colours): where the data and
-    the spec meet, the app's chart() and with_data()."""
+SECOND = {"point": ("shape",), "line": ("shape", "strokeDash")}  # how a mark tells a label's variant apart beside
+# its colour: a point by its shape, a line by its dash and its points' shape (one legend: a line's alone draws blank)
+
+
+def coloured(spec: dict, data: pd.DataFrame, by: str | None = None, title: str = "") -> dict:
+    """The spec with every nominal colour of a field in data given a scale of its own (colours), a backend's series
+    of the most common variant (transforms.labelled) in its own colour; and where the colour is `label` and the
+    variants differ, each point or line mark not already shaped or dashed shaped (points) or dashed (lines) by the
+    variant, the second dimension (run, model, setting). Applied where the data and the spec meet: the app's
+    chart() and with_data()."""
     spec = dict(spec)
-    enc = spec.get("encoding")
-    c = (enc or {}).get("color")
-    if c and c.get("type") == "nominal" and "scale" not in c and c.get("field") in data:
-        values = sorted(data[c["field"]].dropna().unique().tolist(), key=str)
-        spec["encoding"] = {**enc, "color": {**c, "scale": {"domain": values, "range": colours(values)}}}
+    enc = dict(spec.get("encoding") or {})
+    c = enc.get("color")
+    if c and c.get("type") == "nominal" and c.get("field") in data:
+        by, title = c["field"], c.get("title") or ""
+        if "scale" not in c:
+            values = sorted(data[c["field"]].dropna().unique().tolist(), key=str)
+            order, owners = _owners(data, by, values)
+            colour_of = dict(zip(order, colours(order, owners)))
+            enc["color"] = {**c, "scale": {"domain": values, "range": [colour_of[v] for v in values]}}
+    kind = spec.get("mark", {}).get("type") if isinstance(spec.get("mark"), dict) else spec.get("mark")
+    if by == "label" and SECOND.get(kind) and not {"shape", "strokeDash"} & set(enc) \
+            and "variant" in data and data["variant"].nunique() > 1:
+        second = {**colour("variant", title.removeprefix("backend, ")),  # above the plot: short, beside the colours
+                  "legend": {**LEGEND, "orient": "top"}}
+        enc.update({channel: second for channel in SECOND[kind]})
+    if enc:
+        spec["encoding"] = enc
     for key in ("layer", "concat", "vconcat", "hconcat"):
         if key in spec:
-            spec[key] = [coloured(part, data) for part in spec[key]]
+            spec[key] = [coloured(part, data, by, title) for part in spec[key]]
     if "spec" in spec:
-        spec["spec"] = coloured(spec["spec"], data)
+        spec["spec"] = coloured(spec["spec"], data, by, title)
     return spec
+
+
+def _owners(data: pd.DataFrame, field: str, values: list) -> tuple[list, list | None]:
+    """(values, the backend owning each) in the order colours() gives own colours: the labels of the variant that
+    most backends share first."""
+    if field != "label" or not {"backend_label", "variant"} <= set(data):
+        return values, None
+    first = data.drop_duplicates("label").set_index("label")
+    count = first.groupby("variant").size()
+    order = sorted(values, key=lambda v: (-count[first.at[v, "variant"]], str(first.at[v, "variant"]), str(v)))
+    return order, [str(first.at[v, "backend_label"]) for v in order]

@@ -43,12 +43,18 @@ _NAMES = {"backend_label": ("backend", "{}"), "batch": ("batch", "batch {}"), "a
 def labelled(df: pd.DataFrame, fields=SERIES) -> tuple[pd.DataFrame, str]:
     """(df with `label`, its title): each row's values of those of `fields` that vary in df, e.g.
     'sdpa tiny-sdxl float32' and 'backend, model, dtype'; the first field alone where none varies. A chart that
-    colours by `label` splits its series by everything that differs between them (dashboards/charts.py)."""
+    colours by `label` splits its series by everything that differs between them (dashboards/charts.py). Where the
+    backend varies beside other fields, `variant` holds those others ('tiny-sdxl float32'; else ''): the second
+    dimension that charts.coloured draws as a dash or a shape."""
     present = [f for f in fields if f in df]
     varying = [f for f in present if df[f].nunique(dropna=False) > 1] or present[:1]
-    labels = [" ".join(_NAMES.get(f, (f, "{}"))[1].format(v) for f, v in zip(varying, row))
-              for row in df[varying].itertuples(index=False)]
-    return df.assign(label=labels), ", ".join(_NAMES.get(f, (f,))[0] for f in varying)
+    def name(row, skip=()):
+        return " ".join(_NAMES.get(f, (f, "{}"))[1].format(v) for f, v in zip(varying, row) if f not in skip)
+
+    rows = list(df[varying].itertuples(index=False))
+    labels = [name(r) for r in rows]
+    variants = [name(r, ("backend_label",)) if "backend_label" in varying else "" for r in rows]
+    return df.assign(label=labels, variant=variants), ", ".join(_NAMES.get(f, (f,))[0] for f in varying)
 
 
 PANELS = ("model", "settings_label", "dtype", "batch", "aspect")  # the Scaling page: a panel per combination

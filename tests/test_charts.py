@@ -72,10 +72,11 @@ def violations(spec: dict, data: pd.DataFrame) -> list[str]:
 
 def _same(made: dict, shown: dict) -> bool:
     """Whether a spec a function made is the one Streamlit shows (which adds keys of its own, as the app's colours:
-    charts.coloured's scales)."""
+    charts.coloured's scales and its shapes or dashes by variant)."""
     def plain(spec):
         if isinstance(spec, dict):
-            return {k: plain(v) for k, v in spec.items() if k != "scale" or "range" not in (v or {})}
+            return {k: plain(v) for k, v in spec.items() if (k != "scale" or "range" not in (v or {}))
+                    and not (k in ("shape", "strokeDash") and isinstance(v, dict) and v.get("field") == "variant")}
         return [plain(v) for v in spec] if isinstance(spec, list) else spec
     return all(plain(shown.get(k)) == plain(v) for k, v in json.loads(json.dumps(made)).items())
 
@@ -234,3 +235,29 @@ def test_a_backend_keeps_its_colour_and_no_two_series_of_a_chart_share_one():
     scale = spec["layer"][0]["encoding"]["color"]["scale"]
     assert sorted(scale["domain"]) == sorted(own) and len(set(scale["range"])) == 14
     assert dict(zip(scale["domain"], scale["range"]))["xformers"] == C.OWN_COLOUR["xformers"]
+
+
+def test_the_second_dimension_is_a_dash_or_a_shape_and_the_main_variant_keeps_the_backends_colours():
+    """Seven backends in one run, two of them in a second too (transforms.labelled names the run): the first run's
+    series keep their backends' own colours, the second's take free ones; a line is dashed (and its points
+    shaped: a dash alone draws a blank legend) and a point shaped by the run, unless the spec already uses that."""
+    from dashboards import transforms as T
+
+    rows = [(b, "run-a") for b in list(C.OWN_COLOUR)[:7]] + [("naive", "run-b"), ("sdpa", "run-b")]
+    data, title = T.labelled(pd.DataFrame(rows, columns=["backend_label", "run_id"]))
+    assert title == "backend, run" and list(data["variant"]) == ["run-a"] * 7 + ["run-b"] * 2
+    line = C.coloured({"mark": {"type": "line"}, "encoding": {"color": C.colour("label", title)}}, data)
+    enc = line["encoding"]
+    colour_of = dict(zip(enc["color"]["scale"]["domain"], enc["color"]["scale"]["range"]))
+    assert colour_of["naive run-a"] == C.OWN_COLOUR["naive"] and colour_of["sdpa run-a"] == C.OWN_COLOUR["sdpa"]
+    assert len(set(colour_of.values())) == 9
+    assert colour_of["naive run-b"] not in {C.OWN_COLOUR[b] for b in data["backend_label"]}
+    assert enc["strokeDash"] == enc["shape"] and enc["shape"]["field"] == "variant" and enc["shape"]["title"] == "run"
+    point = C.coloured({"mark": "point", "encoding": {"color": C.colour("label", title)}}, data)
+    assert point["encoding"]["shape"]["field"] == "variant" and "strokeDash" not in point["encoding"]
+    shaped = C.coloured({"mark": "point", "encoding": {"color": C.colour("label", title),
+                                                      "shape": C.colour("size", "size")}}, data)
+    assert shaped["encoding"]["shape"]["field"] == "size"  # the spec's own shape stays
+    one_run = T.labelled(pd.DataFrame({"backend_label": ["naive", "sdpa"]}))[0]
+    plain = C.coloured({"mark": {"type": "line"}, "encoding": {"color": C.colour("label", "backend")}}, one_run)
+    assert set(plain["encoding"]) == {"color"}  # one variant: nothing to tell apart

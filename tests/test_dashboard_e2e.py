@@ -161,6 +161,20 @@ def profile_results(tmp_path_factory):
     return root
 
 
+def test_no_call_of_a_make_profile_run_beats_its_roofline_bound(profile_results):
+    """Issue 44: sliced's calls ran at 119-156% of their DRAM bound; placed against the cache's bandwidth where their
+    working set fits it (measure/limits.place), no call of every backend `make profile` runs beats its bound by more
+    than the limits' own noise (findings.BOUND_NOISE), and the findings name none (the highest shares are printed)."""
+    from profiler.report.findings import BOUND_NOISE, findings
+    from profiler.store import Run
+
+    cells, blocks = Run.open(list_runs(profile_results)[0]).read()
+    share = blocks.groupby("backend_label")["pct_of_peak"].max()
+    print("highest share of its bound per backend:", share.round(1).to_dict())
+    assert len(share) == 7 and share.max() <= 100 + BOUND_NOISE, share  # sliced among them
+    assert not any(s.startswith("Doubtful roofline") for s in findings(cells, blocks))
+
+
 @pytest.fixture(scope="module")
 def profile_server(profile_results, tmp_path_factory):
     with _dashboard(profile_results, tmp_path_factory.mktemp("profile-server")) as url:
@@ -204,8 +218,8 @@ def test_overlapping_finds_labels_that_overlap_and_only_those():
     assert overlapping(labels) == [("128x128", "10,0000")]
 
 
-def _measured(browser, url: str, charts: int, shot: str) -> list[dict]:
-    """MEASURE on a page once its charts have drawn; a screenshot of it in OUT."""
+def _measured(browser, url: str, charts: int, shot: str, script: str = MEASURE) -> list:
+    """script (MEASURE) on a page once its charts have drawn; a screenshot of it in OUT."""
     OUT.mkdir(parents=True, exist_ok=True)
     page = browser.new_page(viewport={"width": 1400, "height": 3000})
     errors = []
@@ -217,7 +231,7 @@ def _measured(browser, url: str, charts: int, shot: str) -> list[dict]:
         time.sleep(2)  # let the charts finish drawing
         page.screenshot(path=str(OUT / shot))
         assert errors == [] and page.get_by_test_id("stVegaLiteChart").count() == charts
-        return page.evaluate(MEASURE)
+        return page.evaluate(script)
     finally:
         page.close()
 
@@ -394,3 +408,43 @@ def test_the_planners_bars_name_every_backend_whole(profile_server, browser):
     finally:
         page.close()
     assert labels == backends.names()  # diffusers:_native_flash and diffusers:_native_math, not "diffusers:_native..."
+
+
+# Each chart's legends: the title, and each entry's label with its symbol's colour (a filled symbol's fill, a line's
+# stroke) and dash.
+LEGENDS = """() => Array.from(document.querySelectorAll('[data-testid=stVegaLiteChart] svg')).map(svg =>
+    Array.from(svg.querySelectorAll('g.role-legend')).map(legend => {
+        const title = legend.querySelector('.role-legend-title text');
+        const symbols = Array.from(legend.querySelectorAll('.role-legend-symbol path')).map(p => {
+            const fill = p.getAttribute('fill');
+            return [fill && fill !== 'transparent' ? fill : p.getAttribute('stroke'), p.getAttribute('stroke-dasharray')];
+        });
+        const labels = Array.from(legend.querySelectorAll('.role-legend-label text')).map(t => t.textContent);
+        return {title: title ? title.textContent : null, entries: labels.map((l, i) => [l, ...(symbols[i] || [null, null])])};
+    }))"""
+
+
+def test_no_two_series_of_a_chart_share_a_colour(profile_server, profile_results, browser):
+    """Issue 44: the Scaling page of a run and its copy draws fourteen series (seven backends x two runs), the Run
+    page's roofline thirteen (backends, models and settings): in every chart no two entries of the colour legend
+    share a colour, a backend's series of the first run keeps the backend's own, and the run, the second dimension,
+    is a line's dash and its points' shape (a legend of its own)."""
+    from dashboards.charts import OWN_COLOUR
+
+    original = list_runs(profile_results)[0].name
+    scaling = _measured(browser, f"{profile_server}/?page=Scaling&run={original}&run=zz-again", 4,
+                        "colours-scaling.png", LEGENDS)
+    run = _measured(browser, f"{profile_server}/?page=Run&run={original}", 4, "colours-run.png",
+                    LEGENDS)
+    colour_legends = [legend for chart in scaling + run for legend in chart
+                      if (legend["title"] or "").startswith("backend")]
+    assert sorted(len(legend["entries"]) for legend in colour_legends)[-3:] == [13, 14, 14]
+    for legend in colour_legends:
+        colours = [colour for _, colour, _ in legend["entries"]]
+        assert len(set(colours)) == len(colours), legend
+    time = next(legend for legend in scaling[2] if legend["title"] == "backend, run")
+    for label, colour, _ in time["entries"]:
+        backend, of_run = label.split(" ")
+        assert (colour == OWN_COLOUR[backend]) == (of_run == original), label
+    dashes = next(legend for legend in scaling[2] if legend["title"] == "run")
+    assert [(label, dash) for label, _, dash in dashes["entries"]] == [(original, "1,0"), ("zz-again", "4,2")]

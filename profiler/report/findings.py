@@ -176,6 +176,25 @@ def doubtful(cells: pd.DataFrame) -> list[str]:
     return out
 
 
+BOUND_NOISE = 10.0  # percent: a call measured over its roofline bound by more beats it beyond the limits' own noise
+
+
+def beyond_bound(blocks: pd.DataFrame) -> list[str]:
+    """Calls measured faster than their roofline bound allows, by more than BOUND_NOISE: the bytes-moved model
+    over-counts them or the device's limits read low, so their place on the roofline is doubtful."""
+    if not len(blocks) or "pct_of_peak" not in blocks:
+        return []
+    over = blocks[blocks["pct_of_peak"].gt(100 + BOUND_NOISE)]
+    if not len(over):
+        return []
+    top = over.loc[over["pct_of_peak"].idxmax()]
+    each = ", ".join(f"{b} {n}" for b, n in over.groupby("backend_label", sort=False).size().items())
+    return [f"Doubtful roofline: {len(over)} call{'s' if len(over) != 1 else ''} ran faster than the bound allows "
+            f"({each}), up to {top['pct_of_peak']:.0f}% of it ({top['block']} under {top['backend_label']} at "
+            f"{top['width']}x{top['height']}): the bytes-moved model over-counts them or the device's limits read "
+            "low."]
+
+
 def recorded(cells: pd.DataFrame, blocks: pd.DataFrame) -> list[str]:
     """Per recorded generation (attnprof record, profiler.profile): its wall time, the denoiser's forwards and its
     attention's share of the generation, and the block whose calls took most."""
@@ -236,7 +255,7 @@ def findings(cells: pd.DataFrame, blocks: pd.DataFrame, manifest: dict | None = 
     if not len(cells):
         return out
     return out + per_shape(cells, judge_time=not moved) + temporal(cells, blocks) + compiled_effect(cells) + stopped_fitting(cells) + \
-        largest_call(blocks) + doubtful(cells)
+        largest_call(blocks) + doubtful(cells) + beyond_bound(blocks)
 
 
 def format_findings(sentences: list[str], width: int = 118) -> str:
