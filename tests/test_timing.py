@@ -227,6 +227,9 @@ def test_the_sweeps_predicted_total_and_its_end_summary():
     text = timing.sweep_text(predicted, 5)  # 5 forwards a cell: (100 + 300) ms x 5 = 2 s
     assert text.startswith("predicted: 2 cells, 2.0 s of forwards (5 a cell")
     assert "naive: roofline bound; sdpa: calibrated on 2 cells" in text and "not counted" in text
+    shared = {**predicted, "c": {"predicted_forward_time_ms": 0.0, "time_source": "split: roofline bound"}}
+    assert timing.sweep_text(shared, 5).endswith("forwards from naive, split: roofline bound; sdpa: calibrated on 2 "
+                                                 "cells")  # a source once, its backends named together
     # with what this device's finished runs took beyond their forwards: 2 s + 2 x 3 s + 4 s
     text = timing.sweep_text(predicted, 5, {"cell_s": 3.0, "run_s": 4.0, "cells": 7, "runs": 2})
     assert text.startswith("predicted: 2 cells, about 12 s in all: 2.0 s of forwards") and "7 cells in 2" in text
@@ -238,7 +241,12 @@ def test_the_sweeps_predicted_total_and_its_end_summary():
                            "predicted_forward_time_ms": 9.0}])
     lines = timing.format_versus(cells).splitlines()
     assert len(lines) == 2  # the oom cell has no measurement to set against its prediction
-    assert lines[1] == "  sdpa       64x64: attention 20 vs 30 (1.50x), forward 60 vs 90 (1.50x)"
+    assert lines[1] == "  sdpa 64x64: attention 20 vs 30 (1.50x), forward 60 vs 90 (1.50x)"
+    two = pd.concat([cells.assign(model="tiny-sd15", settings="{}"),
+                     cells.assign(model="tiny-vae", settings='{"controlnet": "tiny-sd15-controlnet"}')])
+    assert timing.format_versus(two).splitlines()[1:] == [  # where models or settings vary, each row names them
+        "  sdpa tiny-sd15 (none)      64x64: attention 20 vs 30 (1.50x), forward 60 vs 90 (1.50x)",
+        "  sdpa tiny-vae (controlnet) 64x64: attention 20 vs 30 (1.50x), forward 60 vs 90 (1.50x)"]
 
 
 def test_calibration_skips_cells_it_cannot_sample(tmp_path):

@@ -298,7 +298,7 @@ def sweep_text(predicted: dict[str, dict], forwards_per_cell: int, overhead: dic
     if not predicted:
         return "predicted: no cell to run"
     forwards = predicted_wall_s(predicted, forwards_per_cell)
-    sources = "; ".join(sorted({v["time_source"] for v in predicted.values()}))
+    sources = grouped_sources(v["time_source"] for v in predicted.values())
     each = f"{forwards:.1f} s of forwards ({forwards_per_cell} a cell: warm-up, timed and probe)"
     if not overhead:
         return (f"predicted: {len(predicted)} cells, {each}; model builds, references and probes not counted (no "
@@ -308,6 +308,16 @@ def sweep_text(predicted: dict[str, dict], forwards_per_cell: int, overhead: dic
             f"{overhead['cell_s']:.1f} s a cell and {overhead['run_s']:.1f} s a run beyond them (model builds, "
             f"references, probes, workers: the median of {overhead['cells']} cells in {overhead['runs']} finished "
             f"runs of this device); forwards from {sources}")
+
+
+def grouped_sources(sources) -> str:
+    """Time sources ('naive: roofline bound ...') once per source, the backends that share one named together:
+    'naive, sdpa: roofline bound ...; sliced: calibrated on ...'."""
+    by_how: dict[str, list[str]] = {}
+    for source in sorted(set(sources)):
+        who, sep, how = source.partition(": ")
+        by_how.setdefault(how if sep else source, []).append(who if sep else "")
+    return "; ".join(f"{', '.join(filter(None, who))}: {how}" if any(who) else how for how, who in by_how.items())
 
 
 def predicted_wall_s(predicted: dict[str, dict], forwards_per_cell: int, overhead: dict | None = None) -> float:
@@ -355,10 +365,17 @@ def format_versus(cells) -> str | None:
     ok = cells[(cells["status"] == "ok") & cells["predicted_forward_time_ms"].notna()]
     if not len(ok):
         return None
+    from ..spec import settings_label
+
     lines = ["predicted against measured (ms per forward; ratio = measured / predicted):"]
-    for r in ok.to_dict("records"):
+    varying = [c for c in ("model", "settings", "dtype", "batch") if c in ok and ok[c].nunique() > 1]
+    names = [" ".join([r["backend_label"] if "backend_label" in r else r["backend"]]
+                      + [f"({settings_label(r[c]) or 'none'})" if c == "settings" else f"batch {r[c]}"
+                         if c == "batch" else str(r[c]) for c in varying]) for r in ok.to_dict("records")]
+    width = max(map(len, names))
+    for name, r in zip(names, ok.to_dict("records")):
         att, fwd = r["predicted_attention_time_ms"], r["predicted_forward_time_ms"]
-        lines.append(f"  {r['backend']:10s} {r['width']}x{r['height']}: attention {att:.4g}"
+        lines.append(f"  {name:{width}s} {r['width']}x{r['height']}: attention {att:.4g}"
                      f" vs {r['attention_time_ms']:.4g} ({r['attention_time_ms'] / att:.2f}x),"
                      f" forward {fwd:.4g} vs {r['forward_time_ms']:.4g} ({r['forward_time_ms'] / fwd:.2f}x)")
     return "\n".join(lines)
