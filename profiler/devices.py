@@ -89,6 +89,30 @@ class EventInterval:
         return self.begin.elapsed_time(self.end)
 
 
+_KEPT: bool | None = None
+
+
+def keep_memory() -> bool:
+    """Tell glibc's malloc, once per process, to map no allocation anew (M_MMAP_MAX 0) and to give no freed memory
+    back to the kernel (M_TRIM_THRESHOLD at its most); False where the C library is not glibc. Left as it is,
+    it maps every allocation of 32 MiB and more anew and trims its heap, by thresholds that move with what the
+    process freed before: a cell's time depended on the cells before it in its worker (sliced's 1600-token calls at
+    320x320 after a 512x512 cell: 92 ms, in a fresh worker 34 ms; kept: 33 and 30) and new pages took two thirds of
+    a 512x512 forward (tiny-sd15 under sliced: 3,126 ms of attention, kept 1,079). Kept, every cell is timed in the
+    one steady state a long-lived process reaches, as on a GPU."""
+    global _KEPT
+    if _KEPT is None:
+        import ctypes
+
+        try:
+            libc = ctypes.CDLL("libc.so.6")
+            # M_MMAP_MAX 0; M_TRIM_THRESHOLD -1, which glibc reads as a size_t: the largest, never trimmed
+            _KEPT = bool(libc.mallopt(-4, 0)) and bool(libc.mallopt(-1, -1))
+        except (OSError, AttributeError):
+            _KEPT = False
+    return _KEPT
+
+
 class Cpu:
     """The CPU: host clocks; memory comes from the profiler's allocation timeline (measure.trace_windows)."""
 
@@ -97,13 +121,14 @@ class Cpu:
     matmul_max = 4096  # the device limits' largest square matmul (measure/limits.py)
     copy_bytes = 256 * 2**20  # and the buffer its bandwidth copy moves (a large memcpy)
     memory_snapshot = False  # no allocator history to dump: --trace writes the profiler trace only
-    # glibc's largest mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX): an allocation this large always gets
-    # new pages from the kernel, each touched page a fault (measured here: 32 MiB buffers filled new at 4 GB/s,
-    # reused at 29; 16 MiB ones the same either way). The time model (planner/timing.py) prices those pages.
-    fresh_min_bytes = 32 * 2**20
 
     def __init__(self, device: torch.device):
         self.torch = device
+        # The process's memory kept (keep_memory), as CUDA's caching allocator keeps its blocks. Where it cannot be,
+        # glibc's largest mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX): an allocation this large gets new
+        # pages from the kernel, each touched page a fault, which the time model (planner/timing.py) prices.
+        self.memory_kept = keep_memory()
+        self.fresh_min_bytes = None if self.memory_kept else 32 * 2**20
 
     def cache_bytes(self) -> int | None:
         """The last-level cache (sysfs: the highest cache index of cpu0), or None where the kernel does not say."""

@@ -375,3 +375,43 @@ def test_where_a_cuda_context_exists_pytorch_is_asked_and_the_rule_kept_beside(m
     assert sdpa_choices(CellSpec("sd15", 512, 512, 1, "float16", "sdpa-flash", "cuda"), blocks) == {}  # forced
     assert sdpa_choices(CellSpec("sd15", 512, 512, 1, "float16", "sdpa", "cpu"), blocks) == {}  # no rule there
     assert [b["sdpa_kernel_asked"] for b in blocks] == ["cudnn", "flash"]  # but asked on the CPU too
+
+
+_HEAP = """
+import ctypes, sys
+import torch
+from profiler import devices
+
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
+if sys.argv[1] == "kept":
+    devices.get("cpu")
+before = libc.mallinfo2()  # what was mapped and in the heap before (torch's own, at import)
+x = torch.ones(64 * 2**20 // 4)  # a 64 MiB table: glibc left as it is maps it anew, every time
+mapped = libc.mallinfo2().hblkhd - before.hblkhd
+del x
+print(mapped, libc.mallinfo2().arena - before.arena)
+"""
+
+
+@pytest.mark.skipif(not devices.keep_memory(), reason="glibc only")
+def test_the_cpus_memory_is_kept_so_that_no_table_gets_new_pages():
+    """Once a process has its CPU device (devices.keep_memory), a 64 MiB table comes from the heap, not a mapping of
+    its own, and stays with the process when freed: the next cell's tables reuse it, whatever ran before. In a
+    fresh process left as it is, glibc maps the table (and unmaps it when freed)."""
+    import subprocess
+    import sys
+
+    def heap(mode):
+        out = subprocess.run([sys.executable, "-c", _HEAP, mode], capture_output=True, text=True, check=True)
+        return [int(v) for v in out.stdout.split()]
+
+    mapped, kept = heap("kept")
+    assert mapped == 0 and kept > 48 * 2**20  # in the heap (less what it held free), and kept there once freed
+    mapped, kept = heap("left")
+    assert mapped >= 64 * 2**20 and kept < 16 * 2**20
+    assert devices.get("cpu").memory_kept and devices.get("cpu").fresh_min_bytes is None

@@ -46,10 +46,12 @@ def cache_path() -> Path:
 
 
 def _key(dev) -> str:
-    """What the limits depend on: the device, the library versions, and (on the CPU) torch's threads."""
+    """What the limits depend on: the device, the library versions, and (on the CPU) torch's threads and whether the
+    process's memory is kept (devices.keep_memory: runs timed before it are another machine to the time model)."""
     ident = dev.identity()
     return " | ".join(filter(None, (ident["device_name"], ident.get("device_uuid"), f"torch {torch.__version__}",
-                                    f"cuda {torch.version.cuda}", f"threads {torch.get_num_threads()}")))
+                                    f"cuda {torch.version.cuda}", f"threads {torch.get_num_threads()}",
+                                    "memory kept" if getattr(dev, "memory_kept", False) else None)))
 
 
 def device_key(device: str) -> str:

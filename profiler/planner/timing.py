@@ -3,8 +3,9 @@ generation's, on a device, from the roofline and the device's own stored runs.
 
 The device (Device, from measure/limits.py's figures or the GPU table's): the dense matmul peak P of the dtype, the
 memory bandwidth B, and where measured the last-level cache (its size and bandwidth B_c: a working set of at most
-half the cache moves at B_c), what new pages cost (B_new: the CPU's allocator maps every buffer of at least
-fresh_min_bytes anew, each page a fault) and softmax's rate S (elements per second). A GPU of the table has P and B
+half the cache moves at B_c), what new pages cost where the allocator maps every buffer of at least fresh_min_bytes
+anew, each page a fault (B_new: a CPU whose memory is not kept, devices.keep_memory) and softmax's rate S (elements
+per second). A GPU of the table has P and B
 only. What one op costs at the device's limits (its roofline time, ms):
     max(FLOPs / P, bytes moved / B or B_c) + its new output's bytes / B_new where that output gets new pages.
 What one attention call costs, four features in ms:
@@ -14,7 +15,8 @@ What one attention call costs, four features in ms:
     projections = the sum over the call's own other ops (to_q, to_k, to_v, to_out, layouts) of their roofline time
     overhead = 1 (launches, dispatch)
 and, not fitted, its score tables' new pages / B_new (memory.new_page_bytes: measured physics that the sizes calibrated
-on may never reach; 64 MiB tables of sliced at 512x512 on a CPU whose allocator maps anew from 32 MiB).
+on may never reach; 64 MiB tables of sliced at 512x512 on a CPU whose allocator maps anew from 32 MiB; none where
+the memory is kept).
 Calibrated, a call takes a_self.core_self + a_cross.core_cross + c.projections + d + pages, the coefficients >= 0 fitted
 by least squares to every measured call of the device's stored runs, per (device, backend with its options, dtype):
 1/a is the backend's efficiency against the roofline there. The cache and page terms are the device's measured
