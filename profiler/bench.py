@@ -33,9 +33,13 @@ from .recorder import Recorder
 
 
 def _forward_ms(unet, inputs) -> float:
-    t0 = time.perf_counter()
-    unet(**inputs)
-    return (time.perf_counter() - t0) * 1e3
+    """One forward's milliseconds, timed as a cell's are (measure/rows.without_collection)."""
+    from .measure.rows import without_collection
+
+    with without_collection():
+        t0 = time.perf_counter()
+        unet(**inputs)
+        return (time.perf_counter() - t0) * 1e3
 
 
 def recorder_overhead(model: str, size: int, backend: str, rounds: int) -> dict:
