@@ -22,11 +22,11 @@ TOLERANCE = {"float32": 1e-3, "bfloat16": 6e-2, "float16": 1e-2}
 
 @contextlib.contextmanager
 def without_collection():
-    """Python's cyclic garbage collected first and not collected during the block, as timeit times: our own garbage
-    (a probe pass's profiler events, thousands of objects) otherwise set off a collection inside the next timed
-    forward, the next cell's in the same worker included (tiny-sd15 at 256x256 on this CPU: 87 ms a forward, 130 ms
-    with the collection in it)."""
-    gc.collect()
+    """Python's cyclic garbage collector kept off during the block, as timeit times: the objects a probe pass's
+    profiler leaves behind (thousands) otherwise set off a full collection inside a later timed forward, the next
+    cell's in the same worker included (tiny-sd15 at 256x256 on this CPU: 87 ms a forward, 130 ms with it). What is
+    due is collected once the block ends, outside the times (collecting before each block instead cost a sweep 0.2 s
+    a cell: a full collection of a worker's 400,000 objects)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -37,20 +37,24 @@ def without_collection():
 
 
 def timed_forwards(work, unet, inputs, dev, warmup: int, repeats: int, timer: CallTimer | None = None) -> dict:
-    """warmup + repeats forwards, each on the device's clock with no garbage collection inside it
+    """warmup + repeats forwards, each on the device's clock, with no garbage collection among them
     (without_collection); the timed ones' times (forward_ms), the largest forward transient the allocator saw
     (forward_peak; 0 without one), the first timed output (on the CPU, float) and the seconds they all took. A
     timer's samples of the warm-up forwards are dropped."""
+    with without_collection():
+        return _timed_forwards(work, unet, inputs, dev, warmup, repeats, timer)
+
+
+def _timed_forwards(work, unet, inputs, dev, warmup: int, repeats: int, timer: CallTimer | None) -> dict:
     forward_ms, forward_peak, output, seconds = [], 0, None, 0.0
     for i in range(warmup + repeats):
         dev.synchronize()
         dev.reset_peak()
         held = dev.allocated()
         clock = dev.interval()
-        with without_collection():
-            clock.start()
-            out = work.forward(unet, inputs)
-            clock.stop()
+        clock.start()
+        out = work.forward(unet, inputs)
+        clock.stop()
         timer.collect() if timer else dev.synchronize()  # the forward's clock can be read
         elapsed = clock.ms()
         seconds += elapsed / 1e3
