@@ -217,3 +217,13 @@ def test_retry_failed_alone_resumes_the_latest_run_of_the_config(tmp_path, capsy
     with pytest.raises(SystemExit):
         main(["sweep", "--help"])
     assert "did not end ok (implies --resume)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_workers_calibration_answer_comes_back_on_its_stream():
+    """On CUDA the sweep's parent asks a short-lived worker for the machine's calibration (the parent makes no CUDA
+    context); its answer must come on the worker's own stream, not on stderr, where print() went and the first H200
+    run failed every run-based step with 'the calibration exited with exit code 0'. Asked here of the CPU."""
+    from profiler.execute.local import _subprocess
+
+    answer = _subprocess("--calibrate", ["cpu", "start"], "the calibration")
+    assert answer["when"] == "start" and answer["median_ms"] > 0 and len(answer["samples_ms"]) == 41

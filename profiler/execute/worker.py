@@ -41,7 +41,8 @@ def main() -> None:
     if sys.argv[1:] == ["--calibrate"]:
         from ..measure.calibrate import calibrate
 
-        print(json.dumps(calibrate(*json.loads(sys.stdin.read()))))
+        out.write(json.dumps(calibrate(*json.loads(sys.stdin.read()))) + "\n")  # the stream, not print's stderr
+        out.flush()
         return
     from ..store import Run
     from .groups import run_group
