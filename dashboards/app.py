@@ -96,7 +96,7 @@ def load_pipeline(pipeline: str, batch: int, dtype: str) -> list[dict]:
 
 @st.cache_data(show_spinner="Counting each forward's ops on fake tensors...", max_entries=8)
 def load_times(model: str, batch: int, dtype: str, gpu: str) -> pd.DataFrame:
-    from profiler import backends
+    from profiler.attention import backends
     from profiler.planner.calibration import by_size
 
     names = [n for n in backends.names() if not n.startswith("diffusers:")]
@@ -375,7 +375,7 @@ def scaling_page(blocks: pd.DataFrame) -> None:
 
 
 def planner_ui() -> tuple:
-    from profiler.models import known_models
+    from profiler.unet.models import known_models
 
     a, b, c, d, e = st.columns(5)
     model = choice_ui("Model", list(known_models()), "plan_model", "sd15", where=a)
@@ -479,8 +479,8 @@ def jobs_address() -> str:
 
 def queue_ui() -> str:
     """The sweep to queue, as YAML: composed from widgets, or pasted."""
-    from profiler import backends
-    from profiler.models import known_models
+    from profiler.attention import backends
+    from profiler.unet.models import known_models
 
     mode = choice_ui("Sweep", ["Compose", "Paste YAML"], "queue_mode", "Compose", horizontal=True)
     if mode == "Paste YAML":

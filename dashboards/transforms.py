@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from profiler import backends
+from profiler.attention import backends
 from profiler.fmt import human_bytes, human_count
 from profiler.report.show import UNREADABLE, runs_index as load_index  # noqa: F401 (the Runs page's table)
 from profiler.spec import GiB, MiB

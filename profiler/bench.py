@@ -26,10 +26,12 @@ from pathlib import Path
 
 import torch
 
-from . import backends, devices, models
+from .attention import backends
+from . import devices
+from .unet import models
 from .env import configs
 from .measure.probes import CallTimer, traced
-from .recorder import Recorder
+from .attention.recorder import Recorder
 
 
 def _forward_ms(unet, inputs) -> float:

@@ -74,7 +74,7 @@ def _add_settings_args(p):
 
 def _settings(args, model: str) -> tuple:
     from .spec import SETTINGS
-    from .workload import check_settings
+    from .unet.workload import check_settings
 
     given = {n: getattr(args, n) for n in SETTINGS if getattr(args, n, None) is not None}
     return check_settings(model, given)
@@ -111,7 +111,7 @@ def cmd_plan(args) -> int:
     sizes, batch, dtype = _shape(args, args.device, say=True)
     options = _backend_options(args.option)
     if args.backend:
-        from .backends import check_options
+        from .attention.backends import check_options
 
         options = check_options(args.backend, options)
     if args.memory_budget and not args.backend:
@@ -144,7 +144,7 @@ def _plan_generation(args) -> int:
         raise InputError("--memory-budget is for --model: a whole generation's memory is attnprof fit --pipeline's")
     sizes, batch, dtype = _shape(args, args.device, say=True)
     backend = args.backend or "sdpa"
-    from .backends import check_options
+    from .attention.backends import check_options
 
     options = check_options(backend, _backend_options(args.option))
     steps, guidance = 30 if args.steps is None else args.steps, 7.5 if args.guidance is None else args.guidance
@@ -209,7 +209,7 @@ def _step_time(args, result: dict, dtype: str, batch: int) -> str:
     ControlNet where given) at the step's batch (twice the images under classifier-free guidance)."""
     from .planner import calibration, timing
     from .planner.pipeline import PIPELINES, pipeline_name
-    from .workload import check_settings
+    from .unet.workload import check_settings
 
     where = calibration.target(args.device, dtype, args.gpu, args.results)
     if where is None or not result.get("largest"):
@@ -240,7 +240,7 @@ def cmd_gpus(args) -> int:
 
 
 def cmd_fit(args) -> int:
-    from . import models
+    from .unet import models
     from .planner.fit import fit, format_fit, parse_aspect
 
     if (args.model is None) == (args.pipeline is None):
@@ -312,7 +312,7 @@ def _gpu_arch(args) -> None:
 
 
 def cmd_models(args) -> int:
-    from . import models
+    from .unet import models
 
     import yaml
 
@@ -342,7 +342,8 @@ def _backend_options(pairs) -> dict:
 
 
 def cmd_backends(args) -> int:
-    from . import backends, devices
+    from .attention import backends
+    from . import devices
 
     device = devices.resolve(devices.parse(args.device, "--device"))
     dtype = _dtype(args, device)
@@ -366,7 +367,9 @@ def cmd_backends(args) -> int:
 
 
 def _sweep_from_args(args):
-    from . import backends, devices, models
+    from .attention import backends
+    from . import devices
+    from .unet import models
     from .execute.grid import Sweep
 
     entries = []
@@ -469,7 +472,9 @@ def _print_versus(run) -> None:
 
 
 def cmd_replay(args) -> int:
-    from . import backends, devices, models
+    from .attention import backends
+    from . import devices
+    from .unet import models
     from .measure.replay import replay, targets_of_plan, targets_of_run
     from .report.show import format_replay
     from .store import find_run
@@ -932,7 +937,7 @@ def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if getattr(args, "allow_pickle", False):
-            from .checkpoint import allow_pickle
+            from .unet.checkpoint import allow_pickle
 
             allow_pickle()
         code = args.func(args)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from profiler import models
+from profiler.unet import models
 
 # The device limits (profiler/measure/limits.py) are measured once per test session, into a cache of its own that
 # the xdist workers (started with this process's environment: they keep it), the sweep workers and subprocesses the

@@ -3,7 +3,7 @@ for the job that resumes a run whose fault-slow cell was stopped mid-run. The ce
 name); the 20 s of waiting that the stop needed would only hold the resume up."""
 from dataclasses import replace
 
-from profiler.backends import BACKENDS, register
+from profiler.attention.backends import BACKENDS, register
 
 register(replace(BACKENDS["fault-slow"], description="test: fault-slow without its wait (SDPA)",
                  factory=BACKENDS["sdpa"].factory))

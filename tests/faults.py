@@ -1,4 +1,4 @@
-"""Injected failures, registered as backends (profiler.backends.register) so that workers load them too: set
+"""Injected failures, registered as backends (profiler.attention.backends.register) so that workers load them too: set
 ATTNPROF_PLUGINS=tests.faults. Each raises on the calls of a real U-Net block (more than 64 query tokens); the
 availability probe's 64-token calls pass, as a kernel that fails only under real load would. In this process, use
 the `faults` fixture (conftest.py): it registers them and sets ATTNPROF_PLUGINS, and takes both back after.
@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from profiler.backends import Backend, register
+from profiler.attention.backends import Backend, register
 
 TRIGGER_TOKENS = 64
 raised: list[str] = []  # what was raised, in this process
@@ -128,7 +128,7 @@ def register_all() -> None:
 
 
 def unregister_all() -> None:
-    from profiler.backends import BACKENDS
+    from profiler.attention.backends import BACKENDS
 
     for name in [*FAULTS, "fault-slow", "fault-fd1", "fault-die-probe", "fault-abort", "fault-scaled"]:
         BACKENDS.pop(name, None)

@@ -7,11 +7,12 @@ import pytest
 import torch
 from diffusers.models.attention_processor import Attention, AttnProcessor
 
-from profiler import backends, chunked, models
+from profiler.attention import backends, chunked
+from profiler.unet import models
 from profiler.measure.probes import cpu_peak_bytes
 from profiler.planner import memory
-from profiler.processor import Processor
-from profiler.recorder import describe_call
+from profiler.attention.processor import Processor
+from profiler.attention.recorder import describe_call
 from profiler.spec import InputError
 
 MiB = 2**20

@@ -1,4 +1,4 @@
-"""Single-file checkpoints (profiler/checkpoint.py): the LDM names of our U-Nets against diffusers' own conversion,
+"""Single-file checkpoints (profiler/unet/checkpoint.py): the LDM names of our U-Nets against diffusers' own conversion,
 a tiny U-Net written in the original layout and loaded back, detection and planning from headers alone (real key
 names and shapes: full-size U-Nets built on the meta device from configs/models, mapped to LDM names, with the few
 text-encoder keys diffusers' detector looks at), the kinds refused, pickles, and what a run records."""
@@ -12,7 +12,7 @@ import torch
 from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint
 from safetensors.torch import save_file
 
-from profiler import checkpoint, models
+from profiler.unet import checkpoint, models
 from profiler.cli import main
 from profiler.planner import plan
 from profiler.spec import InputError

@@ -148,7 +148,7 @@ def test_every_command_survives_a_closed_pipe(dashboard_results, argv):
                          ids=["show", "runs", "diff", "report", "jobs"])
 def test_the_commands_that_read_runs_start_without_torch(dashboard_results, tmp_path, argv):
     """The commands that read stored runs (or ask a job server) import neither torch nor diffusers: a second and more
-    of each command's start on this machine's CPU. The registry they read makes no processor (backends.py)."""
+    of each command's start on this machine's CPU. The registry they read makes no processor (attention/backends.py)."""
     results = [] if argv[0] == "jobs" else ["--results", str(dashboard_results)]
     argv = [a.format(tmp=tmp_path) for a in argv]
     p = subprocess.run([sys.executable, "-X", "importtime", "-m", "profiler", *argv, *results], cwd=REPO,
@@ -243,7 +243,7 @@ def test_show_names_the_error_reference_and_marks_the_cell_that_is_it(capsys, da
 def test_backends_says_before_a_probe_that_compiles(capsys, monkeypatch):
     """flex's probe compiles a kernel (a minute on a fresh machine): a line says so before the wait, and only there.
     The probes themselves are stubbed: what is tested is what the user sees while they run."""
-    from profiler import backends
+    from profiler.attention import backends
 
     monkeypatch.setattr(backends, "availability", lambda name, *a, **k: (True, ""))
     code, out, err = run(capsys, "backends", "--device", "cpu")
@@ -255,7 +255,7 @@ def test_backends_says_before_a_probe_that_compiles(capsys, monkeypatch):
 def test_fit_shows_one_row_per_distinct_kernel_unless_all(capsys):
     """fit over every backend: diffusers' dispatcher backends that run one of ours and fit the same are named under
     that one's row, not a row each; --all gives a row each."""
-    from profiler import backends
+    from profiler.attention import backends
 
     args = ["fit", "--model", "tiny-sd15", "--budget", "1GiB", "--quiet"]
     assert main(args) == 0

@@ -14,7 +14,7 @@ from profiler.report.compare import compare
 from profiler.report.findings import compiled_effect, findings
 from profiler.spec import InputError
 from profiler.store import Run, list_runs
-from profiler.workload import check_settings
+from profiler.unet.workload import check_settings
 
 REGIONAL = json.dumps({"compile": "regional"})
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from profiler import backends
+from profiler.attention import backends
 
 pytest.importorskip("streamlit", reason="the dashboard needs streamlit (not on the lent GPU machine)")
 from streamlit.testing.v1 import AppTest  # noqa: E402

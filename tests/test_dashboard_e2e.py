@@ -394,7 +394,7 @@ def test_the_run_pages_title_names_a_controlnet_only_on_a_cell_that_has_one(prof
 
 
 def test_the_planners_bars_name_every_backend_whole(profile_server, browser):
-    from profiler import backends
+    from profiler.attention import backends
 
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:

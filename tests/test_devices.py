@@ -8,7 +8,8 @@ import types
 import pytest
 import torch
 
-from profiler import devices, models
+from profiler import devices
+from profiler.unet import models
 from profiler.measure.probes import NvmlSampler, attribute, sdpa_kernel
 
 GiB = 2**30

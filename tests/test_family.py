@@ -1,4 +1,4 @@
-"""The rest of the U-Net family, each model kind one record (profiler/kinds.py): AnimateDiff and SVD (temporal
+"""The rest of the U-Net family, each model kind one record (profiler/unet/kinds.py): AnimateDiff and SVD (temporal
 attention over frames), the SDXL refiner, Kandinsky 2.2's decoder (added-KV attention), and U-Net configs of every
 shape diffusers builds (class embeddings, each addition_embed_type, SimpleCrossAttn, GLIGEN, per-block cross
 widths). Full-size models on the meta device against hand counts and FlopCounterMode; tiny ones with the real block
@@ -12,13 +12,14 @@ import pytest
 import torch
 import yaml
 
-from profiler import backends, kinds, models
+from profiler.attention import backends
+from profiler.unet import kinds, models
 from profiler.cli import main
 from profiler.planner import plan
-from profiler.recorder import Recorder
+from profiler.attention.recorder import Recorder
 from profiler.spec import InputError
 from profiler.store import list_runs
-from profiler.workload import Workload
+from profiler.unet.workload import Workload
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = yaml.safe_load((REPO / "configs" / "models" / "tiny-sd15.yaml").read_text())["unet"]
@@ -74,7 +75,7 @@ def _flops_per_module(model: str, size, batch: int, settings: dict) -> dict[str,
     counter = FlopCounterMode(display=False)
     with torch.no_grad(), Recorder(module, processor=AttnProcessor), counter:
         w.forward(module, inputs)
-    from profiler.recorder import attention_modules
+    from profiler.attention.recorder import attention_modules
 
     prefix, attention = type(module).__name__ + ".", set(attention_modules(module))
     out = {}
@@ -243,7 +244,7 @@ def test_added_kv_attention_takes_naive_and_sdpa_and_refuses_the_rest(tmp_path):
         "added-KV attention" in cells.loc["sliced", "error"]
     assert backends.BACKENDS["sdpa-flash"].added_kv and not backends.BACKENDS["subquad"].added_kv
 
-    import profiler.recorder as recorder_module
+    import profiler.attention.recorder as recorder_module
 
     def wrong(processor, attn):  # every module gets AttnProcessor2_0, whatever its attention
         from diffusers.models.attention_processor import AttnProcessor2_0
@@ -255,7 +256,7 @@ def test_added_kv_attention_takes_naive_and_sdpa_and_refuses_the_rest(tmp_path):
     cache.reference(spec)  # the reference first, with the model's own processors
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(recorder_module, "for_module", wrong, raising=False)
-        import profiler.processor as processor_module
+        import profiler.attention.processor as processor_module
 
         mp.setattr(processor_module, "for_module", wrong)
         cell, _ = measure_cell(spec, cache, repeats=1, warmup=0)

@@ -121,7 +121,7 @@ def test_a_controlnet_leaves_the_device_when_the_cells_that_run_it_are_done(monk
 
     from profiler.execute.groups import group_events
     from profiler.spec import CellSpec
-    from profiler.workload import Workload
+    from profiler.unet.workload import Workload
 
     built, make = {}, Workload.make_part
     monkeypatch.setattr(Workload, "make_part", lambda self, which, *a, **k: built.setdefault(

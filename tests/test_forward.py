@@ -53,7 +53,7 @@ def test_each_calls_traced_peak_matches_the_measured_one_and_its_memory_model(me
 @pytest.mark.parametrize("device, dtype", [("cuda", "float16"), ("cpu", "float32")])
 def test_memory_models_match_the_traced_calls_for_every_backend(device, dtype):
     t = trace("tiny-sdxl", 512, 768, 2, dtype, device)
-    from profiler import backends
+    from profiler.attention import backends
 
     assert set(t["backends"]) == (set(backends.names()) if device == "cuda" else
                                   {"naive", "sliced", "split", "subquad", "sdpa", "sdpa-flash", "sdpa-math", "flex",
@@ -77,7 +77,7 @@ def test_memory_models_hold_to_the_trace_for_every_call_at_real_head_dims(model,
     """Every call of the real U-Nets in float16 on CUDA, within 1%: the probabilities that diffusers' processors
     keep alive through the head merge and to_out, sliced's slice outputs, the math kernel's float32 copies, and
     the mem-efficient kernel's float32 accumulator at SD 1.5's head_dim 160 (traced as a kernel workspace)."""
-    from profiler import backends
+    from profiler.attention import backends
 
     t = trace(model, size, size, 1, "float16", "cuda", REAL_SIZE_BACKENDS)
     assert {r["head_dim"] for r in t["rows"]} == head_dims
@@ -104,9 +104,9 @@ def _one_call(name: str, batch: int, head_dim: int, tokens_q: int, tokens_k: int
     from diffusers.models.attention_processor import Attention
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    from profiler import backends
+    from profiler.attention import backends
     from profiler.planner.forward import LiveBytes
-    from profiler.recorder import describe_call
+    from profiler.attention.recorder import describe_call
 
     with torch.device("meta"):
         attn = Attention(query_dim=8 * head_dim, heads=8, dim_head=head_dim,

@@ -1,4 +1,4 @@
-"""The backends of profiler/fused.py: diffusers' dispatcher (diffusers:<name>), compiled FlexAttention (flex),
+"""The backends of profiler/attention/fused.py: diffusers' dispatcher (diffusers:<name>), compiled FlexAttention (flex),
 SageAttention (sage) and FlashAttention 3 (flash-attn-3): their answers, availability with reasons, memory models
 against fake-tensor traces and CPU measurements at SD's real head dims, and flex's compile time kept apart.
 Tests that compile flex (about 20 s for the first shape of a process here, 4 s for each next) are marked slow."""
@@ -7,13 +7,13 @@ import pytest
 import torch
 from diffusers.models.attention_processor import Attention
 
-from profiler import backends, fused
+from profiler.attention import backends, fused
 from profiler.execute.grid import Sweep
 from profiler.execute.sweep import execute
 from profiler.measure.probes import cpu_peak_bytes
 from profiler.planner import memory, plan
 from profiler.planner.forward import trace
-from profiler.recorder import describe_call
+from profiler.attention.recorder import describe_call
 from profiler.store import Run
 from tests.test_backends import case
 
@@ -111,11 +111,11 @@ def test_attnprof_backends_lists_every_dispatcher_backend_by_family(monkeypatch,
 
 
 def test_the_registry_lists_the_dispatcher_only_when_asked():
-    """Importing profiler.backends (every command's start) does not import diffusers' dispatcher."""
+    """Importing profiler.attention.backends (every command's start) does not import diffusers' dispatcher."""
     import subprocess
     import sys
 
-    code = ("import sys, profiler.backends as b, profiler.report.compare; "
+    code = ("import sys, profiler.attention.backends as b, profiler.report.compare; "
             "assert b.label('flex', {}) == 'flex' and 'sdpa' in b.BACKENDS; "
             "print('diffusers.models.attention_dispatch' in sys.modules, 'diffusers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

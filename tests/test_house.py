@@ -95,3 +95,35 @@ def test_the_command_lines_parser_and_help_import_no_torch():
                           cwd=Path(__file__).resolve().parent.parent)
     assert done.returncode == 0, done.stderr
     assert "torch" not in done.stdout and "diffusers" not in done.stdout, done.stdout
+
+
+# The roles of profiler/, lowest first (docs/layout.md): a module may import its own role and those below it, never one
+# above. The commands sit on top and are not listed.
+ROLES = [
+    {"profiler.errors", "profiler.fmt", "profiler.spec", "profiler.env", "profiler.gpus", "profiler.devices"},
+    {"profiler.unet"},
+    {"profiler.attention"},
+    {"profiler.store", "profiler.report.frame"},  # the stored rows, normalised as every reader reads them
+    {"profiler.planner", "profiler.measure", "profiler.report"},
+]
+
+
+def _role(module: str) -> int:
+    for rank, members in enumerate(ROLES):
+        if any(module == m or module.startswith(m + ".") for m in members):
+            return rank
+    return len(ROLES)
+
+
+def test_imports_run_down_the_roles():
+    paths = {(_module(p)): p for p in (ROOT / "profiler").rglob("*.py")}
+    upward = sorted((name, dep) for name, path in paths.items() for dep in _imports(path, name, set(paths))
+                    if _role(dep) > _role(name) and dep != "profiler")
+    assert not upward, upward
+
+
+def test_no_folder_of_profiler_over_20_modules():
+    """DESIGN.md: group files by role rather than letting one folder pass ~20 modules."""
+    crowded = {str(d.relative_to(ROOT)): n for d in [ROOT / "profiler", *(ROOT / "profiler").rglob("*/")]
+               if d.is_dir() and (n := len([*d.glob("*.py")])) > 20}
+    assert not crowded, crowded

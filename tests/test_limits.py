@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from profiler import backends
+from profiler.attention import backends
 from profiler.measure import limits
 from profiler.planner import memory
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from profiler import backends
+from profiler.attention import backends
 from profiler.cli import main
 from profiler.store import find_run
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from profiler import models
+from profiler.unet import models
 from profiler.planner import plan
 from profiler.spec import InputError
 

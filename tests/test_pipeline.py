@@ -66,7 +66,7 @@ def test_ip_adapter_and_tome_in_the_plan(capsys):
 
 def test_tome_merges_and_unmerges_exactly_where_tokens_agree():
     """Tokens equal within each 2x2 cell merge without loss: unmerge(merge(x)) is x; N - r tokens are kept."""
-    from profiler.adapters import _Merge
+    from profiler.unet.adapters import _Merge
 
     cell = torch.randn(1, 8, 8, 1, 16).expand(1, 8, 8, 4, 16)  # one value per 2x2 cell
     x = cell.reshape(1, 8, 8, 2, 2, 16).permute(0, 1, 3, 2, 4, 5).reshape(1, 256, 16)  # a 16 x 16 grid

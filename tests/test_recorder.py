@@ -2,9 +2,9 @@ import pytest
 import torch
 from diffusers.models.attention_processor import AttnProcessor, AttnProcessor2_0
 
-from profiler import models
+from profiler.unet import models
 from profiler.planner import plan
-from profiler.recorder import Recorder
+from profiler.attention.recorder import Recorder
 
 
 @pytest.mark.parametrize("fixture, size", [("tiny_sd15", (64, 64)), ("tiny_sdxl", (96, 64))])

@@ -7,7 +7,8 @@ import weakref
 import pytest
 import torch
 
-from profiler import devices, models
+from profiler import devices
+from profiler.unet import models
 from profiler.execute.grid import Sweep
 from profiler.execute.sweep import execute, predict
 from profiler.measure import cell as runner

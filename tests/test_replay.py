@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from profiler import backends
+from profiler.attention import backends
 from profiler.cli import main
 from profiler.measure.replay import shape_of
 from profiler.planner import memory, plan

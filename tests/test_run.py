@@ -64,7 +64,7 @@ def test_naive_peak_agrees_with_a_fresh_process_peak_rss(run):
     rss = fresh_process_peak_rss("""
 import torch
 from diffusers.models.attention_processor import AttnProcessor
-from profiler import models
+from profiler.unet import models
 unet = models.build("tiny-sd15", weights="random", dtype="float32")
 attn = unet.down_blocks[0].attentions[0].transformer_blocks[0].attn1
 attn.set_processor(AttnProcessor())
@@ -168,7 +168,7 @@ def test_show_and_runs_print_the_run(run, capsys):
 
 
 def test_a_checkpoint_folder_is_measured_with_its_real_weights(tmp_path):
-    from profiler import models
+    from profiler.unet import models
     from profiler.measure.cell import ModelCache
 
     saved = models.build("tiny-sd15", weights="random", dtype="float32", seed=7)  # not the registry's seed 0

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler import models
+from profiler.unet import models
 from profiler.cli import main
 from profiler.execute.grid import load
 
@@ -138,7 +138,7 @@ def test_vae_upcast_defaults_to_the_vae_configs_force_upcast():
     """A setting whose default comes from the model's config (its entry's config_key): the SDXL VAE's config says
     force_upcast, so an upcast is its default (a cell's key leaves it out) and no upcast is the setting kept; the SD 1.5
     VAE's the other way round."""
-    from profiler.workload import Workload, check_settings
+    from profiler.unet.workload import Workload, check_settings
 
     assert Workload("sdxl-vae").settings["vae_upcast"] is True and Workload("sd15-vae").settings["vae_upcast"] is False
     assert check_settings("sdxl-vae", {"vae_upcast": "true"}) == ()

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from dashboards import transforms as T
-from profiler import backends
+from profiler.attention import backends
 from profiler.report.frame import normalised
 from profiler.store import list_runs
 
@@ -55,7 +55,7 @@ def test_family_comes_from_the_backend_registry():
 
 
 def test_by_family_groups_in_family_order_and_keeps_the_order_given():
-    from profiler import backends
+    from profiler.attention import backends
 
     got = backends.by_family(["sage", "sdpa", "mine", "split", "naive", "diffusers:sage", "flex", "sdpa", "sliced"])
     assert got == [("materialised", ["naive"]), ("chunked", ["split", "sliced"]), ("fused exact", ["sdpa", "flex"]),

@@ -7,10 +7,12 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .. import backends, devices, models
+from ..attention import backends
+from .. import devices
+from ..unet import models
 from ..spec import (SETTINGS, CellSpec, InputError, load_yaml, parse_batch, parse_bytes, parse_dtype, parse_size,
                     setting_value)
-from ..workload import applies, check_settings
+from ..unet.workload import applies, check_settings
 
 GRID_KEYS = {"models": "list of model names", "sizes": "list of WxH strings", "batch": "list of batch sizes",
              "dtypes": "list of dtype names", "backends": "list of backend names or {name: {option: value}}",
@@ -167,7 +169,7 @@ def _allow_pickle(doc: dict, where: str) -> None:
         if not isinstance(doc["allow_pickle"], bool):
             raise InputError(f"{where}: key 'allow_pickle' must be true or false, not {doc['allow_pickle']!r}")
         if doc["allow_pickle"]:
-            from ..checkpoint import allow_pickle
+            from ..unet.checkpoint import allow_pickle
 
             allow_pickle()
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from .. import backends
+from ..attention import backends
 from ..spec import CellSpec
 
 

@@ -14,7 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import backends, devices
+from ..attention import backends
+from .. import devices
 from ..spec import CellSpec
 from . import ExecutorError
 

@@ -18,7 +18,7 @@ import time
 
 import ray
 
-from ..checkpoint import PICKLE_ENV
+from ..unet.checkpoint import PICKLE_ENV
 from ..env import REPO
 from ..spec import CellSpec, InputError
 from . import ExecutorError, stop_on_sigterm
@@ -62,7 +62,7 @@ def _survey(device: str) -> dict:
 
 @ray.remote(max_retries=0)
 def _availability(asks: list) -> list:
-    from ..backends import availability
+    from ..attention.backends import availability
 
     return [availability(name, dev, dtype, tuple(dims)) for name, dev, dtype, dims in asks]
 

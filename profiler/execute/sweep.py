@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from .. import backends, devices
-from ..models import model_files
+from ..attention import backends
+from .. import devices
+from ..unet.models import model_files
 from ..measure.limits import cell_peaks
 from ..spec import CellSpec
 from .grid import Sweep

@@ -8,7 +8,8 @@ import json
 import os
 import sys
 
-from .. import backends  # noqa: F401 (first: the plugins $ATTNPROF_PLUGINS names load before the sweep's modules)
+# first: the plugins $ATTNPROF_PLUGINS names load before the sweep's modules
+from ..attention import backends  # noqa: F401
 from ..spec import CellSpec
 
 
@@ -26,7 +27,7 @@ def main() -> None:
     faulthandler.enable()  # a segfault leaves its traceback in the run's worker.log
     out = _own_stream()
     if sys.argv[1:] == ["--probe"]:
-        from ..backends import availability
+        from ..attention.backends import availability
 
         asks = json.loads(sys.stdin.read())
         out.write(json.dumps([availability(name, dev, dtype, tuple(dims)) for name, dev, dtype, dims in asks]) + "\n")

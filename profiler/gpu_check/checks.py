@@ -22,7 +22,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from .. import backends, devices, models
+from ..attention import backends
+from .. import devices
+from ..unet import models
 from ..execute.grid import Sweep
 from ..fmt import human_bytes
 from ..measure.rows import TOLERANCE
@@ -398,7 +400,7 @@ def event_time_matches_wall_clock(ctx: Context) -> Verdict:
     ctx.need_cuda()
     from ..measure.cell import ModelCache, measure_cell
     from ..measure.probes import CallTimer
-    from ..recorder import Recorder
+    from ..attention.recorder import Recorder
 
     cache = ModelCache()
     model = ctx.pairs[0][0]
@@ -433,7 +435,7 @@ def kernels_credited_to_their_call(ctx: Context) -> Verdict:
     count, named by probes.sdpa_kernel (cuDNN's names carry "flash": never taken for flash)."""
     ctx.need_cuda()
     from ..measure.probes import CallProbe, sdpa_kernel, trace_windows, traced
-    from ..recorder import Recorder
+    from ..attention.recorder import Recorder
 
     fused = [b for b in ["sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "xformers", "flash-attn"]
              if backends.availability(b, ctx.device, "float16", (40, 80, 160))[0]]

@@ -10,7 +10,7 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
-from .. import backends  # noqa: F401 (first: the plugins $ATTNPROF_PLUGINS names load before the rest)
+from ..attention import backends  # noqa: F401 (first: the plugins $ATTNPROF_PLUGINS names load before the rest)
 from ..execute import stop_on_sigterm
 
 

@@ -30,7 +30,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from .. import backends, devices
+from ..attention import backends
+from .. import devices
 from ..env import REPO, environment
 from ..store import Run, list_runs, write_text
 from .checks import NATIVE, STEPS, Context, Skip, Step, new_backend_reason, num

@@ -8,14 +8,16 @@ from pathlib import Path
 
 import torch
 
-from .. import backends, devices, models
-from ..models import facts_of
+from ..attention import backends
+from .. import devices
+from ..unet import models
+from ..unet.models import facts_of
 from .probes import (CallProbe, CallTimer, NvmlSampler, attention_op, op_calls, trace_windows,
                      traced)
-from ..recorder import Recorder
-from ..backends import REFERENCE_BACKEND, REFERENCE_DTYPE
+from ..attention.recorder import Recorder
+from ..attention.backends import REFERENCE_BACKEND, REFERENCE_DTYPE
 from ..spec import CellSpec
-from ..workload import Workload
+from ..unet.workload import Workload
 from .limits import roof_of
 from .rows import TOLERANCE, attention_summary, block_row, cell_row, timed_forwards  # noqa: F401 (also cell's)
 
@@ -229,7 +231,7 @@ def _compile_pass(spec: CellSpec, work, unet, inputs, factory, dev) -> tuple[flo
     process had compiled every shape already, the forward's seconds); (None, 0) for the other backends."""
     if not backends.compiles(spec.backend):
         return None, 0.0
-    from ..fused import CompileClock
+    from ..attention.fused import CompileClock
 
     before, t0 = CompileClock.seconds, time.perf_counter()
     with Recorder(unet, processor=factory):

@@ -26,8 +26,9 @@ from contextlib import contextmanager
 
 import torch
 
-from .. import backends, models
-from ..recorder import Recorder, swapped
+from ..attention import backends
+from ..unet import models
+from ..attention.recorder import Recorder, swapped
 from ..spec import CellSpec
 from .limits import roof_of
 from .probes import _CPU, _CUDA, NvmlSampler, attention_op, op_calls, trace_windows, traced
@@ -39,7 +40,7 @@ def compiled(unet: torch.nn.Module, mode: str):
     caches emptied before and after (flex's compiled kernels with them: CompileClock forgets its shapes, so that
     a flex cell after this one compiles in its compile pass again, not in a timed forward). A compile past Dynamo's
     recompile limit raises instead of running that frame eager unsaid."""
-    from ..fused import CompileClock
+    from ..attention.fused import CompileClock
 
     torch._dynamo.reset()
     CompileClock.seen.clear()

@@ -263,7 +263,7 @@ ATTENTION_OPS = {"sdpa": re.compile(r"^aten::_scaled_dot_product_(?!attention$)"
 
 def attention_op(backend: str) -> re.Pattern | None:
     """The pattern of the op that is the backend's whole attention (ATTENTION_OPS), or None where there is none."""
-    from .. import backends
+    from ..attention import backends
 
     if backends.uses_sdpa(backend):
         return ATTENTION_OPS["sdpa"]

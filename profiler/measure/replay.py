@@ -23,8 +23,9 @@ import time
 import pandas as pd
 import torch
 
-from .. import backends, devices
-from ..models import facts_of
+from ..attention import backends
+from .. import devices
+from ..unet.models import facts_of
 from ..planner.memory import bytes_moved, predicted_peak_bytes, working_set
 from ..spec import CellSpec, torch_dtype
 from .limits import cell_peaks, device_limits, place, roof_of

@@ -9,8 +9,8 @@ import statistics
 import torch
 from torch.utils._pytree import tree_leaves
 
-from .. import backends
-from ..models import facts_of
+from ..attention import backends
+from ..unet.models import facts_of
 from ..planner.memory import bytes_moved, predicted_peak_bytes, working_set
 from ..spec import CellSpec
 from .limits import place

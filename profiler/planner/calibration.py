@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import backends
+from ..attention import backends
 from ..env import cache_dir
 from ..spec import InputError, parse_dtype
 from .timing import (CALL_FEATURES, REST_FEATURES, Device, fit_model, forward_samples, mean_error, predict, roof_ms,
@@ -55,9 +55,17 @@ def _same(a, b) -> bool:
     return norm(a) == norm(b)
 
 
+def public_config(module: torch.nn.Module) -> dict:
+    """A component's public config as JSON holds it (diffusers' config, transformers' to_dict()): what the time
+    model matches to a model it can trace."""
+    config = getattr(module, "config", None)
+    config = config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
+    return json.loads(json.dumps({k: v for k, v in config.items() if not str(k).startswith("_")}, default=str))
+
+
 def named(cls: str, config: dict) -> str | None:
     """The registry model or text encoder whose config this component's is, or None."""
-    from .. import kinds, models
+    from ..unet import kinds, models
     from .pipeline import TEXT_ENCODERS
 
     found = [(len(c), name) for name, kind, c in models.registry_configs()
@@ -369,7 +377,8 @@ def published_calibration(gpu: dict, dtype: str) -> dict:
     (EFFICIENCY), in the shape of a calibration (planner/timing.py): "per_backend" holds each backend's call fit
     (core at the efficiency of its kernel, or of the bandwidth for an unfused one; projections at the matmul's; a
     call's host ops), "rest" the rest of a forward's per op class, "published" says where each figure came from."""
-    from .. import backends, devices
+    from ..attention import backends
+    from .. import devices
     from ..gpus import CALL_OPS, FUSED, HOST_OP_S, efficiency
 
     arch = gpu["arch"]

@@ -7,11 +7,12 @@ import json
 
 import torch
 
-from .. import backends, models
+from ..attention import backends
+from ..unet import models
 from ..fmt import human_bytes, human_count, table
-from ..recorder import Recorder
+from ..attention.recorder import Recorder
 from ..spec import parse_dtype
-from ..workload import Workload
+from ..unet.workload import Workload
 
 
 def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "float16", backend: str | None = None,
@@ -26,11 +27,11 @@ def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "floa
     from ..spec import InputError
 
     dtype = parse_dtype(dtype)
-    from ..backends import check_options, label
+    from ..attention.backends import check_options, label
     from .memory import predicted_peak_bytes
 
     options = check_options(backend, backend_options or {}) if backend else {}
-    from ..models import facts_of
+    from ..unet.models import facts_of
 
     p = {"model": model, **facts_of(model), "width": width, "height": height, "batch": batch, "dtype": dtype,
          "settings": dict(settings), "backend": backend, "backend_options": options,
@@ -147,7 +148,7 @@ def format_plan(p: dict) -> str:
     from ..spec import settings_label
 
     settings = settings_label(json.dumps(p.get("settings") or {}))
-    from ..checkpoint import describe
+    from ..unet.checkpoint import describe
 
     if (p.get("settings") or {}).get("compile", "none") != "none":
         settings += " (predicted as eager: the planner does not model Inductor)"

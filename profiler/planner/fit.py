@@ -18,10 +18,12 @@ import json
 
 import numpy as np
 
-from .. import backends, devices, kinds, models
+from ..attention import backends
+from .. import devices
+from ..unet import kinds, models
 from ..fmt import human_bytes, table
 from ..spec import InputError, parse_dtype
-from ..workload import Workload
+from ..unet.workload import Workload
 from . import memory
 from .forward import LEFT_OUT, how_traced, method_text, trace
 

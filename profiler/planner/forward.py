@@ -47,11 +47,13 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
-from .. import backends, devices, models
+from ..attention import backends
+from .. import devices
+from ..unet import models
 from . import cpu_conv, memory
-from ..processor import for_module
-from ..recorder import Recorder
-from ..workload import Workload
+from ..attention.processor import for_module
+from ..attention.recorder import Recorder
+from ..unet.workload import Workload
 from ..spec import parse_dtype
 
 LEFT_OUT = ("the CUDA context (a few hundred MiB per process), cuBLAS / cuDNN workspaces (MiB to tens "

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from ..fmt import table
 from ..spec import InputError
 from . import timing
-from .calibration import LOADED_AS, images, named, published_calibration, record_backend
+from .calibration import LOADED_AS, images, named, public_config, published_calibration, record_backend
 from .pipeline import PIPELINES, pipeline_name, text_ops
 
 VIDEO_PIPELINES = {"animatediff-sd15": {"unet": "animatediff-sd15", "vae": "sd15-vae", "text": ("clip-l",),
@@ -196,10 +196,8 @@ def generation_spec(run, manifest: dict, cell: dict):
 def pipeline_spec(pipe, args: tuple, kwargs: dict, backend: str | None):
     """The GenerationSpec of a diffusers pipeline call about to run (its size, steps, guidance and images as the
     pipeline's own defaults give them where the call does not), or None where its U-Net is not a registry model's."""
-    from ..record.session import _config
-
     unet = getattr(pipe, "unet", None)
-    model = named(type(unet).__name__, _config(unet)) if unet is not None else None
+    model = named(type(unet).__name__, public_config(unet)) if unet is not None else None
     name = next((n for n, p in PIPELINES.items() if p["unet"] == model), None)
     if name is None:
         return None

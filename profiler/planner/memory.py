@@ -14,8 +14,8 @@ from typing import Callable
 
 import torch
 
-from .. import backends
-from ..chunked import split_rows
+from ..attention import backends
+from ..attention.chunked import split_rows
 from ..spec import torch_dtype
 
 
@@ -312,8 +312,8 @@ def predicted_peak_bytes(name: str, row: dict, dtype: str, **options) -> int:
 
     Every processor first holds q, k, v (a_q + 2 a_k) and ends holding its head-merged output and to_out's output (2
     a_q); q, k and v are still alive then, but for the processors that free them first (Backend.frees_qkv: those of
-    fused.py, whose kernels write (B, Tq, h, d), so that their head merge is a view). Scores take row["score_bytes"]
-    / row["score_elements"] bytes (4 where diffusers upcasts). `sdpa` on CUDA follows the kernel named in
+    attention/fused.py, whose kernels write (B, Tq, h, d), so that their head merge is a view). Scores take
+    row["score_bytes"] / row["score_elements"] bytes (4 where diffusers upcasts). `sdpa` on CUDA follows the kernel named in
     row["sdpa_kernel"]; a dispatcher backend (diffusers:<name>) follows the kernel it runs, flex on the CPU adds the
     K and V copies that the compiled CPU kernel reorders for its gemms (row["device"], default CUDA), and the CPU
     flash kernel its per-thread buffers (cpu_flash_tiles, at this process's thread count). Left out: compiled flex's

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import models
+from ..unet import models
 from ..fmt import human_bytes, table
 from ..spec import InputError
 from .fit import BUCKETS, grid
@@ -155,7 +155,7 @@ class Generation:
     resident beside it, and its need at a size."""
 
     def __init__(self, spec: PipelineSpec, say=lambda line: None):
-        from ..workload import check_settings
+        from ..unet.workload import check_settings
 
         self.spec, p = spec, PIPELINES[spec.pipeline]
         self.unet, self.vae = p["unet"], p["vae"]

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import backends
+from ..attention import backends
 from ..spec import InputError, parse_dtype
 from .forward import OP_CLASSES, walk
 from ..measure.limits import CACHE_SHARE

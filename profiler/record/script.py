@@ -28,7 +28,7 @@ def record(script: str, args: list[str], backends_: list[str], out: Path, trace:
            say=None) -> tuple[int, Path]:
     """Run the script once per backend (or once as it is), each in a child process that records its cell into one
     new run under out. (the script's exit status, the first non-zero of its runs; the run's folder)."""
-    from .. import backends
+    from ..attention import backends
     from ..store import Run, now
 
     quiet, say = say is None, say or (lambda line: None)

@@ -30,7 +30,6 @@ import contextlib
 import hashlib
 import itertools
 import json
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,10 +37,12 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from .. import backends, devices
+from ..attention import backends
+from .. import devices
 from ..fmt import human_bytes, table
 from ..measure.probes import CallTimer, summarize, traced
-from ..recorder import Recorder, attention_modules
+from ..planner.calibration import public_config
+from ..attention.recorder import Recorder, attention_modules
 from ..spec import CellSpec, InputError
 
 LOOP = ("unet", "controlnet", "transformer", "prior", "model")  # components that run once per denoising step
@@ -291,16 +292,8 @@ def _facts(target, session: Session, prof: Profile) -> dict:
             "steps": int(steps), "guidance": getattr(target, "_guidance_scale", None),
             "scheduler": type(getattr(target, "scheduler", None)).__name__ if hasattr(target, "scheduler") else None,
             "device": str(session.device), "processors": session.processors, "backend": session.backend,
-            "configs": {name: {"class": type(m).__name__, "config": _config(m)} for name, m in session.found.items()
-                        if _config(m)}}
-
-
-def _config(module: torch.nn.Module) -> dict:
-    """A component's public config as JSON holds it (diffusers' config, transformers' to_dict()): what the time
-    model matches to a model it can trace (planner/calibration.py)."""
-    config = getattr(module, "config", None)
-    config = config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
-    return json.loads(json.dumps({k: v for k, v in config.items() if not str(k).startswith("_")}, default=str))
+            "configs": {name: {"class": type(m).__name__, "config": public_config(m)}
+                        for name, m in session.found.items() if public_config(m)}}
 
 
 def _processors(session: Session) -> str:

@@ -286,7 +286,7 @@ def machine_text(result: dict) -> str:
 
 
 def format_diff(run_a: str, run_b: str, result: dict, threshold: float) -> str:
-    from ..backends import label
+    from ..attention.backends import label
     from ..spec import settings_label
 
     records = result["matched"].to_dict("records")
@@ -316,7 +316,7 @@ def _settings(r: dict) -> str:
 
 
 def _diff_row(r: dict) -> dict:
-    from ..backends import label
+    from ..attention.backends import label
     from ..spec import settings_label
 
     ran = r["status_a"] == "ok" and r["status_b"] == "ok"

@@ -19,7 +19,7 @@ import math
 
 import pandas as pd
 
-from .. import backends
+from ..attention import backends
 from ..spec import ITEMSIZE, parse_dtype, settings_label
 
 NO_SETTINGS = "none"  # settings_label of a cell whose model runs without settings

@@ -6,8 +6,8 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
-from .. import backends
-from ..backends import label
+from ..attention import backends
+from ..attention.backends import label
 from ..fmt import fitted_table, human_bytes, human_count, table
 from ..store import BLOCKS, CELLS, DONE_STATUSES, Run, Unreadable, list_runs
 from .compare import ATTENTION_TIME, eager_twins
@@ -121,7 +121,7 @@ def _of_peak(pct, bound) -> str:
 
 
 def _files_lines(m: dict) -> list[str]:
-    """The run's single-file checkpoints: what each is, its size and its header's SHA-256 (checkpoint.py)."""
+    """The run's single-file checkpoints: what each is, its size and its header's SHA-256 (unet/checkpoint.py)."""
     return [f"model file {path}: {f['model_file_kind']} (U-Net config {f['model_file_config']}), "
             f"{human_bytes(f['model_file_bytes'])}, header sha256 {f['model_header_sha256'][:16]}"
             for path, f in (m.get("model_files") or {}).items()]

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import torch
 
 from . import kinds, models
-from .spec import SETTINGS, VIDEO, InputError, setting_value
+from ..spec import SETTINGS, VIDEO, InputError, setting_value
 
 
 def applies(name: str, kind: str) -> bool:

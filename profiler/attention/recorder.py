@@ -9,8 +9,8 @@ from typing import Callable
 
 import torch
 
-from .kinds import temporal_paths
-from .spec import InputError
+from ..unet.kinds import temporal_paths
+from ..spec import InputError
 
 _STAGES = {"down_blocks": "down", "mid_block": "mid", "up_blocks": "up"}
 
@@ -32,11 +32,11 @@ def block_position(block: str, n_levels: int) -> tuple[str, int]:
 
 def attention_modules(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     """Every diffusers Attention module of the model by the path the recorder reports: a wrapper's child (ToMe's
-    `merged`, IP-Adapter's `text`: profiler.adapters.WRAPPED) under its parent's path, a pipeline step's U-Net
+    `merged`, IP-Adapter's `text`: profiler.unet.adapters.WRAPPED) under its parent's path, a pipeline step's U-Net
     (`unet.`) and a VAE part's VAE (`vae.`) under their own paths."""
     from diffusers.models.attention_processor import Attention
 
-    from .adapters import WRAPPED
+    from ..unet.adapters import WRAPPED
 
     out = {}
     for path, module in model.named_modules():

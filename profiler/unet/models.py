@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 from . import checkpoint, kinds, weights_init
-from .env import configs
-from .spec import InputError, load_yaml, torch_dtype
+from ..env import configs
+from ..spec import InputError, load_yaml, torch_dtype
 
 WEIGHTS = "diffusion_pytorch_model"  # diffusers' file name of a model's weights
 _SAFETENSORS = re.compile(rf"{WEIGHTS}(?:\.(\w+))?\.safetensors|{WEIGHTS}\.safetensors\.index(?:\.(\w+))?\.json")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .spec import InputError
+from ..spec import InputError
 
 SAFE, PICKLES = (".safetensors",), (".ckpt", ".pt", ".pth")
 SUFFIXES = SAFE + PICKLES

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .spec import MiB
+from ..spec import MiB
 
 
 def _mask_block(mask: torch.Tensor | None, rows: slice, cols: slice):

@@ -25,7 +25,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from .spec import InputError
+from ..spec import InputError
 
 
 class Shape(NamedTuple):
@@ -192,7 +192,7 @@ def _unet_wrap(model, settings: dict, part):
 
 @contextlib.contextmanager
 def _unet_apply(model, settings: dict):
-    """ToMe and IP-Adapter (profiler/adapters.py) on the U-Net for the duration."""
+    """ToMe and IP-Adapter (profiler/unet/adapters.py) on the U-Net for the duration."""
     from .adapters import applied
 
     with applied(model, settings.get("tome", 0.0), settings.get("ip_adapter_tokens", 0)):

@@ -15,7 +15,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from .spec import InputError, MiB, parse_dtype, torch_dtype
+from ..spec import InputError, MiB, parse_dtype, torch_dtype
 
 if TYPE_CHECKING:  # annotations only: torch is imported where a backend is probed
     import torch
@@ -74,7 +74,7 @@ def _made_by(module: str, name: str, *args) -> Callable:
 
 
 _DIFFUSERS = "diffusers.models.attention_processor"
-_OURS, _FUSED = "profiler.processor", "profiler.fused"
+_OURS, _FUSED = "profiler.attention.processor", "profiler.attention.fused"
 SAGE_MAX_HEAD_DIM = 128  # thu-ml/SageAttention#119: head_dim 160 (SD 1.5's inner blocks) is rejected
 XFORMERS_MAX_BATCH_HEADS = 65535  # xformers#845: batch x heads above it fails to launch (AnimateDiff's temporal calls
 # at 512x512 with guidance: 2 x 64 x 64 positions x 8 heads = 65,536)
