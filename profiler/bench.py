@@ -260,6 +260,8 @@ def main(argv=None) -> int:
         print(time_model_error(Path(args.results)))
     if "generation" in run:
         print(held_out(*map(Path, args.validate)) if args.validate else generation_error(Path(args.results)))
+    if run & {"recorder", "profile", "store", "ray", "sweep"}:
+        devices.keep_memory()  # these time cells as our processes do (devices.keep_memory)
     if "recorder" in run:
         _print_recorder(args)
     if "profile" in run:
@@ -294,7 +296,7 @@ def time_model_error(results: Path) -> str:
     from .measure.limits import device_key
     from .planner.calibration import calibrate
 
-    c = calibrate(results, device_key("cpu"), write=False) if results.is_dir() else None
+    c = calibrate(results, device_key("cpu", kept=True), write=False) if results.is_dir() else None
     if not c:
         return f"time model: no stored runs of this CPU under {results} to judge it on"
     from .planner.timing import passed_text
@@ -360,9 +362,9 @@ def recorded_generations(results: Path) -> list[tuple[dict, object]]:
     from .planner.generation import generation_spec
     from .store import kind_of, readable_runs
 
-    found = []
+    found, key = [], device_key("cpu", kept=False)  # a user's own process: attnprof record's
     for run, manifest in readable_runs(results):
-        if kind_of(manifest).name != "record" or (manifest.get("device_limits") or {}).get("key") != device_key("cpu"):
+        if kind_of(manifest).name != "record" or (manifest.get("device_limits") or {}).get("key") != key:
             continue
         table, _ = run.read()
         for cell in table[table["status"] == "ok"].to_dict("records"):
@@ -405,7 +407,7 @@ def generation_error(results: Path) -> str:
     for what, of in (("size", lambda c: (c["width"], c["height"])), ("steps", lambda c: c.get("steps"))):
         pairs = []
         for value in sorted({of(c) for c, _ in found}, key=str):
-            c = calibrate(results, device_key("cpu"), write=False, keep=lambda cell, v=value: of(cell) != v)
+            c = calibrate(results, device_key("cpu", kept=False), write=False, keep=lambda cell, v=value: of(cell) != v)
             for cell, spec in found if c else []:
                 if of(cell) == value and spec.backend in {g.split(" ")[0] for g in c["backends"]}:
                     pairs.append((spec.backend, _predicted_ms(spec, c), cell["generation_s"] * 1e3))
@@ -418,7 +420,7 @@ def held_out(calibration_runs: Path, held: Path) -> str:
     from .measure.limits import device_key
     from .planner.calibration import calibrate
 
-    c = calibrate(calibration_runs, device_key("cpu"), write=False)
+    c = calibrate(calibration_runs, device_key("cpu", kept=False), write=False)
     found = recorded_generations(held)
     if not c or not found:
         return f"generation time: nothing to calibrate on under {calibration_runs} or to predict under {held}"

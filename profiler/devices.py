@@ -94,12 +94,23 @@ _KEPT: bool | None = None
 
 def keep_memory() -> bool:
     """Tell glibc's malloc, once per process, to map no allocation anew (M_MMAP_MAX 0) and to give no freed memory
-    back to the kernel (M_TRIM_THRESHOLD at its most); False where the C library is not glibc. Left as it is,
-    it maps every allocation of 32 MiB and more anew and trims its heap, by thresholds that move with what the
-    process freed before: a cell's time depended on the cells before it in its worker (sliced's 1600-token calls at
-    320x320 after a 512x512 cell: 92 ms, in a fresh worker 34 ms; kept: 33 and 30) and new pages took two thirds of
-    a 512x512 forward (tiny-sd15 under sliced: 3,126 ms of attention, kept 1,079). Kept, every cell is timed in the
-    one steady state a long-lived process reaches, as on a GPU."""
+    back to the kernel (M_TRIM_THRESHOLD at its most); False where the C library is not glibc. Called by every
+    process of ours that times cells on the CPU (a sweep's worker, run_cell, replay, make bench), never in a user's
+    own process (profile, record): measure the user's generation as it runs without us.
+
+    Left as it is, glibc maps every allocation of 32 MiB and more anew and trims its heap, by thresholds that move
+    with what the process freed before: a cell's time depended on the cells before it in its worker (sliced's
+    1600-token calls at 320x320 after a 512x512 cell: 92 ms, in a fresh worker 34 ms; kept: 33 and 30) and new pages
+    took two thirds of a 512x512 forward (tiny-sd15 under sliced: 3,126 ms of attention, kept 1,079). Kept, every
+    cell is timed in the one steady state a long-lived process reaches after its warm-up forwards, as on a GPU.
+    Why not in the user's process: kept, a generation of a few steps is a heap warming up. Repeating naive's call
+    at 512x512 (three 1 GiB tables alive at most), glibc 2.36's heap grew to 9 GiB over three calls and faulted in
+    new pages up to the fifth (likely: its posix_memalign, which torch calls for 64-byte alignment, asks for more
+    than a freed table of the same size holds); in a generation, in whichever forward the process's other small
+    allocations push it to (tiny-sd15 at 448x640 under
+    naive, three forwards: 3.5, 3.0 and 6.2 s with the recorder's hooks, 3.3, 2.5 and 2.5 s without them). Left as it
+    is, every table of 32 MiB and more gets new pages in every forward alike (6.1, 6.2 and 6.1 s, with the hooks or
+    without), which the time model prices (planner/timing.py, B_new)."""
     global _KEPT
     if _KEPT is None:
         import ctypes
@@ -124,11 +135,18 @@ class Cpu:
 
     def __init__(self, device: torch.device):
         self.torch = device
-        # The process's memory kept (keep_memory), as CUDA's caching allocator keeps its blocks. Where it cannot be,
-        # glibc's largest mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX): an allocation this large gets new
-        # pages from the kernel, each touched page a fault, which the time model (planner/timing.py) prices.
-        self.memory_kept = keep_memory()
-        self.fresh_min_bytes = None if self.memory_kept else 32 * 2**20
+
+    @property
+    def memory_kept(self) -> bool:
+        """Whether this process keeps its memory (keep_memory: a process of ours that times cells)."""
+        return _KEPT is True
+
+    @property
+    def fresh_min_bytes(self) -> int | None:
+        """Where the memory is not kept (a user's own process, or no glibc), glibc's largest mmap threshold on 64-bit
+        (DEFAULT_MMAP_THRESHOLD_MAX): an allocation this large gets new pages from the kernel, each touched page a
+        fault, which the time model (planner/timing.py) prices."""
+        return None if self.memory_kept else 32 * 2**20
 
     def cache_bytes(self) -> int | None:
         """The last-level cache (sysfs: the highest cache index of cpu0), or None where the kernel does not say."""

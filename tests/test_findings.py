@@ -108,7 +108,7 @@ def test_a_run_made_while_the_machine_slowed_is_named_judged_by_no_one_and_weigh
     text = _findings_block(capsys.readouterr().out)
     assert text.startswith("Times not judged: the machine's speed moved") and "was the fastest" not in text
     assert "At 64x64 no backend is named the fastest (the machine moved: above)" in text
-    c = calibration.calibrate(tmp_path, device_key("cpu"), write=False)
+    c = calibration.calibrate(tmp_path, device_key("cpu", kept=True), write=False)
     assert c["passed_over"][path.name].startswith(f"weighted 1/{ratio ** 2:.2f}: the machine's speed moved")
     assert "weighted down 1 run (" in timing.passed_text(c["passed_over"])
 

@@ -59,7 +59,7 @@ def _synthetic_run(root, sizes, backend="naive", gpu_name=None):
     """A stored run of tiny-sd15 whose every call takes what TRUE says on the device of PEAKS (and its rest what
     REST says), recorded with this machine's CPU limits key, so that plan --device cpu --results finds it; or, with
     gpu_name, as if made on a CUDA device of that name (its environment and limits key)."""
-    key = f"{gpu_name} | synthetic" if gpu_name else device_key("cpu")
+    key = f"{gpu_name} | synthetic" if gpu_name else device_key("cpu", kept=True)
     manifest = {"device_peak_flops": PEAKS[0], "device_peak_bytes_per_s": PEAKS[1],
                 "device_memory": {}, "device_softmax_per_s": {},  # DEVICE's: no cache, page or softmax terms
                 "device_limits": {"key": key, "measured_at": "synthetic"},
@@ -101,7 +101,7 @@ def test_plan_predicts_a_new_size_from_a_stored_run_exactly(capsys, tmp_path):
     assert t["time_source"].startswith("calibrated on 6 cells in 1 runs of this device, leave-one-out error 0.0%")
     assert all(b["predicted_time_ms"] >= b["roofline_time_ms"] for b in out["blocks"])
     # the fit and its residuals went to the calibration file, under the device's key
-    stored = json.loads(calibration.calibration_path().read_text())[device_key("cpu")]
+    stored = json.loads(calibration.calibration_path().read_text())[device_key("cpu", kept=True)]
     assert stored["backends"]["naive float32"]["coefficients"] == pytest.approx(TRUE, rel=1e-6)
 
 
@@ -258,13 +258,13 @@ def test_calibration_skips_cells_it_cannot_sample(tmp_path):
     good = _synthetic_run(tmp_path, [(64, 64), (128, 128)])
     blocks = good.blocks()
     other = Run.create(tmp_path, {"device_peak_flops": PEAKS[0], "device_peak_bytes_per_s": PEAKS[1],
-                                  "device_limits": {"key": device_key("cpu"), "measured_at": "synthetic"}},
+                                  "device_limits": {"key": device_key("cpu", kept=True), "measured_at": "synthetic"}},
                        run_id="plugins")
     for backend, model in (("fault-not-loaded", "tiny-sd15"), ("naive", str(tmp_path / "gone.safetensors"))):
         spec = CellSpec(model, 64, 64, 1, "float32", backend, "cpu")
         rows = [{**r, **spec.as_row()} for r in blocks[blocks["width"] == 64].to_dict("records")]
         other.record({**spec.as_row(), "status": "ok", "attention_time_ms": 1.0, "forward_time_ms": 2.0}, rows)
-    calls, cells, _, runs = calibration.samples(tmp_path, device_key("cpu"))
+    calls, cells, _, runs = calibration.samples(tmp_path, device_key("cpu", kept=True))
     assert sorted(runs) == ["plugins", "synthetic"] and len(cells) == 2  # the two good cells only
 
 

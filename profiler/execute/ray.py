@@ -69,8 +69,10 @@ def _availability(asks: list) -> list:
 
 @ray.remote(max_retries=0)
 def _limits(device: str, dtypes: list[str]) -> dict:
+    from .. import devices
     from ..measure.limits import device_limits
 
+    devices.keep_memory()  # as the cells' processes (devices.keep_memory)
     return device_limits(device, dtypes)
 
 

@@ -108,6 +108,7 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
     time: a second one gets store.RunBusy naming the first."""
     from ..store import Run, now
 
+    devices.keep_memory()  # this process measures the device's limits and, with workers=False, the cells
     executor = _executor(sweep, workers)
     device = executor.device(sweep.device)
     cells = sweep.cells(device)

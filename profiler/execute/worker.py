@@ -25,6 +25,9 @@ def _own_stream():
 
 def main() -> None:
     faulthandler.enable()  # a segfault leaves its traceback in the run's worker.log
+    from .. import devices
+
+    devices.keep_memory()  # a process that times cells (devices.keep_memory)
     out = _own_stream()
     if sys.argv[1:] == ["--probe"]:
         from ..attention.backends import availability

@@ -255,6 +255,7 @@ def run_cell(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, extra
     """measure_cell with failures turned into rows: `oom` for every allocation failure (with the size asked for),
     else `error`. Unavailable backends never get here: the sweep's preflight records them."""
     started = time.time()
+    devices.keep_memory()  # every cell timed in a process that keeps its memory (devices.keep_memory)
     dev = devices.get(spec.device)
     try:
         cell, blocks = measure_cell(spec, cache, repeats, warmup, extra, trace_dir)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import platform
 from pathlib import Path
 
 import torch
@@ -45,20 +46,27 @@ def cache_path() -> Path:
     return cache_dir() / CACHE_FILE
 
 
-def _key(dev) -> str:
+def _key(dev, kept: bool | None = None) -> str:
     """What the limits depend on: the device, the library versions, and (on the CPU) torch's threads and whether the
-    process's memory is kept (devices.keep_memory: runs timed before it are another machine to the time model)."""
+    process's memory is kept (devices.keep_memory: ours that time cells keep it, a user's own does not; the two are
+    two machines to the time model). kept: this process's, unless given."""
     ident = dev.identity()
+    if kept is None:
+        kept = getattr(dev, "memory_kept", False)
+    else:  # where glibc is not, no process keeps it (devices.keep_memory)
+        kept = kept and dev.torch.type == "cpu" and platform.libc_ver()[0] == "glibc"
     return " | ".join(filter(None, (ident["device_name"], ident.get("device_uuid"), f"torch {torch.__version__}",
                                     f"cuda {torch.version.cuda}", f"threads {torch.get_num_threads()}",
-                                    "memory kept" if getattr(dev, "memory_kept", False) else None)))
+                                    "memory kept" if kept else None)))
 
 
-def device_key(device: str) -> str:
-    """The key of this machine's device in the limits' cache (and in the time model's calibration file)."""
+def device_key(device: str, kept: bool | None = None) -> str:
+    """The key of this machine's device in the limits' cache (and in the time model's calibration file): of a
+    process that keeps its memory (kept=True: one of ours that times cells), of one that does not (kept=False: a
+    user's own, whose generations attnprof record stores), or (None) of this process as it is."""
     dev = devices.get(device)
     with dev.guard():
-        return _key(dev)
+        return _key(dev, kept)
 
 
 def device_limits(device: str, dtypes) -> dict:

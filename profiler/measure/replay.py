@@ -65,6 +65,7 @@ def _attention(shape: dict, dtype: str, device: torch.device):
 
 def measure_shape(shape: dict, spec: CellSpec, repeats: int, warmup: int) -> dict:
     """One shape's kernel alone: {time_ms, iqr_ms, noisy, time_samples_ms, peak_mem_bytes, kernel, sdpa_kernel}."""
+    devices.keep_memory()  # timed as a cell is (devices.keep_memory)
     dev = devices.get(spec.device)
     with dev.guard(), torch.no_grad():
         attn, hidden, context = _attention(shape, spec.dtype, dev.torch)

@@ -268,12 +268,14 @@ def calibration_path() -> Path:
     return cache_dir() / CALIBRATION_FILE
 
 
-def target(device: str, dtype: str, gpu_name: str | None = None, results: str | None = None) -> tuple | None:
+def target(device: str, dtype: str, gpu_name: str | None = None, results: str | None = None,
+           kept: bool | None = None) -> tuple | None:
     """(limits, calibration, gpu) of the device to predict for: the GPU table's gpu_name (its published figures,
     calibrated on the runs under results made on a GPU of its architecture where there are any, else by the
     published kernel efficiencies of its architecture: gpus.EFFICIENCY), or this machine's device (its measured
     limits, calibrated on the stored runs under results made on it); None for CUDA on a machine without a GPU and
-    no gpu_name."""
+    no gpu_name. kept (measure/limits.device_key): True for a cell of ours (its runs, attnprof run and sweep), False
+    for a user's own generation (attnprof record's runs), None for this process as it is."""
     from .. import gpus
     from ..measure.limits import device_key, device_limits
 
@@ -283,10 +285,14 @@ def target(device: str, dtype: str, gpu_name: str | None = None, results: str | 
         return gpus.limits(gpu, dtype), fitted or published_calibration(gpu, dtype), gpu
     if device == "cuda" and not torch.cuda.is_available():
         return None
-    calibration = calibrate(Path(results), device_key(device)) if results else None
+    calibration = calibrate(Path(results), device_key(device, kept)) if results else None
     if calibration and dtype in calibration["limits"]["device_peak_flops"] and \
             "device_memory" in calibration["limits"]:
         return calibration["limits"], calibration, None
+    if kept:
+        from .. import devices
+
+        devices.keep_memory()  # the limits measured as a cell's process has them
     return device_limits(device, [dtype]), calibration, None
 
 

@@ -120,7 +120,7 @@ class _Watch:
         try:
             spec = pipeline_spec(pipe, args, kwargs, self.backend)
             device = pipe.unet.device.type
-            where = calibration.target(device, spec.dtype, None, str(self.results)) if spec else None
+            where = calibration.target(device, spec.dtype, None, str(self.results), kept=False) if spec else None
             if not where:
                 return None
             g = predict_generation(spec, *where, device)
