@@ -148,10 +148,12 @@ def _steady_machine() -> None:
     from profiler.measure import calibrate
 
     def injected(device: str, when: str) -> dict:
+        from profiler import devices
         from profiler.store import now  # here: the plugin loads while profiler.store is being imported
 
         return {"when": when, "at": now(), "median_ms": STEADY_MS, "samples_ms": [STEADY_MS] * calibrate.ROUNDS,
-                "workload": f"{calibrate.WORKLOAD} (injected: tests/faults.py)"}
+                "workload": f"{calibrate.WORKLOAD} (injected: tests/faults.py)",
+                "memory_kept": devices.get(device).memory_kept}  # where it ran: a process of ours, or the user's
 
     calibrate.calibrate = injected
 

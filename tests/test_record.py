@@ -73,6 +73,10 @@ def test_two_records_of_the_same_code_are_diffed_cell_by_cell(tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
         runs.append(list_runs(tmp_path)[-1].name)
     a, b, c = runs
+    # the machine timed by attnprof's own process (its memory kept), never the script's: there a calibration's tables
+    # got new pages at the start and none at the end, and every run read as a machine that moved
+    calibrations = [x for r in runs for x in Run.open(tmp_path / r).manifest()["calibration"]]
+    assert len(calibrations) == 6 and all(x["memory_kept"] for x in calibrations)
     same = attnprof("diff", a, b, "--results", str(tmp_path), "--json")
     data = json.loads(same.stdout)
     assert same.returncode == 0 and data["summary"]["matched"] == 1, same.stdout[-2000:]

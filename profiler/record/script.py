@@ -5,8 +5,10 @@
 The script runs as `python SCRIPT.py ARGS` would (its own __main__, argv, output and exit status), once per backend
 given (none: once, with the processors it loads), each time in a process of its own. Every call of a diffusers
 pipeline in it is profiled (session.profile); all of one process's calls make one cell of the one run, whose
-calibrations (the machine's speed, measure/calibrate.py) are taken before and after each, so that `attnprof diff`
-judges two such runs by the same rule as any other. To find the pipeline calls of a script it cannot change, the
+calibrations (the machine's speed, measure/calibrate.py) this process takes before and after each, so that `attnprof
+diff` judges two such runs by the same rule as any other. Not the script's process: its memory is the user's, left
+as it is (devices.keep_memory), where a calibration's tables got new pages at the start and none at the end (13 to
+16 ms against 7 to 9: the machine read as moving 1.5 to 1.9x in every run). To find the pipeline calls of a script it cannot change, the
 child wraps the `__call__` of each pipeline class the script builds (seen as its __init__ registers its modules),
 in its own process only: the one place attnprof patches diffusers.
 """
@@ -28,7 +30,11 @@ def record(script: str, args: list[str], backends_: list[str], out: Path, trace:
            say=None) -> tuple[int, Path]:
     """Run the script once per backend (or once as it is), each in a child process that records its cell into one
     new run under out. (the script's exit status, the first non-zero of its runs; the run's folder)."""
+    import torch
+
+    from .. import devices
     from ..attention import backends
+    from ..execute.local import LocalExecutor
     from ..store import Run, now
 
     quiet, say = say is None, say or (lambda line: None)
@@ -43,14 +49,20 @@ def record(script: str, args: list[str], backends_: list[str], out: Path, trace:
                                                                    *args]),
                            "record": {"script": str(path), "args": args, "backends": backends_ or [None]},
                            "cells": [], "ended_at": None})
-    code = 0
+    code, executor = 0, LocalExecutor(workers=True)  # on CUDA each calibration in a subprocess: no context here
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    devices.keep_memory()  # this process is ours: it times the machine as a sweep's do
     try:
         for backend in backends_ or [None]:
             say(f"running {script} {' '.join(args)}" + (f" with backend {backend}" if backend else
                                                         " with the processors it loads"))
             argv = [sys.executable, "-m", "profiler.record.script", *(["--backend", backend] if backend else []),
                     *(["--trace"] if trace else []), *(["--quiet"] if quiet else []), "--", str(path), *args]
+            cells, start = len(run.cells()), executor.calibrate(device, "start")
             done = subprocess.run(argv, env={**os.environ, RUN_ENV: str(run.path)})
+            end = executor.calibrate(device, "end")
+            if len(run.cells()) > cells:
+                run.update_manifest(calibration=[*run.manifest().get("calibration", []), start, end])
             code = code or done.returncode
     finally:
         cells = run.cells()
@@ -151,11 +163,8 @@ def _short(source: str) -> str:
 
 
 def child(argv: list[str]) -> int:
-    """One run of the script in this process: calibrations, the script with its pipeline calls profiled, its cell
-    recorded into the run that $ATTNPROF_RECORD_RUN names. The script's exit status."""
-    import torch
-
-    from ..execute.local import LocalExecutor
+    """One run of the script in this process: the script with its pipeline calls profiled, its cell recorded into
+    the run that $ATTNPROF_RECORD_RUN names. The script's exit status."""
     from ..store import Run
     from .session import merged, store_cell
 
@@ -163,8 +172,6 @@ def child(argv: list[str]) -> int:
     trace, quiet = "--trace" in argv[:argv.index("--")], "--quiet" in argv[:argv.index("--")]
     script, args = argv[argv.index("--") + 1], argv[argv.index("--") + 2:]
     run = Run.open(Path(os.environ[RUN_ENV]))
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    calibrations = [LocalExecutor(workers=False).calibrate(device, "start")]
     code = 0
     sys.argv = [script, *args]
     sys.path.insert(0, str(Path(script).resolve().parent))
@@ -175,12 +182,10 @@ def child(argv: list[str]) -> int:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             if not isinstance(e.code, int) and e.code is not None:
                 print(e.code, file=sys.stderr)
-    calibrations.append(LocalExecutor(workers=False).calibrate(device, "end"))
     if watch.profiles:
         store_cell(run, merged(watch.profiles), backend)
-        run.update_manifest(calibration=[*run.manifest().get("calibration", []), *calibrations],
-                            notes=sorted({*run.manifest().get("notes", []), *(n for p in watch.profiles
-                                                                               for n in p.notes)}))
+        run.update_manifest(notes=sorted({*run.manifest().get("notes", []), *(n for p in watch.profiles
+                                                                              for n in p.notes)}))
     return code
 
 
