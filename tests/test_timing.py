@@ -55,7 +55,7 @@ def _rest(ops, device=DEVICE) -> float:
     return sum(REST[k] * v for k, v in device.rest_features(ops["rest"]).items())
 
 
-def _synthetic_run(root, sizes, backend="naive", gpu_name=None):
+def _synthetic_run(root, sizes, backend="naive", gpu_name=None, run_id="synthetic"):
     """A stored run of tiny-sd15 whose every call takes what TRUE says on the device of PEAKS (and its rest what
     REST says), recorded with this machine's CPU limits key, so that plan --device cpu --results finds it; or, with
     gpu_name, as if made on a CUDA device of that name (its environment and limits key)."""
@@ -64,7 +64,7 @@ def _synthetic_run(root, sizes, backend="naive", gpu_name=None):
                 "device_memory": {}, "device_softmax_per_s": {},  # DEVICE's: no cache, page or softmax terms
                 "device_limits": {"key": key, "measured_at": "synthetic"},
                 "environment": {"device": "cuda:0", "device_name": gpu_name} if gpu_name else {"device": "cpu"}}
-    run = Run.create(root, manifest, run_id="synthetic-gpu" if gpu_name else "synthetic")
+    run = Run.create(root, manifest, run_id="synthetic-gpu" if gpu_name else run_id)
     for w, h in sizes:
         spec = CellSpec("tiny-sd15", w, h, 1, "float32", backend, "cpu")
         p = plan("tiny-sd15", w, h, 1, "float32", backend=backend, device="cpu")
@@ -79,6 +79,17 @@ def _synthetic_run(root, sizes, backend="naive", gpu_name=None):
         run.record({**spec.as_row(), "status": "ok", "attention_time_ms": attention,
                     "forward_time_ms": attention + rest}, blocks)
     return run
+
+
+def test_a_forwards_leave_one_out_over_runs_of_the_same_cells_counts_each_forward_once(tmp_path):
+    """The same cells in two runs (a grid run twice, a script recorded in three pairs): each forward left out is
+    predicted from its own calls, not from those of every run that holds its cell (which read 185% for recorded
+    generations in three runs)."""
+    for run_id in ("synthetic", "synthetic-again"):
+        _synthetic_run(tmp_path, SIZES, run_id=run_id)
+    c = calibration.calibrate(tmp_path, device_key("cpu", kept=True), write=False)
+    fitted = c["backends"]["naive float32"]
+    assert len(fitted["loo_forward"]) == 2 * len(SIZES) and fitted["loo_forward_error_pct"] == pytest.approx(0, abs=0.1)
 
 
 def test_plan_predicts_a_new_size_from_a_stored_run_exactly(capsys, tmp_path):

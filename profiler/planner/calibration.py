@@ -141,6 +141,7 @@ def _component_samples(model: str, comp: dict, cell: dict, blocks, manifest: dic
     forward = {**cell, "batch": batch, "backend": backend or "sdpa", "backend_options": "{}",
                "forward_time_ms": per_forward, "attention_time_ms": attention}
     calls, rest = forward_samples(model, forward, rows, manifest, (), cell_id)
+    calls = [{**c, "component": comp["component"]} for c in calls]
     return calls, {**rest, "component": comp["component"], "forward_time_ms": per_forward,
                    "attention_time_ms": attention}
 
@@ -250,17 +251,24 @@ def _lean(out: dict) -> dict:
 
 
 def _forward_loo(fitted: dict, calls: list[dict], rests: list[dict], rest_fits: dict) -> list[dict]:
-    """Each forward of the U-Net left out: its calls' and its rest's predictions from fits to the other cells."""
+    """Each forward of the U-Net left out: its calls' and its rest's predictions from fits to the other cells. A cell
+    (its cell_id: its spec) may stand in several runs, each a forward of the same calls: its U-Net's calls predicted
+    over all of them, shared out among its forwards (a recorded generation's VAE calls not among them)."""
     attention: dict[str, float] = {}
     for c, p in zip(calls, fitted["predicted"]):
-        attention[c["cell_id"]] = attention.get(c["cell_id"], 0.0) + p
+        if c.get("component", "unet") == "unet":
+            attention[c["cell_id"]] = attention.get(c["cell_id"], 0.0) + p
+    forwards: dict[str, int] = {}
+    for r in rests:
+        if r.get("component") == "unet":
+            forwards[r["cell_id"]] = forwards.get(r["cell_id"], 0) + 1
     out = []
     for dtype, fit in rest_fits.items():
         mine = [r for r in rests if r.get("dtype") == dtype]
         for r, p in zip(mine, fit["predicted"]):
             if r.get("component") == "unet" and r["cell_id"] in attention and p == p:
                 out.append({"cell_id": r["cell_id"], "measured_ms": r["forward_time_ms"],
-                            "predicted_ms": attention[r["cell_id"]] + p})
+                            "predicted_ms": attention[r["cell_id"]] / forwards[r["cell_id"]] + p})
     return out
 
 
