@@ -7,8 +7,9 @@ given (none: once, with the processors it loads), each time in a process of its 
 pipeline in it is profiled (session.profile); all of one process's calls make one cell of the one run, whose
 calibrations (the machine's speed, measure/calibrate.py) this process takes before and after each, so that `attnprof
 diff` judges two such runs by the same rule as any other. Not the script's process: its memory is the user's, left
-as it is (devices.keep_memory), where a calibration's tables got new pages at the start and none at the end (13 to
-16 ms against 7 to 9: the machine read as moving 1.5 to 1.9x in every run). To find the pipeline calls of a script it cannot change, the
+as it is (devices.keep_memory), where a calibration's tables got new pages at the start and not at the end: of one
+pair's 16 start and end calibrations, the start the slower in 15 (6.9 to 18.0 ms against 6.7 to 13.5), and every
+record run read as a machine that moved 1.47 to 1.91x. To find the pipeline calls of a script it cannot change, the
 child wraps the `__call__` of each pipeline class the script builds (seen as its __init__ registers its modules),
 in its own process only: the one place attnprof patches diffusers.
 """
