@@ -29,6 +29,23 @@ def test_the_cpus_limits_are_measured_once_then_read_from_the_cache(tmp_path, mo
     assert both["device_peak_flops"]["float32"] == flops and both["device_peak_flops"]["bfloat16"] > 0
     assert set(json.loads((tmp_path / "device-limits.json").read_text())[key]["flops"]) == {"float32", "bfloat16"}
     assert both["device_limits"]["cache"] == str(tmp_path / "device-limits.json")
+    assert 1e6 < both["device_score_gemm_per_s"]["float32"] < both["device_softmax_per_s"]["float32"] * 10
+
+
+def test_a_figure_an_older_cache_entry_lacks_is_measured_and_added_alone(tmp_path, monkeypatch):
+    """An entry written before the score GEMMs' rate was measured gets that figure, and keeps every other: what a
+    sweep's manifest held stays comparable with what the new one holds."""
+    monkeypatch.setenv("ATTNPROF_CACHE", str(tmp_path))
+    first = limits.device_limits("cpu", ["float32"])
+    path = tmp_path / "device-limits.json"
+    (key, entry), = json.loads(path.read_text()).items()
+    older = {k: v for k, v in entry.items() if k != "score_gemm_per_s"}
+    path.write_text(json.dumps({key: older}))
+    again = limits.device_limits("cpu", ["float32"])
+    assert again["device_score_gemm_per_s"]["float32"] > 0
+    assert {k: again[k] for k in ("device_peak_flops", "device_peak_bytes_per_s", "device_softmax_per_s")} == \
+        {k: first[k] for k in ("device_peak_flops", "device_peak_bytes_per_s", "device_softmax_per_s")}
+    assert json.loads(path.read_text())[key]["score_gemm_per_s"] == again["device_score_gemm_per_s"]
 
 
 def test_the_cache_lives_under_xdg_cache_home_unless_attnprof_cache_says(monkeypatch, tmp_path):

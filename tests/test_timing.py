@@ -116,6 +116,33 @@ def test_plan_predicts_a_new_size_from_a_stored_run_exactly(capsys, tmp_path):
     assert stored["backends"]["naive float32"]["coefficients"] == pytest.approx(TRUE, rel=1e-6)
 
 
+def test_a_score_table_through_separate_gemms_is_priced_by_their_measured_rate_in_the_cache_or_not():
+    """tiny-sd15 at 256x256 (heads of 4): sliced's 1024-token tables (4 MiB a head) stay in a 32 MiB cache, naive's
+    (32 MiB) do not, and both calls measured 11.8 ms on this project's CPU, every score at about 1.4 ns in either:
+    the GEMMs at a head dim of 4 cost their loop, not their FLOPs (16 a score) nor their bytes. Priced at the cache's
+    bandwidth, sliced's was predicted at a third of naive's. With the score GEMMs' rate both are that rate's; a fused
+    kernel's scores never leave its tiles (no such term), and the roofline bound leaves the term out (a cost measured
+    at one head dim, not a bound at every one)."""
+    e, cache = 8 * 1024 * 1024, 32 * 2**20
+    device = timing.Device(2e11, 3e10, cache, 1.78e11, softmax=3.2e9, score_gemm=1.1e9)
+    row = next(r for r in timing.walk("tiny-sd15", 256, 256, 1, "float32")["rows"]
+               if r["kind"] == "self" and r["tokens_q"] == 1024)
+    assert row["score_elements"] == e and row["head_dim"] == 4
+    gemms_and_softmax = (e / 1.1e9 + e / 3.2e9) * 1e3  # ms
+    f = {b: timing.call_features(row, b, {}, "float32", 0.0, device) for b in ("sliced", "naive", "sdpa")}
+    assert f["sliced"]["core_self"] == pytest.approx(gemms_and_softmax) == f["naive"]["core_self"]
+    without = timing.Device(2e11, 3e10, cache, 1.78e11, softmax=3.2e9)  # the model before: the cache's bandwidth
+    assert timing.call_features(row, "sliced", {}, "float32", 0.0, without)["core_self"] < gemms_and_softmax / 2
+    assert f["sdpa"]["core_self"] == pytest.approx(timing.call_features(row, "sdpa", {}, "float32", 0.0,
+                                                                        without)["core_self"])
+    assert f["sliced"]["roofline_ms"] == timing.call_features(row, "sliced", {}, "float32", 0.0, without)["roofline_ms"]
+    # SD 1.5's heads of 40 at 512x512: the finest call's FLOPs (160 a score) bound it, not the score GEMMs' rate
+    big = next(r for r in timing.walk("sd15", 512, 512, 1, "float32")["rows"] if r["tokens_q"] == 4096)
+    fast = timing.Device(2e11, 3e10, cache, 1.78e11, softmax=3.2e9, score_gemm=2e9)
+    assert timing.call_features(big, "sliced", {}, "float32", 0.0, fast)["core_self"] == pytest.approx(
+        (big["flops"] / 2e11 + big["score_elements"] / 3.2e9) * 1e3)
+
+
 def test_plan_on_a_gpu_from_the_table_uses_its_architectures_published_efficiencies(capsys):
     """No runs of the GPU's architecture: each call's core at its kernel's published efficiency (FlashAttention-2 on
     an H100: 35%, from the FlashAttention-3 paper), the projections at the matmul's, the rest per op class, every

@@ -12,7 +12,7 @@ from typing import NamedTuple
 from ..attention import backends
 from .. import devices
 from ..unet.models import model_files
-from ..measure.limits import cell_peaks
+from ..measure.limits import LIMIT_KEYS, cell_peaks
 from ..spec import CellSpec
 from .grid import Sweep
 from . import HeldStops
@@ -219,8 +219,7 @@ def _limits(manifest: dict, executor, device: str, dtypes) -> dict:
     has them all, else asked of the executor, which measures where the cells run (never a CUDA context here)."""
     have = manifest.get("device_peak_flops") or {}
     if manifest.get("device_peak_bytes_per_s") and all(d in have for d in dtypes):
-        return {k: manifest[k] for k in ("device_peak_flops", "device_peak_bytes_per_s", "device_limits",
-                                         "device_memory", "device_softmax_per_s") if k in manifest}
+        return {k: manifest[k] for k in LIMIT_KEYS if k in manifest}
     return executor.limits(device, list(dtypes))
 
 

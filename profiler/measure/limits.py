@@ -35,11 +35,16 @@ CACHE_FILE = "device-limits.json"
 TARGET_MS = 100.0  # each figure times at least this much work in one interval
 WARM_MS = 500.0  # of products before the first figure, so that the device runs at its working clock
 ROUNDS = 3
+SCORE_HEAD_DIM = 8  # the score GEMMs' inner dimension: small, where a score element's cost is not its FLOPs
 METHOD = (f"warmed for {WARM_MS:g} ms; matmul: square n x n (n doubled from 512 until one takes {TARGET_MS / 10:g} ms "
           f"or n reaches the device's cap), repeated to at least {TARGET_MS:g} ms per interval, best of {ROUNDS}; "
           f"bandwidth: a large buffer copied (read + written), repeated so, best of {ROUNDS}; the same for a buffer of "
           "an eighth of the last-level cache; new pages: a 4 x fresh_min_bytes buffer allocated and filled against "
-          "a kept one's fill; softmax: rows of 1024 in an eighth of the cache")
+          "a kept one's fill; softmax: rows of 1024 in an eighth of the cache; score GEMMs: (1024 x "
+          f"{SCORE_HEAD_DIM}) @ ({SCORE_HEAD_DIM} x 1024) into a kept table and that table @ (1024 x "
+          f"{SCORE_HEAD_DIM}), per score element")
+LIMIT_KEYS = ("device_peak_flops", "device_peak_bytes_per_s", "device_limits", "device_memory",
+              "device_softmax_per_s", "device_score_gemm_per_s")  # what a manifest holds of the limits
 
 
 def cache_path() -> Path:
@@ -72,7 +77,7 @@ def device_key(device: str, kept: bool | None = None) -> str:
 def device_limits(device: str, dtypes) -> dict:
     """{"device_peak_flops": {dtype: FLOP/s}, "device_peak_bytes_per_s": bytes/s, "device_memory": {cache_bytes,
     cache_bytes_per_s, fresh_bytes_per_s, fresh_min_bytes}, "device_softmax_per_s": {dtype: elements/s},
-    "device_limits": {key, cache, measured_at, method}}: from the cache, measuring what it lacks (a dtype not yet
+    "device_score_gemm_per_s": {dtype: score elements/s}, "device_limits": {key, cache, measured_at, method}}: from the cache, measuring what it lacks (a dtype not yet
     measured, a figure an older version did not measure) and adding it."""
     from ..store import add_to_cache, read_cache
 
@@ -92,15 +97,16 @@ def device_limits(device: str, dtypes) -> dict:
     return {"device_peak_flops": {d: entry["flops"][d] for d in dtypes}, "device_peak_bytes_per_s": entry["bytes_per_s"],
             "device_memory": {**memory, "fresh_min_bytes": dev.fresh_min_bytes},
             "device_softmax_per_s": {d: entry["softmax_per_s"][d] for d in dtypes},
+            "device_score_gemm_per_s": {d: entry["score_gemm_per_s"][d] for d in dtypes},
             "device_limits": {"key": key, "cache": str(path), "measured_at": entry["measured_at"], "method": METHOD}}
 
 
 def _measure_missing(dev, entry: dict, dtypes) -> None:
     """Each figure the cache entry lacks, measured into it."""
-    entry["flops"] = {**(entry.get("flops") or {}), **{d: matmul_flops_per_s(dev, d) for d in dtypes
-                                                         if d not in (entry.get("flops") or {})}}
-    entry["softmax_per_s"] = {**(entry.get("softmax_per_s") or {}),
-                              **{d: softmax_per_s(dev, d) for d in dtypes if d not in (entry.get("softmax_per_s") or {})}}
+    for figure, measure in (("flops", matmul_flops_per_s), ("softmax_per_s", softmax_per_s),
+                            ("score_gemm_per_s", score_gemm_per_s)):
+        have = entry.get(figure) or {}
+        entry[figure] = {**have, **{d: measure(dev, d) for d in dtypes if d not in have}}
     if not entry.get("bytes_per_s"):
         entry["bytes_per_s"] = copy_bytes_per_s(dev)
     if "cache_bytes" not in entry:
@@ -179,6 +185,23 @@ def softmax_per_s(dev, dtype: str) -> float:
     x = torch.randn(elements // 1024, 1024, device=dev.torch, dtype=tdt)
     out = torch.empty_like(x)
     return elements / (_best_ms(dev, lambda: torch.softmax(x, -1, out=out)) / 1e3)
+
+
+def score_gemm_per_s(dev, dtype: str) -> float:
+    """Score elements per second through an attention's two GEMMs at a small head dim (SCORE_HEAD_DIM), in the cache:
+    q (1024 x d) @ k^T into a kept 1024 x 1024 table, then the table @ v (1024 x d). Where a call's score GEMMs are
+    bound by neither their FLOPs nor their bytes, this is what a score element costs (planner/timing.py's third
+    roof)."""
+    n, d, tdt = 1024, SCORE_HEAD_DIM, torch_dtype(dtype)
+    q, k, v = (torch.randn(n, d, device=dev.torch, dtype=tdt) for _ in range(3))
+    table, out = torch.empty(n, n, device=dev.torch, dtype=tdt), torch.empty(n, d, device=dev.torch, dtype=tdt)
+    kt = k.t()
+
+    def gemms():
+        torch.mm(q, kt, out=table)
+        torch.mm(table, v, out=out)
+
+    return n * n / (_best_ms(dev, gemms) / 1e3)
 
 
 CACHE_SHARE = 0.5  # a working set of at most this share of the last-level cache moves at the cache's bandwidth

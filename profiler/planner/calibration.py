@@ -21,6 +21,7 @@ import torch
 from ..attention import backends
 from ..env import cache_dir
 from ..spec import InputError, parse_dtype
+from ..measure.limits import LIMIT_KEYS
 from .timing import (CALL_FEATURES, REST_FEATURES, Device, fit_model, forward_samples, mean_error, predict, roof_ms,
                      walked_plan)
 
@@ -178,8 +179,7 @@ def samples(results: Path, key: str, passed: dict | None = None,
         w, why = weight(manifest)
         if (manifest.get("device_limits") or {}).get("key") != key or not manifest.get("device_peak_bytes_per_s"):
             continue
-        limits = {k: manifest[k] for k in ("device_peak_flops", "device_peak_bytes_per_s", "device_limits",
-                                           "device_memory", "device_softmax_per_s") if k in manifest}
+        limits = {k: manifest[k] for k in LIMIT_KEYS if k in manifest}
         reader = record_samples if kind_of(manifest).name == "record" else _sweep_samples
         try:
             c, r = reader(run, manifest, keep)

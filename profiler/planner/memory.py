@@ -351,6 +351,14 @@ def working_set(name: str, row: dict, dtype: str, **options) -> int:
     return int(model.peak(c))
 
 
+def writes_tables(name: str, row: dict, dtype: str, **options) -> bool:
+    """Whether the call's attention writes its scores to memory as tables (whole, a slice's or a chunk's) between
+    separate GEMMs and a softmax, as the materialised and chunked backends and aten's math kernel do; a fused
+    kernel's stay in its tiles."""
+    model, _ = _call(name, row, dtype, options)
+    return model.tables is not _no_tables
+
+
 def new_page_bytes(name: str, row: dict, dtype: str, fresh_min: int | None, **options) -> int:
     """The bytes of the call's score tables that get new pages from the kernel: every table of at least fresh_min
     bytes (the CPU's allocator maps each anew: devices.Cpu.fresh_min_bytes); 0 where fresh_min is None (CUDA's

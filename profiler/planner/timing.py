@@ -4,12 +4,13 @@ generation's, on a device, from the roofline and the device's own stored runs.
 The device (Device, from measure/limits.py's figures or the GPU table's): the dense matmul peak P of the dtype, the
 memory bandwidth B, and where measured the last-level cache (its size and bandwidth B_c: a working set of at most
 half the cache moves at B_c), what new pages cost where the allocator maps every buffer of at least fresh_min_bytes
-anew, each page a fault (B_new: a CPU whose memory is not kept, devices.keep_memory) and softmax's rate S (elements
-per second). A GPU of the table has P and B
-only. What one op costs at the device's limits (its roofline time, ms):
+anew, each page a fault (B_new: a CPU whose memory is not kept, devices.keep_memory), softmax's rate S (elements
+per second) and the score GEMMs' rate G (score elements per second through QK^T and PV at a small head dim, where a
+score costs the GEMMs' loop, not their FLOPs nor their bytes). A GPU of the table has P and B only. What one op costs at the device's limits (its roofline time, ms):
     max(FLOPs / P, bytes moved / B or B_c) + its new output's bytes / B_new where that output gets new pages.
 What one attention call costs, four features in ms:
-    core     = max(FLOPs / P, the backend's bytes moved / B or B_c by its working set) + score elements / S
+    core     = max(FLOPs / P, score elements / G where the backend writes score tables (memory.writes_tables),
+                   the backend's bytes moved / B or B_c by its working set) + score elements / S
                (memory.bytes_moved, working_set: the backend's own traffic, tables and chunks),
                split by the call's shape class: core_self, core_cross
     projections = the sum over the call's own other ops (to_q, to_k, to_v, to_out, layouts) of their roofline time
@@ -47,7 +48,7 @@ from ..attention import backends
 from ..spec import InputError, parse_dtype
 from .forward import OP_CLASSES, walk
 from ..measure.limits import CACHE_SHARE
-from .memory import bytes_moved, new_page_bytes, working_set
+from .memory import bytes_moved, new_page_bytes, working_set, writes_tables
 
 CALL_FEATURES = ("core_self", "core_cross", "projections", "overhead")
 REST_FEATURES = (*OP_CLASSES, "ops")
@@ -64,13 +65,15 @@ class Device:
     new_page_bandwidth: float | None = None
     fresh_min: float | None = None
     softmax: float | None = None
+    score_gemm: float | None = None
 
     @classmethod
     def of(cls, limits: dict, dtype: str) -> "Device":
         mem = limits.get("device_memory") or {}
         return cls(limits["device_peak_flops"][dtype], limits["device_peak_bytes_per_s"], mem.get("cache_bytes"),
                    mem.get("cache_bytes_per_s"), mem.get("fresh_bytes_per_s"), mem.get("fresh_min_bytes"),
-                   (limits.get("device_softmax_per_s") or {}).get(dtype))
+                   (limits.get("device_softmax_per_s") or {}).get(dtype),
+                   (limits.get("device_score_gemm_per_s") or {}).get(dtype))
 
     def moved_ms(self, nbytes, working):
         """Milliseconds to move nbytes whose working set is `working` bytes (arrays or numbers)."""
@@ -101,15 +104,18 @@ def roof_ms(ops: np.ndarray, device: Device) -> float:
 
 
 def call_features(row: dict, backend: str, options: dict, dtype: str, projections_ms: float, device: Device) -> dict:
-    """A call's features in ms (module docstring), and its roofline bound."""
+    """A call's features in ms (module docstring), and its roofline bound (the score GEMMs' measured cost not in it:
+    a cost at one head dim, not a bound at every one)."""
     compute = row["flops"] / device.flops * 1e3
     memory = float(device.moved_ms(bytes_moved(backend, row, dtype, **options),
                                    working_set(backend, row, dtype, **options)))
+    gemms = row["score_elements"] / device.score_gemm * 1e3 \
+        if device.score_gemm and writes_tables(backend, row, dtype, **options) else 0.0
     softmax = row["score_elements"] / device.softmax * 1e3 if device.softmax else 0.0
     pages = float(device.new_pages_ms(new_page_bytes(backend, row, dtype, device.fresh_min, **options)))
-    core, self_ = max(compute, memory) + softmax, row["kind"] == "self"
+    core, self_ = max(compute, gemms, memory) + softmax, row["kind"] == "self"
     return {"core_self": core * self_, "core_cross": core * (not self_), "projections": projections_ms,
-            "overhead": 1.0, "fixed_ms": pages, "roofline_ms": core + pages + projections_ms}
+            "overhead": 1.0, "fixed_ms": pages, "roofline_ms": max(compute, memory) + softmax + pages + projections_ms}
 
 
 def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
