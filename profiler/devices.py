@@ -18,6 +18,7 @@ import functools
 import os
 import platform
 import re
+import resource
 import socket
 import time
 from pathlib import Path
@@ -184,6 +185,12 @@ class Cpu:
     def release(self) -> None:
         pass
 
+    def faulted_bytes(self) -> int | None:
+        """The bytes of the new pages this process has touched so far: its minor page faults (every thread's) times
+        the page size. A call's difference is what its allocations cost the kernel, whichever of glibc's thresholds
+        gave them new pages (planner/timing.py prices them at B_new)."""
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt * resource.getpagesize()
+
     def profiler_activities(self) -> list:
         return [torch.profiler.ProfilerActivity.CPU]
 
@@ -242,6 +249,10 @@ class Cuda:
 
     def allocated_max(self) -> int:
         return max(self._allocated, torch.cuda.max_memory_allocated(self.torch))
+
+    def faulted_bytes(self) -> None:
+        """None: the caching allocator keeps its blocks, and a host page fault is not the device's."""
+        return None
 
     def release(self) -> None:
         """After a cell (and after an OOM): give cached blocks back so that the next cell starts clean."""

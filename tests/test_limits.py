@@ -158,3 +158,41 @@ def test_the_matmul_search_stops_at_the_cap_and_still_times_100_ms(monkeypatch):
     flops = limits.matmul_flops_per_s(dev, "float16")
     assert flops == pytest.approx(2 * 8192**3 / 0.05e-3)  # at n = 8192, the warm 0.05 ms per product
     assert min(dev.intervals[-limits.ROUNDS:]) >= limits.TARGET_MS
+
+
+PAGES_SCRIPT = """
+import json, sys, torch
+from diffusers.models.attention_processor import Attention
+from profiler import devices
+from profiler.attention import backends
+from profiler.measure.probes import CallTimer
+attn, x = Attention(query_dim=32, heads=4, dim_head=8).eval(), torch.randn(1, 4096, 32)
+timer = CallTimer(devices.get("cpu"), faults=True)
+with torch.no_grad():
+    for name in sys.argv[1:]:
+        attn.set_processor(backends.make_processor(name))
+        attn(x)  # the first call of a processor, outside the count
+        timer({"call_index": name}, lambda: attn(x))
+print(json.dumps(timer.faulted))
+"""
+
+
+def test_the_new_pages_a_call_gets_in_a_process_left_as_it_is_are_the_models():
+    """One self-attention call of 4096 tokens, 4 heads of 8, in float32, in a fresh process whose memory is left as
+    a user's is (glibc maps every allocation of 32 MiB and up anew): the new pages counted during it are those of
+    memory.new_page_bytes: naive's two 256 MiB tables, sliced's two 64 MiB tables a head, split's and subquad's one
+    64 MiB table a chunk (their softmax in place; two a chunk said twice what subquad's calls were counted to get in
+    a recorded generation). Q, K, V and the outputs (512 KiB each) may add a few MiB."""
+    import subprocess
+    import sys
+
+    names = ["naive", "sliced", "split", "subquad"]
+    done = subprocess.run([sys.executable, "-c", PAGES_SCRIPT, *names], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    counted = json.loads(done.stdout.strip().splitlines()[-1])
+    row = {"batch": 1, "heads": 4, "head_dim": 8, "tokens_q": 4096, "tokens_k": 4096, "score_elements": 4 * 4096**2,
+           "score_bytes": 4 * 4096**2 * 4, "flops": 4 * 4 * 4096**2 * 8, "upcast": ""}
+    want = {n: memory.new_page_bytes(n, row, "float32", 32 * 2**20, **backends.BACKENDS[n].options) for n in names}
+    assert want == {"naive": 2**29, "sliced": 2**29, "split": 2**28, "subquad": 2**28}
+    for n in names:
+        assert want[n] <= counted[n] < want[n] + 16 * 2**20, (n, counted[n] / 2**20)

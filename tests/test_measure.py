@@ -38,6 +38,24 @@ def test_cpu_timer_uses_the_injected_clock():
     assert timer.samples[3] == pytest.approx([4.0, 2.5])
 
 
+def test_a_calls_new_pages_are_counted_on_the_cpu_and_not_on_cuda():
+    """A call that touches 64 MiB of memory the kernel maps anew (an anonymous mmap, new pages whatever the
+    allocator's thresholds) is counted 64 MiB; one that touches nothing new, next to nothing. CUDA counts none."""
+    import mmap
+
+    timer, size = CallTimer(devices.get("cpu"), faults=True), 64 * MiB
+
+    def touch():
+        with mmap.mmap(-1, size) as m:
+            for offset in range(0, size, 4096):
+                m[offset] = 1
+
+    timer({"call_index": 0}, touch)
+    timer({"call_index": 1}, lambda: sum(range(1000)))
+    assert size <= timer.faulted[0] < size + 8 * MiB and timer.faulted[1] < MiB
+    assert devices.Cuda.faulted_bytes(None) is None and not CallTimer(devices.get("cpu")).faulted
+
+
 def test_cpu_memory_method_agrees_with_a_fresh_process_max_rss():
     scope = {}
     exec(CALL, scope)

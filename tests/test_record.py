@@ -34,6 +34,7 @@ def test_record_runs_the_script_once_per_backend_into_one_run(tmp_path):
     assert set(cells["processors"]) == {"AttnProcessor2_0 x34", "SlicedAttnProcessor x34"}
     assert len(blocks) == 2 * 33 and (blocks["time_samples_ms"].map(len) == blocks["component"].map(
         {"unet": 3, "vae": 1})).all()
+    assert blocks["faulted_bytes"].notna().all() and (blocks["faulted_bytes"] >= 0).all()  # the CPU counts them
     for cid in cells["cell_id"]:
         calls = run.read_frame(f"calls-{cid}")
         assert calls.groupby("component").size().to_dict() == {"unet": 96, "vae": 1}

@@ -143,6 +143,26 @@ def test_a_score_table_through_separate_gemms_is_priced_by_their_measured_rate_i
         (big["flops"] / 2e11 + big["score_elements"] / 3.2e9) * 1e3)
 
 
+def test_a_recorded_calls_new_pages_are_those_it_was_counted_to_touch():
+    """In a user's process (fresh_min: glibc's largest mmap threshold) a call's tables of 32 MiB and up are priced
+    as new pages; sliced's 4 MiB tables at 256x256 get them in some processes and not in others (glibc's thresholds
+    move with what the process freed), so a recorded call's pages are the ones counted: 0 or 728 MiB a forward alike
+    priced as they fell. A sweep's rows (no count) and a kept process keep the model's."""
+    device = timing.Device(2e11, 3e10, 32 * 2**20, 1.78e11, new_page_bandwidth=4e9, fresh_min=32 * 2**20,
+                           softmax=3.2e9, score_gemm=1.1e9)
+    row = next(r for r in timing.walk("tiny-sd15", 256, 256, 2, "float32")["rows"]
+               if r["kind"] == "self" and r["tokens_q"] == 1024)
+    model = timing.call_features(row, "sliced", {}, "float32", 0.0, device)
+    assert model["fixed_ms"] == 0  # 4 MiB tables: under fresh_min, no pages in the model
+    for counted in (0, 2**27):
+        f = timing.call_features({**row, "faulted_bytes": counted}, "sliced", {}, "float32", 0.0, device)
+        assert f["fixed_ms"] == pytest.approx(counted / 4e9 * 1e3) and f["core_self"] == model["core_self"]
+    assert timing.call_features({**row, "faulted_bytes": float("nan")}, "sliced", {}, "float32", 0.0,
+                                device)["fixed_ms"] == 0
+    kept = timing.Device(2e11, 3e10, 32 * 2**20, 1.78e11, softmax=3.2e9, score_gemm=1.1e9)
+    assert timing.call_features({**row, "faulted_bytes": 2**27}, "sliced", {}, "float32", 0.0, kept)["fixed_ms"] == 0
+
+
 def test_plan_on_a_gpu_from_the_table_uses_its_architectures_published_efficiencies(capsys):
     """No runs of the GPU's architecture: each call's core at its kernel's published efficiency (FlashAttention-2 on
     an H100: 35%, from the FlashAttention-3 paper), the projections at the matmul's, the rest per op class, every

@@ -62,17 +62,21 @@ class CallTimer:
     - with ranges: a profiler range per call named by its block (or name(row)); `ranges` maps the names back to
       keys, so that a Chrome / Perfetto trace of the pass shows each call and its kernels can be credited to it;
     - with sync: a synchronize before each call, so that it starts on an idle device (the probe pass, whose call
-      times are set beside the GPU time of the same call's kernels).
+      times are set beside the GPU time of the same call's kernels);
+    - with faults, where the device's pages are the host's (the CPU): the bytes of new pages the process touched
+      during the call (`faulted`: its minor faults, devices.Cpu.faulted_bytes), read outside its interval.
     key: call_index (a call's place in one forward, whose samples are the forwards), or any field unique per call."""
 
     def __init__(self, device: devices.Cpu | devices.Cuda, clock=time.perf_counter, peaks: bool = False,
-                 ranges: bool = False, sync: bool = False, key: str = "call_index", name=None):
+                 ranges: bool = False, sync: bool = False, key: str = "call_index", name=None, faults: bool = False):
         self.device, self.clock, self.key, self.name = device, clock, key, name or (lambda row: row["block"])
         self.peaks, self.sync, self.named = peaks and device.allocator, sync, ranges
+        self.faults = faults and device.faulted_bytes() is not None
         self._pending: list[tuple[object, object]] = []
         self._open: dict = {}
         self.samples: dict = {}
         self.peak: dict = {}
+        self.faulted: dict = {}
         self.ranges: dict[str, object] = {}
 
     def before(self, row: dict) -> None:
@@ -88,6 +92,8 @@ class CallTimer:
         if self.peaks:
             dev.reset_peak()
             opened["start"] = dev.allocated()
+        if self.faults:
+            opened["faulted"] = dev.faulted_bytes()
         opened["interval"] = dev.interval(self.clock)
         self._open[key] = opened
         opened["interval"].start()
@@ -99,6 +105,8 @@ class CallTimer:
         self._pending.append((key, opened["interval"]))
         if self.peaks:
             self.peak[key] = self.device.peak_allocated() - opened["start"]
+        if self.faults:
+            self.faulted[key] = self.device.faulted_bytes() - opened["faulted"]
         if "range" in opened:
             opened["range"].__exit__(None, None, None)
 

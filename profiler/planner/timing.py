@@ -17,7 +17,9 @@ What one attention call costs, four features in ms:
     overhead = 1 (launches, dispatch)
 and, not fitted, its score tables' new pages / B_new (memory.new_page_bytes: measured physics that the sizes calibrated
 on may never reach; 64 MiB tables of sliced at 512x512 on a CPU whose allocator maps anew from 32 MiB; none where
-the memory is kept).
+the memory is kept). A recorded call's are the new pages it was counted to touch (faulted_bytes: its minor faults),
+which glibc's moving thresholds give smaller tables too in some processes and not in others (sliced's 4 MiB tables
+at 256x256: its attention 165 to 185 ms a forward in four pairs of recordings, 323 to 449 in four others).
 Calibrated, a call takes a_self.core_self + a_cross.core_cross + c.projections + d + pages, the coefficients >= 0 fitted
 by least squares to every measured call of the device's stored runs, per (device, backend with its options, dtype):
 1/a is the backend's efficiency against the roofline there. The cache and page terms are the device's measured
@@ -112,7 +114,9 @@ def call_features(row: dict, backend: str, options: dict, dtype: str, projection
     gemms = row["score_elements"] / device.score_gemm * 1e3 \
         if device.score_gemm and writes_tables(backend, row, dtype, **options) else 0.0
     softmax = row["score_elements"] / device.softmax * 1e3 if device.softmax else 0.0
-    pages = float(device.new_pages_ms(new_page_bytes(backend, row, dtype, device.fresh_min, **options)))
+    faulted = row.get("faulted_bytes")  # a recorded call's new pages as counted; else the tables of fresh_min and up
+    pages = float(device.new_pages_ms(faulted if faulted is not None and faulted == faulted and device.fresh_min
+                                      else new_page_bytes(backend, row, dtype, device.fresh_min, **options)))
     core, self_ = max(compute, gemms, memory) + softmax, row["kind"] == "self"
     return {"core_self": core * self_, "core_cross": core * (not self_), "projections": projections_ms,
             "overhead": 1.0, "fixed_ms": pages, "roofline_ms": max(compute, memory) + softmax + pages + projections_ms}

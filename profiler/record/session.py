@@ -49,7 +49,7 @@ LOOP = ("unet", "controlnet", "transformer", "prior", "model")  # components tha
 DENOISERS = ("unet", "transformer", "prior", "model")  # the one whose forwards are the steps
 CALL_COLUMNS = ["component", "block", "generation", "step", "pass_index", "call_index", "kind", "batch", "heads",
                 "head_dim", "tokens_q", "tokens_k", "ip_tokens_k", "score_elements", "score_bytes", "flops", "time_ms",
-                "peak_bytes", "stage", "level", "upcast"]
+                "peak_bytes", "faulted_bytes", "stage", "level", "upcast"]
 
 
 def components(target) -> dict[str, torch.nn.Module]:
@@ -94,9 +94,10 @@ def _device(target, found: dict) -> torch.device:
 
 def meter(device, trace: bool = False) -> CallTimer:
     """A generation's one meter: each call and component forward on the device's clock (CUDA events: read once at
-    the end, no synchronize per call), the allocator's peak per call where the device counts one, a named range per
+    the end, no synchronize per call), the allocator's peak per call where the device counts one, on the CPU the new
+    pages each touched (faulted_bytes: whichever of glibc's moving thresholds gave them), a named range per
     call with trace."""
-    return CallTimer(devices.get(device), peaks=True, ranges=trace, key="uid", name=_range_name)
+    return CallTimer(devices.get(device), peaks=True, ranges=trace, key="uid", name=_range_name, faults=True)
 
 
 def _range_name(row: dict) -> str:
@@ -232,7 +233,8 @@ class Session:
                             "block": r["block"] if name in ("unet", "model") else f"{name}.{r['block']}",
                             "step": r["pass_index"] if name in LOOP else None,
                             "time_ms": self.meter.samples.get(r["uid"], [float("nan")])[0],
-                            "peak_bytes": self.meter.peak.get(r["uid"]), "uid": r["uid"]})
+                            "peak_bytes": self.meter.peak.get(r["uid"]),
+                            "faulted_bytes": self.meter.faulted.get(r["uid"]), "uid": r["uid"]})
         return sorted(out, key=lambda r: r["uid"])
 
 
@@ -319,7 +321,7 @@ def cell_rows(prof: Profile, backend: str | None) -> tuple[dict, list[dict]]:
     for (component, call_index), same in calls.groupby(["component", "call_index"], sort=False) if len(calls) else []:
         first = same.iloc[0].to_dict()
         samples = same["time_ms"].tolist()
-        peaks = same["peak_bytes"].dropna()
+        peaks, faulted = same["peak_bytes"].dropna(), same["faulted_bytes"].dropna()
         blocks.append({**spec.as_row(), **{k: first[k] for k in ("component", "block", "call_index", "stage", "level",
                                                                    "kind", "batch", "heads", "head_dim", "tokens_q",
                                                                    "tokens_k", "score_elements", "score_bytes",
@@ -327,7 +329,7 @@ def cell_rows(prof: Profile, backend: str | None) -> tuple[dict, list[dict]]:
                        **summarize(samples), "time_samples_ms": samples, "calls_recorded": len(same),
                        "time_total_ms": float(sum(samples)),
                        "peak_mem_bytes": int(peaks.max()) if len(peaks) else None, "predicted_peak_bytes": None,
-                       "kernel": "", "sdpa_kernel": None, "gpu_time_ms": None, "gpu_kernels": None, "status": "ok"})
+                       "faulted_bytes": int(faulted.median()) if len(faulted) else None, "kernel": "", "sdpa_kernel": None, "gpu_time_ms": None, "gpu_kernels": None, "status": "ok"})
     for i, b in enumerate(blocks):
         b["call_index"] = i
     fwd, attention = summarize(forward_ms), summarize(per_forward)

@@ -41,10 +41,13 @@ def _answers(url: str) -> bool:
 
 
 def _listening(host: str, port: int) -> bool:
-    """Whether something accepts connections at host:port (a Ray head's GCS, for one)."""
+    """Whether something holds host:port (a Ray head's GCS, for one): it accepts connections, or it lets them wait
+    (a listener whose queue is full drops the handshake, which times out; nothing there refuses at once)."""
     try:
         with socket.create_connection((host, port), timeout=2):
             return True
+    except TimeoutError:
+        return True
     except OSError:
         return False
 
