@@ -77,8 +77,9 @@ def device_key(device: str, kept: bool | None = None) -> str:
 def device_limits(device: str, dtypes) -> dict:
     """{"device_peak_flops": {dtype: FLOP/s}, "device_peak_bytes_per_s": bytes/s, "device_memory": {cache_bytes,
     cache_bytes_per_s, fresh_bytes_per_s, fresh_min_bytes}, "device_softmax_per_s": {dtype: elements/s},
-    "device_score_gemm_per_s": {dtype: score elements/s}, "device_limits": {key, cache, measured_at, method}}: from the cache, measuring what it lacks (a dtype not yet
-    measured, a figure an older version did not measure) and adding it."""
+    "device_score_gemm_per_s": {dtype: score elements/s}, "device_limits": {key, cache, measured_at, method}}: from
+    the cache, measuring what it lacks (a dtype not yet measured, a figure an older version did not measure) and
+    adding it."""
     from ..store import add_to_cache, read_cache
 
     dev = devices.get(device)

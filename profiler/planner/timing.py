@@ -6,7 +6,8 @@ memory bandwidth B, and where measured the last-level cache (its size and bandwi
 half the cache moves at B_c), what new pages cost where the allocator maps every buffer of at least fresh_min_bytes
 anew, each page a fault (B_new: a CPU whose memory is not kept, devices.keep_memory), softmax's rate S (elements
 per second) and the score GEMMs' rate G (score elements per second through QK^T and PV at a small head dim, where a
-score costs the GEMMs' loop, not their FLOPs nor their bytes). A GPU of the table has P and B only. What one op costs at the device's limits (its roofline time, ms):
+score costs the GEMMs' loop, not their FLOPs nor their bytes). A GPU of the table has P and B only. What one op
+costs at the device's limits (its roofline time, ms):
     max(FLOPs / P, bytes moved / B or B_c) + its new output's bytes / B_new where that output gets new pages.
 What one attention call costs, four features in ms:
     core     = max(FLOPs / P, score elements / G where the backend writes score tables (memory.writes_tables),

@@ -329,7 +329,8 @@ def cell_rows(prof: Profile, backend: str | None) -> tuple[dict, list[dict]]:
                        **summarize(samples), "time_samples_ms": samples, "calls_recorded": len(same),
                        "time_total_ms": float(sum(samples)),
                        "peak_mem_bytes": int(peaks.max()) if len(peaks) else None, "predicted_peak_bytes": None,
-                       "faulted_bytes": int(faulted.median()) if len(faulted) else None, "kernel": "", "sdpa_kernel": None, "gpu_time_ms": None, "gpu_kernels": None, "status": "ok"})
+                       "faulted_bytes": int(faulted.median()) if len(faulted) else None, "kernel": "",
+                       "sdpa_kernel": None, "gpu_time_ms": None, "gpu_kernels": None, "status": "ok"})
     for i, b in enumerate(blocks):
         b["call_index"] = i
     fwd, attention = summarize(forward_ms), summarize(per_forward)
