@@ -185,6 +185,17 @@ class Cpu:
     def release(self) -> None:
         pass
 
+    def replay_ms(self, fn, times: int, rounds: int = 5, clock=time.perf_counter) -> list[float]:
+        """Milliseconds per run of fn, fn run `times` times back to back in each of `rounds` intervals of the host
+        clock (CPU ops are synchronous: the clock is the device's). Cuda.replay_ms is its twin from a CUDA graph."""
+        out = []
+        for _ in range(rounds):
+            t0 = clock()
+            for _ in range(times):
+                fn()
+            out.append((clock() - t0) * 1e3 / times)
+        return out
+
     def faulted_bytes(self) -> int | None:
         """The bytes of the new pages this process has touched so far: its minor page faults (every thread's) times
         the page size. A call's difference is what its allocations cost the kernel, whichever of glibc's thresholds
@@ -249,6 +260,34 @@ class Cuda:
 
     def allocated_max(self) -> int:
         return max(self._allocated, torch.cuda.max_memory_allocated(self.torch))
+
+    def replay_ms(self, fn, times: int, rounds: int = 5, clock=None) -> list[float]:
+        """Milliseconds per run of fn on the GPU alone: fn captured `times` times into one CUDA graph (after three
+        runs on a side stream, as torch.cuda.graphs asks), the graph replayed in each of `rounds` intervals of CUDA
+        events. A replay launches once, so no host time is in the figure (events around one call of a host-bound
+        op time the host). fn must be capturable: fixed shapes, no synchronize, no new allocation it keeps."""
+        stream = torch.cuda.Stream(self.torch)
+        stream.wait_stream(torch.cuda.current_stream(self.torch))
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream(self.torch).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(times):
+                fn()
+        graph.replay()  # the first replay uploads the graph
+        out = []
+        for _ in range(rounds):
+            interval = self.interval()
+            self.synchronize()
+            interval.start()
+            graph.replay()
+            interval.stop()
+            self.synchronize()
+            out.append(interval.ms() / times)
+        del graph
+        return out
 
     def faulted_bytes(self) -> None:
         """None: the caching allocator keeps its blocks, and a host page fault is not the device's."""
