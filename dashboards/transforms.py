@@ -223,8 +223,13 @@ def roofline_lines(cells: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
 
 
 # The cells table of the Run page and of the report: what a cell is, how it ended, its figures beside the planner's.
+# time_source says what the times are: kernel time (cupti) on CUDA, the host clock on the CPU, CUDA events (the host's
+# time on a host-bound GPU) for CUDA runs recorded before kernel timing; bound and gpu_busy_pct say what set a CUDA
+# forward's pace, attention_kernel_ms the attention cores' share of the calls, attention_host_ms their host time.
 CELL_COLUMNS = ("run_id", "model", "settings_label", "size", "batch", "dtype", "family", "backend_label", "status",
-                "error", "attention_time_ms", "max_rel_err", "iqr_ms", "attention_peak_mem_bytes",
+                "error", "attention_time_ms", "time_source", "attention_kernel_ms", "attention_host_ms", "bound",
+                "gpu_busy_pct", "forward_gpu_ms", "forward_graph_ms", "unsteady", "max_rel_err", "iqr_ms",
+                "attention_peak_mem_bytes",
                 "predicted_peak_bytes", "forward_peak_total_bytes", "predicted_forward_peak_bytes",
                 "forward_peak_ratio", "forward_time_ms", "compile_s", "attention_achieved_flops_per_s",
                 "attention_pct_of_peak", "attention_roofline_bound", "noisy", "kernel", "trace_files")

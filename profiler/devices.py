@@ -74,11 +74,14 @@ class HostInterval:
 
 
 class EventInterval:
-    """Elapsed milliseconds between two CUDA events on the device's current stream; read after a synchronize."""
+    """Elapsed milliseconds between two CUDA events on the device's current stream; read after a synchronize.
+    external: events that a CUDA graph being captured records as nodes of its own (torch.cuda.Event's external), so
+    that each replay records them anew: in a replay no host sits between a call's kernels."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, external: bool = False):
         self.stream = torch.cuda.current_stream(device)
-        self.begin, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        kind = {"enable_timing": True, **({"external": True} if external else {})}
+        self.begin, self.end = torch.cuda.Event(**kind), torch.cuda.Event(**kind)
 
     def start(self) -> None:
         self.begin.record(self.stream)
@@ -133,6 +136,7 @@ class Cpu:
     matmul_max = 4096  # the device limits' largest square matmul (measure/limits.py)
     copy_bytes = 256 * 2**20  # and the buffer its bandwidth copy moves (a large memcpy)
     memory_snapshot = False  # no allocator history to dump: --trace writes the profiler trace only
+    kernel_clock = False  # a call's time and a forward's are the host clock's, in the same hooked forwards
 
     def __init__(self, device: torch.device):
         self.torch = device
@@ -161,7 +165,7 @@ class Cpu:
     def synchronize(self) -> None:
         pass
 
-    def interval(self, clock=time.perf_counter) -> HostInterval:
+    def interval(self, clock=time.perf_counter, external: bool = False) -> HostInterval:
         return HostInterval(clock)
 
     def begin_cell(self) -> None:
@@ -187,7 +191,10 @@ class Cpu:
 
     def replay_ms(self, fn, times: int, rounds: int = 5, clock=time.perf_counter) -> list[float]:
         """Milliseconds per run of fn, fn run `times` times back to back in each of `rounds` intervals of the host
-        clock (CPU ops are synchronous: the clock is the device's). Cuda.replay_ms is its twin from a CUDA graph."""
+        clock (CPU ops are synchronous: the clock is the device's), after `times` runs to warm it (as Cuda.capture's
+        runs before its capture). Cuda.replay_ms is its twin from a CUDA graph."""
+        for _ in range(times):
+            fn()
         out = []
         for _ in range(rounds):
             t0 = clock()
@@ -221,6 +228,7 @@ class Cuda:
     matmul_max = 8192
     copy_bytes = 2**30  # a device-to-device copy
     memory_snapshot = True  # the caching allocator's history, for PyTorch's memory_viz
+    kernel_clock = True  # a call's time is its kernels' (CUPTI), a forward's a plain one's; graphs capture
     fresh_min_bytes = None  # the caching allocator keeps its blocks: no call pays for new pages after the first
 
     def __init__(self, device: torch.device):
@@ -237,8 +245,8 @@ class Cuda:
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.torch)
 
-    def interval(self, clock=None) -> EventInterval:
-        return EventInterval(self.torch)
+    def interval(self, clock=None, external: bool = False) -> EventInterval:
+        return EventInterval(self.torch, external)
 
     def begin_cell(self) -> None:
         self._reserved = self._allocated = 0
@@ -261,11 +269,10 @@ class Cuda:
     def allocated_max(self) -> int:
         return max(self._allocated, torch.cuda.max_memory_allocated(self.torch))
 
-    def replay_ms(self, fn, times: int, rounds: int = 5, clock=None) -> list[float]:
-        """Milliseconds per run of fn on the GPU alone: fn captured `times` times into one CUDA graph (after three
-        runs on a side stream, as torch.cuda.graphs asks), the graph replayed in each of `rounds` intervals of CUDA
-        events. A replay launches once, so no host time is in the figure (events around one call of a host-bound
-        op time the host). fn must be capturable: fixed shapes, no synchronize, no new allocation it keeps."""
+    def capture(self, fn) -> "torch.cuda.CUDAGraph":
+        """fn captured into one CUDA graph, after three runs on a side stream (as torch.cuda.graphs asks): replay()
+        runs its kernels with one launch. fn must be capturable: fixed shapes, no synchronize, no host read of a
+        device value. Raises what the capture raised where it is not."""
         stream = torch.cuda.Stream(self.torch)
         stream.wait_stream(torch.cuda.current_stream(self.torch))
         with torch.cuda.stream(stream):
@@ -274,9 +281,16 @@ class Cuda:
         torch.cuda.current_stream(self.torch).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            for _ in range(times):
-                fn()
+            fn()
         graph.replay()  # the first replay uploads the graph
+        self.synchronize()
+        return graph
+
+    def replay_ms(self, fn, times: int, rounds: int = 5, clock=None) -> list[float]:
+        """Milliseconds per run of fn on the GPU alone: fn captured `times` times into one CUDA graph (capture), the
+        graph replayed in each of `rounds` intervals of CUDA events. A replay launches once, so no host time is in the
+        figure (events around one call of a host-bound op time the host)."""
+        graph = self.capture(lambda: [fn() for _ in range(times)])
         out = []
         for _ in range(rounds):
             interval = self.interval()

@@ -11,7 +11,8 @@ import torch
 
 from profiler import devices
 from profiler.unet import models
-from profiler.measure.probes import NvmlSampler, attribute, sdpa_kernel
+from profiler.measure.probes import NvmlSampler
+from profiler.measure.trace import Event as Ev, attribute, sdpa_kernel
 
 GiB = 2**30
 
@@ -213,22 +214,6 @@ def test_an_nvml_error_in_the_sampler_thread_is_reported(monkeypatch):
 
 B0, B1 = (f"down_blocks.0.attentions.0.transformer_blocks.0.attn{i}" for i in (1, 2))
 CALLS = {B0: 0, B1: 1}  # each call's range, named by its block path (probes.CallProbe)
-
-
-class Ev:
-    """A kineto event as trace_windows reads it."""
-
-    def __init__(self, name, start, end, device="cpu", corr=0, linked=0, nbytes=0):
-        self._v = (name, start, end, corr, linked, nbytes)
-        self._device = torch.autograd.DeviceType.CUDA if device == "cuda" else torch.autograd.DeviceType.CPU
-
-    def name(self): return self._v[0]
-    def start_ns(self): return self._v[1]
-    def end_ns(self): return self._v[2]
-    def correlation_id(self): return self._v[3]
-    def linked_correlation_id(self): return self._v[4]
-    def nbytes(self): return self._v[5]
-    def device_type(self): return self._device
 
 
 def test_gpu_kernels_are_credited_to_the_call_that_launched_them():

@@ -222,7 +222,7 @@ def test_compiled_flex_at_real_head_dims_against_its_model_and_the_table(tokens,
 def test_gpu_check_knows_the_new_kernels_and_says_why_they_do_not_run_here(tmp_path):
     from profiler import gpu_check
 
-    from profiler.measure.probes import attribute
+    from profiler.measure.trace import attribute
     from tests.test_devices import CALLS, Ev
 
     # Sage's sm80 kernel as its source names it, a Triton template, FA3's CUTLASS wrapper: each credited to its call

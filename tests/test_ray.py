@@ -68,7 +68,9 @@ def test_killing_the_ray_worker_of_a_cell_leaves_it_error_and_the_rest_ok(tmp_pa
     thread = threading.Thread(target=execute, args=(sweep,), kwargs={"progress": False})
     thread.start()
     run_dir = _wait_for(lambda: list_runs(tmp_path / "results"))[0]
+    # killed while its shape's cells run together, they run again each alone; killed again then, it is the one
     os.kill(_wait_for(lambda: in_flight(run_dir, victim.cell_id))["worker_pid"], signal.SIGKILL)
+    os.kill(_wait_for(lambda: in_flight(run_dir, victim.cell_id, alone=True))["worker_pid"], signal.SIGKILL)
     thread.join(timeout=300)
     cells = Run.open(run_dir).cells().set_index("cell_id")
     assert len(cells) == 6 and cells.loc[victim.cell_id, "status"] == "error"

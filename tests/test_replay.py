@@ -99,3 +99,28 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, argv, messag
 def test_the_console_entry_point_takes_replay():
     p = subprocess.run([sys.executable, "-m", "profiler", "replay", "--help"], capture_output=True, text=True)
     assert p.returncode == 0 and "kernel alone" in " ".join(p.stdout.split())
+
+
+def test_on_a_gpu_an_isolated_call_is_timed_by_its_kernels_each_after_an_l2_flush(monkeypatch):
+    """replay on CUDA times a call as Inductor's do_bench_using_profiling does: its kernels (CUPTI), calls back to
+    back in batches, a flush of twice the L2 before each outside its range. Here on the synthetic GPU
+    (tests/gpu_trace.py): every sample is the call's kernels alone (the flush's kernel not among them), SD 1.5's
+    1024-token self-attention at its real head dim 80 under naive: baddbmm, softmax, bmm and the head layouts."""
+    from profiler.measure import replay
+    from profiler.spec import CellSpec
+    from tests import gpu_trace
+
+    durations = {"aten::baddbmm": 300_000, "aten::_softmax": 100_000, "aten::bmm": 200_000}
+    traces = gpu_trace.install(monkeypatch, lambda name, core: durations.get(name, 7_000))
+    shape = {"batch": 1, "heads": 8, "head_dim": 80, "tokens_q": 1024, "tokens_k": 1024, "kind": "self",
+             "upcast": "", "block": "down_blocks.1.attentions.0.transformer_blocks.0.attn1"}
+    spec = CellSpec("sd15", 512, 512, 1, "float32", "naive", "cpu")
+    got = replay.measure_shape(shape, spec, repeats=3, warmup=1)
+    kernels = [e for e in traces[0] if e.name().startswith("synthetic_kernel")]
+    flushes = [e for e in kernels if "zero_" in e.name() or "fill_" in e.name()]
+    assert flushes and got["time_source"] == "cupti" and len(got["time_samples_ms"]) >= 10
+    others = {round((e.end_ns() - e.start_ns()) / 1e6, 6) for e in kernels} - {0.3, 0.1, 0.2}
+    assert others == {0.007}  # the layout copies'
+    per_call = sum(durations.values()) / 1e6
+    assert all(per_call <= s < per_call + 0.007 * 6 for s in got["time_samples_ms"]), got["time_samples_ms"][:3]
+    assert len(set(got["time_samples_ms"])) == 1 and not got["noisy"]

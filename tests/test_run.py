@@ -40,7 +40,7 @@ def test_one_row_per_call_per_cell_with_every_field(run):
     assert (blocks["predicted_time_ms"] > 0).all()
     assert np.allclose(blocks["predicted_time_ratio"], blocks["time_ms"] / blocks["predicted_time_ms"])
     ok = run.cells().query("status == 'ok'")
-    assert ok["time_source"].str.contains("roofline bound on this device's measured limits").all()
+    assert ok["predicted_time_source"].str.contains("roofline bound on this device's measured limits").all()
     assert np.allclose(ok["forward_time_ratio"], ok["forward_time_ms"] / ok["predicted_forward_time_ms"])
     assert not (run.path / "traces").exists() and "trace_files" not in run.cells()  # --trace is off by default
     kernels = blocks.groupby("backend")["kernel"].first().to_dict()

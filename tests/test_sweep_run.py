@@ -32,13 +32,15 @@ def _wait_for(predicate, timeout=120.0):
     raise AssertionError("timed out waiting")
 
 
-def in_flight(run_dir: Path, cell_id: str) -> dict | None:
-    """The entry of progress.json for the cell while it runs: its worker's pid and host."""
+def in_flight(run_dir: Path, cell_id: str, alone: bool = False) -> dict | None:
+    """The entry of progress.json for the cell while it runs (alone: while it runs on its own, not with the other
+    backends of its shape): its worker's pid and host."""
     try:
         progress = json.loads((run_dir / "progress.json").read_text())
     except (OSError, ValueError):
         return None
-    return next((c for c in progress["in_flight"] if c["cell_id"] == cell_id), None)
+    return next((c for c in progress["in_flight"] if cell_id in c.get("cell_ids", [c["cell_id"]])
+                 and (not alone or c.get("cell_ids") == [cell_id])), None)
 
 
 def test_failures_are_rows_of_the_right_status(tmp_path):
@@ -57,7 +59,9 @@ memory_budget: 300MiB
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_dir = _wait_for(lambda: list_runs(tmp_path / "results"))[0]
 
+    # killed while its shape's cells run together, they run again each alone; killed again then, it is the one
     os.kill(_wait_for(lambda: in_flight(run_dir, victim.cell_id))["worker_pid"], signal.SIGKILL)
+    os.kill(_wait_for(lambda: in_flight(run_dir, victim.cell_id, alone=True))["worker_pid"], signal.SIGKILL)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     cells = Run.open(run_dir).cells().set_index("cell_id")

@@ -15,7 +15,7 @@ import time
 import torch
 
 from .backends import SAGE_MAX_HEAD_DIM
-from .processor import Processor
+from .processor import Processor, core_range
 
 FLEX_BLOCK = 128  # FlexAttention's block size: the all-full block mask is built of these
 
@@ -46,7 +46,8 @@ class DispatchProcessor(Processor):
             mask = mask.view(q.shape[0], attn.heads, -1, mask.shape[-1])
         for check in _AttentionBackendRegistry._constraints.get(name, []):
             check(query=q, key=k, value=v, attn_mask=mask, dropout_p=0.0, is_causal=False, scale=attn.scale)
-        out = dispatch_attention_fn(q, k, v, attn_mask=mask, scale=attn.scale, backend=name)  # (B, Tq, h, d)
+        with core_range():
+            out = dispatch_attention_fn(q, k, v, attn_mask=mask, scale=attn.scale, backend=name)  # (B, Tq, h, d)
         return out.flatten(2).to(q.dtype)  # (B, Tq, C): a view where the kernel wrote (B, Tq, h, d)
 
 
@@ -112,7 +113,7 @@ class FlexProcessor(Processor):
         key = (tuple(q.shape), tuple(k.shape), q.dtype, str(q.device), mask is not None)
         first = key not in CompileClock.seen
         t0 = time.perf_counter()
-        with torch._dynamo.config.patch(recompile_limit=256, fail_on_recompile_limit_hit=True):
+        with torch._dynamo.config.patch(recompile_limit=256, fail_on_recompile_limit_hit=True), core_range():
             out = compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=attn.scale)
         if first:
             if q.device.type == "cuda":
@@ -135,7 +136,8 @@ class SageProcessor(Processor):
         q, k, v = _projected(attn, hidden_states, context)  # (B, T, h, d)
         if q.shape[-1] > SAGE_MAX_HEAD_DIM:
             raise ValueError(f"sage supports head_dim <= {SAGE_MAX_HEAD_DIM}, this block has {q.shape[-1]}")
-        return sageattn(q, k, v, tensor_layout="NHD", is_causal=False, sm_scale=attn.scale).flatten(2)
+        with core_range():
+            return sageattn(q, k, v, tensor_layout="NHD", is_causal=False, sm_scale=attn.scale).flatten(2)
 
 
 class FlashAttnProcessor(Processor):
@@ -152,5 +154,6 @@ class FlashAttnProcessor(Processor):
         q, k, v = _projected(attn, hidden_states, context)  # (B, T, h, d)
         if q.shape[-1] > 256:
             raise ValueError(f"{self.label} supports head_dim <= 256, this block has {q.shape[-1]}")
-        out = flash_attn_func(q, k, v, softmax_scale=attn.scale)
+        with core_range():
+            out = flash_attn_func(q, k, v, softmax_scale=attn.scale)
         return (out[0] if isinstance(out, tuple) else out).flatten(2)  # FA3 builds return (out, lse)

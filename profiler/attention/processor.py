@@ -6,10 +6,23 @@ when it makes one, so that reading the registry costs no torch import.
 Shapes: B batch, h heads, d head_dim, C = h*d, Tq / Tk query / key tokens, n = B*h."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .chunked import split_attention, subquad_attention
+
+CORE_RANGE = "attnprof::attention_core"  # the profiler range around the attention of our processors
+
+
+def core_range():
+    """A profiler range around the attention itself of one of our processors (between the projections), so that a
+    trace tells a call's attention from its projections (measure/trace.py: attn_kernel_ms) where the attention is
+    many ops (the chunked cores) or an op of another library; nothing inside a compiled graph (Dynamo traces it)."""
+    if torch.compiler.is_compiling():
+        return contextlib.nullcontext()
+    return torch.profiler.record_function(CORE_RANGE)
 
 
 class Processor:
@@ -50,7 +63,8 @@ class HeadsProcessor(Processor):
         k = attn.head_to_batch_dim(attn.to_k(context))  # (n, Tk, d)
         v = attn.head_to_batch_dim(attn.to_v(context))  # (n, Tk, d)
         upcast = attn.upcast_attention or attn.upcast_softmax
-        out = self.core(q, k, v, mask, attn.scale, torch.float32 if upcast else q.dtype)  # (n, Tq, d)
+        with core_range():
+            out = self.core(q, k, v, mask, attn.scale, torch.float32 if upcast else q.dtype)  # (n, Tq, d)
         return attn.batch_to_head_dim(out)  # (B, Tq, C)
 
 

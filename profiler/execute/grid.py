@@ -23,7 +23,9 @@ KEYS = {**GRID_KEYS, "repeats": "timed forwards per cell", "warmup": "warm-up fo
         "timeout_s": "seconds per cell",
         "executor": "local or ray", "ray_address": "a Ray cluster's address (with executor: ray)",
         "also": "list of further grids, each a mapping of grid keys (the others as at the top)",
-        "trace": "true or false: a Chrome / Perfetto trace of each cell's probe forward",
+        "trace": "true, kernels or false: true keeps a Chrome / Perfetto trace of each cell's memory pass (on CUDA "
+                 "with a memory snapshot) and its kernel-timing trace; kernels only the kernel-timing trace (compact, "
+                 "gzipped: what trace.load reads again)",
         "allow_pickle": "true or false: let models be .ckpt / .pt files, pickles that run any code they hold"}
 
 
@@ -44,7 +46,7 @@ class Sweep:
     ray_address: str | None = None  # None: the cluster this machine runs, else a local one
     model_settings: tuple[tuple[str, tuple], ...] = ()  # setting -> its values: axes of the models they apply to
     also: tuple["Sweep", ...] = ()  # further grids, each with every key set (the top's where it set none)
-    trace: bool = False  # per cell, a trace of the probe forward (and on CUDA a memory snapshot) in the run folder
+    trace: bool | str = False  # per cell, its traces in the run folder: True all, "kernels" the kernel-timing one
     source: str = field(default="command line", compare=False)
 
     def resolved_device(self) -> str:
@@ -234,8 +236,8 @@ def _run_keys(doc: dict, where: str) -> dict:
                              f"not {doc['ray_address']!r}")
         kw["ray_address"] = doc["ray_address"].strip()
     if "trace" in doc:
-        if not isinstance(doc["trace"], bool):
-            raise InputError(f"{where}: key 'trace' must be true or false, not {doc['trace']!r}")
+        if not isinstance(doc["trace"], bool) and doc["trace"] != "kernels":
+            raise InputError(f"{where}: key 'trace' must be true, kernels or false, not {doc['trace']!r}")
         kw["trace"] = doc["trace"]
     if doc.get("timeout_s") is not None:
         t = doc["timeout_s"]

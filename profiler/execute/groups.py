@@ -50,24 +50,42 @@ class Executor(Protocol):
 
 class InFlight:
     """The cells running now, by worker, for every executor: progress.json in the run folder lists them (with the
-    worker's pid and host) and the progress bar shows the latest."""
+    worker's pid and host) and the progress bar shows the latest. A worker runs the cells of one shape together
+    (measure/cell.measure_set): its start event names them all (cell_ids), and each ends on its own."""
 
     def __init__(self, run, bar):
         self.run, self.bar, self.cells = run, bar, {}
 
     def start(self, worker, event: dict) -> None:
-        self.cells[worker] = {"cell_id": event["cell_id"], "label": event["label"], "worker_pid": event["pid"],
-                              "host": event["host"], "started": time.time()}
+        ids = list(event.get("cell_ids") or [event["cell_id"]])
+        self.cells[worker] = {"cell_id": ids[0], "cell_ids": ids, "cells": len(ids), "label": event["label"],
+                              "worker_pid": event["pid"], "host": event["host"], "started": time.time()}
         self.bar.set_description_str(event["label"])
         self._write()
 
-    def end(self, worker) -> None:
-        self.cells.pop(worker, None)
-        self.bar.update(1)
+    def end(self, worker, cell_id: str | None = None, counted: bool = True) -> None:
+        """A cell of the worker's ended (recorded; counted False: given back, to run again); the worker's entry goes
+        once none of its cells is left."""
+        entry = self.cells.get(worker)
+        if entry and cell_id in entry["cell_ids"]:
+            entry["cell_ids"].remove(cell_id)
+        if entry is not None and (cell_id is None or not entry["cell_ids"]):
+            self.cells.pop(worker)
+        if counted:
+            self.bar.update(1)
         self._write()
 
     def started(self, worker) -> float | None:
         return self.cells.get(worker, {}).get("started")
+
+    def in_flight(self, worker) -> list[str]:
+        """The worker's cells not yet ended."""
+        return list(self.cells.get(worker, {}).get("cell_ids", []))
+
+    def deadline(self, worker, timeout_s: float | None) -> float | None:
+        """When the worker's cells run past timeout_s each: timeout_s times the cells it runs together."""
+        entry = self.cells.get(worker)
+        return None if not timeout_s or entry is None else entry["started"] + timeout_s * entry["cells"]
 
     def _write(self) -> None:
         from ..store import write_json
@@ -83,38 +101,59 @@ class InFlight:
         self.bar.close()
 
 
-def group_events(cells: list[CellSpec], repeats: int, warmup: int, extra: dict | None = None, trace: bool = False):
-    """Run cells that share one (model, dtype, device) with one model build: a start event before each cell, a done
-    event with its rows (and with trace, its trace files: name -> bytes) after it, and an end event with the group's
-    seconds. Every executor runs groups so. extra: each cell's, by cell_id."""
-    from ..measure.cell import ModelCache, run_cell
+def shape_sets(cells: list[CellSpec], alone=()) -> list[list[CellSpec]]:
+    """The cells by shape (all but the backend and its options), in the order their shapes first come: the cells
+    that measure/cell.measure_set times together, their backends interleaved. A cell named in `alone` is a set of
+    its own (one of several whose worker died while they ran together: run alone, the one that kills it is found)."""
+    sets: dict[tuple, list[CellSpec]] = {}
+    for c in cells:
+        key = (c.cell_id,) if c.cell_id in alone else (c.model, c.settings, c.width, c.height, c.batch, c.dtype,
+                                                       c.device)
+        sets.setdefault(key, []).append(c)
+    return list(sets.values())
+
+
+def group_events(cells: list[CellSpec], repeats: int, warmup: int, extra: dict | None = None, trace: bool = False,
+                 alone=()):
+    """Run cells that share one (model, dtype, device) with one model build, shape by shape (shape_sets): a start
+    event naming the shape's cells (cell_ids) before they run together, a done event per cell with its rows (and
+    with trace, its trace files: name -> bytes) after them, and an end event with the group's seconds. Every
+    executor runs groups so. extra: each cell's, by cell_id; alone: cells each timed on its own."""
+    from ..measure.cell import ModelCache, run_set
 
     t0, cache, host = time.perf_counter(), ModelCache(), socket.gethostname()
     cache.expect(cells)  # the group's fp32 references come first, with one model freed before the first cell's
-    for i, c in enumerate(cells):
-        cache.keep_only(cells[i:])  # a part no cell left needs (a ControlNet) leaves the device before this cell
-        yield {"event": "start", "cell_id": c.cell_id, "label": label(c), "pid": os.getpid(), "host": host}
-        mine = (extra or {}).get(c.cell_id, {})
+    done = 0
+    for shape in shape_sets(cells, alone):
+        cache.keep_only(cells[done:])  # a part no cell left needs (a ControlNet) leaves the device before these
+        ids = [c.cell_id for c in shape]
+        yield {"event": "start", "cell_id": ids[0], "cell_ids": ids, "label": label(shape[0], len(shape)),
+               "pid": os.getpid(), "host": host}
+        mine = {c.cell_id: (extra or {}).get(c.cell_id, {}) for c in shape}
         with tempfile.TemporaryDirectory(prefix="attnprof-trace-") if trace else contextlib.nullcontext() as tmp:
-            cell, blocks = run_cell(c, cache, repeats, warmup, mine, Path(tmp) if tmp else None)
+            rows = run_set(shape, cache, repeats, warmup, mine, Path(tmp) if tmp else None, full=trace is True)
             files = {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir())} if tmp else {}
-        cell = with_extra(cell, blocks, mine)
-        yield {"event": "done", "cell_id": c.cell_id, "status": cell["status"], "cell": cell, "blocks": blocks,
-               "files": files}
+        for c, (cell, blocks) in zip(shape, rows):
+            cell = with_extra(cell, blocks, mine[c.cell_id])
+            yield {"event": "done", "cell_id": c.cell_id, "status": cell["status"], "cell": cell, "blocks": blocks,
+                   "files": {k: v for k, v in files.items() if k.startswith(c.cell_id)}}
+        done += len(shape)
     yield {"event": "end", "seconds": time.perf_counter() - t0}  # the group's time, model build included
 
 
 def run_group(cells: list[CellSpec], run, repeats: int, warmup: int, emit, extra: dict | None = None,
-              trace: bool = False) -> None:
+              trace: bool = False, alone=()) -> None:
     """group_events with each cell recorded where it ran (in this process, or in a local worker)."""
-    for event in group_events(cells, repeats, warmup, extra, trace):
+    for event in group_events(cells, repeats, warmup, extra, trace, alone):
         if event["event"] == "done":
             run.record(event.pop("cell"), event.pop("blocks"), event.pop("files"))
         emit(event)
 
 
-def label(c: CellSpec) -> str:
-    return f"{c.model} {c.size} b{c.batch} {c.dtype} {backends.label(c.backend, c.backend_options)}"
+def label(c: CellSpec, together: int = 1) -> str:
+    """What a progress bar says of a cell, or of `together` cells of its shape timed together."""
+    what = backends.label(c.backend, c.backend_options) if together == 1 else f"{together} backends"
+    return f"{c.model} {c.size} b{c.batch} {c.dtype} {what}"
 
 
 def failed_in_flight(spec: CellSpec, timed_out: bool, timeout_s: float | None, reason: str) -> dict:
@@ -132,4 +171,7 @@ def with_extra(cell: dict, blocks: list[dict], extra: dict) -> dict:
     (plan/timing.attach), never into the cell row."""
     from ..planner.timing import attach
 
-    return {**cell, **attach(cell, blocks, extra)}
+    merged = attach(cell, blocks, extra)
+    if "time_source" in merged:  # the prediction's source; the cell's own time_source is its clock's
+        merged["predicted_time_source"] = merged.pop("time_source")
+    return {**cell, **merged}

@@ -144,41 +144,39 @@ def _in_process(flight, event: dict) -> None:
     if event["event"] == "start":
         flight.start(os.getpid(), event)
     elif event["event"] == "done":
-        flight.end(os.getpid())
+        flight.end(os.getpid(), event["cell_id"])
 
 
 def _run_in_workers(group: list[CellSpec], run, sweep, flight, extra: dict) -> None:
     """Worker subprocesses for one group, until every cell of it is recorded. A worker that dies between two cells
-    is replaced by a new one for the rest; one that dies in a cell leaves that cell `error` (or `timeout`), unless
-    the cell's own row was recorded before the worker died, which is kept. A new worker that dies before starting
-    any cell means the environment is broken: that raises."""
-    from .groups import failed_in_flight, with_extra
-
-    remaining, progressed = list(group), True
+    is replaced by a new one for the rest; one that dies while one cell runs leaves that cell `error` (or `timeout`),
+    unless the cell's own row was recorded before the worker died, which is kept. Where it dies while several cells
+    of a shape run together, those run again each on its own (the one that kills its worker is found so). A new
+    worker that dies before starting any cell means the environment is broken: that raises."""
+    remaining, progressed, alone = list(group), True, set()
     while remaining:
         job = {"run": str(run.path), "repeats": sweep.repeats, "warmup": sweep.warmup, "trace": sweep.trace,
-               "cells": [c.as_row() for c in remaining], "extra": {c.cell_id: extra.get(c.cell_id, {})
-                                                                   for c in remaining}}
+               "cells": [c.as_row() for c in remaining], "alone": sorted(alone),
+               "extra": {c.cell_id: extra.get(c.cell_id, {}) for c in remaining}}
         log = run.path / "worker.log"  # the workers' stderr: library warnings, profiler chatter, crashes
         with open(log, "ab") as err:
             proc = subprocess.Popen([sys.executable, "-m", "profiler.execute.worker"], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=err)
         proc.stdin.write(json.dumps(job).encode())
         proc.stdin.close()
-        in_flight, started = None, False
+        started = False
         finished: set[str] = set()
         try:
-            for line in _lines(proc, lambda: flight.started(proc.pid), sweep.timeout_s):
+            for line in _lines(proc, lambda: flight.deadline(proc.pid, sweep.timeout_s)):
                 event = _event(line, log)
                 if event is None:
                     continue
                 if event["event"] == "start":
-                    in_flight, started = event["cell_id"], True
+                    started = True
                     flight.start(proc.pid, event)
                 elif event["event"] == "done":
                     finished.add(event["cell_id"])
-                    in_flight = None
-                    flight.end(proc.pid)
+                    flight.end(proc.pid, event["cell_id"])
         except TimeoutError:
             proc.kill()
         except BaseException:
@@ -187,20 +185,38 @@ def _run_in_workers(group: list[CellSpec], run, sweep, flight, extra: dict) -> N
             raise
         code = proc.wait()
         remaining = [c for c in remaining if c.cell_id not in finished]
-        if in_flight is not None:
-            spec = next(c for c in remaining if c.cell_id == in_flight)
-            began = flight.started(proc.pid)
-            if not run.recorded_since(spec.cell_id, began):  # its own row, if the worker recorded it, is kept
-                timed_out = bool(sweep.timeout_s and began and time.time() - began >= sweep.timeout_s)
-                words = _last_line(log) if code != -signal.SIGKILL else ""  # a SIGKILL leaves none
-                row = failed_in_flight(spec, timed_out, sweep.timeout_s, f"{exit_reason(code)}{words}")
-                run.record(with_extra(row, [], extra.get(spec.cell_id, {})), [])
-            flight.end(proc.pid)
-            remaining.remove(spec)
-        elif remaining and not (started or progressed):
+        remaining, again = _after_worker(proc.pid, code, remaining, run, sweep, flight, extra, log)
+        alone |= again
+        if remaining and not (started or progressed) and not again:
             raise ExecutorError(f"a sweep worker exited with {exit_reason(code)} before starting a cell"
                                 f"{_last_line(log)} (its log: {log})")
         progressed = started  # a worker that died between cells is replaced; two that die at once are not
+
+
+def _after_worker(pid: int, code: int, remaining: list, run, sweep, flight, extra: dict, log: Path):
+    """The cells a worker that ended still had in flight: those it recorded are kept; several that ran together run
+    again each on its own (returned); one alone gets its failure's row. (the cells left, the ones to run alone)"""
+    from .groups import failed_in_flight, with_extra
+
+    in_flight, began = flight.in_flight(pid), flight.started(pid)
+    for cell_id in [c for c in in_flight if run.recorded_since(c, began)]:  # its own row, recorded, is kept
+        in_flight.remove(cell_id)
+        flight.end(pid, cell_id)
+        remaining = [c for c in remaining if c.cell_id != cell_id]
+    if len(in_flight) > 1:  # several ran together: each again on its own
+        for cell_id in in_flight:
+            flight.end(pid, cell_id, counted=False)
+        return remaining, set(in_flight)
+    if in_flight:
+        deadline = flight.deadline(pid, sweep.timeout_s)
+        timed_out = bool(deadline and time.time() >= deadline)
+        words = _last_line(log) if code != -signal.SIGKILL else ""  # a SIGKILL leaves none
+        spec = next(c for c in remaining if c.cell_id == in_flight[0])
+        row = failed_in_flight(spec, timed_out, sweep.timeout_s, f"{exit_reason(code)}{words}")
+        run.record(with_extra(row, [], extra.get(spec.cell_id, {})), [])
+        flight.end(pid, spec.cell_id)
+        remaining = [c for c in remaining if c is not spec]
+    return remaining, set()
 
 
 def _event(line: str, log: Path) -> dict | None:
@@ -217,8 +233,9 @@ def _event(line: str, log: Path) -> dict | None:
     return None
 
 
-def _lines(proc, started, timeout_s):
-    """Lines of the worker's stdout, read unbuffered; TimeoutError when the cell in flight runs past timeout_s."""
+def _lines(proc, deadline):
+    """Lines of the worker's stdout, read unbuffered; TimeoutError when the cells in flight run past their
+    deadline (deadline(): when, or None where none runs or none is set)."""
     import select
 
     fd, buf = proc.stdout.fileno(), b""
@@ -226,8 +243,8 @@ def _lines(proc, started, timeout_s):
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
             yield line.decode()
-        t0 = started()
-        wait = None if not timeout_s or t0 is None else max(0.0, t0 + timeout_s - time.time())
+        end = deadline()
+        wait = None if end is None else max(0.0, end - time.time())
         if not select.select([fd], [], [], wait)[0]:
             raise TimeoutError
         chunk = os.read(fd, 65536)

@@ -84,21 +84,25 @@ def _calibrate(device: str, when: str) -> dict:
 
 
 @ray.remote(max_retries=0)
-def _group(rows: list[dict], repeats: int, warmup: int, extra: dict, trace: bool):
+def _group(rows: list[dict], repeats: int, warmup: int, extra: dict, trace: bool, alone: list):
     """A Ray generator task: one chunk of cells with one model build, as group_events yields them (with trace,
     each done event carries the cell's trace files: the driver stores them, so no disk need be shared)."""
     from .groups import group_events
 
-    yield from group_events([CellSpec.from_row(r) for r in rows], repeats, warmup, extra, trace)
+    yield from group_events([CellSpec.from_row(r) for r in rows], repeats, warmup, extra, trace, set(alone))
 
 
 def split(groups: list[list[CellSpec]], slots: int) -> list[list[CellSpec]]:
-    """Cut the groups into chunks, about one per slot in proportion to their sizes, round robin within a group."""
+    """Cut the groups into chunks, about one per slot in proportion to their sizes, round robin within a group by
+    shape (groups.shape_sets): the backends of one shape stay in one chunk, timed together in one worker."""
+    from .groups import shape_sets
+
     total = sum(len(g) for g in groups)
     chunks = []
     for g in groups:
-        k = max(1, min(len(g), round(slots * len(g) / total))) if total else 1
-        chunks += [g[i::k] for i in range(k)]
+        shapes = shape_sets(g)
+        k = max(1, min(len(shapes), round(slots * len(g) / total))) if total else 1
+        chunks += [[c for shape in shapes[i::k] for c in shape] for i in range(k)]
     return chunks
 
 
@@ -183,11 +187,11 @@ class _Tasks:
         self.active: dict = {}
         self.seconds: list[float] = []
 
-    def submit(self, cells: list[CellSpec], retry: int = 0) -> None:
+    def submit(self, cells: list[CellSpec], retry: int = 0, alone=()) -> None:
         gen = _group.options(**_resources(cells[0].device)).remote(
             [c.as_row() for c in cells], self.sweep.repeats, self.sweep.warmup,
-            {c.cell_id: self.extra.get(c.cell_id, {}) for c in cells}, self.sweep.trace)
-        self.active[gen] = {"cells": list(cells), "in_flight": None, "cancelled": False, "retry": retry}
+            {c.cell_id: self.extra.get(c.cell_id, {}) for c in cells}, self.sweep.trace, sorted(alone))
+        self.active[gen] = {"cells": list(cells), "cancelled": False, "retry": retry, "alone": set(alone)}
 
     def step(self, gen) -> None:
         from .groups import failed_in_flight, with_extra
@@ -201,35 +205,38 @@ class _Tasks:
         except ray.exceptions.RayError as e:  # the worker died, its node was lost, or a timeout cancelled it
             del self.active[gen]
             reason = f"Ray: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
-            spec = next((c for c in state["cells"] if c.cell_id == state["in_flight"]), None)
-            rest = [c for c in state["cells"] if c is not spec]
-            if spec is not None:
+            in_flight = self.flight.in_flight(id(gen))
+            died = [c for c in state["cells"] if c.cell_id in in_flight]
+            if len(died) > 1:  # several ran together: each again on its own (groups.shape_sets' alone)
+                for spec in died:
+                    self.flight.end(id(gen), spec.cell_id, counted=False)
+                self.submit(state["cells"], alone=state["alone"] | set(in_flight))
+                return
+            rest = [c for c in state["cells"] if c.cell_id not in in_flight]
+            for spec in died:
                 row = failed_in_flight(spec, state["cancelled"], self.sweep.timeout_s, reason)
                 self.run.record(with_extra(row, [], self.extra.get(spec.cell_id, {})), [])
-                self.flight.end(id(gen))
-            elif state["retry"]:
+                self.flight.end(id(gen), spec.cell_id)
+            if not died and state["retry"]:
                 raise ExecutorError(f"a Ray task failed twice before starting a cell: {reason}") from None
             if rest:
-                self.submit(rest, retry=0 if spec is not None else 1)
+                self.submit(rest, retry=0 if died else 1, alone=state["alone"])
             return
         if event["event"] == "start":
-            state["in_flight"] = event["cell_id"]
             self.flight.start(id(gen), event)
         elif event["event"] == "end":
             self.seconds.append(event["seconds"])
         else:
             self.run.record(event["cell"], event["blocks"], event["files"])
             state["cells"] = [c for c in state["cells"] if c.cell_id != event["cell_id"]]
-            state["in_flight"] = None
-            self.flight.end(id(gen))
+            self.flight.end(id(gen), event["cell_id"])
 
     def stop_overdue(self) -> None:
         """Cancel (killing its worker) each task whose cell has run past timeout_s."""
         if not self.sweep.timeout_s:
             return
         for gen, state in self.active.items():
-            began = self.flight.started(id(gen))
-            if state["in_flight"] and not state["cancelled"] and began and \
-                    time.time() - began >= self.sweep.timeout_s:
+            deadline = self.flight.deadline(id(gen), self.sweep.timeout_s)
+            if deadline and not state["cancelled"] and time.time() >= deadline:
                 ray.cancel(gen, force=True)
                 state["cancelled"] = True

@@ -58,7 +58,7 @@ def main() -> None:
         out.flush()
 
     run_group([CellSpec.from_row(r) for r in job["cells"]], Run.open(job["run"]), job["repeats"], job["warmup"], emit,
-              job["extra"], job["trace"])
+              job["extra"], job["trace"], set(job.get("alone", ())))
 
 
 if __name__ == "__main__":

@@ -27,5 +27,7 @@ table gets a row linking the report. On a machine without CUDA it says so in one
 where NVML sees a GPU but torch has no CUDA it says so in one line and exits 1. `--device cpu` runs the same flow on
 the CPU to try the script (the steps that need CUDA SKIP); `--dry-run` prints the plan and exits.
 """
-from .checks import STEPS, Context, Skip, Step, Verdict, own_gpu_kernels  # noqa: F401
+from .checks import own_gpu_kernels  # noqa: F401
+from .plan import STEPS, Step  # noqa: F401
+from .verdicts import Context, Skip, Verdict  # noqa: F401
 from .runner import main  # noqa: F401

@@ -1,12 +1,14 @@
-"""The steps of make gpu-check, in order of value (STEPS), of three kinds:
+"""The steps of make gpu-check but the timing judges (timing_judges.py), of three kinds (the plan, plan.py, orders
+them):
 
-- a run: a sweep through worker subprocesses, each cell recorded the moment it ends (`core`: each model at its native
-  size, fp16, with naive, sdpa as PyTorch picks and each SDPA kernel forced; `rest`: the chunked backends, with
-  xformers and flash-attn where installed). Made in a child process of its own (child.py).
+- a run: a sweep through worker subprocesses, each shape's cells recorded as they end (`core`: each model at its
+  native size, fp16, with naive, sdpa as PyTorch picks, sdpa-cudnn and sdpa-efficient forced, its kernel-timing
+  traces kept; `rest`: sdpa-flash and sdpa-math forced, the chunked backends, xformers and flash-attn where
+  installed). Made in a child process of its own (child.py).
 - a judge: a pure function of one run's (cells, blocks) that returns a Verdict: its figure, and evidence rows that
   each name the cells.csv / blocks.csv row and columns it rests on, with the value it read and the bound it held it
   to, PASS and FAIL alike. Judges run in the main process and touch no device.
-- a model check: a function of a Context that runs a model (a build, a timing against the wall clock, an OOM, a
+- a model check: a function of a Context that runs a model (a build, kernels credited to their call, an OOM, a
   backend that compiles); each runs in a child process of its own. Where it measures cells, it records them as a run,
   so that its figures are in cells.csv too.
 
@@ -14,10 +16,8 @@ tests/test_gpu.py runs the model checks as tests (`pytest -m gpu`); runner.py ru
 from __future__ import annotations
 
 import itertools
-import math
 import time
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 
 import pandas as pd
 import torch
@@ -25,165 +25,36 @@ import torch
 from ..attention import backends
 from .. import devices
 from ..unet import models
-from ..execute.grid import Sweep
 from ..fmt import human_bytes
 from ..measure.rows import TOLERANCE
+from .verdicts import Context, Skip, Verdict, evidence, num, ok_cells, ratio_rows, records, said, span, what
 
 # the SDPA kernels forced one per cell, and the kernel each must run
 FORCED = {"sdpa-flash": "flash", "sdpa-efficient": "efficient", "sdpa-cudnn": "cudnn", "sdpa-math": "math"}
-CORE_BACKENDS = ("naive", "sdpa", *FORCED)
+CORE_BACKENDS = ("naive", "sdpa", "sdpa-cudnn", "sdpa-efficient")  # the audit's N1-N12 rest on these
+REST_FORCED = ("sdpa-flash", "sdpa-math")
 CPU_CORE_BACKENDS = ("naive", "sdpa", "sdpa-flash", "sdpa-math")  # those a CPU runs (the dry run)
 CHUNKED = ("sliced", "split", "subquad")
 OPTIONAL = ("xformers", "flash-attn")  # in the rest run where installed; unavailable rows of these are no failure
 # the backends of the last checks, each its own (they compile, or need an extension): the kernel names they own
 NEW_BACKENDS = {"flex": "flex", "sage": "sage", "diffusers:_flash_3": "flash-attn-3"}
-NATIVE = (("sd15", 512), ("sdxl-base", 1024))  # the models of the runs, each at its native size
 PEAK_TOLERANCE = 0.05  # measured forward or call peak against the planner's / the memory model's prediction
 WORKSPACES_MAX = 2**30  # what the allocator may hold beyond the model and its forward: the libraries' workspaces
-CELL_TIMEOUT_S = 120  # per cell of a run: a cell that hangs is stopped and recorded as `timeout`
 
 
-class Skip(Exception):
-    """A step that cannot run here, with the reason; never reported as PASS."""
+def core_run(ctx: Context):
+    """The core run: each shape's backends timed together, the kernel-timing trace of each cell kept (trace.save),
+    one a model copied to the top of --out by the runner so that CPU tests can read a GPU's kernels again."""
+    return replace(ctx.sweep(ctx.core_backends or (CORE_BACKENDS if ctx.cuda else CPU_CORE_BACKENDS)), trace="kernels")
 
 
-@dataclass
-class Context:
-    """What every step knows: the device, where the report and the runs go, the (model, size) pairs of the runs and
-    the core run's backends (default CORE_BACKENDS on CUDA, CPU_CORE_BACKENDS on the CPU)."""
-
-    device: str = "cuda"
-    out: Path = Path("gpu-check")
-    runs: Path = Path("gpu-check/runs")
-    pairs: tuple[tuple[str, int], ...] = NATIVE
-    core_backends: tuple[str, ...] | None = None
-
-    @property
-    def cuda(self) -> bool:
-        return self.device.startswith("cuda")
-
-    def as_json(self) -> dict:
-        return {**asdict(self), "out": str(self.out), "runs": str(self.runs)}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Context":
-        return cls(d["device"], Path(d["out"]), Path(d["runs"]), tuple(tuple(p) for p in d["pairs"]),
-                   tuple(d["core_backends"]) if d.get("core_backends") else None)
-
-    def need_cuda(self) -> None:
-        if not self.cuda or not torch.cuda.is_available():
-            raise Skip(f"needs a CUDA device (here: {self.device})")
-
-    def sweep(self, backends_, pairs=None, **kw) -> Sweep:
-        """One run over (model, size) pairs: each pair its own grid (a Sweep's further grids), fp16 on CUDA, fp32 on
-        the CPU, 3 timed forwards after 1 warm-up, into self.runs."""
-        dtype = "float16" if self.cuda else "float32"
-        grids = [Sweep(models=(m,), sizes=((s, s),), dtypes=(dtype,), backends=tuple((b, ()) for b in backends_),
-                       repeats=3, warmup=1, device=self.device, out=str(self.runs), timeout_s=CELL_TIMEOUT_S, **kw)
-                 for m, s in (pairs or self.pairs)]
-        return replace(grids[0], also=tuple(grids[1:]))
-
-    def record(self, step: str, rows: list[tuple[dict, list[dict]]]):
-        """Cells a model check measured itself, recorded as a run of its own (command `gpu-check <step>`), so that
-        cells.csv and blocks.csv hold their figures."""
-        from ..env import environment
-        from ..store import Run, now
-
-        run = Run.create(self.runs, {"command": f"gpu-check {step}", "cells": [], "ended_at": None,
-                                     "environment": environment(self.device)})
-        for cell, blocks in rows:
-            run.record(cell, blocks)
-        run.update_manifest(ended_at=now(), interrupted=False)
-        return run
-
-
-def core_run(ctx: Context) -> Sweep:
-    return ctx.sweep(ctx.core_backends or (CORE_BACKENDS if ctx.cuda else CPU_CORE_BACKENDS))
-
-
-def rest_run(ctx: Context) -> Sweep:
-    """The chunked backends, and xformers and flash-attn where their package is installed (found without importing
-    them: nothing here touches the device)."""
+def rest_run(ctx: Context):
+    """The other SDPA kernels forced, the chunked backends, and xformers and flash-attn where their package is
+    installed (found without importing them: nothing here touches the device)."""
     import importlib.util
 
     installed = [b for b in OPTIONAL if importlib.util.find_spec(backends.BACKENDS[b].needs.package or b)]
-    return ctx.sweep((*CHUNKED, *installed))
-
-
-# ---- verdicts and their evidence
-
-@dataclass
-class Verdict:
-    """A step's outcome: its figure (one line), the rows it rests on, and what broke its rule (none: PASS)."""
-
-    figure: str
-    evidence: list[dict] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-
-
-def num(v) -> str:
-    """A value as the report writes it: whole numbers whole, others to 6 significant digits (cells.csv and
-    blocks.csv hold them whole), None / NaN as null."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "null"
-    if isinstance(v, bool):
-        return str(v)
-    if isinstance(v, int) or (isinstance(v, float) and v.is_integer() and abs(v) >= 1e6):
-        return str(int(v))
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return " ".join(str(v).split()).replace("|", "/")
-
-
-def _what(r: dict) -> str:
-    return f"{r.get('model')} {r.get('width')}x{r.get('height')} {r.get('backend')}"
-
-
-def evidence(r: dict, table: str, measured, against=(), rule: str = "", ok: bool = True) -> dict:
-    """One evidence row: the cells.csv or blocks.csv row (by cell_id, and call_index for a call), the columns read
-    (`col = value; ...`) and those it was held against, the rule and whether it held."""
-    pairs = lambda cols: "; ".join(f"{c} = {num(r.get(c))}" for c in ([cols] if isinstance(cols, str) else cols))  # noqa: E731
-    return {"table": table, "cell_id": r.get("cell_id", ""),
-            "call_index": r.get("call_index") if table == "blocks" else None,
-            "what": _what(r) + (f" {r.get('block')}" if table == "blocks" else ""),
-            "measured": pairs(measured), "against": pairs(against) if against else "", "rule": rule, "ok": bool(ok)}
-
-
-def said(text: str, rule: str = "", ok: bool = True) -> dict:
-    """An evidence row measured by a model check itself, not read from a table (its log has it too)."""
-    return {"table": "check", "cell_id": "", "call_index": None, "what": "", "measured": text, "against": "",
-            "rule": rule, "ok": bool(ok)}
-
-
-def _records(df: pd.DataFrame) -> list[dict]:
-    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
-            for r in df.to_dict("records")] if len(df) else []
-
-
-def _ok_cells(cells: pd.DataFrame) -> pd.DataFrame:
-    ok = cells[cells["status"] == "ok"] if len(cells) else cells
-    if not len(ok):
-        raise Skip("no cell of the run ended ok")
-    return ok
-
-
-def _ratio_rows(rows: list[dict], table: str, measured: str, against: str, low: float, high: float, rule: str):
-    """Evidence for measured / against within [low, high] per row: (evidence, failures, ratios)."""
-    out, failed, ratios = [], [], []
-    for r in rows:
-        ratio = r[measured] / r[against] if r.get(against) else float("nan")
-        ok = low <= ratio <= high
-        ratios.append(ratio)
-        out.append(evidence(r, table, measured, against, f"{rule} (ratio {ratio:.4f})", ok))
-        if not ok:
-            failed.append(f"{_what(r)}{' ' + str(r.get('block')) if table == 'blocks' else ''}: {measured} "
-                          f"{num(r[measured])} / {against} {num(r.get(against))} = {ratio:.4f}")
-    return out, failed, ratios
-
-
-def _span(ratios) -> str:
-    ratios = [r for r in ratios if r == r]
-    return f"{min(ratios):.3f}..{max(ratios):.3f}" if ratios else "none"
+    return ctx.sweep((*(REST_FORCED if ctx.cuda else ()), *CHUNKED, *installed))
 
 
 # ---- judges: each a function of (cells, blocks, device) of one run
@@ -194,7 +65,7 @@ def cells_ok_within_tolerance(cells, blocks, device) -> Verdict:
     if not len(cells):
         raise Skip("no cell of the run was recorded")
     rows, failed = [], []
-    for r in _records(cells):
+    for r in records(cells):
         optional = r["backend"] in OPTIONAL and r["status"] == "unavailable"
         tol = TOLERANCE[r["dtype"]]
         ok = optional or (r["status"] == "ok" and (r.get("max_rel_err") or 0) <= tol)
@@ -202,7 +73,7 @@ def cells_ok_within_tolerance(cells, blocks, device) -> Verdict:
                              rule=f"status ok and max_rel_err <= {tol:g}" + (" (optional backend)" if optional
                                                                             else ""), ok=ok))
         if not ok:
-            failed.append(f"{_what(r)}: {r['status']}" + (f" ({r.get('error')})" if r["status"] != "ok" else
+            failed.append(f"{what(r)}: {r['status']}" + (f" ({r.get('error')})" if r["status"] != "ok" else
                                                           f", max_rel_err {num(r.get('max_rel_err'))} > {tol:g}"))
     ok_rows = cells[cells["status"] == "ok"]
     worst = f"; worst max_rel_err {ok_rows['max_rel_err'].max():.2e}" if len(ok_rows) else ""
@@ -220,13 +91,13 @@ def forced_kernels_ran(cells, blocks, device) -> Verdict:
     for (cid, backend), calls in forced.groupby(["cell_id", "backend"], sort=False):
         want = FORCED[backend]
         for kernel, same in calls.groupby(calls["sdpa_kernel"].fillna("none"), sort=False):
-            r = _records(same.head(1))[0]
+            r = records(same.head(1))[0]
             ok = kernel == want
             rows.append(evidence(r, "blocks", ["sdpa_kernel", "gpu_kernels"] if device != "cpu" else
                                  ["sdpa_kernel", "kernel"], rule=f"every call runs {want} ({len(same)} calls so)",
                                  ok=ok))
             if not ok:
-                failed.append(f"{_what(r)}: {len(same)} calls ran {kernel}, not {want}")
+                failed.append(f"{what(r)}: {len(same)} calls ran {kernel}, not {want}")
         said_.append(f"{backend} {calls['width'].iloc[0]}: {','.join(calls['sdpa_kernel'].fillna('none').unique())}")
     return Verdict("; ".join(said_), rows, failed)
 
@@ -234,10 +105,10 @@ def forced_kernels_ran(cells, blocks, device) -> Verdict:
 def forward_peak_matches_the_planner(cells, blocks, device) -> Verdict:
     """Every ok cell's forward peak (weights + inputs + the allocator's peak over what the forward began with; on
     the CPU the allocation trace's) within 5% of the planner's predicted_forward_peak_bytes."""
-    ok = _ok_cells(cells)
-    rows, failed, ratios = _ratio_rows(_records(ok), "cells", "forward_peak_total_bytes", "predicted_forward_peak_bytes",
+    ok = ok_cells(cells)
+    rows, failed, ratios = ratio_rows(records(ok), "cells", "forward_peak_total_bytes", "predicted_forward_peak_bytes",
                                        1 - PEAK_TOLERANCE, 1 + PEAK_TOLERANCE, "within 5%")
-    return Verdict(f"{len(ok)} cells, measured / predicted {_span(ratios)}", rows, failed)
+    return Verdict(f"{len(ok)} cells, measured / predicted {span(ratios)}", rows, failed)
 
 
 def sdpa_runs_the_kernel_pytorch_answers(cells, blocks, device) -> Verdict:
@@ -249,14 +120,14 @@ def sdpa_runs_the_kernel_pytorch_answers(cells, blocks, device) -> Verdict:
         raise Skip("no sdpa cell ended ok")
     rows, failed, seen, rule = [], [], {}, {}
     for _, calls in sdpa.groupby(["cell_id", "head_dim", "tokens_k"], sort=False):
-        r = _records(calls.head(1))[0]
+        r = records(calls.head(1))[0]
         ran = ",".join(sorted(set(calls["sdpa_kernel"].fillna("none"))))
         ok = ran == r.get("sdpa_kernel_asked")
         rows.append(evidence(r, "blocks", "sdpa_kernel", "sdpa_kernel_asked",
                              f"the kernel PyTorch answers ({len(calls)} calls of this shape)", ok))
         seen.setdefault(f"{r['model']} head_dim {r['head_dim']}", ran)
         if not ok:
-            failed.append(f"{_what(r)} head_dim {r['head_dim']} tokens_k {r['tokens_k']}: ran {ran}, PyTorch "
+            failed.append(f"{what(r)} head_dim {r['head_dim']} tokens_k {r['tokens_k']}: ran {ran}, PyTorch "
                           f"answers {r.get('sdpa_kernel_asked')}")
         if r.get("sdpa_kernel_rule") and r["sdpa_kernel_rule"] != r.get("sdpa_kernel_asked"):
             rule[f"head_dim {r['head_dim']}"] = f"rule {r['sdpa_kernel_rule']}, torch {r.get('sdpa_kernel_asked')}"
@@ -278,57 +149,32 @@ def call_peaks_match_their_memory_models(backends_):
             raise Skip(f"no call of {', '.join(backends_)} with a measured peak")
         big = calls[calls["predicted_peak_bytes"] >= calls.groupby("cell_id")["predicted_peak_bytes"]
                     .transform("max") / 16]
-        rows, failed, ratios = _ratio_rows(_records(big), "blocks", "peak_mem_bytes", "predicted_peak_bytes",
+        rows, failed, ratios = ratio_rows(records(big), "blocks", "peak_mem_bytes", "predicted_peak_bytes",
                                            1 - PEAK_TOLERANCE, 1 + PEAK_TOLERANCE, "within 5%")
         return Verdict(f"{len(big)} calls of {', '.join(sorted(set(big['backend'])))}, measured / predicted "
-                       f"{_span(ratios)} (largest {human_bytes(big['peak_mem_bytes'].max())})", rows, failed)
+                       f"{span(ratios)} (largest {human_bytes(big['peak_mem_bytes'].max())})", rows, failed)
 
     judge.__name__ = "call_peaks_match_their_memory_models"
     judge.needs_cuda = True
     return judge
 
 
-def call_times_cover_their_gpu_kernels(cells, blocks, device) -> Verdict:
-    """In the probe pass, each call's device-clock time (probe_time_ms, CUDA events) against the summed GPU time of
-    the kernels that call launched in that same pass (gpu_time_ms, the profiler's trace): never below 0.9x it, and
-    where the GPU is busy for a millisecond or more no more than 1.5x it. Launch-bound short calls are reported,
-    not judged. One row per cell: its lowest and highest ratio, and each call that broke the rule."""
-    calls = blocks[blocks["gpu_time_ms"].notna() & blocks["probe_time_ms"].notna()] if len(blocks) else blocks
-    if not len(calls):
-        raise Skip("no call with GPU kernels and a probe time")
-    ratio = calls["probe_time_ms"] / calls["gpu_time_ms"]
-    busy = calls["gpu_time_ms"] >= 1.0
-    calls = calls.assign(ratio=ratio, busy=busy, bad=(ratio < 0.9) | (busy & (ratio > 1.5)))
-    shown = pd.concat([calls[calls["bad"]], *(c.loc[[c["ratio"].idxmin(), c["ratio"].idxmax()]]
-                                              for _, c in calls.groupby("cell_id", sort=False))])
-    rows = [evidence(r, "blocks", "probe_time_ms", "gpu_time_ms", "0.9 <= ratio, and <= 1.5 where gpu_time_ms >= 1 "
-                     f"(ratio {r['ratio']:.4f})", not r["bad"]) for r in _records(shown.drop_duplicates(
-                         ["cell_id", "call_index"]))]
-    failed = [f"{_what(r)} {r['block']}: {r['ratio']:.3f}x" for r in _records(calls[calls["bad"]])]
-    on = calls[calls["busy"]]
-    return Verdict(f"{len(calls)} calls: {len(on)} with >= 1 ms of GPU time at {_span(on['ratio'])}x their "
-                   f"kernels' time, the rest {_span(calls[~calls['busy']]['ratio'])}x", rows, failed)
-
-
-call_times_cover_their_gpu_kernels.needs_cuda = True
-
-
 def nvml_covers_the_allocator(cells, blocks, device) -> Verdict:
     """NVML's memory of the worker process holds the allocator's reserved memory plus what the allocator cannot see
     (the CUDA context, kernel images: what the planner lists under not_counted), under 4 GiB of it."""
-    ok = _ok_cells(cells)
+    ok = ok_cells(cells)
     known = ok[ok["nvml_process_used_max_bytes"].notna()] if "nvml_process_used_max_bytes" in ok else ok.iloc[:0]
     if not len(known):
         raise Skip(f"NVML gave no process memory: {ok['nvml_status'].iloc[0] if 'nvml_status' in ok else 'none'}")
     rows, failed, outside = [], [], []
-    for r in _records(known):
+    for r in records(known):
         extra = r["nvml_process_used_max_bytes"] - r["allocator_reserved_max_bytes"]
         good = 0 <= extra < 4 * 2**30
         outside.append(extra)
         rows.append(evidence(r, "cells", "nvml_process_used_max_bytes", "allocator_reserved_max_bytes",
                              f"0 <= difference < 4 GiB (difference {human_bytes(extra)})", good))
         if not good:
-            failed.append(f"{_what(r)}: NVML {human_bytes(r['nvml_process_used_max_bytes'])}, reserved "
+            failed.append(f"{what(r)}: NVML {human_bytes(r['nvml_process_used_max_bytes'])}, reserved "
                           f"{human_bytes(r['allocator_reserved_max_bytes'])}")
     return Verdict(f"{len(known)} cells: {human_bytes(min(outside))}..{human_bytes(max(outside))} outside the "
                    "allocator (the CUDA context, kernel images)", rows, failed)
@@ -341,16 +187,16 @@ def allocator_holds_only_the_model_and_its_forward(cells, blocks, device) -> Ver
     """Measure the backend, not the harness: each ok cell's highest allocated memory is its model, its inputs and its
     forward's peak, plus only the workspaces the libraries keep in the allocator (cuBLAS, cuDNN): under 1 GiB. An
     fp32 reference model left beside the model under test would add twice its weights."""
-    ok = _ok_cells(cells)
+    ok = ok_cells(cells)
     rows, failed, extras = [], [], []
-    for r in _records(ok):
+    for r in records(ok):
         extra = r["allocator_allocated_max_bytes"] - r["forward_peak_total_bytes"]
         good = -2**20 <= extra <= WORKSPACES_MAX
         extras.append(extra)
         rows.append(evidence(r, "cells", "allocator_allocated_max_bytes", "forward_peak_total_bytes",
                              f"difference within -1 MiB..1 GiB ({human_bytes(extra)})", good))
         if not good:
-            failed.append(f"{_what(r)}: {human_bytes(extra)} beyond the model and its forward")
+            failed.append(f"{what(r)}: {human_bytes(extra)} beyond the model and its forward")
     return Verdict(f"{len(ok)} cells: the allocator held {human_bytes(min(extras))}..{human_bytes(max(extras))} "
                    "beyond the model, its inputs and its forward (the libraries' workspaces)", rows, failed)
 
@@ -393,48 +239,13 @@ def folder_build_on_cuda(ctx: Context) -> Verdict:
                    if differ else [])
 
 
-def event_time_matches_wall_clock(ctx: Context) -> Verdict:
-    """SD 1.5 at 512 with sdpa: the cell's CUDA-event forward time (the median of 10 timed forwards) against a
-    synchronized wall clock over 10 more forwards of the same model, within 10%. The cell is recorded with the wall
-    clock's figure (wall_clock_forward_ms) beside its own."""
-    ctx.need_cuda()
-    from ..measure.cell import ModelCache, measure_cell
-    from ..measure.probes import CallTimer
-    from ..attention.recorder import Recorder
-
-    cache = ModelCache()
-    model = ctx.pairs[0][0]
-    spec = Sweep(models=(model,), sizes=((ctx.pairs[0][1],) * 2,), dtypes=("float16",), device=ctx.device)\
-        .cells()[0]
-    cell, blocks = measure_cell(spec, cache, repeats=10, warmup=2)
-    work, unet = cache.get(model, "float16", ctx.device)
-    inputs = work.inputs(unet, 1, spec.width, spec.height)
-    dev, n = devices.get(ctx.device), 10
-    with torch.no_grad(), dev.guard(), Recorder(unet, processor=lambda: backends.make_processor("sdpa"),
-                                                around=CallTimer(dev)):
-        unet(**inputs)
-        dev.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            unet(**inputs)
-        dev.synchronize()
-        wall_ms = (time.perf_counter() - t0) * 1e3 / n
-    cell["wall_clock_forward_ms"] = wall_ms
-    ctx.record("event time", [(cell, blocks)])
-    ratio = cell["forward_time_ms"] / wall_ms
-    ok = 0.9 <= ratio <= 1.1
-    return Verdict(f"{_what(cell)}: events {cell['forward_time_ms']:.2f} ms, wall clock {wall_ms:.2f} ms "
-                   f"({ratio:.3f}x)", [evidence(cell, "cells", "forward_time_ms", "wall_clock_forward_ms",
-                                                f"within 10% (ratio {ratio:.4f})", ok)],
-                   [] if ok else [f"events / wall clock {ratio:.3f}"])
-
-
 def kernels_credited_to_their_call(ctx: Context) -> Verdict:
     """Backends alternate from one attention module to the next, so a kernel credited by timestamp to the next call
     (GPU work runs after its launch) would carry the other backend's name. Only GPU kernels (CUDA-device events)
-    count, named by probes.sdpa_kernel (cuDNN's names carry "flash": never taken for flash)."""
+    count, named by trace.sdpa_kernel (cuDNN's names carry "flash": never taken for flash)."""
     ctx.need_cuda()
-    from ..measure.probes import CallProbe, sdpa_kernel, trace_windows, traced
+    from ..measure.probes import CallProbe, traced
+    from ..measure.trace import sdpa_kernel, trace_windows
     from ..attention.recorder import Recorder
 
     fused = [b for b in ["sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "xformers", "flash-attn"]
@@ -491,7 +302,7 @@ def provoked_oom_then_ok(ctx: Context) -> Verdict:
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, index)
         torch.cuda.empty_cache()
-    cells = {r["width"]: r for r in _records(run.cells())}
+    cells = {r["width"]: r for r in records(run.cells())}
     big, small = cells.get(2048, {}), cells.get(512, {})
     ok_big = big.get("status") == "oom" and "GiB" in str(big.get("error"))
     ok_small = small.get("status") == "ok"
@@ -514,10 +325,10 @@ def sweep_parent_holds_no_context(ctx: Context) -> Verdict:
     run = Run.open(execute(ctx.sweep(["sdpa", "naive"], pairs=[("tiny-sd15", 256)]), progress=False,
                            command="gpu-check parent").run_path)
     active = devices.primary_context_active(torch.device(ctx.device).index or 0)
-    cells = _records(run.cells())
+    cells = records(run.cells())
     rows = [evidence(r, "cells", "status", rule="ok", ok=r["status"] == "ok") for r in cells]
     rows.append(said(f"primary context active in the sweep's parent: {active}", "False", active is False))
-    failed = [f"{_what(r)}: {r['status']} {r.get('error')}" for r in cells if r["status"] != "ok"]
+    failed = [f"{what(r)}: {r['status']} {r.get('error')}" for r in cells if r["status"] != "ok"]
     if active is None:
         raise Skip("the cells ran, but the driver cannot be asked about the primary context here")
     if active:
@@ -537,7 +348,7 @@ def cuda1_is_measured_on_cuda1(ctx: Context) -> Verdict:
     one = replace(ctx, device="cuda:1")
     run = Run.open(execute(one.sweep(["naive"], pairs=[("tiny-sd15", 512)]), workers=False, progress=False,
                            command="gpu-check cuda:1").run_path)
-    c = _records(run.cells())[0]
+    c = records(run.cells())[0]
     untouched = torch.cuda.memory_allocated(0) == before
     ok = c["status"] == "ok" and c["device"] == "cuda:1" and untouched
     return Verdict(f"naive on cuda:1: {c['status']}, cuda:0 {'untouched' if untouched else 'moved'}",
@@ -549,8 +360,8 @@ def cuda1_is_measured_on_cuda1(ctx: Context) -> Verdict:
 def own_gpu_kernels(backend: str, gpu_kernels) -> bool:
     """Whether a call's GPU kernels (its block row's gpu_kernels: CUDA-device events only, never the CPU-side
     ranges that carry a kernel's name, such as Inductor's around each Triton launch) include the backend's own
-    (probes.BACKEND_KERNELS); another backend's kernel never counts."""
-    from ..measure.probes import BACKEND_KERNELS
+    (trace.BACKEND_KERNELS); another backend's kernel never counts."""
+    from ..measure.trace import BACKEND_KERNELS
 
     names = gpu_kernels if isinstance(gpu_kernels, list) else str(gpu_kernels or "").split(",")
     return any(BACKEND_KERNELS[NEW_BACKENDS[backend]].search(k) for k in names if k)
@@ -575,14 +386,14 @@ def new_backend_check(name: str):
         run = Run.open(execute(ctx.sweep([name], pairs=[("sd21-base", 512)]), progress=False,
                                command=f"gpu-check {name}").run_path)
         cells, blocks = run.read()
-        c = _records(cells)[0]
+        c = records(cells)[0]
         if c["status"] == "unavailable":
             raise Skip(str(c.get("error")))
         ok = c["status"] == "ok" and bool(c.get("error_ok"))
         rows = [evidence(c, "cells", ["status", "max_rel_err"] + (["compile_s"] if backends.compiles(name) else []),
                          rule="ok within the fp16 tolerance", ok=ok)]
         failed = [] if ok else [f"{c['status']}: {c.get('error') or c.get('max_rel_err')}"]
-        for r in _records(blocks):
+        for r in records(blocks):
             mine = own_gpu_kernels(name, r.get("gpu_kernels"))
             if not mine or r["call_index"] == 0:
                 rows.append(evidence(r, "blocks", "gpu_kernels", rule=f"a GPU kernel of {name}'s own", ok=mine))
@@ -598,51 +409,3 @@ def new_backend_check(name: str):
     check.__name__ = f"{name.replace('diffusers:_', '').replace('-', '_')}_runs_with_its_own_kernels"
     check.backend = name
     return check
-
-
-# ---- the plan: every step in order of value
-
-@dataclass(frozen=True)
-class Step:
-    """One step of the plan: what it is (run, judge or model), its function, its expected seconds on one H200-class
-    GPU and in the CPU dry run (None: it needs CUDA and SKIPs at once there), the run a judge reads, its group.
-    The GPU seconds are estimates from the work each does until a GPU run replaces them."""
-
-    name: str
-    kind: str
-    fn: object
-    gpu_s: float = 0.0
-    cpu_s: float | None = 0.0
-    run: str | None = None
-    group: str = "core"
-
-    def expected(self, cuda: bool) -> float | None:
-        return self.gpu_s if cuda else self.cpu_s
-
-    @property
-    def needs_cuda(self) -> bool:
-        return self.cpu_s is None or getattr(self.fn, "needs_cuda", False)
-
-
-def _judges(run: str, group: str, judges) -> list[Step]:
-    return [Step(f"{run}: {j.__name__.replace('_', ' ')}", "judge", j, run=run, group=group) for j in judges]
-
-
-STEPS = [
-    Step("core run", "run", core_run, 150, 15),
-    *_judges("core run", "core", [cells_ok_within_tolerance, forced_kernels_ran, forward_peak_matches_the_planner,
-                                  sdpa_runs_the_kernel_pytorch_answers, call_peaks_match_their_memory_models(["naive"]),
-                                  call_times_cover_their_gpu_kernels, nvml_covers_the_allocator,
-                                  allocator_holds_only_the_model_and_its_forward]),
-    *(Step(f.__name__.replace("_", " "), "model", f, s, None, group="harness") for f, s in (
-        (random_build_on_cuda, 15), (folder_build_on_cuda, 15), (event_time_matches_wall_clock, 25),
-        (kernels_credited_to_their_call, 25), (provoked_oom_then_ok, 25), (sweep_parent_holds_no_context, 35),
-        (cuda1_is_measured_on_cuda1, 20))),
-    Step("rest run", "run", rest_run, 90, 15, group="rest"),
-    *_judges("rest run", "rest", [cells_ok_within_tolerance, forward_peak_matches_the_planner,
-                                  call_peaks_match_their_memory_models(CHUNKED),
-                                  allocator_holds_only_the_model_and_its_forward]),
-    *(Step(f.__name__.replace("_", " "), "model", f, s, None, group="last") for f, s in (
-        (new_backend_check("flex"), 90), (new_backend_check("sage"), 30), (new_backend_check("diffusers:_flash_3"), 30))),
-]
-STEP = {s.name: s for s in STEPS}

@@ -15,7 +15,7 @@ from ..execute import stop_on_sigterm
 
 
 def outcome(step, ctx) -> dict:
-    from .checks import Skip, Verdict
+    from .verdicts import Skip, Verdict
 
     try:
         if step.kind == "run":
@@ -41,7 +41,8 @@ def main() -> None:
     faulthandler.enable()
     stop_on_sigterm()
     from ..store import write_json
-    from .checks import STEP, Context
+    from .plan import STEP
+    from .verdicts import Context
 
     job = json.loads(sys.stdin.read())
     result = outcome(STEP[job["step"]], Context.from_json(job["ctx"]))

@@ -1,7 +1,7 @@
 """The runner of make gpu-check: the plan first, then every step in order of value within a budget, each step that
 runs a model in a child process of its own (child.py, its own process group), the evidence written as it comes.
 
-- The plan (checks.STEPS) lists each step with its expected seconds here; those whose running total passes the
+- The plan (plan.STEPS) lists each step with its expected seconds here; those whose running total passes the
   budget are marked as beyond it. As steps end, the estimates are scaled by measured / expected of the steps run so
   far, and a step that no longer fits in what is left is SKIPped with that reason, never started.
 - The main process never makes a CUDA context: it reads device properties and NVML, judges tables, writes files.
@@ -34,15 +34,18 @@ from ..attention import backends
 from .. import devices
 from ..env import REPO, environment
 from ..store import Run, list_runs, write_text
-from .checks import NATIVE, STEPS, Context, Skip, Step, new_backend_reason, num
+from .checks import new_backend_reason
+from .plan import STEPS, Step
+from .verdicts import NATIVE, Context, Skip, num
 
 RECORD = REPO / "docs" / "gpu-validation.md"
 RESERVE_S = 8.0  # of the budget kept for the report's last lines
-DEFAULT_BUDGET_S = 320.0
-FILES = ("report.md", "cells.csv", "blocks.csv", "gpu-check.log", "device.txt")
+DEFAULT_BUDGET_S = 300.0
+FILES = ("report.md", "cells.csv", "blocks.csv", "gpu-check.log", "device.txt")  # and on CUDA trace-<model>.json.gz
 FIRST = ["step", "run_id", "cell_id", "model", "width", "height", "batch", "dtype", "backend", "status"]
 BLOCK_FIRST = [*FIRST[:9], "call_index", "block", "kind", "heads", "head_dim", "tokens_q", "tokens_k", "time_ms",
-               "probe_time_ms", "gpu_time_ms", "peak_mem_bytes", "predicted_peak_bytes", "sdpa_kernel",
+               "time_source", "attn_kernel_ms", "proj_kernel_ms", "host_ms", "launch_bound", "event_ms",
+               "graph_time_ms", "gpu_time_ms", "peak_mem_bytes", "predicted_peak_bytes", "sdpa_kernel",
                "sdpa_kernel_asked", "gpu_kernels", "kernel"]
 
 
@@ -113,6 +116,25 @@ class Out:
         new = [r for r in cells.to_dict("records") if (r["step"], r["cell_id"]) not in known] if len(cells) else []
         self._seen = {"sig": sig, "cells": known | {(r["step"], r["cell_id"]) for r in new}}
         return new
+
+    def keep_traces(self, step: str) -> list[str]:
+        """One kernel-timing trace per model of a run that kept them (its sdpa cell's, else its first's), copied flat
+        to the top of --out as trace-<model>.json.gz: what a CPU test reads again (measure/trace.load). The names."""
+        kept = []
+        for path in list_runs(self.runs):
+            run = Run.open(path)
+            if str(run.manifest().get("command", "")).removeprefix("gpu-check ") != step:
+                continue
+            cells = run.cells()
+            ok = cells[cells["status"] == "ok"] if len(cells) else cells
+            for model, group in (ok.groupby("model", sort=False) if len(ok) else []):
+                group = group.sort_values("backend", key=lambda b: b != "sdpa", kind="stable")
+                found = [run.path / "traces" / f"{c}.kernels.json.gz" for c in group["cell_id"]]
+                found = [f for f in found if f.is_file()]
+                if found:
+                    shutil.copyfile(found[0], self.folder / f"trace-{model}.json.gz")
+                    kept.append(f"trace-{model}.json.gz")
+        return kept
 
     def worker_logs(self) -> None:
         """What each run's workers wrote since the last time (library warnings, faulthandler's trace of a crash),
@@ -322,7 +344,8 @@ def evidence_lines(rows: list[dict]) -> list[str]:
     return out
 
 
-CELL_COLUMNS = ["cell_id", "model", "width", "height", "backend", "status", "forward_time_ms", "attention_time_ms",
+CELL_COLUMNS = ["cell_id", "model", "width", "height", "backend", "status", "time_source", "forward_time_ms",
+                "forward_gpu_ms", "forward_graph_ms", "bound", "attention_time_ms", "attention_host_ms", "unsteady",
                 "attention_peak_mem_bytes", "predicted_peak_bytes", "forward_peak_total_bytes",
                 "predicted_forward_peak_bytes", "max_rel_err", "sdpa_kernel"]
 
@@ -369,7 +392,7 @@ def add_record(record: Path, env: dict, verdict: str, report: Path) -> None:
 # ---- the steps
 
 def judge(step: Step, ctx: Context, out: Out) -> dict:
-    from .checks import Verdict
+    from .verdicts import Verdict
 
     cells, blocks = out.runs_read().get(step.run, (pd.DataFrame(), pd.DataFrame()))
     try:
@@ -409,6 +432,8 @@ def run_steps(ctx: Context, out: Out, budget: Budget, stops: Stops) -> tuple[lis
             made |= {step.name} if step.kind == "run" else set()
             out.tables(force=True)
             out.worker_logs()
+            if step.kind == "run" and (kept := out.keep_traces(step.name)):
+                out.say(f"[{time.monotonic() - budget.t0:5.0f} s]   kept {', '.join(kept)} (kernel traces)")
         seconds = time.monotonic() - start
         results.append((step.name, got["verdict"], seconds, got["figure"]))
         out.write(f"### {i}. {step.name}: {got['verdict']} ({seconds:.1f} s)\n\n{num(got['figure'])}\n")

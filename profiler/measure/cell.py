@@ -12,9 +12,12 @@ from ..attention import backends
 from .. import devices
 from ..unet import models
 from ..unet.models import facts_of
-from .probes import (CallProbe, CallTimer, NvmlSampler, attention_op, op_calls, trace_windows,
-                     traced)
-from ..attention.recorder import Recorder
+from . import passes
+from .probes import CallProbe, NvmlSampler, traced
+from .rounds import abba
+from .state import Watch
+from .trace import attention_op, events, op_calls, trace_windows
+from ..attention.recorder import Recorder, swapped
 from ..attention.backends import REFERENCE_BACKEND, REFERENCE_DTYPE
 from ..spec import CellSpec
 from ..unet.workload import Workload
@@ -146,54 +149,138 @@ def _reference_label(where: str, device: str, why: str) -> str:
 
 def measure_cell(spec: CellSpec, cache: ModelCache, repeats: int = 3, warmup: int = 1, extra: dict | None = None,
                  trace_dir: Path | None = None) -> tuple[dict, list[dict]]:
-    """Run one cell on its device (made current for the whole cell); return (cell row, block rows). Raises on
-    failure: the caller turns that into a status. extra: the cell's extra (execute/groups.py), whose device limits
-    (limits.cell_peaks) each call is placed against; trace_dir: where the probe forward's Chrome / Perfetto trace
-    goes (and on CUDA the allocator's memory snapshot of it), as <cell_id>.trace.json and <cell_id>.memory.pickle."""
-    dev = devices.get(spec.device)
+    """One cell measured alone (measure_set of one): (cell row, block rows); a backend that fails is its row."""
+    return measure_set([spec], cache, repeats, warmup, {spec.cell_id: extra or {}}, trace_dir)[0]
+
+
+def measure_set(specs: list[CellSpec], cache: ModelCache, repeats: int = 3, warmup: int = 1,
+                extras: dict | None = None, trace_dir: Path | None = None,
+                full: bool = True) -> list[tuple[dict, list[dict]]]:
+    """The cells of one shape (the same model, settings, size, batch, dtype and device; one backend each), measured
+    together on their device (made current throughout): one model build and reference, each backend warmed up, then
+    their forwards in interleaved rounds (passes.py), then each backend's memory pass and, on CUDA, its graph; the
+    machine's state read before, between rounds and after (state.Watch). Returns (cell row, block rows) per spec, in
+    order; a backend that fails (an allocation failure, an error) is its own row and the others go on. Raises where
+    the shape itself cannot run (its reference, the model's build): run_set turns that into every cell's row.
+    extras: each cell's extra by cell_id (execute/groups.py), whose device limits each call is placed against;
+    trace_dir: where each cell's kernel-timing trace goes (its first profiled forwards, trace.save: CUDA only) as
+    <cell_id>.kernels.json.gz, and with full its memory pass's Chrome / Perfetto trace (and on CUDA the allocator's
+    memory snapshot of it), as <cell_id>.trace.json and <cell_id>.memory.pickle."""
+    dev = devices.get(specs[0].device)
     with dev.guard():
-        return _measure(spec, cache, repeats, warmup, dev, extra or {}, trace_dir)
+        if dict(specs[0].settings).get("compile", "none") != "none":
+            from .compiled import measure_compiled
+
+            return [measure_compiled(s, cache, repeats, warmup, dev, (extras or {}).get(s.cell_id, {}), trace_dir)
+                    for s in specs]
+        return _measure_set(specs, cache, repeats, warmup, dev, extras or {}, trace_dir, full)
 
 
-def _measure(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, dev, extra: dict,
-             trace_dir: Path | None) -> tuple[dict, list[dict]]:
-    if dict(spec.settings).get("compile", "none") != "none":
-        from .compiled import measure_compiled
-
-        return measure_compiled(spec, cache, repeats, warmup, dev, extra, trace_dir)
-    reference = cache.reference(spec)  # before the model under test is built: never beside it
-    forwards_s, cache.reference_forward_s = cache.reference_forward_s, 0.0  # every forward charged to this cell
-    work, unet = cache.get(spec.model, spec.dtype, spec.device, spec.settings)
-    inputs = work.inputs(unet, spec.batch, spec.width, spec.height)
-    factory = lambda: backends.make_processor(spec.backend, **spec.options)  # noqa: E731
-    timer = CallTimer(dev)
-    dev.begin_cell()
-    with torch.no_grad(), NvmlSampler(dev) as nvml, work.applied(unet):
+def _measure_set(specs, cache, repeats, warmup, dev, extras, trace_dir, full) -> list[tuple[dict, list[dict]]]:
+    first = specs[0]
+    reference = cache.reference(first)  # before the model under test is built: never beside it
+    forwards_s, cache.reference_forward_s = cache.reference_forward_s, 0.0  # charged to the shape's first cell
+    work, unet = cache.get(first.model, first.dtype, first.device, first.settings)
+    inputs = work.inputs(unet, first.batch, first.width, first.height)
+    failed, timing, compile_s = {}, {}, {}
+    watch, rounds = Watch(dev), passes.rounds_for(repeats, dev.kernel_clock)
+    with torch.no_grad(), work.applied(unet):
         weights = models.weights_bytes(unet)  # with what the settings add (IP-Adapter's projections)
-        compile_s, compile_forward_s = _compile_pass(spec, work, unet, inputs, factory, dev)
-        with Recorder(unet, processor=factory, around=timer):
-            timed = timed_forwards(work, unet, inputs, dev, warmup, repeats, timer)
-        probe = CallProbe(dev)
-        snapshot = trace_dir / f"{spec.cell_id}.memory.pickle" if trace_dir and dev.memory_snapshot else None
+        watch.before()
+        for spec in specs:
+            factory = passes.factory_of(spec)
+            _guarded(spec, failed, dev, lambda: compile_s.update({spec.cell_id: _compile_pass(
+                spec, work, unet, inputs, factory, dev)}))
+            _guarded(spec, failed, dev, lambda: timing.update({spec.cell_id: passes.warm(
+                work, unet, inputs, dev, factory, warmup, repeats, rounds)}))
+            if trace_dir and spec.cell_id in timing:
+                timing[spec.cell_id].keep = trace_dir / f"{spec.cell_id}.kernels.json.gz"
+        for spec in abba([s for s in specs if s.cell_id in timing], rounds):
+            if spec.cell_id not in failed:
+                _guarded(spec, failed, dev, lambda: passes.one_round(work, unet, inputs, dev, passes.factory_of(spec),
+                                                                     timing[spec.cell_id], rounds))
+                watch.between()
+        watch.after()
+        state = watch.result()
+        out = []
+        for i, spec in enumerate(specs):
+            if spec.cell_id in failed:
+                out.append((failed[spec.cell_id], []))
+                continue
+            got = _guarded(spec, failed, dev, lambda: _finish(spec, work, unet, inputs, dev, reference, weights,
+                                                              timing[spec.cell_id], extras.get(spec.cell_id, {}),
+                                                              trace_dir if full else None))
+            cell, blocks = (failed[spec.cell_id], []) if got is None else got
+            if got is not None:
+                c_s, c_fwd = compile_s.get(spec.cell_id) or (None, 0.0)
+                cell.update(state, compile_s=c_s, timing_with=", ".join(backends.label(s.backend, s.backend_options)
+                                                                         for s in specs if s is not spec) or None,
+                            forwards_total_s=(forwards_s if i == 0 else 0.0) + c_fwd + timing[spec.cell_id].seconds)
+            out.append((cell, blocks))
+    return out
+
+
+def _guarded(spec: CellSpec, failed: dict, dev, fn):
+    """fn() for one backend of a shape; a failure becomes its row in `failed` (oom for every allocation failure,
+    else error) and its memory goes back, so that the shape's other backends go on. None where it failed."""
+    if spec.cell_id in failed:
+        return None
+    try:
+        return fn()
+    except ReferenceFailed:
+        raise
+    except Exception as e:  # one backend's failure is its row; the shape's others go on
+        oom = devices.oom_message(e)
+        failed[spec.cell_id] = failed_cell(spec, "oom" if oom else "error", oom or _describe(e))
+        dev.release()
+        return None
+
+
+def _finish(spec, work, unet, inputs, dev, reference, weights, t, extra, trace_dir) -> tuple[dict, list[dict]]:
+    """A backend's memory pass, its graph (CUDA), and its rows from every pass's figures. The memory pass runs on a
+    released allocator, with NVML's sampler on (only here: no thread runs while anything is timed): one plain forward
+    (the forward's peak), then the probe forward, each call's allocator peak from a synchronize at its start, its
+    kernels named from the trace."""
+    factory = passes.factory_of(spec)
+    dev.release()
+    dev.begin_cell()
+    probe = CallProbe(dev)
+    snapshot = trace_dir / f"{spec.cell_id}.memory.pickle" if trace_dir and dev.memory_snapshot else None
+    with NvmlSampler(dev) as nvml:
+        peak = 0  # on the CPU the probe forward's trace gives the forward's peak
+        if dev.allocator:
+            with swapped(unet, lambda block, original: factory()):
+                peak = timed_forwards(work, unet, inputs, dev, 0, 1)["forward_peak"]
         t0 = time.perf_counter()
         with Recorder(unet, processor=factory, around=probe) as probe_rec, dev.memory_history(snapshot), \
                 traced(dev) as prof:
             work.forward(unet, inputs)
-        probe_s = time.perf_counter() - t0
+        t.seconds += time.perf_counter() - t0
+    reserved, allocated = dev.reserved_max(), dev.allocated_max()
+    graph = passes.graph_forward(work, unet, inputs, dev, factory)
     if trace_dir:
         prof.export_chrome_trace(str(trace_dir / f"{spec.cell_id}.trace.json"))
     per_call, cpu_forward_peak = trace_windows(prof, probe.ranges)
-    probe.collect()
-    probe_ms = {key: samples[-1] for key, samples in probe.samples.items()}
     roof = roof_of(extra)
-    blocks = [block_row(spec, row, timer.samples.get(row["call_index"], []),
-                        {**per_call.get(row["call_index"], {}), "probe_time_ms": probe_ms.get(row["call_index"])},
-                        probe.peak.get(row["call_index"]), roof) for row in probe_rec.rows]
+    blocks = [block_row(spec, row, t.calls.get(row["call_index"], []), per_call.get(row["call_index"], {}),
+                        probe.peak.get(row["call_index"]), roof,
+                        passes.call_figures(t, row["call_index"], per_call.get(row["call_index"], {}),
+                                            dev.kernel_clock, graph)) for row in probe_rec.rows]
+    timed = {"forward_ms": t.forward, "forward_peak": peak, "output": t.output}
     cell = cell_row(spec, reference, inputs, weights, timed, None if dev.allocator else cpu_forward_peak, dev, nvml)
-    cell.update(**attention_summary(blocks, roof), forwards_total_s=forwards_s + compile_forward_s + timed["seconds"]
-                + probe_s, compile_s=compile_s, attention_op_time_ms=op_time_ms(prof, spec.backend, len(blocks)),
-                **sdpa_choices(spec, blocks))
+    cell.update(allocator_reserved_max_bytes=reserved if dev.allocator else None,
+                allocator_allocated_max_bytes=allocated if dev.allocator else None,
+                **attention_summary(blocks, roof), **passes.cell_figures(t, dev.kernel_clock, graph),
+                attention_op_time_ms=op_time_ms(prof, spec.backend, len(blocks)), **sdpa_choices(spec, blocks),
+                **_split(blocks))
     return cell, blocks
+
+
+def _split(blocks: list[dict]) -> dict:
+    """The calls' attention cores and the rest summed (per forward): where attention's time went."""
+    total = lambda k: sum(b[k] for b in blocks) if blocks and all(b.get(k) is not None for b in blocks) else None  # noqa: E731
+    return {"attention_kernel_ms": total("attn_kernel_ms"), "attention_proj_ms": total("proj_kernel_ms"),
+            "attention_host_ms": total("host_ms")}
 
 
 def op_time_ms(prof, backend: str, calls: int) -> float | None:
@@ -201,7 +288,7 @@ def op_time_ms(prof, backend: str, calls: int) -> float | None:
     attn's, without the projections around it), where the trace holds one op per call; else None. What a compiled
     cell's per-call times are, so that an eager cell's attention share can be set beside a compiled one's."""
     pattern = attention_op(backend)
-    ops = op_calls(list(prof.profiler.kineto_results.events()), pattern) if pattern else []
+    ops = op_calls(events(prof), pattern) if pattern else []
     return sum(op["time_ms"] for op in ops) if pattern and len(ops) == calls else None
 
 
@@ -250,24 +337,32 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}{where}"
 
 
-def run_cell(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, extra: dict | None = None,
-             trace_dir: Path | None = None) -> tuple[dict, list[dict]]:
-    """measure_cell with failures turned into rows: `oom` for every allocation failure (with the size asked for),
-    else `error`. Unavailable backends never get here: the sweep's preflight records them."""
+def run_set(specs: list[CellSpec], cache: ModelCache, repeats: int, warmup: int, extras: dict | None = None,
+            trace_dir: Path | None = None, full: bool = True) -> list[tuple[dict, list[dict]]]:
+    """measure_set with a failure of the whole shape (its reference, its model) turned into every cell's row: `oom`
+    for every allocation failure (with the size asked for), else `error`. Unavailable backends never get here: the
+    sweep's preflight records them."""
     started = time.time()
     devices.keep_memory()  # every cell timed in a process that keeps its memory (devices.keep_memory)
-    dev = devices.get(spec.device)
+    dev = devices.get(specs[0].device)
     try:
-        cell, blocks = measure_cell(spec, cache, repeats, warmup, extra, trace_dir)
+        out = measure_set(specs, cache, repeats, warmup, extras, trace_dir, full)
     except ReferenceFailed as e:
-        cell, blocks = failed_cell(spec, "oom" if e.oom else "error", str(e)), []
-    except Exception as e:  # any failure of one cell becomes its row; the run goes on
+        out = [(failed_cell(s, "oom" if e.oom else "error", str(e)), []) for s in specs]
+    except Exception as e:  # any failure of the shape becomes its cells' rows; the run goes on
         oom = devices.oom_message(e)
-        cell, blocks = failed_cell(spec, "oom" if oom else "error", oom or _describe(e)), []
+        out = [(failed_cell(s, "oom" if oom else "error", oom or _describe(e)), []) for s in specs]
     finally:
         with dev.guard():
             dev.release()
     # where and how it ran: host, device name and UUID, and torch's intra-op threads in the process that measured it
-    # (Ray's CPU workers run one each, whatever the driver's environment says)
-    cell.update(dev.identity(), torch_threads=torch.get_num_threads(), wall_s=time.time() - started)
-    return cell, blocks
+    # (Ray's CPU workers run one each, whatever the driver's environment says); the shape's wall time shared out
+    for cell, _ in out:
+        cell.update(dev.identity(), torch_threads=torch.get_num_threads(), wall_s=(time.time() - started) / len(out))
+    return out
+
+
+def run_cell(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, extra: dict | None = None,
+             trace_dir: Path | None = None) -> tuple[dict, list[dict]]:
+    """run_set of one cell."""
+    return run_set([spec], cache, repeats, warmup, {spec.cell_id: extra or {}}, trace_dir)[0]

@@ -7,9 +7,12 @@
   whose to_q, to_k and to_v hand back random Q, K and V (B, T, heads x head_dim) made once beforehand and whose
   output projection is an identity: the backend's own processor then runs its head reshapes and its kernel and
   nothing else. A run's calls inside the model also ran the projections, their launches and copies: the gap.
-- Repeats: `warmup` calls, then timed calls (CUDA events on the device's stream, a host clock on the CPU) until there
-  are at least `repeats` samples and their IQR is at most 10% of their median, or 5 x `repeats` samples, or the
-  shape has been timed for MAX_S seconds (past `repeats`); a shape still over 10% is flagged noisy.
+- Repeats: `warmup` calls, then timed calls until there are at least `repeats` samples and their IQR is at most 10%
+  of their median, or 5 x `repeats` samples, or the shape has been timed for MAX_S seconds (past `repeats`); a shape
+  still over 10% is flagged noisy. On the CPU each call by the host clock. On CUDA as Inductor's
+  do_bench_using_profiling does: each call's kernels (CUPTI, credited to the call's range: trace.call_samples), calls
+  run back to back in batches under the profiler, an L2 flush before each (a buffer of twice the device's L2 written
+  over, outside the call's range): the kernels of one call from a cold cache, no host time, no synchronize between.
 - Memory: one more call under the probe (CUDA: the allocator's peak; the CPU: the profiler's allocation timeline):
   the transient over Q, K and V, which exist before the call (inside the model the projections allocate them).
 - Stored like a run: a run folder with one cell per (model, size, batch, dtype, backend) and one block row per call
@@ -29,7 +32,8 @@ from ..unet.models import facts_of
 from ..planner.memory import bytes_moved, predicted_peak_bytes, working_set
 from ..spec import CellSpec, torch_dtype
 from .limits import cell_peaks, device_limits, place, roof_of
-from .probes import CallProbe, CallTimer, summarize, trace_windows, traced
+from .probes import CallProbe, CallTimer, summarize, traced
+from .trace import call_samples, events, trace_windows
 
 SHAPE = ("batch", "heads", "head_dim", "tokens_q", "tokens_k", "kind", "upcast")
 MAX_S = 10.0  # a noisy shape stops being timed after this many seconds (once it has `repeats` samples)
@@ -75,11 +79,7 @@ def measure_shape(shape: dict, spec: CellSpec, repeats: int, warmup: int) -> dic
         for _ in range(warmup):
             call()
         dev.synchronize()
-        timer, t0, samples = CallTimer(dev), time.perf_counter(), []
-        while not _enough(samples, repeats, time.perf_counter() - t0):
-            timer(row, call)
-            timer.collect()
-            samples = timer.samples[0]
+        samples = kernel_samples(dev, call, repeats) if dev.kernel_clock else host_samples(dev, row, call, repeats)
         probe = CallProbe(dev)
         with traced(dev) as prof:
             probe(row, call)
@@ -88,7 +88,36 @@ def measure_shape(shape: dict, spec: CellSpec, repeats: int, warmup: int) -> dic
         dev.release()
     peak = probe.peak.get(0, seen.get("peak_mem_bytes"))  # the allocator's (CUDA), else the allocation timeline's
     return {**summarize(samples), "time_samples_ms": samples, "peak_mem_bytes": peak, "kernel": seen.get("kernel", ""),
+            "time_source": "cupti" if dev.kernel_clock else "host clock",
             "sdpa_kernel": seen.get("sdpa_kernel") if backends.uses_sdpa(spec.backend) else None}
+
+
+def host_samples(dev, row: dict, call, repeats: int) -> list[float]:
+    """The call timed by the device's clock (the CPU's host clock), one call per interval, by the repeat rule."""
+    timer, t0, samples = CallTimer(dev), time.perf_counter(), []
+    while not _enough(samples, repeats, time.perf_counter() - t0):
+        timer(row, call)
+        timer.collect()
+        samples = timer.samples[0]
+    return samples
+
+
+def kernel_samples(dev, call, repeats: int, batch: int = 10) -> list[float]:
+    """The call's kernels (ms) per call, by the repeat rule: batches of calls under the profiler, each call in a
+    range of its own after an L2 flush outside it (module docstring)."""
+    flush = torch.empty(max(2 * (dev.cache_bytes() or 0), 64 * 2**20) // 4, device=dev.torch)
+    t0, samples = time.perf_counter(), []
+    while not _enough(samples, repeats, time.perf_counter() - t0):
+        ranges = {f"attnprof::replay call {i}": i for i in range(max(batch, repeats))}
+        with traced(dev, memory=False, shapes=False) as prof:
+            for name in ranges:
+                flush.zero_()
+                with torch.profiler.record_function(name):
+                    call()
+        windows = call_samples(events(prof), ranges)
+        samples += [windows[i][0]["gpu_time_ms"] or 0.0 for i in sorted(windows)]
+    del flush
+    return samples
 
 
 def _enough(samples: list[float], repeats: int, timed_s: float) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import statistics
+import time
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -38,24 +39,27 @@ def without_collection():
 
 def timed_forwards(work, unet, inputs, dev, warmup: int, repeats: int, timer: CallTimer | None = None) -> dict:
     """warmup + repeats forwards, each on the device's clock, with no garbage collection among them
-    (without_collection); the timed ones' times (forward_ms), the largest forward transient the allocator saw
-    (forward_peak; 0 without one), the first timed output (on the CPU, float) and the seconds they all took. A
-    timer's samples of the warm-up forwards are dropped."""
+    (without_collection); the timed ones' times (forward_ms; host_ms: the host's clock from the forward's start to a
+    synchronize after it), the largest forward transient the allocator saw (forward_peak; 0 without one), the first
+    timed output (on the CPU, float) and the seconds they all took. A timer's samples of the warm-up forwards are
+    dropped."""
     with without_collection():
         return _timed_forwards(work, unet, inputs, dev, warmup, repeats, timer)
 
 
 def _timed_forwards(work, unet, inputs, dev, warmup: int, repeats: int, timer: CallTimer | None) -> dict:
-    forward_ms, forward_peak, output, seconds = [], 0, None, 0.0
+    forward_ms, host_ms, forward_peak, output, seconds = [], [], 0, None, 0.0
     for i in range(warmup + repeats):
         dev.synchronize()
         dev.reset_peak()
         held = dev.allocated()
         clock = dev.interval()
+        t0 = time.perf_counter()
         clock.start()
         out = work.forward(unet, inputs)
         clock.stop()
         timer.collect() if timer else dev.synchronize()  # the forward's clock can be read
+        host = (time.perf_counter() - t0) * 1e3
         elapsed = clock.ms()
         seconds += elapsed / 1e3
         if dev.allocator:
@@ -65,16 +69,20 @@ def _timed_forwards(work, unet, inputs, dev, warmup: int, repeats: int, timer: C
                 timer.samples.clear()
             continue
         forward_ms.append(elapsed)
+        host_ms.append(host)
         if output is None:
             output = out.float().cpu()
         del out
-    return {"forward_ms": forward_ms, "forward_peak": forward_peak, "output": output, "seconds": seconds}
+    return {"forward_ms": forward_ms, "host_ms": host_ms, "forward_peak": forward_peak, "output": output,
+            "seconds": seconds}
 
 
-def block_row(spec: CellSpec, row: dict, samples: list[float], seen: dict, peak: int | None, roof: tuple) -> dict:
-    """One call's row: its shape (the recorder's row), its time samples, what the trace saw in it (seen: the
-    kernel, the SDPA kernel, GPU time, the call's time in the probe pass, and its memory where `peak` is None), its
-    memory model and roofline."""
+def block_row(spec: CellSpec, row: dict, samples: list[float], seen: dict, peak: int | None, roof: tuple,
+              figures: dict | None = None) -> dict:
+    """One call's row: its shape (the recorder's row), its time samples (the headline: kernel time on CUDA, the host
+    clock on the CPU), what the probe pass's trace saw in it (seen: the kernel, the SDPA kernel, its GPU time, and
+    its memory where `peak` is None), the timing passes' other figures of it (figures: passes.call_figures), its
+    memory model and roofline (against its headline time)."""
     row = {k: v for k, v in row.items() if k != "pass_index"}
     timing = summarize(samples)
     moved = bytes_moved(spec.backend, row, spec.dtype, **spec.options)
@@ -84,8 +92,8 @@ def block_row(spec: CellSpec, row: dict, samples: list[float], seen: dict, peak:
             "predicted_peak_bytes": predicted_peak_bytes(spec.backend, {**row, "device": spec.device}, spec.dtype,
                                                          **spec.options),
             "kernel": seen.get("kernel", ""), "gpu_time_ms": seen.get("gpu_time_ms"),
-            "probe_time_ms": seen.get("probe_time_ms"),  # the call's device-clock time in the pass of gpu_time_ms
             "gpu_kernels": ",".join(seen["gpu_kernels"]) if seen.get("gpu_time_ms") is not None else None,
+            **(figures or {}),
             "bytes_moved": moved, **place(row["flops"], moved, timing["time_ms"], *roof,
                                           working=working_set(spec.backend, row, spec.dtype, **spec.options)),
             "status": "ok"}

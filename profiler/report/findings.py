@@ -50,14 +50,57 @@ def _by_shape(df: pd.DataFrame) -> dict[tuple, dict]:
     return {tuple(r[k] for k in SHAPE): r for r in df.to_dict("records")}
 
 
-def per_shape(cells: pd.DataFrame, judge_time: bool = True) -> list[str]:
-    """The fastest and the smallest-memory backend per shape, each against naive where naive ran; no fastest where
-    judge_time is False (the machine moved while the run ran: unsteady)."""
-    varying = _varying(cells)
-    cells = cells.sort_values("pixels", kind="stable")
+def spread(cell: dict) -> float:
+    """The interquartile range of a cell's attention time samples (0 with fewer than two)."""
+    from .compare import quartiles
+
+    samples = [float(v) for v in (cell.get("attention_time_samples_ms") if cell.get("attention_time_samples_ms")
+                                  is not None else [])]
+    if len(samples) < 2:
+        return 0.0
+    q1, _, q3 = quartiles(samples)
+    return q3 - q1
+
+
+def ranked(cells: pd.DataFrame) -> dict[tuple, tuple[dict, dict | None, bool]]:
+    """Per shape, (the fastest cell, the runner-up or None, whether the fastest is clearly so: its lead over the
+    runner-up beyond their summed IQRs). Cells on a GPU that moved while they ran (unsteady_gpu) are not ranked."""
     timed = cells["attention_time_ms"].notna() if "attention_time_ms" in cells else False  # none: compiled, fused
     ok = cells[(cells["status"] == "ok") & timed]
-    fastest = _by_shape(ok.loc[ok.groupby(SHAPE, sort=False)["attention_time_ms"].idxmin()]) if len(ok) else {}
+    if "unsteady_gpu" in ok:
+        ok = ok[~ok["unsteady_gpu"].eq(True)]
+    out = {}
+    for key, group in ok.sort_values("attention_time_ms", kind="stable").groupby(SHAPE, sort=False):
+        rows = group.to_dict("records")
+        fast, runner = rows[0], rows[1] if len(rows) > 1 else None
+        clear = runner is None or runner["attention_time_ms"] - fast["attention_time_ms"] > spread(fast) + spread(
+            runner)
+        out[key] = (fast, runner, clear)
+    return out
+
+
+def _fastest(fast: dict, runner: dict | None, clear: bool, base: dict | None, ran: bool) -> str:
+    what = "kernel time" if fast.get("time_source") == "cupti" else "attention"
+    if not clear:
+        return (f"no backend is clearly the fastest: {fast['backend_label']} ({_ms(fast['attention_time_ms'])}) and "
+                f"{runner['backend_label']} ({_ms(runner['attention_time_ms'])}) lie within their summed spread "
+                f"(IQRs {_ms(spread(fast))} + {_ms(spread(runner))}); ")
+    unit = "of attention kernels per forward (each call's GPU kernels, the median of the profiled forwards)" \
+        if what == "kernel time" else "of attention per forward (the median of the timed forwards, each its calls " \
+                                      "summed)"
+    return (f"{fast['backend_label']} was the fastest: {_ms(fast['attention_time_ms'])} {unit}"
+            f"{_against_naive(fast, base, 'attention_time_ms', 'faster', _ms) if ran else ''}; ")
+
+
+def per_shape(cells: pd.DataFrame, judge_time: bool = True) -> list[str]:
+    """The fastest (ranked: by kernel time on CUDA, clearly ahead of the runner-up) and the smallest-memory backend
+    per shape, each against naive where naive ran; no fastest where judge_time is False (the machine moved while the
+    run ran: unsteady; or its CUDA times are events, not kernels)."""
+    varying = _varying(cells)
+    cells = cells.sort_values("pixels", kind="stable")
+    timed = cells["attention_time_ms"].notna() if "attention_time_ms" in cells else False
+    ok = cells[(cells["status"] == "ok") & timed]
+    fastest = ranked(cells) if len(ok) else {}
     peaked = ok[ok["attention_peak_mem_bytes"].notna()] if "attention_peak_mem_bytes" in ok else ok.iloc[:0]  # none:
     # compiled, fused, or a recorded CPU generation; no column: no cell ran
     smallest = _by_shape(peaked.loc[peaked.groupby(SHAPE, sort=False)["attention_peak_mem_bytes"].idxmin()]) \
@@ -67,17 +110,18 @@ def per_shape(cells: pd.DataFrame, judge_time: bool = True) -> list[str]:
     out = []
     for key in cells[SHAPE].drop_duplicates().itertuples(index=False, name=None):
         where = _where(dict(zip(SHAPE, key)), varying)
-        if key not in fastest:
+        if key not in smallest and key not in fastest:
             out.append(f"{where} no backend ran ({statuses[key]})." if statuses[key] != "ok" else
                        f"{where} no backend's attention had a time of its own (compiled: fused into Inductor's "
                        "kernels); their forwards' times stand.")
             continue
-        fast, small, base = fastest[key], smallest.get(key), naive.get(key)
+        small, base = smallest.get(key), naive.get(key)
         ran = base is not None and base["status"] == "ok" and base["attention_time_ms"] == base["attention_time_ms"]
-        line = (f"{where} {fast['backend_label']} was the fastest: {_ms(fast['attention_time_ms'])} of attention per "
-                "forward (the median of the timed forwards, each its calls summed)"
-                f"{_against_naive(fast, base, 'attention_time_ms', 'faster', _ms) if ran else ''}; ") if judge_time \
-            else f"{where} no backend is named the fastest (the machine moved: above); "
+        line = f"{where} " + (_fastest(*fastest[key], base, ran) if judge_time and key in fastest else
+                              "no backend is named the fastest (the machine moved: above); " if judge_time is False
+                              else "no backend is named the fastest (its times are events: above); "
+                              if judge_time is None else
+                              "no backend is named the fastest (the GPU moved while its cells ran: unsteady); ")
         line += (f"{small['backend_label']} needed the least memory: its largest call peaked at "
                  f"{human_bytes(small['attention_peak_mem_bytes'])}"
                  f"{_against_naive(small, base, 'attention_peak_mem_bytes', 'less', human_bytes) if ran else ''}"
@@ -87,6 +131,37 @@ def per_shape(cells: pd.DataFrame, judge_time: bool = True) -> list[str]:
                      if base["status"] != "ok" else " (naive's attention had no time of its own here: compiled)")
         out.append(line + ".")
     return out
+
+
+def host_bound(cells: pd.DataFrame) -> list[str]:
+    """Per shape whose forwards the host bound (bound 'host': the GPU busy under passes.BUSY_SHARE of the plain
+    forward), what a user can act on: how busy the GPU was, what attention's kernels took, and what would remove the
+    rest (CUDA graphs, torch.compile), with the graphed forward where one was captured."""
+    if "bound" not in cells:
+        return []
+    varying, out = _varying(cells), []
+    hosted = cells[(cells["status"] == "ok") & cells["bound"].eq("host")].sort_values("pixels", kind="stable")
+    for key, group in hosted.groupby(SHAPE, sort=False):
+        c = group.sort_values("attention_time_ms").iloc[0]
+        line = (f"{_where(dict(zip(SHAPE, key)), varying)} the GPU was busy {c['gpu_busy_pct']:.0f}% of "
+                f"{c['backend_label']}'s forward ({_ms(c['forward_gpu_ms'])} of kernels in {_ms(c['forward_time_ms'])}):"
+                f" at batch {c['batch']} the host sets the pace; attention's kernels took "
+                f"{_ms(c['attention_time_ms'])} of it; CUDA graphs or torch.compile would remove the rest")
+        graph = c.get("forward_graph_ms")
+        out.append(line + (f" (its forward replayed from a CUDA graph took {_ms(graph)})." if graph == graph and
+                           graph is not None else "."))
+    return out
+
+
+def event_timed(cells: pd.DataFrame) -> list[str]:
+    """Where a run's CUDA cells were timed by events around each call (runs recorded before kernel timing), say so:
+    their times are the host's on a host-bound GPU."""
+    if "time_source" not in cells or not cells["time_source"].eq("cuda events").any():
+        return []
+    return ["Times not judged: this run's CUDA times are events around each call in a hooked forward, recorded "
+            "before attnprof timed kernels: on a host-bound GPU they time the host's Python and launches, not the "
+            "GPU, so no backend is named the fastest (each call's kernels are in gpu_time_ms, from its probe pass); "
+            "measure it again for kernel times."]
 
 
 def stopped_fitting(cells: pd.DataFrame) -> list[str]:
@@ -254,8 +329,10 @@ def findings(cells: pd.DataFrame, blocks: pd.DataFrame, manifest: dict | None = 
     cells = cells[~mine]
     if not len(cells):
         return out
-    return out + per_shape(cells, judge_time=not moved) + temporal(cells, blocks) + compiled_effect(cells) + stopped_fitting(cells) + \
-        largest_call(blocks) + doubtful(cells) + beyond_bound(blocks)
+    events = event_timed(cells)
+    return out + events + per_shape(cells, judge_time=None if events else not moved) + host_bound(cells) + \
+        temporal(cells, blocks) + compiled_effect(cells) + stopped_fitting(cells) + largest_call(blocks) + \
+        doubtful(cells) + beyond_bound(blocks)
 
 
 def format_findings(sentences: list[str], width: int = 118) -> str:

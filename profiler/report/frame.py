@@ -4,7 +4,10 @@ profiler recorded the run. Two things happen here and nowhere else:
 
 - the columns a run recorded before a field existed lacks are filled with what their absence meant: no model
   settings ("{}"), the backend's default options ("{}"), a call's softmax upcast told by its 4-byte scores, a
-  cell's device as its device_name, no place on the roofline (NaN);
+  cell's device as its device_name, no place on the roofline (NaN), and the clock of its times (time_source:
+  "cuda events" on CUDA, whose times were events around each call in a hooked forward, the host's time on a
+  host-bound GPU; "host clock" on the CPU; a cell's prediction source, once stored as time_source, moved to
+  predicted_time_source);
 - the columns people read are derived once: size ('512x512'), pixels, aspect ('13:19'), backend_label
   ('sliced(slice_size=4)', backends.label), settings_label ('controlnet', or NO_SETTINGS), frames (a video model's,
   from its settings; NaN for images), family (backends.family) and, where a cell has both figures,
@@ -37,11 +40,30 @@ def normalised(df: pd.DataFrame) -> pd.DataFrame:
     kind = "blocks" if "call_index" in df else "cells"
     df = df.assign(**{c: df[c].fillna(v) if c in df else v for c, v in FILLED.items()},
                    **{c: math.nan for c in ROOFLINE[kind] if c not in df})
+    if "device" in df:
+        df = df.assign(**clocks(df))
     if kind == "blocks" and {"dtype", "score_bytes", "score_elements"} <= set(df):
         df = df.assign(upcast=upcast(df))
     elif kind == "cells" and "device" in df:  # cells recorded before they named their device, or failed first
         df = df.assign(device_name=df["device_name"].fillna(df["device"]) if "device_name" in df else df["device"])
     return df.assign(**_derived(df))
+
+
+CLOCKS = ("cupti", "host clock", "cuda events")  # what a stored time_source may say of its times
+
+
+def clocks(df: pd.DataFrame) -> dict[str, pd.Series]:
+    """time_source as stored, or for rows recorded before it (frame's docstring) the clock their device implies;
+    a prediction's source text once stored under that name, as predicted_time_source."""
+    implied = df["device"].astype(str).str.startswith("cuda").map({True: "cuda events", False: "host clock"})
+    stored = df["time_source"] if "time_source" in df else pd.Series(None, index=df.index, dtype=object)
+    clock = stored.where(stored.isin(CLOCKS), implied)
+    out = {"time_source": clock}
+    moved = stored.notna() & ~stored.isin(CLOCKS)
+    if moved.any():
+        kept = df["predicted_time_source"] if "predicted_time_source" in df else stored.where(~moved)
+        out["predicted_time_source"] = kept.where(kept.notna(), stored.where(moved))
+    return out
 
 
 def upcast(blocks: pd.DataFrame) -> pd.Series:
