@@ -72,9 +72,13 @@ class Device:
 
     @classmethod
     def of(cls, limits: dict, dtype: str) -> "Device":
+        """From a measured device's limits (measure/limits.py) or the GPU table's; a cache bandwidth below the
+        memory's (a cost per launch, stored by runs before the small figures were replayed) left out."""
         mem = limits.get("device_memory") or {}
-        return cls(limits["device_peak_flops"][dtype], limits["device_peak_bytes_per_s"], mem.get("cache_bytes"),
-                   mem.get("cache_bytes_per_s"), mem.get("fresh_bytes_per_s"), mem.get("fresh_min_bytes"),
+        bandwidth, cache = limits["device_peak_bytes_per_s"], mem.get("cache_bytes_per_s")
+        cache = cache if cache and cache >= bandwidth else None
+        return cls(limits["device_peak_flops"][dtype], bandwidth, mem.get("cache_bytes"),
+                   cache, mem.get("fresh_bytes_per_s"), mem.get("fresh_min_bytes"),
                    (limits.get("device_softmax_per_s") or {}).get(dtype),
                    (limits.get("device_score_gemm_per_s") or {}).get(dtype))
 
