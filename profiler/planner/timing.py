@@ -41,7 +41,6 @@ and named.
 from __future__ import annotations
 
 import copy
-import itertools
 import json
 from dataclasses import dataclass
 
@@ -128,19 +127,29 @@ def call_features(row: dict, backend: str, options: dict, dtype: str, projection
 
 
 def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with every coefficient >= 0: the best of the unconstrained fits on each subset of the columns
-    whose coefficients all come out >= 0 (a handful of columns here, so every subset is tried)."""
-    best, best_err = np.zeros(x.shape[1]), float(np.sum(y ** 2))
-    used = [j for j in range(x.shape[1]) if np.any(x[:, j])]
-    for k in range(1, len(used) + 1):
-        for cols in itertools.combinations(used, k):
-            coef = np.linalg.lstsq(x[:, cols], y, rcond=None)[0]
-            if np.all(coef >= 0):
-                err = float(np.sum((x[:, cols] @ coef - y) ** 2))
-                if err < best_err - 1e-12 * max(best_err, 1e-30):
-                    best, best_err = np.zeros(x.shape[1]), err
-                    best[list(cols)] = coef
-    return best
+    """Least squares with every coefficient >= 0 (Lawson and Hanson's active set: the columns let in one at a time by
+    how much they would lower the error, any whose coefficient turns negative let out again)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    n = x.shape[1]
+    coef, free = np.zeros(n), np.zeros(n, bool)
+    tol = 10 * max(x.shape) * np.finfo(float).eps * max(np.abs(x).sum(axis=0).max(initial=0.0), 1.0)
+    for _ in range(3 * n + 1):
+        grad = x.T @ (y - x @ coef)
+        if free.all() or grad[~free].max() <= tol:
+            break
+        free[np.flatnonzero(~free)[np.argmax(grad[~free])]] = True
+        while True:
+            trial = np.zeros(n)
+            trial[free] = np.linalg.lstsq(x[:, free], y, rcond=None)[0]
+            if np.all(trial[free] > 0):
+                coef = trial
+                break
+            out = free & (trial <= 0)
+            step = np.min(coef[out] / (coef[out] - trial[out]))
+            coef = coef + step * (trial - coef)
+            free &= coef > tol
+            coef[~free] = 0.0
+    return coef
 
 
 def fit_model(samples: list[dict], features: tuple, target: str, group: str = "cell_id") -> dict:
