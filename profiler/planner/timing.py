@@ -266,7 +266,9 @@ def predict(p: dict, backend: str, options: dict, limits: dict, calibration: dic
             gpu: dict | None = None, device: str = "cuda") -> dict:
     """Each call's predicted_time_ms and roofline_time_ms added to the plan's blocks (in place), and the totals:
     predicted_attention_time_ms, predicted_rest_time_ms, predicted_forward_time_ms, their roofline bounds, the
-    source."""
+    source. A calibration with "kernels" (a GPU's: planner/kernels.py) prices each call by the kernel that runs its
+    attention; one with "host" (planner/host.py) adds the host's time, the forward's bound and its time from a CUDA
+    graph (host_times)."""
     dtype = p["dtype"]
     _sdpa_kernels(p["blocks"], backend, dtype, device, gpu)
     dev = Device.of(limits, dtype)
@@ -276,26 +278,46 @@ def predict(p: dict, backend: str, options: dict, limits: dict, calibration: dic
     cal = calibration or {}
     fitted = cal.get("backends", {}).get(group_key(backend, options, dtype)) or \
         cal.get("per_backend", {}).get(backend)
-    rest_fit = cal.get("rest", {}).get(dtype) if fitted else None
+    kernels, by_backend = cal.get("kernels") or {}, False
     for row, ops in zip(p["blocks"], w["calls"]):
         f = call_features(row, backend, options, dtype, roof_ms(ops, dev), dev)
-        row.update(roofline_time_ms=f["roofline_ms"], predicted_time_ms=apply(fitted, f, f["roofline_ms"]))
+        mine = kernels.get(backends.call_kernel(backend, row))
+        by_backend |= mine is None
+        row.update(roofline_time_ms=f["roofline_ms"], predicted_time_ms=apply(mine or fitted, f, f["roofline_ms"]))
+    calibrated = bool(fitted or kernels)
+    rest_fit = cal.get("rest", {}).get(dtype) if calibrated else None
     rest_roof = roof_ms(w["rest"], dev)
     rest = apply(rest_fit, dev.rest_features(w["rest"]), rest_roof)
     attention = sum(r["predicted_time_ms"] for r in p["blocks"])
     roof = sum(r["roofline_time_ms"] for r in p["blocks"])
+    published = calibrated and cal.get("published") and cal["published"] + \
+        (f"; {fitted['published']}" if by_backend and fitted and fitted.get("published") else "")
     times = {"predicted_attention_time_ms": attention, "predicted_rest_time_ms": rest,
              "predicted_forward_time_ms": attention + rest, "roofline_attention_time_ms": roof,
              "roofline_forward_time_ms": roof + rest_roof, "time_backend": backends.label(backend, options),
-             "time_source": source_text(fitted, gpu, cal.get("device"),
-                                                     fitted and cal.get("published") and
-                                                     f"{cal['published']}; {fitted['published']}") +
+             "time_source": (cal["kernel_source"] if kernels and not published else
+                             source_text(fitted, gpu, cal.get("device"), published)) +
              passed_text(cal.get("passed_over")),
-             "time_calibrated": bool(fitted), "time_published": bool(fitted and cal.get("published")),
+             "time_calibrated": calibrated, "time_published": bool(published),
              "time_limits": {"peak_flops_per_s": dev.flops, "peak_bytes_per_s": dev.bandwidth,
-                             "key": limits.get("device_limits", {}).get("key")}}
+                             "key": limits.get("device_limits", {}).get("key")},
+             **host_times(cal.get("host"), attention + rest, w)}
     p["totals"].update(times)
     return times
+
+
+def host_times(host: dict | None, gpu_ms: float, w: dict) -> dict:
+    """A GPU forward's host time (its ops at the host's time per op), its kernels' (gpu_ms), the eager forward (the
+    longer: predicted_forward_time_ms), its bound and its time from a CUDA graph (planner/host.py); {} without a
+    host figure (a CPU, whose ops run on the host)."""
+    if not host:
+        return {}
+    from .host import bounded, forward_ops
+
+    b = bounded(gpu_ms, forward_ops(w) * host["us_per_op"] / 1e3)
+    return {"predicted_forward_time_ms": b["eager_ms"], "predicted_gpu_time_ms": b["gpu_ms"],
+            "predicted_host_time_ms": b["host_ms"], "predicted_graph_time_ms": b["graph_ms"], "bound": b["bound"],
+            "host_source": host["source"]}
 
 
 def format_times(t: dict) -> list[tuple[str, str]]:
@@ -304,10 +326,19 @@ def format_times(t: dict) -> list[tuple[str, str]]:
         return []
     what = "published efficiencies" if t.get("time_published") else "calibrated" if t["time_calibrated"] else \
         "roofline bound"
-    return [("predicted time", f"{t['time_backend']} ({what}): attention {t['predicted_attention_time_ms']:.3g} ms + "
-                               f"the rest of the forward {t['predicted_rest_time_ms']:.3g} ms = forward "
-                               f"{t['predicted_forward_time_ms']:.3g} ms"),
-            ("time from", t["time_source"])] + ([("GPU figures", t["gpu_figures"])] if t.get("gpu_figures") else [])
+    if "bound" in t:  # a GPU: the kernels, the host, the eager forward (the longer) and the graph's
+        lines = [("predicted time", f"{t['time_backend']} ({what}): GPU kernels {t['predicted_gpu_time_ms']:.3g} ms "
+                                    f"(attention {t['predicted_attention_time_ms']:.3g} + the rest "
+                                    f"{t['predicted_rest_time_ms']:.3g}), host {t['predicted_host_time_ms']:.3g} ms: "
+                                    f"eager {t['predicted_forward_time_ms']:.3g} ms, {t['bound']}-bound; with CUDA "
+                                    f"graphs about {t['predicted_graph_time_ms']:.3g} ms"),
+                 ("host from", t["host_source"])]
+    else:
+        lines = [("predicted time", f"{t['time_backend']} ({what}): attention {t['predicted_attention_time_ms']:.3g} "
+                                    f"ms + the rest of the forward {t['predicted_rest_time_ms']:.3g} ms = forward "
+                                    f"{t['predicted_forward_time_ms']:.3g} ms")]
+    return lines + [("time from", t["time_source"])] + \
+        ([("GPU figures", t["gpu_figures"])] if t.get("gpu_figures") else [])
 
 
 def walked_plan(model: str, width: int, height: int, batch: int, dtype: str, settings: tuple = ()) -> dict:
