@@ -87,7 +87,7 @@ def limits(gpu: dict, dtype: str) -> dict:
         raise InputError(f"the {gpu['name']} has no {dtype} tensor throughput ({gpu['source']}): plan another "
                          "dtype (--dtype float16)")
     return {"device_peak_flops": {dtype: tflops * 1e12}, "device_peak_bytes_per_s": gpu["bytes_per_s"],
-            "device_limits": {"key": f"{gpu['name']} (published)", "source": gpu["source"]}}
+            "device_limits": {"key": f"{gpu['name']} (published)", "source": gpu["source"], "device": "cuda"}}
 
 
 def describe(gpu: dict, dtype: str) -> str:
@@ -117,8 +117,8 @@ def named_in(device_name) -> dict | None:
 # fits each kernel to the kernel times a GPU printed (planner/kernels.py) and carries the fit to another architecture
 # by these figures' ratio; a kernel no paper benchmarks on an architecture takes the figure named in its source.
 REFERENCES = {
-    "FA3 paper fig. 5a": "FlashAttention-3 paper (Shah et al. 2024, arXiv:2407.08608), figure 5a: forward, head dim 64, "
-                         "no causal mask, H100 80GB SXM5, batch x sequence 16k, hidden 2048; TFLOP/s at 4k tokens",
+    "FA3 paper fig. 5a": "FlashAttention-3 paper (Shah et al. 2024, arXiv:2407.08608), figure 5a: forward, head dim "
+                         "64, no causal mask, H100 80GB SXM5, batch x sequence 16k, hidden 2048; TFLOP/s at 4k tokens",
     "FA2 paper": "FlashAttention-2 paper (Dao 2023, arXiv:2307.08691): forward 50-73% of the A100's peak, the low end "
                  "at head dim 64",
 }

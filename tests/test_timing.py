@@ -276,8 +276,10 @@ def test_attach_carries_the_prediction_and_ratio():
     cell = {"status": "ok", "forward_time_ms": 30.0, "attention_time_ms": 12.0}
     blocks = [{"time_ms": 4.0}, {"time_ms": 8.0}]
     more = timing.attach(cell, blocks, {"predicted_forward_time_ms": 20.0, "predicted_attention_time_ms": 10.0,
-                                        "predicted_call_times_ms": [2.0, 8.0], "x": 1})
+                                        "predicted_call_times_ms": [2.0, 8.0], "roofline_call_times_ms": [1.0, 3.0],
+                                        "x": 1})
     assert [b["predicted_time_ratio"] for b in blocks] == [2.0, 1.0] and blocks[0]["predicted_time_ms"] == 2.0
+    assert [b["roofline_time_ms"] for b in blocks] == [1.0, 3.0]  # each call's floor: make gpu-check's N8 judges it
     assert more == {"predicted_forward_time_ms": 20.0, "predicted_attention_time_ms": 10.0, "x": 1,
                     "forward_time_ratio": 1.5, "attention_time_ratio": 1.2}
 

@@ -98,7 +98,7 @@ def group_events(cells: list[CellSpec], repeats: int, warmup: int, extra: dict |
         with tempfile.TemporaryDirectory(prefix="attnprof-trace-") if trace else contextlib.nullcontext() as tmp:
             cell, blocks = run_cell(c, cache, repeats, warmup, mine, Path(tmp) if tmp else None)
             files = {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir())} if tmp else {}
-        cell = with_extra(cell, blocks, mine)
+        cell = with_extra({**cell, "warmup": warmup, "repeats": repeats}, blocks, mine)  # what the time model admits
         yield {"event": "done", "cell_id": c.cell_id, "status": cell["status"], "cell": cell, "blocks": blocks,
                "files": files}
     yield {"event": "end", "seconds": time.perf_counter() - t0}  # the group's time, model build included

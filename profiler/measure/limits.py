@@ -52,9 +52,9 @@ METHOD = (f"warmed for {WARM_MS:g} ms; matmul: square n x n (n doubled from 512 
           "an eighth of the last-level cache; new pages: a 4 x fresh_min_bytes buffer allocated and filled against "
           "a kept one's fill; softmax: rows of 1024 in an eighth of the cache; score GEMMs: (1024 x "
           f"{SCORE_HEAD_DIM}) @ ({SCORE_HEAD_DIM} x 1024) into a kept table and that table @ (1024 x "
-          f"{SCORE_HEAD_DIM}), per score element; the cache's copy, softmax and the score GEMMs at least {LAUNCHES} runs "
-          "an interval, replayed from one CUDA graph on a GPU (devices.replay_ms); the host's cost per launch apart "
-          "(launch_us)")
+          f"{SCORE_HEAD_DIM}), per score element; the cache's copy, softmax and the score GEMMs at least {LAUNCHES} "
+          "runs an interval, replayed from one CUDA graph on a GPU (devices.replay_ms); the host's cost per launch "
+          "apart (launch_us)")
 LIMIT_KEYS = ("device_peak_flops", "device_peak_bytes_per_s", "device_limits", "device_memory",
               "device_softmax_per_s", "device_score_gemm_per_s", "device_launch_us")  # what a manifest holds
 
@@ -106,22 +106,19 @@ def device_limits(device: str, dtypes) -> dict:
     if json.dumps(entry, sort_keys=True) != before:
         entry["measured_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         add_to_cache(path, key, entry)  # one that cannot be written is measured again next time
-    refused = refused_lines(entry)
     memory = {k: entry.get(k) for k in ("cache_bytes", "cache_bytes_per_s", "fresh_bytes_per_s")}
-    if refused:
-        memory["cache_bytes_per_s"] = None
     return {"device_peak_flops": {d: entry["flops"][d] for d in dtypes}, "device_peak_bytes_per_s": entry["bytes_per_s"],
             "device_memory": {**memory, "fresh_min_bytes": dev.fresh_min_bytes},
             "device_softmax_per_s": {d: entry["softmax_per_s"][d] for d in dtypes},
             "device_score_gemm_per_s": {d: entry["score_gemm_per_s"][d] for d in dtypes},
             "device_launch_us": entry.get("launch_us"),
             "device_limits": {"key": key, "cache": str(path), "measured_at": entry["measured_at"], "method": METHOD,
-                              "refused": refused}}
+                              "device": dev.torch.type, "refused": refused_lines(entry)}}
 
 
 def refused_lines(entry: dict) -> list[str]:
-    """Why a measured figure is not used: a cache bandwidth below the memory's is a cost per launch, not a rate (a
-    cache entry's own names, bytes_per_s and cache_bytes_per_s)."""
+    """Why a measured figure is not used (planner/timing.Device.of leaves it out): a cache bandwidth below the
+    memory's is a cost per launch, not a rate (a cache entry's own names, bytes_per_s and cache_bytes_per_s)."""
     cache, memory = entry.get("cache_bytes_per_s"), entry.get("bytes_per_s")
     if cache and memory and cache < memory:
         return [f"the cache's bandwidth ({cache:.3g} B/s) came out below the memory's ({memory:.3g} B/s): a cost per "
@@ -261,11 +258,15 @@ CACHE_SHARE = 0.5  # a working set of at most this share of the last-level cache
 
 def cell_peaks(limits: dict, dtype: str) -> dict:
     """The limits that apply to a cell of this dtype, as the cell row stores them: the compute peak, the memory
-    bandwidth, and where measured the last-level cache's size and bandwidth."""
+    bandwidth, and where measured the last-level cache's size and bandwidth, softmax's rate and the host's cost per
+    launch."""
     memory = limits.get("device_memory") or {}
     return {"device_peak_flops_per_s": (limits.get("device_peak_flops") or {}).get(dtype),
             "device_peak_bytes_per_s": limits.get("device_peak_bytes_per_s"),
-            "device_cache_bytes": memory.get("cache_bytes"), "device_cache_bytes_per_s": memory.get("cache_bytes_per_s")}
+            "device_cache_bytes": memory.get("cache_bytes"),
+            "device_cache_bytes_per_s": memory.get("cache_bytes_per_s"),
+            "device_softmax_per_s": (limits.get("device_softmax_per_s") or {}).get(dtype),
+            "device_launch_us": limits.get("device_launch_us")}
 
 
 def roof_of(extra: dict) -> tuple:

@@ -147,7 +147,7 @@ def fit(s: list[dict]) -> dict:
 
 
 def coefficients(fitted: dict, kernel: str) -> dict | None:
-    """The fit's coefficients for one kernel's calls, as timing.apply takes them; None for a kernel it has no data of."""
+    """The fit's coefficients for one kernel's calls, as timing.apply takes them; None for a kernel without data."""
     k = fitted["kernels"].get(kernel)
     if k is None:
         return None

@@ -68,6 +68,7 @@ class Device:
     fresh_min: float | None = None
     softmax: float | None = None
     score_gemm: float | None = None
+    gpu: bool = False  # a fused kernel's exponentials overlap its GEMMs (its floor takes the larger, not the sum)
 
     @classmethod
     def of(cls, limits: dict, dtype: str) -> "Device":
@@ -79,7 +80,8 @@ class Device:
         return cls(limits["device_peak_flops"][dtype], bandwidth, mem.get("cache_bytes"),
                    cache, mem.get("fresh_bytes_per_s"), mem.get("fresh_min_bytes"),
                    (limits.get("device_softmax_per_s") or {}).get(dtype),
-                   (limits.get("device_score_gemm_per_s") or {}).get(dtype))
+                   (limits.get("device_score_gemm_per_s") or {}).get(dtype),
+                   (limits.get("device_limits") or {}).get("device") == "cuda")
 
     def moved_ms(self, nbytes, working):
         """Milliseconds to move nbytes whose working set is `working` bytes (arrays or numbers)."""
@@ -111,7 +113,8 @@ def roof_ms(ops: np.ndarray, device: Device) -> float:
 
 def call_features(row: dict, backend: str, options: dict, dtype: str, projections_ms: float, device: Device) -> dict:
     """A call's features in ms (module docstring), and its roofline bound (the score GEMMs' measured cost not in it:
-    a cost at one head dim, not a bound at every one)."""
+    a cost at one head dim, not a bound at every one; on a GPU the larger of the compute, the traffic and the
+    exponentials, which a fused kernel overlaps, rather than their sum)."""
     compute = row["flops"] / device.flops * 1e3
     memory = float(device.moved_ms(bytes_moved(backend, row, dtype, **options),
                                    working_set(backend, row, dtype, **options)))
@@ -122,8 +125,9 @@ def call_features(row: dict, backend: str, options: dict, dtype: str, projection
     pages = float(device.new_pages_ms(faulted if faulted is not None and faulted == faulted and device.fresh_min
                                       else new_page_bytes(backend, row, dtype, device.fresh_min, **options)))
     core, self_ = max(compute, gemms, memory) + softmax, row["kind"] == "self"
+    bound = max(compute, memory, softmax) if device.gpu else max(compute, memory) + softmax
     return {"core_self": core * self_, "core_cross": core * (not self_), "projections": projections_ms,
-            "overhead": 1.0, "fixed_ms": pages, "roofline_ms": max(compute, memory) + softmax + pages + projections_ms}
+            "overhead": 1.0, "fixed_ms": pages, "roofline_ms": bound + pages + projections_ms}
 
 
 def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -400,15 +404,17 @@ def _duration(s: float) -> str:
 
 
 def attach(cell: dict, blocks: list[dict], extra: dict) -> dict:
-    """A measured cell's prediction onto its rows: each call's predicted_time_ms and predicted_time_ratio (measured
-    over predicted), the cell's attention and forward ratios. Returns the cell's extra (execute/groups.py) less the
-    per-call list, for the cell row."""
+    """A measured cell's prediction onto its rows: each call's predicted_time_ms, predicted_time_ratio (measured
+    over predicted) and roofline_time_ms (its floor), the cell's attention and forward ratios. Returns the cell's
+    extra (execute/groups.py) less the per-call lists, for the cell row."""
     extra = dict(extra)
     calls = extra.pop("predicted_call_times_ms", None)
+    floors = extra.pop("roofline_call_times_ms", None) or [None] * len(blocks)
     if cell.get("status") != "ok" or calls is None or len(calls) != len(blocks):
         return extra
-    for row, t in zip(blocks, calls):
-        row.update(predicted_time_ms=t, predicted_time_ratio=row["time_ms"] / t if t else None)
+    for row, t, floor in zip(blocks, calls, floors):
+        row.update(predicted_time_ms=t, predicted_time_ratio=row["time_ms"] / t if t else None,
+                   roofline_time_ms=floor)
     for what in ("forward", "attention"):
         t = extra.get(f"predicted_{what}_time_ms")
         extra[f"{what}_time_ratio"] = cell[f"{what}_time_ms"] / t if t else None
