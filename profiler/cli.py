@@ -236,6 +236,14 @@ def cmd_gpus(args) -> int:
             ("source", "source")]
     print(table(rows, cols))
     print("\n(dense throughput, no sparsity; profiler/gpus.py. --budget NAME and --gpu NAME read this table)")
+    from .planner.published import BLOG, DIFFUSERS_DOC, FAL, sources_of
+
+    found = [{"name": n, **sources_of(gpus.get(n))} for n in gpus.names()]
+    print("\nwhere each GPU's time comes from (plan --gpu, planner/kernels.py and published.py):")
+    print(table(found, [("name", "name"), ("attention kernels", "kernels"), ("rest of a forward", "rest")]))
+    print("the host: this machine's figure per op (planner/host.py), or --host-us-per-op")
+    for ref in [*gpus.REFERENCES.values(), DIFFUSERS_DOC, FAL, BLOG]:
+        print(f"  {ref}")
     return 0
 
 

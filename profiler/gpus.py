@@ -167,9 +167,6 @@ EFFICIENCY = {
     "convolution": {"*": (0.50, _ASSUMED)},
     "memory": {"*": (0.80, _ASSUMED)},
 }
-HOST_OP_S = (5e-6, "assumed 5 us of host time per aten op (PyTorch eager dispatch and a kernel launch; 1.3 us measured "
-                   "for a tiny op on this project's CPU, without the launch)")
-CALL_OPS = 12  # aten ops of one diffusers attention call outside its kernel (projections, layouts, the output)
 FUSED = {"sdpa": None, "sdpa-flash": "flash", "flash-attn": "flash", "flash-attn-3": "flash", "sdpa-cudnn": "flash",
          "sdpa-efficient": "efficient", "xformers": "efficient"}
 

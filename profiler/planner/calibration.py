@@ -407,21 +407,25 @@ def by_size(model: str, sizes: list[tuple[int, int]], names: list[str], dtype: s
 PUBLISHED_SHORT = "published limits, kernel times of GPUs"
 
 
-def published_calibration(gpu: dict, dtype: str, results: Path | None = None, host_us: float | None = None) -> dict:
+def published_calibration(gpu: dict, dtype: str, results: Path | None = None, host_us: float | None = None,
+                          scaled: bool = True, naive: bool = True) -> dict:
     """The time model of a GPU of the table, in the shape of a calibration (planner/timing.py): "kernels" each
     attention kernel's coefficients fitted to the kernel times of the GPU's architecture, or carried over from the
     data's by published efficiencies (planner/kernels.py); "per_backend" a backend whose kernel has no such data at
     its kernel's published efficiency (or of the bandwidth for an unfused one), the projections at the matmul's and
     the fitted kernel time a call beyond them; "rest" the rest of a forward's kernels per op class at their
     efficiencies and the fitted kernel time an op; "host" the host's time per op (planner/host.py); "published" where
-    each figure came from."""
+    each figure came from. scaled: the rest's kernels at the GPU's factor fitted to published timings
+    (planner/published.py; False: at the assumed efficiencies, as that fit needs them); naive: naive's kernels
+    carried off the data's architecture by published.naive_factor (False: as that fit needs)."""
     from .. import devices
     from ..gpus import FUSED, efficiency
     from .host import host_us_per_op
     from .kernels import gpu_kernels
+    from .published import gpu_scale
 
     arch = gpu["arch"]
-    kern = gpu_kernels(gpu, dtype, results) or gpu_kernels(gpu, "float16", results)
+    kern = gpu_kernels(gpu, dtype, results, naive) or gpu_kernels(gpu, "float16", results, naive)
     memory, matmul, conv = efficiency("memory", arch), efficiency("matmul", arch), efficiency("convolution", arch)
     sources = {"memory-bound ops": memory, "matmul": matmul, "convolution": conv}
     per_backend = {}
@@ -436,17 +440,20 @@ def published_calibration(gpu: dict, dtype: str, results: Path | None = None, ho
         per_backend[name] = {"coefficients": {"core_self": 1 / core[0], "core_cross": 1 / core[0],
                                               "projections": 1 / matmul[0], "overhead": kern["overhead"]},
                              "cells": 0, "runs": 0, "loo_error_pct": None, "published": said}
-    rest = {"coefficients": {"convolution": 1 / conv[0], "matmul": 1 / matmul[0], "norm": 1 / memory[0],
-                             "other": 1 / memory[0], "ops": kern["op_ms"]}}
+    m, m_source = gpu_scale(gpu) if scaled else (1.0, "not scaled")
+    rest = {"coefficients": {"convolution": m / conv[0], "matmul": m / matmul[0], "norm": m / memory[0],
+                             "other": m / memory[0], "ops": kern["op_ms"]}}
     us, host_source = host_us_per_op(host_us)
     said = "; ".join(f"{k} at {v[0]:.0%} ({v[1]})" for k, v in sources.items())
     refused = "".join(f"; {line}" for line in kern["refused"])
     text = (f"an estimate, not a measurement: the {gpu['name']}'s published figures ({gpu['source']}); its attention "
-            f"calls' kernels from {kern['source']}{refused}; the rest of a forward's kernels at these efficiencies of "
-            f"{arch}: {said}, and {kern['op_ms'] * 1e3:.2f} us an op (the fitted kernel time a call beyond its "
-            f"roofline, over a call's {kern['overhead'] / kern['op_ms']:.0f} ops)")
+            f"calls' kernels from {kern['source']}{refused}; the rest of a forward's kernels at {m:.2f}x the time "
+            f"these efficiencies of {arch} give ({m_source}): {said}, and {kern['op_ms'] * 1e3:.2f} us an op (the "
+            f"fitted kernel time a call beyond its roofline, over a call's {kern['overhead'] / kern['op_ms']:.0f} ops)")
     summary = (f"{PUBLISHED_SHORT}: attention kernels fitted on {kern['data']}" +
-               (f", carried to {arch}" if arch != kern["data_arch"] else "") + f"; the rest at {arch}'s efficiencies")
+               (f", carried to {arch}" if arch != kern["data_arch"] else "") +
+               f"; the rest at {m:.2f}x the assumed efficiencies' time ({m_source})")
     return {"published": text, "summary": summary, "per_backend": per_backend, "kernels": kern["kernels"],
+            "kernel_data": kern["data"],
             "backends": {},
             "rest": {dtype: rest}, "generation": None, "host": {"us_per_op": us, "source": host_source}}

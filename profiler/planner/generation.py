@@ -129,8 +129,9 @@ def _text_part(name: str, spec: GenerationSpec, limits: dict, calibration: dict 
     each = timing.apply(fit, dev.rest_features(ops), timing.roof_ms(ops, dev))
     forwards = 2 if spec.cfg else 1
     published = (calibration or {}).get("published")
-    source = (PUBLISHED if published else f"the rest of the forwards' calibration ({fit['cells']} forwards), on its "
-              "ops" if fit else "roofline bound of its ops")
+    source = ((calibration.get("summary") or PUBLISHED) if published else
+              f"the rest of the forwards' calibration ({fit['cells']} forwards), on its ops" if fit else
+              "roofline bound of its ops")
     out = {"part": "text", "model": name, "batch": spec.batch, "forwards": forwards, "each_ms": each,
            "attention_ms": None, "source": source}
     host = (calibration or {}).get("host")

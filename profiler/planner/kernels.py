@@ -210,7 +210,7 @@ def stored_rows(results: Path, arch: str | None = None, key: str | None = None) 
 
 
 FITS_FILE = "kernel-fits.json"
-MODEL_VERSION = 2  # the cache's key changes with the model's features
+MODEL_VERSION = 3  # the cache's key changes with the model's features
 
 
 def arch_fit(arch: str, dtype: str, results: Path | None = None) -> dict:
@@ -263,10 +263,11 @@ def _fingerprint(rows: pd.DataFrame) -> list:
 DATA_ARCH = "sm90"  # the architecture of the kernel data kept with the project
 
 
-def gpu_kernels(gpu: dict, dtype: str, results: Path | None = None) -> dict | None:
+def gpu_kernels(gpu: dict, dtype: str, results: Path | None = None, naive: bool = True) -> dict | None:
     """The kernel coefficients for a GPU of the table, for timing.predict: its architecture's fit, else DATA_ARCH's
-    carried over by the published efficiencies (gpus.attention_scale); {"kernels": {kernel: coefficients}, "source",
-    "refused", "overhead"}; None where no fit is admitted."""
+    carried over by the published efficiencies (gpus.attention_scale; naive's by planner/published.naive_factor,
+    unless naive is False, as that fit needs); {"kernels": {kernel: coefficients}, "source", "refused", "overhead"};
+    None where no fit is admitted."""
     from .. import gpus
 
     arch = gpu["arch"]
@@ -279,6 +280,11 @@ def gpu_kernels(gpu: dict, dtype: str, results: Path | None = None) -> dict | No
     for k in base["fit"]["kernels"]:
         c = coefficients(base["fit"], k)
         scale, how = gpus.attention_scale(k, data_arch, arch)
+        if k == "naive" and data_arch != arch and naive:
+            from .published import naive_factor
+
+            scale, how = naive_factor(), "fitted to [3]'s SDPA over vanilla attention in fp16 on the A100 " \
+                                         "(planner/published.py)"
         c["coefficients"].update(core_self=c["coefficients"]["core_self"] * scale,
                                  core_cross=c["coefficients"]["core_cross"] * scale)
         out[k] = {**c, "scaled": how}

@@ -285,7 +285,7 @@ def predict(p: dict, backend: str, options: dict, limits: dict, calibration: dic
     kernels, by_backend = cal.get("kernels") or {}, False
     for row, ops in zip(p["blocks"], w["calls"]):
         f = call_features(row, backend, options, dtype, roof_ms(ops, dev), dev)
-        mine = kernels.get(backends.call_kernel(backend, row))
+        mine = kernels.get(backends.call_kernel(backend, row, gpu and gpu["arch"]))
         by_backend |= mine is None
         row.update(roofline_time_ms=f["roofline_ms"], predicted_time_ms=apply(mine or fitted, f, f["roofline_ms"]))
     calibrated = bool(fitted or kernels)
@@ -304,7 +304,7 @@ def predict(p: dict, backend: str, options: dict, limits: dict, calibration: dic
              passed_text(cal.get("passed_over")),
              "time_calibrated": calibrated, "time_published": bool(published),
              "time_limits": {"peak_flops_per_s": dev.flops, "peak_bytes_per_s": dev.bandwidth,
-                             "key": limits.get("device_limits", {}).get("key")},
+                             "key": limits.get("device_limits", {}).get("key")}, "rest_ops": len(w["rest"]),
              **host_times(cal.get("host"), attention + rest, w)}
     p["totals"].update(times)
     return times
