@@ -22,6 +22,7 @@ from ..attention import backends
 from ..env import cache_dir
 from ..spec import InputError, parse_dtype
 from ..measure.limits import LIMIT_KEYS
+from .published import published_calibration
 from .timing import (CALL_FEATURES, REST_FEATURES, Device, fit_model, forward_samples, mean_error, predict, roof_ms,
                      walked_plan)
 
@@ -402,58 +403,3 @@ def by_size(model: str, sizes: list[tuple[int, int]], names: list[str], dtype: s
                          "attention_ms": t["predicted_attention_time_ms"], "forward_ms": t["predicted_forward_time_ms"],
                          "source": t["time_source"]})
     return rows
-
-
-PUBLISHED_SHORT = "published limits, kernel times of GPUs"
-
-
-def published_calibration(gpu: dict, dtype: str, results: Path | None = None, host_us: float | None = None,
-                          scaled: bool = True, naive: bool = True) -> dict:
-    """The time model of a GPU of the table, in the shape of a calibration (planner/timing.py): "kernels" each
-    attention kernel's coefficients fitted to the kernel times of the GPU's architecture, or carried over from the
-    data's by published efficiencies (planner/kernels.py); "per_backend" a backend whose kernel has no such data at
-    its kernel's published efficiency (or of the bandwidth for an unfused one), the projections at the matmul's and
-    the fitted kernel time a call beyond them; "rest" the rest of a forward's kernels per op class at their
-    efficiencies and the fitted kernel time an op; "host" the host's time per op (planner/host.py); "published" where
-    each figure came from. scaled: the rest's kernels at the GPU's factor fitted to published timings
-    (planner/published.py; False: at the assumed efficiencies, as that fit needs them); naive: naive's kernels
-    carried off the data's architecture by published.naive_factor (False: as that fit needs)."""
-    from .. import devices
-    from ..gpus import FUSED, efficiency
-    from .host import host_us_per_op
-    from .kernels import gpu_kernels
-    from .published import gpu_scale
-
-    arch = gpu["arch"]
-    kern = gpu_kernels(gpu, dtype, results, naive) or gpu_kernels(gpu, "float16", results, naive)
-    memory, matmul, conv = efficiency("memory", arch), efficiency("matmul", arch), efficiency("convolution", arch)
-    sources = {"memory-bound ops": memory, "matmul": matmul, "convolution": conv}
-    per_backend = {}
-    for name in backends.BACKENDS:
-        kernel = FUSED.get(name, "memory")
-        if name == "sdpa":
-            kernel = devices.sdpa_rule(dtype, 64, 4096, devices.gpu_target(arch))
-            kernel = {"cudnn": "flash", "math": "memory"}.get(kernel, kernel)
-        core = efficiency(kernel, arch) or efficiency("efficient", arch) if kernel != "memory" else memory
-        said = f"{name} attention at {core[0]:.0%} of " + (f"the peak ({kernel} kernel: {core[1]})" if kernel != "memory"
-                                                           else "the bandwidth (unfused: memory-bound)")
-        per_backend[name] = {"coefficients": {"core_self": 1 / core[0], "core_cross": 1 / core[0],
-                                              "projections": 1 / matmul[0], "overhead": kern["overhead"]},
-                             "cells": 0, "runs": 0, "loo_error_pct": None, "published": said}
-    m, m_source = gpu_scale(gpu) if scaled else (1.0, "not scaled")
-    rest = {"coefficients": {"convolution": m / conv[0], "matmul": m / matmul[0], "norm": m / memory[0],
-                             "other": m / memory[0], "ops": kern["op_ms"]}}
-    us, host_source = host_us_per_op(host_us)
-    said = "; ".join(f"{k} at {v[0]:.0%} ({v[1]})" for k, v in sources.items())
-    refused = "".join(f"; {line}" for line in kern["refused"])
-    text = (f"an estimate, not a measurement: the {gpu['name']}'s published figures ({gpu['source']}); its attention "
-            f"calls' kernels from {kern['source']}{refused}; the rest of a forward's kernels at {m:.2f}x the time "
-            f"these efficiencies of {arch} give ({m_source}): {said}, and {kern['op_ms'] * 1e3:.2f} us an op (the "
-            f"fitted kernel time a call beyond its roofline, over a call's {kern['overhead'] / kern['op_ms']:.0f} ops)")
-    summary = (f"{PUBLISHED_SHORT}: attention kernels fitted on {kern['data']}" +
-               (f", carried to {arch}" if arch != kern["data_arch"] else "") +
-               f"; the rest at {m:.2f}x the assumed efficiencies' time ({m_source})")
-    return {"published": text, "summary": summary, "per_backend": per_backend, "kernels": kern["kernels"],
-            "kernel_data": kern["data"],
-            "backends": {},
-            "rest": {dtype: rest}, "generation": None, "host": {"us_per_op": us, "source": host_source}}

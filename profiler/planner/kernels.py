@@ -263,11 +263,11 @@ def _fingerprint(rows: pd.DataFrame) -> list:
 DATA_ARCH = "sm90"  # the architecture of the kernel data kept with the project
 
 
-def gpu_kernels(gpu: dict, dtype: str, results: Path | None = None, naive: bool = True) -> dict | None:
+def gpu_kernels(gpu: dict, dtype: str, results: Path | None = None) -> dict | None:
     """The kernel coefficients for a GPU of the table, for timing.predict: its architecture's fit, else DATA_ARCH's
-    carried over by the published efficiencies (gpus.attention_scale; naive's by planner/published.naive_factor,
-    unless naive is False, as that fit needs); {"kernels": {kernel: coefficients}, "source", "refused", "overhead"};
-    None where no fit is admitted."""
+    carried over by the published efficiencies (gpus.attention_scale; naive's further by
+    planner/published.naive_factor); {"kernels": {kernel: coefficients}, "source", "refused", "overhead"}; None where
+    no fit is admitted."""
     from .. import gpus
 
     arch = gpu["arch"]
@@ -280,11 +280,6 @@ def gpu_kernels(gpu: dict, dtype: str, results: Path | None = None, naive: bool 
     for k in base["fit"]["kernels"]:
         c = coefficients(base["fit"], k)
         scale, how = gpus.attention_scale(k, data_arch, arch)
-        if k == "naive" and data_arch != arch and naive:
-            from .published import naive_factor
-
-            scale, how = naive_factor(), "fitted to [3]'s SDPA over vanilla attention in fp16 on the A100 " \
-                                         "(planner/published.py)"
         c["coefficients"].update(core_self=c["coefficients"]["core_self"] * scale,
                                  core_cross=c["coefficients"]["core_cross"] * scale)
         out[k] = {**c, "scaled": how}

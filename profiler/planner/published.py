@@ -119,7 +119,6 @@ def _fitted_scale(row: Row) -> float:
     from .. import gpus
     from ..env import cache_dir
     from ..store import add_to_cache, read_cache
-    from .calibration import published_calibration
     from .kernels import FITS_FILE, MODEL_VERSION
 
     gpu = gpus.get(row.gpu)
@@ -144,7 +143,6 @@ def naive_factor() -> float:
     from .. import gpus
     from ..env import cache_dir
     from ..store import add_to_cache, read_cache
-    from .calibration import published_calibration
     from .kernels import FITS_FILE, MODEL_VERSION
 
     row = next(r for r in ROWS if r.use == "naive")
@@ -181,7 +179,6 @@ def check() -> list[dict]:
     """Every row against the time model: {"row", "published_ms", "predicted_ms", "error" (of the time), "bound",
     "use", "host"}."""
     from .. import gpus
-    from .calibration import published_calibration
 
     out = []
     for row in ROWS:
@@ -231,3 +228,71 @@ def sources_of(gpu: dict) -> dict:
     how = "its own" if rest else f"the {row.gpu}'s" + ("" if same else " (assumed: no row of its architecture)")
     return {"kernels": kernels, "rest": f"{how} row of {row.source.split(' ', 1)[0]} at {row.images} images",
             "host": "this machine's (planner/host.py), or --host-us-per-op"}
+
+
+PUBLISHED_SHORT = "published limits, kernel times of GPUs"
+
+
+def published_calibration(gpu: dict, dtype: str, results: Path | None = None, host_us: float | None = None,
+                          scaled: bool = True, naive: bool = True) -> dict:
+    """The time model of a GPU of the table, in the shape of a calibration (planner/timing.py): "kernels" each
+    attention kernel's coefficients fitted to the kernel times of the GPU's architecture, or carried over from the
+    data's by published efficiencies (planner/kernels.py); "per_backend" a backend whose kernel has no such data at
+    its kernel's published efficiency (or of the bandwidth for an unfused one), the projections at the matmul's and
+    the fitted kernel time a call beyond them; "rest" the rest of a forward's kernels per op class at their
+    efficiencies and the fitted kernel time an op; "host" the host's time per op (planner/host.py); "published" where
+    each figure came from. scaled: the rest's kernels at the GPU's factor fitted to published timings
+    (planner/published.py; False: at the assumed efficiencies, as that fit needs them); naive: naive's kernels
+    carried off the data's architecture by published.naive_factor (False: as that fit needs)."""
+    from .. import devices
+    from ..attention import backends
+    from ..gpus import FUSED, efficiency
+    from .host import host_us_per_op
+    from .kernels import gpu_kernels
+
+    arch = gpu["arch"]
+    kern = gpu_kernels(gpu, dtype, results) or gpu_kernels(gpu, "float16", results)
+    if naive and "naive" in kern["kernels"] and kern["data_arch"] != arch:
+        kern = _naive_carried(kern)
+    memory, matmul, conv = efficiency("memory", arch), efficiency("matmul", arch), efficiency("convolution", arch)
+    sources = {"memory-bound ops": memory, "matmul": matmul, "convolution": conv}
+    per_backend = {}
+    for name in backends.BACKENDS:
+        kernel = FUSED.get(name, "memory")
+        if name == "sdpa":
+            kernel = devices.sdpa_rule(dtype, 64, 4096, devices.gpu_target(arch))
+            kernel = {"cudnn": "flash", "math": "memory"}.get(kernel, kernel)
+        core = efficiency(kernel, arch) or efficiency("efficient", arch) if kernel != "memory" else memory
+        said = f"{name} attention at {core[0]:.0%} of " + (f"the peak ({kernel} kernel: {core[1]})" if kernel != "memory"
+                                                           else "the bandwidth (unfused: memory-bound)")
+        per_backend[name] = {"coefficients": {"core_self": 1 / core[0], "core_cross": 1 / core[0],
+                                              "projections": 1 / matmul[0], "overhead": kern["overhead"]},
+                             "cells": 0, "runs": 0, "loo_error_pct": None, "published": said}
+    m, m_source = gpu_scale(gpu) if scaled else (1.0, "not scaled")
+    rest = {"coefficients": {"convolution": m / conv[0], "matmul": m / matmul[0], "norm": m / memory[0],
+                             "other": m / memory[0], "ops": kern["op_ms"]}}
+    us, host_source = host_us_per_op(host_us)
+    said = "; ".join(f"{k} at {v[0]:.0%} ({v[1]})" for k, v in sources.items())
+    refused = "".join(f"; {line}" for line in kern["refused"])
+    text = (f"an estimate, not a measurement: the {gpu['name']}'s published figures ({gpu['source']}); its attention "
+            f"calls' kernels from {kern['source']}{refused}; the rest of a forward's kernels at {m:.2f}x the time "
+            f"these efficiencies of {arch} give ({m_source}): {said}, and {kern['op_ms'] * 1e3:.2f} us an op (the "
+            f"fitted kernel time a call beyond its roofline, over a call's {kern['overhead'] / kern['op_ms']:.0f} ops)")
+    summary = (f"{PUBLISHED_SHORT}: attention kernels fitted on {kern['data']}" +
+               (f", carried to {arch}" if arch != kern["data_arch"] else "") +
+               f"; the rest at {m:.2f}x the assumed efficiencies' time ({m_source})")
+    return {"published": text, "summary": summary, "per_backend": per_backend, "kernels": kern["kernels"],
+            "kernel_data": kern["data"],
+            "backends": {},
+            "rest": {dtype: rest}, "generation": None, "host": {"us_per_op": us, "source": host_source}}
+
+
+def _naive_carried(kern: dict) -> dict:
+    """The kernel fit with naive's cores at naive_factor() (module docstring, "naive")."""
+    f = naive_factor()
+    c = kern["kernels"]["naive"]["coefficients"]
+    naive = {**kern["kernels"]["naive"], "coefficients": {**c, "core_self": c["core_self"] * f,
+                                                         "core_cross": c["core_cross"] * f},
+             "scaled": f"x{f:.2f}: fitted to [3]'s SDPA over vanilla attention in fp16 on the A100"}
+    return {**kern, "kernels": {**kern["kernels"], "naive": naive},
+            "source": kern["source"] + f"; naive x{f:.2f} beyond that, fitted to [3] on the A100 (0: its roofline)"}
