@@ -263,8 +263,8 @@ def published_calibration(gpu: dict, dtype: str, results: Path | None = None, ho
             kernel = devices.sdpa_rule(dtype, 64, 4096, devices.gpu_target(arch))
             kernel = {"cudnn": "flash", "math": "memory"}.get(kernel, kernel)
         core = efficiency(kernel, arch) or efficiency("efficient", arch) if kernel != "memory" else memory
-        said = f"{name} attention at {core[0]:.0%} of " + (f"the peak ({kernel} kernel: {core[1]})" if kernel != "memory"
-                                                           else "the bandwidth (unfused: memory-bound)")
+        said = f"{name} attention at {core[0]:.0%} of " + \
+            (f"the peak ({kernel} kernel: {core[1]})" if kernel != "memory" else "the bandwidth (unfused: memory-bound)")
         per_backend[name] = {"coefficients": {"core_self": 1 / core[0], "core_cross": 1 / core[0],
                                               "projections": 1 / matmul[0], "overhead": kern["overhead"]},
                              "cells": 0, "runs": 0, "loo_error_pct": None, "published": said}
