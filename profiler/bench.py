@@ -310,49 +310,12 @@ def time_model_error(results: Path) -> str:
     return "\n".join(lines)
 
 
-_DIFFUSERS_DOC = ("diffusers docs, optimization/torch2.0.mdx (huggingface/diffusers at 07dc8feb): runwayml/stable-"
-                  "diffusion-v1-5, fp16, channels-last U-Net, SDPA, torch 2.0 without compile; the denoising loop's "
-                  "it/s")
-_FAL = ("fal-ai/stable-diffusion-benchmarks README (A100 80G SXM, torch 2.1, diffusers 0.21.4, fp16, 50 steps, "
-        "the pipeline call's median seconds)")
-# (what, pipeline, size, steps, images, backend, GPU, published, unit: "it/s" of the loop or "s" of the call, source)
-PUBLISHED_TIMINGS = (
-    ("SD 1.5 txt2img", "sd15", 512, 50, 1, "sdpa", "A100-40GB", 21.66, "it/s", _DIFFUSERS_DOC),
-    ("SD 1.5 txt2img", "sd15", 512, 50, 4, "sdpa", "A100-40GB", 11.6, "it/s", _DIFFUSERS_DOC),
-    ("SD 1.5 txt2img", "sd15", 512, 50, 1, "sdpa", "RTX-4090", 40.5, "it/s", _DIFFUSERS_DOC),
-    ("SD 1.5 txt2img", "sd15", 512, 50, 1, "sdpa", "RTX-3090", 22.56, "it/s", _DIFFUSERS_DOC),
-    ("SD 1.5 txt2img", "sd15", 512, 50, 1, "sdpa", "V100-32GB", 18.99, "it/s", _DIFFUSERS_DOC),
-    ("SD 1.5 txt2img", "sd15", 512, 50, 1, "sdpa", "T4", 6.9, "it/s", _DIFFUSERS_DOC),
-    ("SD 1.5", "sd15", 512, 50, 1, "sdpa", "A100-80GB", 1.590, "s", _FAL),
-    ("SD 1.5, xformers", "sd15", 512, 50, 1, "xformers", "A100-80GB", 1.759, "s", _FAL),
-    ("SDXL base (guidance 5)", "sdxl", 1024, 50, 1, "sdpa", "A100-80GB", 5.933, "s", _FAL),
-    ("SDXL base (guidance 5), xformers", "sdxl", 1024, 50, 1, "xformers", "A100-80GB", 5.724, "s", _FAL),
-)
-
-
 def published_timings() -> str:
-    """Each published timing of PUBLISHED_TIMINGS beside the time model's prediction from the GPU's published figures
-    and efficiencies (never fitted to these)."""
-    from . import gpus
-    from .planner.calibration import published_calibration
-    from .planner.generation import GenerationSpec, predict_generation
+    """Each published timing (planner/published.py's rows) beside the time model's prediction, each row saying
+    whether it was used to fit."""
+    from .planner.published import check, format_check
 
-    lines = ["published timings against the time model's prediction (published limits and efficiencies of each GPU; "
-             "never fitted to these):",
-             f"  {'what':34s} {'GPU':10s} {'images':>6s} {'published':>12s} {'predicted':>12s} {'error':>7s}"]
-    for what, pipeline, size, steps, images, backend, name, value, unit, _ in PUBLISHED_TIMINGS:
-        gpu = gpus.get(name)
-        guidance = 5.0 if pipeline == "sdxl" else 7.5
-        spec = GenerationSpec(pipeline, size, size, steps, guidance, backend=backend, dtype="float16", batch=images)
-        g = predict_generation(spec, gpus.limits(gpu, "float16"), published_calibration(gpu, "float16"), gpu,
-                               "cuda")
-        step_ms = next(p["each_ms"] for p in g["parts"] if p["part"] == "denoise")
-        predicted = 1e3 / step_ms if unit == "it/s" else g["total_ms"] / 1e3
-        error = (1 / predicted - 1 / value) / (1 / value) if unit == "it/s" else (predicted - value) / value
-        lines.append(f"  {what:34s} {name:10s} {images:6d} {value:8.2f} {unit:4s} {predicted:7.2f} {unit:4s} "
-                     f"{100 * error:+6.0f}%")
-    lines.append("  (error: of the time, predicted over published; sources: docs/timing.md)")
-    return "\n".join(lines)
+    return format_check(check())
 
 
 def recorded_generations(results: Path) -> list[tuple[dict, object]]:

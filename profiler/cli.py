@@ -154,7 +154,7 @@ def _plan_generation(args) -> int:
         from . import gpus
 
         gpus.limits(gpus.get(args.gpu), dtype)  # a GPU we know, with this dtype: before any work
-    where = calibration.target(args.device, dtype, args.gpu, args.results, kept=False)
+    where = calibration.target(args.device, dtype, args.gpu, args.results, kept=False, host_us=args.host_us_per_op)
     if where is None:
         raise InputError("no GPU here to predict for: give --gpu NAME (attnprof gpus), or --device cpu "
                          "[--results DIR] for this machine's CPU")
@@ -173,7 +173,7 @@ def _plan_time(args, plans: list[dict], dtype: str) -> None:
     from . import gpus
     from .planner import calibration, timing
 
-    where = calibration.target(args.device, dtype, args.gpu, args.results, kept=True)
+    where = calibration.target(args.device, dtype, args.gpu, args.results, kept=True, host_us=args.host_us_per_op)
     if where is None:
         return
     limits, calibration, gpu = where
@@ -187,7 +187,7 @@ def _fit_time(args, result: dict, dtype: str, batch: int) -> str:
     """Each backend's predicted forward time at its largest size, added to the fit's entries; the lines to print."""
     from .planner import calibration, timing
 
-    where = calibration.target(args.device, dtype, args.gpu, args.results, kept=True)
+    where = calibration.target(args.device, dtype, args.gpu, args.results, kept=True, host_us=args.host_us_per_op)
     if where is None:
         return ""
     from .planner.fit import distinct
@@ -211,7 +211,7 @@ def _step_time(args, result: dict, dtype: str, batch: int) -> str:
     from .planner.pipeline import PIPELINES, pipeline_name
     from .unet.workload import check_settings
 
-    where = calibration.target(args.device, dtype, args.gpu, args.results, kept=False)
+    where = calibration.target(args.device, dtype, args.gpu, args.results, kept=False, host_us=args.host_us_per_op)
     if where is None or not result.get("largest"):
         return ""
     unet = PIPELINES[pipeline_name(args.pipeline)]["unet"]
@@ -236,6 +236,14 @@ def cmd_gpus(args) -> int:
             ("source", "source")]
     print(table(rows, cols))
     print("\n(dense throughput, no sparsity; profiler/gpus.py. --budget NAME and --gpu NAME read this table)")
+    from .planner.published import BLOG, DIFFUSERS_DOC, FAL, sources_of
+
+    found = [{"name": n, **sources_of(gpus.get(n))} for n in gpus.names()]
+    print("\nwhere each GPU's time comes from (plan --gpu, planner/kernels.py and published.py):")
+    print(table(found, [("name", "name"), ("attention kernels", "kernels"), ("rest of a forward", "rest")]))
+    print("the host: this machine's figure per op (planner/host.py), or --host-us-per-op")
+    for ref in [*gpus.REFERENCES.values(), DIFFUSERS_DOC, FAL, BLOG]:
+        print(f"  {ref}")
     return 0
 
 
@@ -654,6 +662,9 @@ def _add_time_args(p):
                                                  "the runs there made on a GPU of its architecture")
     g.add_argument("--results", metavar="DIR", help="calibrate on the runs under DIR made on this machine's device "
                                                     "(with --gpu: on a GPU of that GPU's architecture)")
+    g.add_argument("--host-us-per-op", type=float, metavar="US",
+                   help="with --gpu: the host's microseconds per op of an eager forward (default: this machine's, "
+                        "measured once: planner/host.py)")
 
 
 GPU_ARCH_HELP = ("on cuda, the GPU whose SDPA kernel choice to follow, as a compute capability (sm80, sm89, sm90, "

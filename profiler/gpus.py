@@ -87,7 +87,7 @@ def limits(gpu: dict, dtype: str) -> dict:
         raise InputError(f"the {gpu['name']} has no {dtype} tensor throughput ({gpu['source']}): plan another "
                          "dtype (--dtype float16)")
     return {"device_peak_flops": {dtype: tflops * 1e12}, "device_peak_bytes_per_s": gpu["bytes_per_s"],
-            "device_limits": {"key": f"{gpu['name']} (published)", "source": gpu["source"]}}
+            "device_limits": {"key": f"{gpu['name']} (published)", "source": gpu["source"], "device": "cuda"}}
 
 
 def describe(gpu: dict, dtype: str) -> str:
@@ -102,8 +102,51 @@ def arch_of(environment: dict) -> str | None:
     None for a CPU or a GPU not in the table."""
     if environment.get("device_arch"):
         return environment["device_arch"]
-    words = {_norm(w) for w in re.split(r"[\s_-]+", str(environment.get("device_name") or ""))}
-    return next((row[2] for row in _ROWS for n in (row[0], *row[1]) if _norm(n) in words), None)
+    row = named_in(environment.get("device_name"))
+    return row["arch"] if row else None
+
+
+def named_in(device_name) -> dict | None:
+    """The table's GPU whose name or alias the device name holds as a word ("NVIDIA H200": the H200), or None."""
+    words = {_norm(w) for w in re.split(r"[\s_-]+", str(device_name or ""))}
+    return next((find(row[0]) for row in _ROWS for n in (row[0], *row[1]) if _norm(n) in words), None)
+
+
+# A fused attention kernel's forward throughput against the GPU's dense peak, per architecture: (fraction, source),
+# from the papers' forward benchmarks at head dim 64 (SDXL's; SD 1.5's 40-160 run the same kernels). The time model
+# fits each kernel to the kernel times a GPU printed (planner/kernels.py) and carries the fit to another architecture
+# by these figures' ratio; a kernel no paper benchmarks on an architecture takes the figure named in its source.
+REFERENCES = {
+    "FA3 paper fig. 5a": "FlashAttention-3 paper (Shah et al. 2024, arXiv:2407.08608), figure 5a: forward, head dim "
+                         "64, no causal mask, H100 80GB SXM5, batch x sequence 16k, hidden 2048; TFLOP/s at 4k tokens",
+    "FA2 paper": "FlashAttention-2 paper (Dao 2023, arXiv:2307.08691): forward 50-73% of the A100's peak, the low end "
+                 "at head dim 64",
+}
+ATTENTION = {
+    "flash": {"sm90": (321 / 989.5, "FA3 paper fig. 5a: FlashAttention-2 321 TFLOP/s on the H100"),
+              "sm80": (0.50, "FA2 paper: 50% of the A100's peak"),
+              "sm86": (0.50, "assumed as the A100's (FA2 paper)"), "sm89": (0.50, "assumed as the A100's (FA2 paper)")},
+    "cudnn": {"sm90": (408 / 989.5, "FA3 paper fig. 5a: cuDNN 408 TFLOP/s on the H100")},
+    "fa3": {"sm90": (476 / 989.5, "FA3 paper fig. 5a: FlashAttention-3 476 TFLOP/s on the H100")},
+    "naive": {"sm90": (72 / 989.5, "FA3 paper fig. 5a: standard attention 72 TFLOP/s on the H100")},
+}
+SCALES_AS = {"efficient": "flash", "cudnn": "flash"}  # assumed: sm80-style kernels, scaled between archs as FA2's
+
+
+def attention_scale(kernel: str, data_arch: str, arch: str) -> tuple[float, str]:
+    """What a kernel's fitted coefficient on data_arch is multiplied by on arch (its published efficiency on
+    data_arch over that on arch), and why. 1 where the two are one architecture or no figure says otherwise
+    (assumed)."""
+    if arch == data_arch:
+        return 1.0, "fitted on this architecture"
+    for k in (kernel, SCALES_AS.get(kernel)):
+        table = ATTENTION.get(k or "", {})
+        if data_arch in table and arch in table:
+            (here, src_here), (there, src_there) = table[data_arch], table[arch]
+            how = "" if k == kernel else f", assumed to scale as {k}'s"
+            return here / there, f"{k} {here:.0%} of the peak on {data_arch} ({src_here}) over {there:.0%} on {arch} " \
+                                 f"({src_there}){how}"
+    return 1.0, f"assumed: the same share of the peak on {arch} as on {data_arch}"
 
 
 # Efficiency of each op class against the table's roofline, per architecture: (fraction, where it comes from). The
@@ -124,9 +167,6 @@ EFFICIENCY = {
     "convolution": {"*": (0.50, _ASSUMED)},
     "memory": {"*": (0.80, _ASSUMED)},
 }
-HOST_OP_S = (5e-6, "assumed 5 us of host time per aten op (PyTorch eager dispatch and a kernel launch; 1.3 us measured "
-                   "for a tiny op on this project's CPU, without the launch)")
-CALL_OPS = 12  # aten ops of one diffusers attention call outside its kernel (projections, layouts, the output)
 FUSED = {"sdpa": None, "sdpa-flash": "flash", "flash-attn": "flash", "flash-attn-3": "flash", "sdpa-cudnn": "flash",
          "sdpa-efficient": "efficient", "xformers": "efficient"}
 

@@ -196,3 +196,76 @@ def test_the_new_pages_a_call_gets_in_a_process_left_as_it_is_are_the_models():
     assert want == {"naive": 2**29, "sliced": 2**29, "split": 2**28, "subquad": 2**28}
     for n in names:
         assert want[n] <= counted[n] < want[n] + 16 * 2**20, (n, counted[n] / 2**20)
+
+
+class LaunchBoundDevice(FakeDevice):
+    """A GPU behind a slow host (the H200's): looped one launch after another in one interval, each run takes the
+    host's `launch` ms (the GPU idles between), while replayed from a CUDA graph (devices.Cuda.replay_ms) each takes
+    its kernel's `ms`. Its L2-sized copy: 7.5 MiB in 11.6 us a launch (the audit's 1.35e12 B/s), 2.5 us a kernel."""
+
+    def __init__(self, ms: float, launch: float):
+        super().__init__(ms)
+        self.launch, self.replays = launch, []
+
+    def work(self):
+        self.now += self.launch
+
+    def replay_ms(self, fn, times, rounds=5):
+        self.replays.append(times)
+        return [self.ms] * rounds
+
+
+def test_the_small_figures_are_rates_from_replays_not_a_cost_per_launch():
+    """Timed as the large ones are (a loop in one interval), the cache's copy reads the host's cost per launch; from
+    replays it reads the kernel's, and each replay holds at least LAUNCHES runs."""
+    dev = LaunchBoundDevice(ms=0.0025, launch=0.0116)
+    assert limits._best_ms(dev, dev.work) == pytest.approx(0.0116)  # what the H200's limits stored: per launch
+    assert limits._replayed_ms(dev, dev.work) == pytest.approx(0.0025)
+    assert dev.replays and min(dev.replays) >= limits.LAUNCHES and max(dev.replays) <= limits.MAX_LAUNCHES
+
+
+def test_softmax_score_gemms_and_the_caches_copy_go_through_the_devices_replay(monkeypatch):
+    """On the CPU too (its replay_ms is a host-clock loop, the same physics as before): each small figure is timed by
+    devices.replay_ms with at least LAUNCHES runs, and comes out a rate (elements or bytes a second, not zero)."""
+    from profiler import devices
+
+    seen = []
+    real = devices.Cpu.replay_ms
+
+    def spy(self, fn, times, rounds=5, **kw):
+        seen.append(times)
+        return real(self, fn, times, rounds, **kw)
+
+    monkeypatch.setattr(devices.Cpu, "replay_ms", spy)
+    monkeypatch.setattr(limits, "TARGET_MS", 5.0)
+    monkeypatch.setattr(limits, "WARM_MS", 5.0)
+    dev = devices.get("cpu")
+    assert limits.softmax_per_s(dev, "float32") > 1e6 and limits.score_gemm_per_s(dev, "float32") > 1e6
+    assert limits.copy_bytes_per_s(dev, 2**20, replayed=True) > 1e8
+    assert len(seen) == 3 and min(seen) >= limits.LAUNCHES
+
+
+def test_a_cache_bandwidth_below_the_memorys_is_refused_in_one_line(tmp_path, monkeypatch):
+    """The H200 run's limits (its manifest: memory 4.24e12 B/s, its 60 MiB L2's copy 1.35e12 B/s, a cost per launch):
+    the cache figure is refused with one line, and the time model prices every op at the memory's bandwidth."""
+    from profiler.planner.timing import Device
+
+    entry = {"bytes_per_s": 4.2408e12, "cache_bytes": 62914560, "cache_bytes_per_s": 1.3527e12}
+    lines = limits.refused_lines(entry)
+    assert len(lines) == 1 and "below the memory's" in lines[0] and "1.35e+12" in lines[0]
+    assert limits.refused_lines({**entry, "cache_bytes_per_s": 8e12}) == []
+    h200 = {"device_peak_flops": {"float16": 6.458e14}, "device_peak_bytes_per_s": 4.2408e12,
+            "device_memory": {"cache_bytes": 62914560, "cache_bytes_per_s": 1.3527e12}}
+    d = Device.of(h200, "float16")
+    assert d.cache_bandwidth is None and float(d.moved_ms(1e6, 1e6)) == pytest.approx(1e6 / 4.2408e12 * 1e3)
+    # a cache entry that holds such a figure: device_limits says so and hands on no cache bandwidth
+    monkeypatch.setenv("ATTNPROF_CACHE", str(tmp_path))
+    got = limits.device_limits("cpu", ["float32"])
+    assert got["device_launch_us"] > 0 and got["device_limits"]["refused"] == []
+    path = tmp_path / "device-limits.json"
+    (key, stored), = json.loads(path.read_text()).items()
+    assert stored["replayed"] and stored["launch_us"] == got["device_launch_us"]
+    path.write_text(json.dumps({key: {**stored, "cache_bytes_per_s": stored["bytes_per_s"] / 3}}))
+    again = limits.device_limits("cpu", ["float32"])
+    assert len(again["device_limits"]["refused"]) == 1 and Device.of(again, "float32").cache_bandwidth is None
+    assert again["device_memory"]["cache_bytes_per_s"] == stored["bytes_per_s"] / 3  # as measured, for the record

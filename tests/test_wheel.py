@@ -42,7 +42,8 @@ def venv(tmp_path_factory) -> Path:
     wheel = next((tmp / "W").glob("attnprof-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     tree = {str(p.relative_to(ROOT)) for d in ("profiler", "dashboards") for p in (ROOT / d).rglob("*.py")}
-    configs = {f"profiler/_configs/{p.relative_to(ROOT / 'configs')}" for p in (ROOT / "configs").rglob("*.yaml")}
+    configs = {f"profiler/_configs/{p.relative_to(ROOT / 'configs')}" for p in (ROOT / "configs").rglob("*")
+               if p.suffix in (".yaml", ".csv")}
     assert tree <= names, f"not in the wheel (a package missing from pyproject's list?): {sorted(tree - names)}"
     assert configs <= names and configs, sorted(configs - names)
     env = tmp / "venv"
@@ -68,6 +69,7 @@ def test_the_installed_wheel_is_what_runs_and_finds_its_configs(venv, tmp_path):
     found = _run([str(venv / "bin" / "python"), "-c", code], cwd=tmp_path, env=_clean_env()).stdout.split()
     assert all(Path(p).is_relative_to(venv) for p in found), found  # not the repository's (editable) copy
     assert (Path(found[1]) / "models" / "sdxl-base.yaml").is_file()
+    assert (Path(found[1]) / "kernels" / "h200-2026-12-04.csv").is_file()  # the GPU kernel times plan --gpu fits on
 
 
 def test_attnprof_plan_runs_from_a_folder_outside_the_repository(venv, tmp_path):

@@ -333,6 +333,29 @@ def picks_sdpa_kernel(name: str) -> bool:
     return bool(b and b.picks_sdpa_kernel)
 
 
+LIBRARY_KERNEL = {"flash-attn": "flash", "flash-attn-3": "fa3"}
+
+
+def call_kernel(name: str, row: dict, arch: str | None = None) -> str:
+    """The kernel that runs a call's attention (what the GPU time model fits, planner/kernels.py): the SDPA kernel the
+    backend (or the one of ours a dispatcher backend runs: kernel_of) forces, or the one PyTorch chose for the call
+    (row["sdpa_kernel"]); the kernel a fused library runs (LIBRARY_KERNEL: flash-attn's FlashAttention-2 is PyTorch's
+    flash one; xformers dispatches to FlashAttention-2 first where it runs, from sm80 in half precision up to head
+    dim 256, else to its cutlass kernel, PyTorch's memory-efficient one); else the backend's own ops (naive's
+    baddbmm, softmax and bmm; the chunked backends'). arch: the GPU's (sm90), where known."""
+    own = kernel_of(name)
+    b = _record(own)
+    if b is not None and b.sdpa_kernel:
+        return b.sdpa_kernel
+    chosen = row.get("sdpa_kernel")
+    if b is not None and b.picks_sdpa_kernel and isinstance(chosen, str) and chosen:
+        return chosen
+    if own == "xformers":
+        flash = arch and int(arch.removeprefix("sm")) >= 80 and row.get("head_dim", 0) <= 256
+        return "flash" if flash else "efficient"
+    return LIBRARY_KERNEL.get(own, own)
+
+
 def check_backend_name(name: str) -> None:
     if name not in BACKENDS:
         dispatcher = name.startswith("diffusers:")

@@ -134,7 +134,8 @@ def group_events(cells: list[CellSpec], repeats: int, warmup: int, extra: dict |
             rows = run_set(shape, cache, repeats, warmup, mine, Path(tmp) if tmp else None, full=trace is True)
             files = {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir())} if tmp else {}
         for c, (cell, blocks) in zip(shape, rows):
-            cell = with_extra(cell, blocks, mine[c.cell_id])
+            cell = with_extra({**cell, "warmup": warmup, "repeats": repeats}, blocks, mine[c.cell_id])  # what the
+            # time model admits (planner/kernels.py)
             yield {"event": "done", "cell_id": c.cell_id, "status": cell["status"], "cell": cell, "blocks": blocks,
                    "files": {k: v for k, v in files.items() if k.startswith(c.cell_id)}}
         done += len(shape)

@@ -120,6 +120,8 @@ def execute(sweep: Sweep, *, resume: bool = False, retry_failed: bool = False, f
     if note:
         print(f"attnprof: {note}", file=sys.stderr, flush=True)
     limits = _limits(run.manifest() if resumed else {}, executor, device, dtypes)
+    for line in (limits.get("device_limits") or {}).get("refused") or []:
+        print(f"attnprof: device limit refused: {line}", file=sys.stderr, flush=True)
     stops = HeldStops()
     stops.hold()  # a stop while the run is made and its lock taken is raised in the try below, which closes it
     try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import timing_judges
+from .model_judges import (device_limits_are_rates, short_generation_matches_its_prediction,
+                           time_model_fits_kernel_times_across_models)
 from .checks import (CHUNKED, allocator_holds_only_the_model_and_its_forward, call_peaks_match_their_memory_models,
                      cells_ok_within_tolerance, core_run, cuda1_is_measured_on_cuda1, folder_build_on_cuda,
                      forced_kernels_ran, forward_peak_matches_the_planner, kernels_credited_to_their_call,
@@ -39,12 +41,14 @@ def _judges(run: str, group: str, judges) -> list[Step]:
 
 STEPS = [
     Step("core run", "run", core_run, 120, 15),
-    *_judges("core run", "core", [cells_ok_within_tolerance, *timing_judges.JUDGES, forced_kernels_ran,
+    *_judges("core run", "core", [cells_ok_within_tolerance, *timing_judges.JUDGES, device_limits_are_rates,
+                                  time_model_fits_kernel_times_across_models, forced_kernels_ran,
                                   forward_peak_matches_the_planner, sdpa_runs_the_kernel_pytorch_answers,
                                   call_peaks_match_their_memory_models(["naive"]), nvml_covers_the_allocator,
                                   allocator_holds_only_the_model_and_its_forward]),
     *(Step(f.__name__.replace("_", " "), "model", f, s, None, group="harness") for f, s in (
-        (kernels_credited_to_their_call, 25), (provoked_oom_then_ok, 30), (random_build_on_cuda, 15),
+        (short_generation_matches_its_prediction, 60), (kernels_credited_to_their_call, 25),
+        (provoked_oom_then_ok, 30), (random_build_on_cuda, 15),
         (folder_build_on_cuda, 15), (sweep_parent_holds_no_context, 35), (cuda1_is_measured_on_cuda1, 20))),
     Step("rest run", "run", rest_run, 100, 15, group="rest"),
     *_judges("rest run", "rest", [cells_ok_within_tolerance, forced_kernels_ran, forward_peak_matches_the_planner,

@@ -13,6 +13,14 @@
   fresh_min_bytes gets them from the kernel every time: devices.py). Softmax: elements per second over a table in the
   cache (the exponentials a materialised or fused score table costs beyond its traffic). Timed by the device's own interval (CUDA events on the device's stream, a host clock on the CPU),
   after a synchronize. About 2 s per dtype on a 2-core CPU, a few seconds on a GPU.
+  The small figures (the cache's bandwidth, softmax's rate, the score GEMMs' rate: each run of a few microseconds on a
+  GPU) are rates only where no launch is in them: they are timed from `devices.replay_ms`, at least LAUNCHES runs
+  back to back per interval (on CUDA one CUDA graph of them replayed under events, so the host's launches are not
+  in the figure; on the CPU a host-clock loop, as the other figures). Looped one launch after another inside one
+  interval on the H200, they read the host's cost per launch (a cache bandwidth of 1.35e12 B/s, below the memory's
+  4.24e12; softmax 3.7e11 elements/s). The host's cost per launch is stored apart (`launch_us`:
+  measure/state.launch_us). A cache bandwidth below the memory's is refused (not a rate: every op is then priced
+  at the memory's), with a line saying so in `refused`.
 - `place(flops, bytes_moved, ms, peak_flops, peak_bytes_per_s)`: the achieved FLOP/s, the arithmetic intensity
   (FLOPs per byte moved), the roofline bound that applies (memory where intensity x bandwidth is below the compute
   peak, else compute) and the percent of that bound achieved.
@@ -35,6 +43,8 @@ CACHE_FILE = "device-limits.json"
 TARGET_MS = 100.0  # each figure times at least this much work in one interval
 WARM_MS = 500.0  # of products before the first figure, so that the device runs at its working clock
 ROUNDS = 3
+LAUNCHES = 200  # the small figures: at least this many runs per interval (one CUDA graph of them on a GPU)
+MAX_LAUNCHES = 10000  # and at most this many (a CUDA graph's nodes)
 SCORE_HEAD_DIM = 8  # the score GEMMs' inner dimension: small, where a score element's cost is not its FLOPs
 METHOD = (f"warmed for {WARM_MS:g} ms; matmul: square n x n (n doubled from 512 until one takes {TARGET_MS / 10:g} ms "
           f"or n reaches the device's cap), repeated to at least {TARGET_MS:g} ms per interval, best of {ROUNDS}; "
@@ -42,9 +52,11 @@ METHOD = (f"warmed for {WARM_MS:g} ms; matmul: square n x n (n doubled from 512 
           "an eighth of the last-level cache; new pages: a 4 x fresh_min_bytes buffer allocated and filled against "
           "a kept one's fill; softmax: rows of 1024 in an eighth of the cache; score GEMMs: (1024 x "
           f"{SCORE_HEAD_DIM}) @ ({SCORE_HEAD_DIM} x 1024) into a kept table and that table @ (1024 x "
-          f"{SCORE_HEAD_DIM}), per score element")
+          f"{SCORE_HEAD_DIM}), per score element; the cache's copy, softmax and the score GEMMs at least {LAUNCHES} "
+          "runs an interval, replayed from one CUDA graph on a GPU (devices.replay_ms); the host's cost per launch "
+          "apart (launch_us)")
 LIMIT_KEYS = ("device_peak_flops", "device_peak_bytes_per_s", "device_limits", "device_memory",
-              "device_softmax_per_s", "device_score_gemm_per_s")  # what a manifest holds of the limits
+              "device_softmax_per_s", "device_score_gemm_per_s", "device_launch_us")  # what a manifest holds
 
 
 def cache_path() -> Path:
@@ -77,9 +89,9 @@ def device_key(device: str, kept: bool | None = None) -> str:
 def device_limits(device: str, dtypes) -> dict:
     """{"device_peak_flops": {dtype: FLOP/s}, "device_peak_bytes_per_s": bytes/s, "device_memory": {cache_bytes,
     cache_bytes_per_s, fresh_bytes_per_s, fresh_min_bytes}, "device_softmax_per_s": {dtype: elements/s},
-    "device_score_gemm_per_s": {dtype: score elements/s}, "device_limits": {key, cache, measured_at, method}}: from
-    the cache, measuring what it lacks (a dtype not yet measured, a figure an older version did not measure) and
-    adding it."""
+    "device_score_gemm_per_s": {dtype: score elements/s}, "device_launch_us": the host's microseconds per launch,
+    "device_limits": {key, cache, measured_at, method, refused}}: from the cache, measuring what it lacks (a dtype
+    not yet measured, a figure an older version did not measure) and adding it."""
     from ..store import add_to_cache, read_cache
 
     dev = devices.get(device)
@@ -99,11 +111,31 @@ def device_limits(device: str, dtypes) -> dict:
             "device_memory": {**memory, "fresh_min_bytes": dev.fresh_min_bytes},
             "device_softmax_per_s": {d: entry["softmax_per_s"][d] for d in dtypes},
             "device_score_gemm_per_s": {d: entry["score_gemm_per_s"][d] for d in dtypes},
-            "device_limits": {"key": key, "cache": str(path), "measured_at": entry["measured_at"], "method": METHOD}}
+            "device_launch_us": entry.get("launch_us"),
+            "device_limits": {"key": key, "cache": str(path), "measured_at": entry["measured_at"], "method": METHOD,
+                              "device": dev.torch.type, "refused": refused_lines(entry)}}
+
+
+def refused_lines(entry: dict) -> list[str]:
+    """Why a measured figure is not used (planner/timing.Device.of leaves it out): a cache bandwidth below the
+    memory's is a cost per launch, not a rate (a cache entry's own names, bytes_per_s and cache_bytes_per_s)."""
+    cache, memory = entry.get("cache_bytes_per_s"), entry.get("bytes_per_s")
+    if cache and memory and cache < memory:
+        return [f"the cache's bandwidth ({cache:.3g} B/s) came out below the memory's ({memory:.3g} B/s): a cost per "
+                "launch, not a rate; refused, every op priced at the memory's bandwidth"]
+    return []
+
+
+SMALL = ("softmax_per_s", "score_gemm_per_s", "cache_bytes_per_s")  # the figures timed from replays (LAUNCHES)
 
 
 def _measure_missing(dev, entry: dict, dtypes) -> None:
-    """Each figure the cache entry lacks, measured into it."""
+    """Each figure the cache entry lacks, measured into it. On CUDA, an entry whose small figures were looped one
+    launch after another (before they were replayed: no "replayed" mark) has them measured anew."""
+    if dev.torch.type == "cuda" and not entry.get("replayed"):
+        for figure in SMALL:
+            entry.pop(figure, None)
+        entry.pop("cache_bytes", None)
     for figure, measure in (("flops", matmul_flops_per_s), ("softmax_per_s", softmax_per_s),
                             ("score_gemm_per_s", score_gemm_per_s)):
         have = entry.get(figure) or {}
@@ -112,9 +144,15 @@ def _measure_missing(dev, entry: dict, dtypes) -> None:
         entry["bytes_per_s"] = copy_bytes_per_s(dev)
     if "cache_bytes" not in entry:
         entry["cache_bytes"] = dev.cache_bytes()
-        entry["cache_bytes_per_s"] = copy_bytes_per_s(dev, entry["cache_bytes"] // 8) if entry["cache_bytes"] else None
+        entry["cache_bytes_per_s"] = copy_bytes_per_s(dev, entry["cache_bytes"] // 8, replayed=True) \
+            if entry["cache_bytes"] else None
     if "fresh_bytes_per_s" not in entry:
         entry["fresh_bytes_per_s"] = fresh_bytes_per_s(dev) if dev.fresh_min_bytes else None
+    if "launch_us" not in entry:
+        from .state import launch_us
+
+        entry["launch_us"] = launch_us(dev)
+    entry["replayed"] = True
 
 
 def _interval_ms(dev, fn, times: int) -> float:
@@ -145,6 +183,15 @@ def _best_ms(dev, fn, rounds: int = ROUNDS) -> float:
     return min(_interval_ms(dev, fn, times) / times for _ in range(rounds))
 
 
+def _replayed_ms(dev, fn, rounds: int = ROUNDS) -> float:
+    """The best time of one run of fn (a small one: microseconds on a GPU), on a warm device, from `rounds` intervals
+    of devices.replay_ms, each of enough runs for TARGET_MS of work and at least LAUNCHES (at most MAX_LAUNCHES):
+    on CUDA the runs of one CUDA graph replayed, so that no launch is in the figure; a host-clock loop on the CPU."""
+    _warm(dev, fn)
+    times = max(LAUNCHES, min(MAX_LAUNCHES, math.ceil(TARGET_MS / max(_interval_ms(dev, fn, 1), 1e-6))))
+    return min(dev.replay_ms(fn, times, rounds))
+
+
 def matmul_flops_per_s(dev, dtype: str) -> float:
     """The best dense matmul throughput in this dtype: 2 n^3 FLOPs per product, on a warm device."""
     n, tdt = 512, torch_dtype(dtype)
@@ -158,13 +205,14 @@ def matmul_flops_per_s(dev, dtype: str) -> float:
         n *= 2
 
 
-def copy_bytes_per_s(dev, nbytes: int | None = None) -> float:
+def copy_bytes_per_s(dev, nbytes: int | None = None, replayed: bool = False) -> float:
     """The memory bandwidth: a buffer copied, its bytes read once and written once, on a warm device. By default a
-    large one (from memory); given nbytes, that size (small enough, from the cache)."""
+    large one (from memory); given nbytes, that size (small enough, from the cache), replayed: timed as a small
+    figure (_replayed_ms)."""
     src = torch.ones((nbytes or dev.copy_bytes) // 4, device=dev.torch)  # written first, so that its pages exist
     dst = torch.zeros_like(src)
     copy = lambda: dst.copy_(src)  # noqa: E731
-    return 2 * src.nbytes / (_best_ms(dev, copy) / 1e3)
+    return 2 * src.nbytes / ((_replayed_ms if replayed else _best_ms)(dev, copy) / 1e3)
 
 
 def fresh_bytes_per_s(dev) -> float:
@@ -185,7 +233,7 @@ def softmax_per_s(dev, dtype: str) -> float:
     elements = max(1024, ((dev.cache_bytes() or 2**25) // 8) // tdt.itemsize // 1024 * 1024)
     x = torch.randn(elements // 1024, 1024, device=dev.torch, dtype=tdt)
     out = torch.empty_like(x)
-    return elements / (_best_ms(dev, lambda: torch.softmax(x, -1, out=out)) / 1e3)
+    return elements / (_replayed_ms(dev, lambda: torch.softmax(x, -1, out=out)) / 1e3)
 
 
 def score_gemm_per_s(dev, dtype: str) -> float:
@@ -202,7 +250,7 @@ def score_gemm_per_s(dev, dtype: str) -> float:
         torch.mm(q, kt, out=table)
         torch.mm(table, v, out=out)
 
-    return n * n / (_best_ms(dev, gemms) / 1e3)
+    return n * n / (_replayed_ms(dev, gemms) / 1e3)
 
 
 CACHE_SHARE = 0.5  # a working set of at most this share of the last-level cache moves at the cache's bandwidth
@@ -210,11 +258,15 @@ CACHE_SHARE = 0.5  # a working set of at most this share of the last-level cache
 
 def cell_peaks(limits: dict, dtype: str) -> dict:
     """The limits that apply to a cell of this dtype, as the cell row stores them: the compute peak, the memory
-    bandwidth, and where measured the last-level cache's size and bandwidth."""
+    bandwidth, and where measured the last-level cache's size and bandwidth, softmax's rate and the host's cost per
+    launch."""
     memory = limits.get("device_memory") or {}
     return {"device_peak_flops_per_s": (limits.get("device_peak_flops") or {}).get(dtype),
             "device_peak_bytes_per_s": limits.get("device_peak_bytes_per_s"),
-            "device_cache_bytes": memory.get("cache_bytes"), "device_cache_bytes_per_s": memory.get("cache_bytes_per_s")}
+            "device_cache_bytes": memory.get("cache_bytes"),
+            "device_cache_bytes_per_s": memory.get("cache_bytes_per_s"),
+            "device_softmax_per_s": (limits.get("device_softmax_per_s") or {}).get(dtype),
+            "device_launch_us": limits.get("device_launch_us")}
 
 
 def roof_of(extra: dict) -> tuple:

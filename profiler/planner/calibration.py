@@ -22,6 +22,7 @@ from ..attention import backends
 from ..env import cache_dir
 from ..spec import InputError, parse_dtype
 from ..measure.limits import LIMIT_KEYS
+from .published import published_calibration
 from .timing import (CALL_FEATURES, REST_FEATURES, Device, fit_model, forward_samples, mean_error, predict, roof_ms,
                      walked_plan)
 
@@ -222,6 +223,9 @@ def calibrate(results: Path, key: str, write: bool = True, keep=None) -> dict | 
     "passed_over": {run: why}}, each backend's fit with its leave-one-out error of the forward too. Written to the
     calibration file under the key."""
     passed: dict[str, str] = {}
+    cuda = kernel_calibration(results, key)
+    if cuda is not None:
+        return cuda
     calls, rests, limits, runs = samples(results, key, passed, keep)
     if not rests:
         return None
@@ -240,6 +244,37 @@ def calibrate(results: Path, key: str, write: bool = True, keep=None) -> dict | 
         from ..store import add_to_cache
 
         add_to_cache(calibration_path(), key, _lean(out))
+    return out
+
+
+def kernel_calibration(results: Path, key: str) -> dict | None:
+    """The time model of a CUDA device of this limits key (planner/kernels.py): each attention kernel fitted to the
+    kernel times its stored runs under results hold (never their event times), on its measured limits; the cells
+    refused and a fit resting on one cell named in passed_over. None where no CUDA run has the key."""
+    from ..store import readable_runs
+    from . import kernels
+
+    rows, passed = kernels.stored_rows(results, key=key)
+    if not len(rows):
+        return None
+    limits = next(({k: m[k] for k in LIMIT_KEYS if k in m} for _, m in reversed(readable_runs(Path(results)))
+                   if (m.get("device_limits") or {}).get("key") == key), {})
+    admitted, refused = kernels.admit(rows)
+    out = {"key": key, "results": str(results), "runs": sorted(set(rows["run_id"])), "limits": limits,
+           "backends": {}, "rest": {}, "generation": None, "kernels": {}, "kernel_source": "",
+           "passed_over": {line.split(": ", 1)[0]: line.split(": ", 1)[-1] for line in passed + refused}}
+    s = []
+    for dtype, mine in admitted.groupby("dtype") if len(admitted) else []:
+        s += kernels.samples(mine, Device.of(limits, dtype))
+    try:
+        fitted = kernels.fit(s)
+    except InputError as e:
+        out["passed_over"]["fit"] = str(e)
+        out["kernel_source"] = "roofline bound on this device's measured limits (no admitted fit)"
+        return out
+    out["kernels"] = {k: kernels.coefficients(fitted, k) for k in fitted["kernels"]}
+    out["kernel_source"] = (f"kernel times of {fitted['cells']} cells ({fitted['calls']} calls) in "
+                            f"{len(out['runs'])} runs of this device")
     return out
 
 
@@ -277,20 +312,22 @@ def calibration_path() -> Path:
 
 
 def target(device: str, dtype: str, gpu_name: str | None = None, results: str | None = None,
-           kept: bool | None = None) -> tuple | None:
-    """(limits, calibration, gpu) of the device to predict for: the GPU table's gpu_name (its published figures,
-    calibrated on the runs under results made on a GPU of its architecture where there are any, else by the
-    published kernel efficiencies of its architecture: gpus.EFFICIENCY), or this machine's device (its measured
-    limits, calibrated on the stored runs under results made on it); None for CUDA on a machine without a GPU and
-    no gpu_name. kept (measure/limits.device_key): True for a cell of ours (its runs, attnprof run and sweep), False
-    for a user's own generation (attnprof record's runs), None for this process as it is."""
+           kept: bool | None = None, host_us: float | None = None) -> tuple | None:
+    """(limits, calibration, gpu) of the device to predict for: the GPU table's gpu_name (its published figures, its
+    attention kernels fitted to the kernel times of its architecture, kept with the project and under results, its
+    host priced apart: published_calibration), or this machine's device (its measured limits, calibrated on the
+    stored runs under results made on it); None for CUDA on a machine without a GPU and no gpu_name. kept
+    (measure/limits.device_key): True for a cell of ours (its runs, attnprof run and sweep), False for a user's own
+    generation (attnprof record's runs), None for this process as it is. host_us: the host's microseconds per op
+    (--host-us-per-op; else this machine's, planner/host.py)."""
     from .. import gpus
     from ..measure.limits import device_key, device_limits
 
+    if host_us is not None and not host_us > 0:
+        raise InputError(f"--host-us-per-op {host_us:g}: a host takes some time per op; give microseconds above 0")
     if gpu_name:
         gpu = gpus.get(gpu_name)
-        fitted = same_arch(Path(results), gpu, dtype) if results else None
-        return gpus.limits(gpu, dtype), fitted or published_calibration(gpu, dtype), gpu
+        return gpus.limits(gpu, dtype), published_calibration(gpu, dtype, results and Path(results), host_us), gpu
     if device == "cuda" and not torch.cuda.is_available():
         return None
     calibration = calibrate(Path(results), device_key(device, kept)) if results else None
@@ -302,25 +339,6 @@ def target(device: str, dtype: str, gpu_name: str | None = None, results: str | 
 
         devices.keep_memory()  # the limits measured as a cell's process has them
     return device_limits(device, [dtype]), calibration, None
-
-
-def same_arch(results: Path, gpu: dict, dtype: str) -> dict | None:
-    """The time model fitted to the stored runs under results made on a GPU of the same architecture as gpu (a table
-    row), for applying to its published figures: each backend's efficiencies against the roofline and its per-call
-    overhead carried over. Of several such devices, the one with the most cells of this dtype. None where there is
-    none. The result's "device" names the GPU the runs were made on."""
-    from .. import gpus
-    from ..store import readable_runs
-
-    found = {}
-    for _, manifest in readable_runs(results):
-        key = (manifest.get("device_limits") or {}).get("key")
-        env = manifest.get("environment") or {}
-        if key and str(env.get("device", "")).startswith("cuda") and gpus.arch_of(env) == gpu["arch"]:
-            found.setdefault(key, env.get("device_name") or key)
-    fits = [{**c, "device": name} for key, name in found.items()
-            if (c := calibrate(results, key, write=False)) and dtype in c["rest"]]
-    return max(fits, key=lambda c: c["rest"][dtype]["cells"], default=None)
 
 
 def predict_cells(cells: list, limits: dict, results: Path) -> dict[str, dict]:
@@ -335,7 +353,8 @@ def predict_cells(cells: list, limits: dict, results: Path) -> dict[str, dict]:
         out[c.cell_id] = {"predicted_forward_time_ms": t["predicted_forward_time_ms"],
                           "predicted_attention_time_ms": t["predicted_attention_time_ms"],
                           "time_source": f"{t['time_backend']}: {t['time_source']}",
-                          "predicted_call_times_ms": [r["predicted_time_ms"] for r in p["blocks"]]}
+                          "predicted_call_times_ms": [r["predicted_time_ms"] for r in p["blocks"]],
+                          "roofline_call_times_ms": [r["roofline_time_ms"] for r in p["blocks"]]}
     return out
 
 
@@ -384,35 +403,3 @@ def by_size(model: str, sizes: list[tuple[int, int]], names: list[str], dtype: s
                          "attention_ms": t["predicted_attention_time_ms"], "forward_ms": t["predicted_forward_time_ms"],
                          "source": t["time_source"]})
     return rows
-
-
-def published_calibration(gpu: dict, dtype: str) -> dict:
-    """The time model's coefficients for a GPU of the table from published kernel efficiencies of its architecture
-    (EFFICIENCY), in the shape of a calibration (planner/timing.py): "per_backend" holds each backend's call fit
-    (core at the efficiency of its kernel, or of the bandwidth for an unfused one; projections at the matmul's; a
-    call's host ops), "rest" the rest of a forward's per op class, "published" says where each figure came from."""
-    from ..attention import backends
-    from .. import devices
-    from ..gpus import CALL_OPS, FUSED, HOST_OP_S, efficiency
-
-    arch = gpu["arch"]
-    memory, matmul, conv = efficiency("memory", arch), efficiency("matmul", arch), efficiency("convolution", arch)
-    sources = {"memory-bound ops": memory, "matmul": matmul, "convolution": conv}
-    per_backend = {}
-    for name in backends.BACKENDS:
-        kernel = FUSED.get(name, "memory")
-        if name == "sdpa":
-            kernel = devices.sdpa_rule(dtype, 64, 4096, devices.gpu_target(arch))
-            kernel = {"cudnn": "flash", "math": "memory"}.get(kernel, kernel)
-        core = efficiency(kernel, arch) or efficiency("efficient", arch) if kernel != "memory" else memory
-        said = f"{name} attention at {core[0]:.0%} of " + (f"the peak ({kernel} kernel: {core[1]})" if kernel != "memory"
-                                                           else "the bandwidth (unfused: memory-bound)")
-        per_backend[name] = {"coefficients": {"core_self": 1 / core[0], "core_cross": 1 / core[0],
-                                              "projections": 1 / matmul[0], "overhead": CALL_OPS * HOST_OP_S[0] * 1e3},
-                             "cells": 0, "runs": 0, "loo_error_pct": None, "published": said}
-    rest = {"coefficients": {"convolution": 1 / conv[0], "matmul": 1 / matmul[0], "norm": 1 / memory[0],
-                             "other": 1 / memory[0], "ops": HOST_OP_S[0] * 1e3}}
-    said = "; ".join(f"{k} at {v[0]:.0%} ({v[1]})" for k, v in sources.items())
-    text = (f"an estimate, not a measurement: the {gpu['name']}'s published figures ({gpu['source']}) at these "
-            f"efficiencies of {arch}: {said}; the host's {HOST_OP_S[1]}")
-    return {"published": text, "per_backend": per_backend, "backends": {}, "rest": {dtype: rest}, "generation": None}

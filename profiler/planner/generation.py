@@ -71,8 +71,11 @@ PUBLISHED = "published limits and efficiencies"
 
 def predict_generation(spec: GenerationSpec, limits: dict, calibration: dict | None, gpu: dict | None,
                        device: str) -> dict:
-    """{"spec", "parts": [{"part", "model", "forwards", "each_ms", "total_ms", "attention_ms", "source"}], "total_ms",
-    "attention_ms", "attention_share", "largest_blocks", "device"}."""
+    """{"spec", "parts": [{"part", "model", "forwards", "each_ms", "total_ms", "total_s", "attention_ms", "source", and
+    on a GPU "gpu_ms", "host_ms", "graph_ms" (each forward's), "bound"}], "total_ms", "total_s", "attention_ms",
+    "attention_share", "largest_blocks", "device"}, and on a GPU "graph_total_ms" / "graph_total_s": the same
+    generation with its denoiser replayed from CUDA graphs (torch.compile's reduce-overhead on the U-Net), "bound"
+    (the denoiser's) and "host" (where the host figure comes from)."""
     p, step_batch = spec.parts, spec.batch * (2 if spec.cfg else 1)
     frames = spec.frames or p.get("frames")
     unet_settings = (("frames", frames),) if frames else ()
@@ -86,42 +89,60 @@ def predict_generation(spec: GenerationSpec, limits: dict, calibration: dict | N
     total = sum(x["total_ms"] for x in parts)
     attention = sum(x["attention_ms"] or 0.0 for x in parts)
     blocks = sorted(unet.pop("blocks"), key=lambda r: -r["predicted_time_ms"])[:5]
-    return {"spec": {**spec.__dict__, "cfg": spec.cfg, "step_batch": step_batch, "images": spec.images},
-            "parts": [{k: v for k, v in x.items() if k != "blocks"} for x in parts], "total_ms": total,
-            "attention_ms": attention, "attention_share": attention / total if total else None,
-            "largest_blocks": [{"block": r["block"], "kind": r["kind"], "tokens_q": r["tokens_q"],
-                                "tokens_k": r["tokens_k"], "each_ms": r["predicted_time_ms"],
-                                "total_ms": r["predicted_time_ms"] * spec.steps} for r in blocks],
-            "device": gpu["name"] if gpu else f"this machine's {device}",
-            "published": (calibration or {}).get("published")}
+    out = {"spec": {**spec.__dict__, "cfg": spec.cfg, "step_batch": step_batch, "images": spec.images},
+           "parts": [{k: v for k, v in x.items() if k != "blocks"} for x in parts], "total_ms": total,
+           "total_s": total / 1e3, "attention_ms": attention, "attention_share": attention / total if total else None,
+           "largest_blocks": [{"block": r["block"], "kind": r["kind"], "tokens_q": r["tokens_q"],
+                               "tokens_k": r["tokens_k"], "each_ms": r["predicted_time_ms"],
+                               "total_ms": r["predicted_time_ms"] * spec.steps} for r in blocks],
+           "device": gpu["name"] if gpu else f"this machine's {device}",
+           "published": (calibration or {}).get("published")}
+    if "bound" in unet:  # a GPU: the host priced apart, and what CUDA graphs on the denoiser would save
+        graphed = total - sum(x["total_ms"] - x["graph_ms"] * x["forwards"] for x in parts if x["part"] == "denoise")
+        out.update(graph_total_ms=graphed, graph_total_s=graphed / 1e3, bound=unet["bound"],
+                   host=calibration["host"]["source"])
+    return out
 
 
 def _forward_part(part: str, model: str, spec: GenerationSpec, batch: int, settings: tuple, limits: dict,
                   calibration: dict | None, gpu: dict | None, device: str) -> dict:
     p = timing.walked_plan(model, spec.width, spec.height, batch, spec.dtype, settings)
     t = timing.predict(p, spec.backend, spec.options, limits, calibration, gpu, device)
-    published = t["time_calibrated"] and (calibration or {}).get("published")
-    source = f"{PUBLISHED}, {timing.published_backend(calibration, spec.backend)}" if published else t["time_source"]
     forwards = spec.steps if part == "denoise" else 1
-    return {"part": part, "model": model, "batch": batch, "forwards": forwards,
-            "each_ms": t["predicted_forward_time_ms"], "total_ms": t["predicted_forward_time_ms"] * forwards,
-            "attention_ms": t["predicted_attention_time_ms"] * forwards, "source": source,
-            "blocks": p["blocks"]}
+    out = {"part": part, "model": model, "batch": batch, "forwards": forwards,
+           "each_ms": t["predicted_forward_time_ms"], "total_ms": t["predicted_forward_time_ms"] * forwards,
+           "attention_ms": t["predicted_attention_time_ms"] * forwards,
+           "source": calibration["summary"] if t["time_published"] else t["time_source"],
+           "blocks": p["blocks"]}
+    if "bound" in t:
+        out.update(gpu_ms=t["predicted_gpu_time_ms"], host_ms=t["predicted_host_time_ms"],
+                   graph_ms=t["predicted_graph_time_ms"], bound=t["bound"])
+    return {**out, "total_s": out["total_ms"] / 1e3}
 
 
 def _text_part(name: str, spec: GenerationSpec, limits: dict, calibration: dict | None) -> dict:
     """A text encoder, once per prompt (and once more for the negative prompt under guidance): its ops at the rest's
-    calibration (its attention is CLIP's own, counted among its ops)."""
+    calibration (its attention is CLIP's own, counted among its ops); on a GPU its host apart."""
     dev = timing.Device.of(limits, spec.dtype)
     ops = text_ops(name, spec.dtype, spec.batch)
     fit = (calibration or {}).get("rest", {}).get(spec.dtype)
     each = timing.apply(fit, dev.rest_features(ops), timing.roof_ms(ops, dev))
     forwards = 2 if spec.cfg else 1
     published = (calibration or {}).get("published")
-    source = (PUBLISHED if published else f"the rest of the forwards' calibration ({fit['cells']} forwards), on its "
-              "ops" if fit else "roofline bound of its ops")
-    return {"part": "text", "model": name, "batch": spec.batch, "forwards": forwards, "each_ms": each,
-            "total_ms": each * forwards, "attention_ms": None, "source": source}
+    source = ((calibration.get("summary") or PUBLISHED) if published else
+              f"the rest of the forwards' calibration ({fit['cells']} forwards), on its ops" if fit else
+              "roofline bound of its ops")
+    out = {"part": "text", "model": name, "batch": spec.batch, "forwards": forwards, "each_ms": each,
+           "attention_ms": None, "source": source}
+    host = (calibration or {}).get("host")
+    if host:
+        from .host import bounded
+
+        b = bounded(each, len(ops) * host["us_per_op"] / 1e3)
+        out.update(each_ms=b["eager_ms"], gpu_ms=b["gpu_ms"], host_ms=b["host_ms"], graph_ms=b["graph_ms"],
+                   bound=b["bound"])
+    out["total_ms"] = out["each_ms"] * forwards
+    return {**out, "total_s": out["total_ms"] / 1e3}
 
 
 def _overhead_part(spec: GenerationSpec, calibration: dict | None) -> dict:
@@ -132,7 +153,7 @@ def _overhead_part(spec: GenerationSpec, calibration: dict | None) -> dict:
     source = (f"calibrated on {fit['cells']} recorded generations of this device" if fit else
               "not counted: no recorded generation of this device to calibrate on (attnprof record)")
     return {"part": "pipeline", "model": "scheduler, latents, images", "batch": spec.batch, "forwards": spec.steps,
-            "each_ms": ms / spec.steps, "total_ms": ms, "attention_ms": None, "source": source}
+            "each_ms": ms / spec.steps, "total_ms": ms, "total_s": ms / 1e3, "attention_ms": None, "source": source}
 
 
 def by_gpu(pipeline: str, width: int, height: int, steps: int, names: list[str], dtype: str = "float16",
@@ -162,18 +183,27 @@ def format_generation(g: dict) -> str:
               "guidance)") + (f", {s['frames']} frames" if s.get("frames") else "")
            + f", {s['dtype']}, {s['backend']} attention on {g['device']}")
     ms = lambda v: "-" if v is None else f"{v:,.1f} ms" if v < 1e4 else f"{v / 1e3:,.2f} s"  # noqa: E731
+    gpu = "bound" in g
     rows = [{"part": x["part"], "model": x["model"], "runs": f"{x['forwards']} x batch {x['batch']}",
              "each": ms(x["each_ms"]), "total": ms(x["total_ms"]), "attention": ms(x["attention_ms"]),
-             "share": f"{100 * x['total_ms'] / g['total_ms']:.1f}%" if g["total_ms"] else "-"} for x in g["parts"]]
-    cols = [(c, c) for c in ("part", "model", "runs", "each", "total", "attention", "share")]
+             "share": f"{100 * x['total_ms'] / g['total_ms']:.1f}%" if g["total_ms"] else "-",
+             **({"GPU": ms(x.get("gpu_ms")), "host": ms(x.get("host_ms")), "bound": x.get("bound", "-")} if gpu
+                else {})} for x in g["parts"]]
+    cols = [(c, c) for c in ("part", "model", "runs", "each", "total", "attention", "share")] + \
+        ([("GPU each", "GPU"), ("host each", "host"), ("bound", "bound")] if gpu else [])
     top = [{"block": b["block"], "kind": b["kind"], "tokens": f"{b['tokens_q']} x {b['tokens_k']}",
             "each step": ms(b["each_ms"]), "all steps": ms(b["total_ms"])} for b in g["largest_blocks"]]
     sources = [f"  {x['part']} ({x['model']}): {x['source']}" for x in g["parts"]]
+    sources += [f"  host: {g['host']}"] if gpu else []
     sources += [f"  {PUBLISHED}: {g['published']}"] if g.get("published") else []
     share = f" ({100 * g['attention_share']:.1f}% of it attention)" if g["attention_share"] is not None else ""
-    return "\n".join([how, "", table(rows, cols), "", f"predicted total: {ms(g['total_ms'])}{share}", "",
-                      "largest attention calls of the U-Net:", table(top, [(c, c) for c in top[0]]) if top else "-",
-                      "", "each figure from:", *sources])
+    total = f"predicted total: {g['total_s']:,.2f} s{share}"
+    if gpu:
+        total += (f"\n  eager {g['total_s']:,.2f} s, {g['bound']}-bound at batch {s['step_batch']} (the U-Net); with "
+                  f"CUDA graphs on the U-Net about {g['graph_total_s']:,.2f} s (torch.compile mode=reduce-overhead, "
+                  f"or torch.cuda.CUDAGraph: the host's launches gone, its kernels as they are)")
+    return "\n".join([how, "", table(rows, cols), "", total, "", "largest attention calls of the U-Net:",
+                      table(top, [(c, c) for c in top[0]]) if top else "-", "", "each figure from:", *sources])
 
 
 def generation_spec(run, manifest: dict, cell: dict):

@@ -41,7 +41,6 @@ and named.
 from __future__ import annotations
 
 import copy
-import itertools
 import json
 from dataclasses import dataclass
 
@@ -69,14 +68,20 @@ class Device:
     fresh_min: float | None = None
     softmax: float | None = None
     score_gemm: float | None = None
+    gpu: bool = False  # a fused kernel's exponentials overlap its GEMMs (its floor takes the larger, not the sum)
 
     @classmethod
     def of(cls, limits: dict, dtype: str) -> "Device":
+        """From a measured device's limits (measure/limits.py) or the GPU table's; a cache bandwidth below the
+        memory's (a cost per launch, stored by runs before the small figures were replayed) left out."""
         mem = limits.get("device_memory") or {}
-        return cls(limits["device_peak_flops"][dtype], limits["device_peak_bytes_per_s"], mem.get("cache_bytes"),
-                   mem.get("cache_bytes_per_s"), mem.get("fresh_bytes_per_s"), mem.get("fresh_min_bytes"),
+        bandwidth, cache = limits["device_peak_bytes_per_s"], mem.get("cache_bytes_per_s")
+        cache = cache if cache and cache >= bandwidth else None
+        return cls(limits["device_peak_flops"][dtype], bandwidth, mem.get("cache_bytes"),
+                   cache, mem.get("fresh_bytes_per_s"), mem.get("fresh_min_bytes"),
                    (limits.get("device_softmax_per_s") or {}).get(dtype),
-                   (limits.get("device_score_gemm_per_s") or {}).get(dtype))
+                   (limits.get("device_score_gemm_per_s") or {}).get(dtype),
+                   (limits.get("device_limits") or {}).get("device") == "cuda")
 
     def moved_ms(self, nbytes, working):
         """Milliseconds to move nbytes whose working set is `working` bytes (arrays or numbers)."""
@@ -108,7 +113,8 @@ def roof_ms(ops: np.ndarray, device: Device) -> float:
 
 def call_features(row: dict, backend: str, options: dict, dtype: str, projections_ms: float, device: Device) -> dict:
     """A call's features in ms (module docstring), and its roofline bound (the score GEMMs' measured cost not in it:
-    a cost at one head dim, not a bound at every one)."""
+    a cost at one head dim, not a bound at every one; on a GPU the larger of the compute, the traffic and the
+    exponentials, which a fused kernel overlaps, rather than their sum)."""
     compute = row["flops"] / device.flops * 1e3
     memory = float(device.moved_ms(bytes_moved(backend, row, dtype, **options),
                                    working_set(backend, row, dtype, **options)))
@@ -119,24 +125,35 @@ def call_features(row: dict, backend: str, options: dict, dtype: str, projection
     pages = float(device.new_pages_ms(faulted if faulted is not None and faulted == faulted and device.fresh_min
                                       else new_page_bytes(backend, row, dtype, device.fresh_min, **options)))
     core, self_ = max(compute, gemms, memory) + softmax, row["kind"] == "self"
+    bound = max(compute, memory, softmax) if device.gpu else max(compute, memory) + softmax
     return {"core_self": core * self_, "core_cross": core * (not self_), "projections": projections_ms,
-            "overhead": 1.0, "fixed_ms": pages, "roofline_ms": max(compute, memory) + softmax + pages + projections_ms}
+            "overhead": 1.0, "fixed_ms": pages, "roofline_ms": bound + pages + projections_ms}
 
 
 def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with every coefficient >= 0: the best of the unconstrained fits on each subset of the columns
-    whose coefficients all come out >= 0 (a handful of columns here, so every subset is tried)."""
-    best, best_err = np.zeros(x.shape[1]), float(np.sum(y ** 2))
-    used = [j for j in range(x.shape[1]) if np.any(x[:, j])]
-    for k in range(1, len(used) + 1):
-        for cols in itertools.combinations(used, k):
-            coef = np.linalg.lstsq(x[:, cols], y, rcond=None)[0]
-            if np.all(coef >= 0):
-                err = float(np.sum((x[:, cols] @ coef - y) ** 2))
-                if err < best_err - 1e-12 * max(best_err, 1e-30):
-                    best, best_err = np.zeros(x.shape[1]), err
-                    best[list(cols)] = coef
-    return best
+    """Least squares with every coefficient >= 0 (Lawson and Hanson's active set: the columns let in one at a time by
+    how much they would lower the error, any whose coefficient turns negative let out again)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    n = x.shape[1]
+    coef, free = np.zeros(n), np.zeros(n, bool)
+    tol = 10 * max(x.shape) * np.finfo(float).eps * max(np.abs(x).sum(axis=0).max(initial=0.0), 1.0)
+    for _ in range(3 * n + 1):
+        grad = x.T @ (y - x @ coef)
+        if free.all() or grad[~free].max() <= tol:
+            break
+        free[np.flatnonzero(~free)[np.argmax(grad[~free])]] = True
+        while True:
+            trial = np.zeros(n)
+            trial[free] = np.linalg.lstsq(x[:, free], y, rcond=None)[0]
+            if np.all(trial[free] > 0):
+                coef = trial
+                break
+            out = free & (trial <= 0)
+            step = np.min(coef[out] / (coef[out] - trial[out]))
+            coef = coef + step * (trial - coef)
+            free &= coef > tol
+            coef[~free] = 0.0
+    return coef
 
 
 def fit_model(samples: list[dict], features: tuple, target: str, group: str = "cell_id") -> dict:
@@ -253,7 +270,9 @@ def predict(p: dict, backend: str, options: dict, limits: dict, calibration: dic
             gpu: dict | None = None, device: str = "cuda") -> dict:
     """Each call's predicted_time_ms and roofline_time_ms added to the plan's blocks (in place), and the totals:
     predicted_attention_time_ms, predicted_rest_time_ms, predicted_forward_time_ms, their roofline bounds, the
-    source."""
+    source. A calibration with "kernels" (a GPU's: planner/kernels.py) prices each call by the kernel that runs its
+    attention; one with "host" (planner/host.py) adds the host's time, the forward's bound and its time from a CUDA
+    graph (host_times)."""
     dtype = p["dtype"]
     _sdpa_kernels(p["blocks"], backend, dtype, device, gpu)
     dev = Device.of(limits, dtype)
@@ -263,26 +282,46 @@ def predict(p: dict, backend: str, options: dict, limits: dict, calibration: dic
     cal = calibration or {}
     fitted = cal.get("backends", {}).get(group_key(backend, options, dtype)) or \
         cal.get("per_backend", {}).get(backend)
-    rest_fit = cal.get("rest", {}).get(dtype) if fitted else None
+    kernels, by_backend = cal.get("kernels") or {}, False
     for row, ops in zip(p["blocks"], w["calls"]):
         f = call_features(row, backend, options, dtype, roof_ms(ops, dev), dev)
-        row.update(roofline_time_ms=f["roofline_ms"], predicted_time_ms=apply(fitted, f, f["roofline_ms"]))
+        mine = kernels.get(backends.call_kernel(backend, row, gpu and gpu["arch"]))
+        by_backend |= mine is None
+        row.update(roofline_time_ms=f["roofline_ms"], predicted_time_ms=apply(mine or fitted, f, f["roofline_ms"]))
+    calibrated = bool(fitted or kernels)
+    rest_fit = cal.get("rest", {}).get(dtype) if calibrated else None
     rest_roof = roof_ms(w["rest"], dev)
     rest = apply(rest_fit, dev.rest_features(w["rest"]), rest_roof)
     attention = sum(r["predicted_time_ms"] for r in p["blocks"])
     roof = sum(r["roofline_time_ms"] for r in p["blocks"])
+    published = calibrated and cal.get("published") and cal["published"] + \
+        (f"; {fitted['published']}" if by_backend and fitted and fitted.get("published") else "")
     times = {"predicted_attention_time_ms": attention, "predicted_rest_time_ms": rest,
              "predicted_forward_time_ms": attention + rest, "roofline_attention_time_ms": roof,
              "roofline_forward_time_ms": roof + rest_roof, "time_backend": backends.label(backend, options),
-             "time_source": source_text(fitted, gpu, cal.get("device"),
-                                                     fitted and cal.get("published") and
-                                                     f"{cal['published']}; {fitted['published']}") +
+             "time_source": (cal["kernel_source"] if kernels and not published else
+                             source_text(fitted, gpu, cal.get("device"), published)) +
              passed_text(cal.get("passed_over")),
-             "time_calibrated": bool(fitted), "time_published": bool(fitted and cal.get("published")),
+             "time_calibrated": calibrated, "time_published": bool(published),
              "time_limits": {"peak_flops_per_s": dev.flops, "peak_bytes_per_s": dev.bandwidth,
-                             "key": limits.get("device_limits", {}).get("key")}}
+                             "key": limits.get("device_limits", {}).get("key")}, "rest_ops": len(w["rest"]),
+             **host_times(cal.get("host"), attention + rest, w)}
     p["totals"].update(times)
     return times
+
+
+def host_times(host: dict | None, gpu_ms: float, w: dict) -> dict:
+    """A GPU forward's host time (its ops at the host's time per op), its kernels' (gpu_ms), the eager forward (the
+    longer: predicted_forward_time_ms), its bound and its time from a CUDA graph (planner/host.py); {} without a
+    host figure (a CPU, whose ops run on the host)."""
+    if not host:
+        return {}
+    from .host import bounded, forward_ops
+
+    b = bounded(gpu_ms, forward_ops(w) * host["us_per_op"] / 1e3)
+    return {"predicted_forward_time_ms": b["eager_ms"], "predicted_gpu_time_ms": b["gpu_ms"],
+            "predicted_host_time_ms": b["host_ms"], "predicted_graph_time_ms": b["graph_ms"], "bound": b["bound"],
+            "host_source": host["source"]}
 
 
 def format_times(t: dict) -> list[tuple[str, str]]:
@@ -291,10 +330,19 @@ def format_times(t: dict) -> list[tuple[str, str]]:
         return []
     what = "published efficiencies" if t.get("time_published") else "calibrated" if t["time_calibrated"] else \
         "roofline bound"
-    return [("predicted time", f"{t['time_backend']} ({what}): attention {t['predicted_attention_time_ms']:.3g} ms + "
-                               f"the rest of the forward {t['predicted_rest_time_ms']:.3g} ms = forward "
-                               f"{t['predicted_forward_time_ms']:.3g} ms"),
-            ("time from", t["time_source"])] + ([("GPU figures", t["gpu_figures"])] if t.get("gpu_figures") else [])
+    if "bound" in t:  # a GPU: the kernels, the host, the eager forward (the longer) and the graph's
+        lines = [("predicted time", f"{t['time_backend']} ({what}): GPU kernels {t['predicted_gpu_time_ms']:.3g} ms "
+                                    f"(attention {t['predicted_attention_time_ms']:.3g} + the rest "
+                                    f"{t['predicted_rest_time_ms']:.3g}), host {t['predicted_host_time_ms']:.3g} ms: "
+                                    f"eager {t['predicted_forward_time_ms']:.3g} ms, {t['bound']}-bound; with CUDA "
+                                    f"graphs about {t['predicted_graph_time_ms']:.3g} ms"),
+                 ("host from", t["host_source"])]
+    else:
+        lines = [("predicted time", f"{t['time_backend']} ({what}): attention {t['predicted_attention_time_ms']:.3g} "
+                                    f"ms + the rest of the forward {t['predicted_rest_time_ms']:.3g} ms = forward "
+                                    f"{t['predicted_forward_time_ms']:.3g} ms")]
+    return lines + [("time from", t["time_source"])] + \
+        ([("GPU figures", t["gpu_figures"])] if t.get("gpu_figures") else [])
 
 
 def walked_plan(model: str, width: int, height: int, batch: int, dtype: str, settings: tuple = ()) -> dict:
@@ -356,15 +404,17 @@ def _duration(s: float) -> str:
 
 
 def attach(cell: dict, blocks: list[dict], extra: dict) -> dict:
-    """A measured cell's prediction onto its rows: each call's predicted_time_ms and predicted_time_ratio (measured
-    over predicted), the cell's attention and forward ratios. Returns the cell's extra (execute/groups.py) less the
-    per-call list, for the cell row."""
+    """A measured cell's prediction onto its rows: each call's predicted_time_ms, predicted_time_ratio (measured
+    over predicted) and roofline_time_ms (its floor), the cell's attention and forward ratios. Returns the cell's
+    extra (execute/groups.py) less the per-call lists, for the cell row."""
     extra = dict(extra)
     calls = extra.pop("predicted_call_times_ms", None)
+    floors = extra.pop("roofline_call_times_ms", None) or [None] * len(blocks)
     if cell.get("status") != "ok" or calls is None or len(calls) != len(blocks):
         return extra
-    for row, t in zip(blocks, calls):
-        row.update(predicted_time_ms=t, predicted_time_ratio=row["time_ms"] / t if t else None)
+    for row, t, floor in zip(blocks, calls, floors):
+        row.update(predicted_time_ms=t, predicted_time_ratio=row["time_ms"] / t if t else None,
+                   roofline_time_ms=floor)
     for what in ("forward", "attention"):
         t = extra.get(f"predicted_{what}_time_ms")
         extra[f"{what}_time_ratio"] = cell[f"{what}_time_ms"] / t if t else None

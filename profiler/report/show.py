@@ -97,7 +97,9 @@ def _limits_line(m: dict) -> list[str]:
     if not m.get("device_peak_bytes_per_s"):
         return []
     flops = ", ".join(f"{human_count(v)}FLOP/s {d}" for d, v in (m.get("device_peak_flops") or {}).items())
-    return [f"device limits (measured): {flops}; {human_bytes(m['device_peak_bytes_per_s'])}/s memory bandwidth"]
+    refused = [f"device limit refused: {line}" for line in (m.get("device_limits") or {}).get("refused") or []]
+    return [f"device limits (measured): {flops}; {human_bytes(m['device_peak_bytes_per_s'])}/s memory bandwidth",
+            *refused]
 
 
 def _ratio(measured, predicted) -> str:
