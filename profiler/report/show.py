@@ -188,6 +188,23 @@ def _short_models(rows: list[dict]) -> list[dict]:
             if len(r["model"].split()) == 3 else r for r in rows]
 
 
+def component_rows(components: list[dict], wall_ms: float) -> list[dict]:
+    """A recorded generation's components for a table (profile's summary, show): per component its class, forwards,
+    time and share of the generation's wall time, its attention calls, their time and share; 'not recorded' where
+    its attention was not (compiled, or modules the recorder has no hook for), never as 0 calls."""
+    rows = []
+    for r in components:
+        recorded = r["attention_calls"] == r["attention_calls"] and r["attention_calls"] is not None  # not NaN
+        missing = r.get("not_recorded") or ""
+        rows.append({"component": r["component"], "class": r["class"], "forwards": str(r["forwards"]),
+                     "time": f"{r['time_ms']:.1f} ms", "share": f"{100 * r['time_ms'] / wall_ms:.1f}%",
+                     "calls": (f"{int(r['attention_calls'])}" + (f" (not recorded: {missing})" if missing else ""))
+                     if recorded else f"not recorded ({missing})" if missing else "not recorded",
+                     "attention": f"{r['attention_ms']:.1f} ms" if recorded else "-",
+                     "attention share": f"{100 * r['attention_ms'] / wall_ms:.1f}%" if recorded else "-"})
+    return rows
+
+
 def _recorded_lines(cells, m: dict) -> list[str]:
     """A recorded generation's cells (kind record): per component its forwards, their time, its attention calls and
     theirs, against the generation's wall time; the run's notes."""
@@ -196,10 +213,7 @@ def _recorded_lines(cells, m: dict) -> list[str]:
     out = []
     for c in (c for c in cells.to_dict("records") if c.get("kind") == "record" and c["status"] == "ok"):
         wall = c["generation_s"] * 1e3
-        rows = [{"component": r["component"], "class": r["class"], "forwards": str(r["forwards"]),
-                 "time": f"{r['time_ms']:.1f} ms", "share": f"{100 * r['time_ms'] / wall:.1f}%",
-                 "calls": str(r["attention_calls"]), "attention": f"{r['attention_ms']:.1f} ms",
-                 "attention share": f"{100 * r['attention_ms'] / wall:.1f}%"} for r in json.loads(c["components"])]
+        rows = component_rows(json.loads(c["components"]), wall)
         out += ["", f"{c['pipeline']}, {c['backend_label']} ({c['processors']}): {c['steps']} steps, scheduler "
                     f"{c['scheduler']}, guidance {c['guidance']}; {c['generation_s']:.3f} s of wall time",
                 table(rows, [(k, k) for k in ("component", "class", "forwards", "time", "share", "calls",
