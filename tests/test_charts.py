@@ -91,10 +91,11 @@ def schema():
 
 
 @pytest.fixture(scope="module")
-def drawn(mixed_results):
-    """(spec function, spec, data) of every chart the report and the dashboard's pages draw over the mixed runs."""
+def drawn(mixed_results, record_results):
+    """(spec function, spec, data) of every chart the report and the dashboard's pages draw over the mixed runs, and
+    over two recorded generations (conftest's record_results) the Generation page's and the report's."""
     pytest.importorskip("vl_convert", reason="the report embeds vl-convert-python's Vega bundle")
-    from dashboards.report import _charts_and_sections
+    from dashboards.report import _Charts, _charts_and_sections, _generations
     from dashboards import transforms as T
     from profiler.store import Run
 
@@ -129,9 +130,18 @@ def drawn(mixed_results):
                  dict(page="Compare", run=runs, by="run"), dict(page="Compare", run=runs, by="torch_threads"),
                  dict(page="Scaling", run=runs),
                  dict(page="Planner", plan_model="tiny-sd15", plan_size="128x128", plan_dtype="float32")]
+        recorded = [record_results[k] for k in ("loaded", "sliced")]
+        cells = pd.concat([T.load_run(record_results["root"] / r)[0] for r in recorded], ignore_index=True)
+        calls.clear()
+        charts = _Charts()
+        _generations(charts, cells, [Run.open(record_results["root"] / r) for r in recorded])
+        out += [(name, spec, pd.DataFrame(s["data"]["values"])) for (name, spec), s in zip(calls, charts.specs)]
+        beside = f"{recorded[1]}/{cells['cell_id'].iloc[1]}"
+        pages += [dict(page="Generation", run=recorded, beside=beside, _root=record_results["root"]),
+                  dict(page="Run", run=recorded[:1], _root=record_results["root"])]
         for params in pages:
             calls.clear()
-            at = _app(root, mp, **params)
+            at = _app(params.pop("_root", root), mp, **params)
             shown = _charts(at)
             assert shown, params
             for spec, data in shown:  # each chart on the page, with the function that made its spec

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 from ..attention import backends
 from ..attention.backends import label
 from ..fmt import fitted_table, human_bytes, human_count, table
-from ..store import BLOCKS, CELLS, DONE_STATUSES, Run, Unreadable, list_runs
+from ..store import BLOCKS, CELLS, DONE_STATUSES, Run, Unreadable, kind_of, list_runs
 from .compare import ATTENTION_TIME, eager_twins
 from .frame import NO_SETTINGS
 
@@ -19,8 +19,8 @@ UNREADABLE = (OSError, ValueError, KeyError, TypeError)  # JSON, Arrow (ValueErr
 def runs_index(root: Path) -> pd.DataFrame:
     """One row per run folder under root, newest last; a run that cannot be read gets a row with `warning` set."""
     rows = [_index_row(path) for path in list_runs(root)]
-    columns = ["run_id", "created", "models", "device", "backends", "cells", *DONE_STATUSES, "pending", "warning",
-               "versions", "git", "readable"]
+    columns = ["run_id", "created", "kind", "models", "device", "backends", "cells", *DONE_STATUSES, "pending",
+               "warning", "versions", "git", "readable"]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -30,10 +30,13 @@ def _index_row(path: Path) -> dict:
         run = Run.open(path)
         m = run.manifest()
         env, sweep = m.get("environment") or {}, m.get("sweep") or m.get("replay") or {}
-        row.update(created=str(m.get("created_at", ""))[:16].replace("T", " "),
-                   models=", ".join(sweep.get("models", [])),
+        planned = m.get("cells") or []  # a record's (profile's) cells, where it has no sweep: their models, backends
+        row.update(created=str(m.get("created_at", ""))[:16].replace("T", " "), kind=kind_of(m).name,
+                   models=", ".join(sweep.get("models") or dict.fromkeys(c["model"] for c in planned)),
                    device=f"{env.get('device')} ({env.get('device_name')})",
-                   backends=", ".join(label(*b) for b in sweep.get("backends", [])), cells=len(m.get("cells", [])),
+                   backends=", ".join(dict.fromkeys([label(*b) for b in sweep.get("backends", [])] or [
+                       label(c["backend"], c.get("backend_options") or "{}") for c in planned])),
+                   cells=len(planned),
                    versions=f"torch {env.get('torch')}, diffusers {env.get('diffusers')}, python {env.get('python')}",
                    git=str(env.get("git_revision") or "")[:12])
         for name in (CELLS, BLOCKS):  # the footer is enough to tell a truncated file
