@@ -368,8 +368,11 @@ def generation_sections(rows: list[dict], calls: dict[str, pd.DataFrame]) -> Non
     st.subheader("Per generation: each pipeline call's attention, by component")
     table(pd.concat([T.generations_table(calls[T.generation_label(c)], c) for c in rows], ignore_index=True),
           "generations")
-    top = pd.concat([T.costliest_blocks(c, label) for label, c in calls.items()], ignore_index=True)
-    st.subheader("The costliest blocks: all their calls summed")
+    (first, first_calls), *others = calls.items()
+    top = T.costliest_blocks(first_calls, first)
+    top = pd.concat([top, *(T.costliest_blocks(c, label, among=set(top.get("block", ()))) for label, c in others)],
+                    ignore_index=True)
+    st.subheader("The costliest blocks: all their calls summed" + (f" (those of {first})" if others else ""))
     if len(top):
         top, legend = T.labelled(top, ("cell", "component"))
         chart(top, C.block_costs(legend, len(top)))

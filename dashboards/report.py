@@ -133,8 +133,8 @@ def _generations(charts: _Charts, cells: pd.DataFrame, runs: list[Run]) -> str:
                    f"<h4>Per component</h4>{_table(T.display(T.component_table(cell).drop(columns=['cell'])))}")
         if len(steps):
             steps, legend = T.labelled(steps, ("component", "generation"))
-            out.append(charts.add("Per step: each denoising step's attention time", C.step_times(legend), steps,
-                                  level=4))
+            out.append(charts.add("Per step: each denoising step's attention time",
+                                  {**C.step_times(legend), "width": C.PANEL_WIDTH * 2}, steps, level=4))
         out.append(f"<h4>Per generation</h4>{_table(T.display(T.generations_table(calls, cell).drop(columns=['cell'])))}"
                    f"<h4>The costliest blocks (all their calls summed)</h4>"
                    f"{_table(T.display(T.costliest_blocks(calls, label).drop(columns=['cell'])))}")

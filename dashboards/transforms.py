@@ -117,9 +117,9 @@ def unet_layout(blocks: pd.DataFrame) -> pd.DataFrame:
     repeated = b.groupby(["group", "kind", "layer"]).cumcount()  # a tiled VAE calls one block once per tile
     b["layer"] = b["layer"] + repeated
     b["column"] = b["group"].map({g: i for i, g in enumerate(dict.fromkeys(b["group"]))})
-    b["group_label"] = b["group"].str.replace(r"^(?:(\w+)\.)?mid_block\.attentions\.\d+$", r"\1 mid", regex=True) \
-        .str.replace(r"^(?:(\w+)\.)?(down|up)_blocks\.(\d+)\.attentions\.(\d+)$", r"\1 \2 \3.\4", regex=True) \
-        .str.strip()  # down 1.0, up 2.1, mid; controlnet down 0.0; decoder mid
+    b["group_label"] = b["group"].str.replace(r"^(?:([\w.]+)\.)?mid_block\.attentions\.\d+$", r"\1 mid", regex=True) \
+        .str.replace(r"^(?:([\w.]+)\.)?(down|up)_blocks\.(\d+)\.attentions\.(\d+)$", r"\1 \2 \3.\4", regex=True) \
+        .str.strip()  # down 1.0, up 2.1, mid; controlnet down 0.0; decoder mid; vae.decoder mid
     tokens = b[b["kind"] == "self"].groupby("level")["tokens_q"].first()
     b["level_label"] = b["level"].map(lambda lv: f"level {lv}: {tokens.get(lv, '?')} tokens")
     b["tokens"] = b["tokens_q"].astype(str) + " x " + b["tokens_k"].astype(str)
@@ -248,12 +248,15 @@ def generations_table(calls: pd.DataFrame, cell: dict) -> pd.DataFrame:
     return out.assign(cell=generation_label(cell))
 
 
-def costliest_blocks(calls: pd.DataFrame, label: str, top: int = 10) -> pd.DataFrame:
+def costliest_blocks(calls: pd.DataFrame, label: str, top: int = 10, among=None) -> pd.DataFrame:
     """The blocks whose calls took the most, all their calls in every generation summed: component, block, kind,
-    shape, calls, the total and the median call, and the share of all the generation's attention time."""
+    shape, calls, the total and the median call, and the share of all the generation's attention time. among:
+    those blocks only, however many (a second generation's figures for the first one's costliest)."""
     if not len(calls):
         return pd.DataFrame()
     total = calls["time_ms"].sum()
+    if among is not None:
+        calls, top = calls[calls["block"].isin(among)], len(among)
     out = calls.groupby(["component", "block"], as_index=False, sort=False).agg(
         kind=("kind", "first"), heads=("heads", "first"), head_dim=("head_dim", "first"),
         tokens_q=("tokens_q", "first"), tokens_k=("tokens_k", "first"), calls=("time_ms", "size"),
