@@ -406,13 +406,20 @@ def compare_page(cells: pd.DataFrame, envs: pd.DataFrame, by: str, baseline: str
 def compare_backends(cells: pd.DataFrame, baseline: str, sizes: list[str]) -> None:
     cmp, unit = T.with_mem_unit(T.compare_table(cells, baseline), ["attention_peak_mem_bytes"])
     ok, legend = T.labelled(cmp[cmp["status"] == "ok"], T.CELL_SERIES)
+    empty = T.no_peaks_reason(cells[cells["status"] == "ok"])  # an empty chart would say nothing: say why
     st.subheader("Time against peak memory, per size")
-    chart(ok, C.time_against_peak(sizes, unit, legend), stretch=False)
+    if empty:
+        st.info(f"{empty}.")
+    else:
+        chart(ok, C.time_against_peak(sizes, unit, legend), stretch=False)
     st.subheader(f"Ratio to {baseline} (below 1: faster or smaller)")
     left, right = st.columns(2)
     for where, y, title in ((left, "time_ratio", "time ratio"), (right, "peak_ratio", "peak memory ratio")):
         with where:
-            chart(ok, C.ratio_to_baseline(y, title, baseline, sizes, legend))
+            if empty and y == "peak_ratio":
+                st.info(f"{empty}.")
+            else:
+                chart(ok, C.ratio_to_baseline(y, title, baseline, sizes, legend))
     st.subheader("Largest size that ran, per backend")
     table(T.largest_ok(cells), "largest")
     st.subheader("All cells")
@@ -442,15 +449,19 @@ def compare_runs(cells: pd.DataFrame, by: str, baseline: str, sizes: list[str]) 
                 table(result[side], f"{side}-{run_id}")
 
 
-def scaling_page(blocks: pd.DataFrame) -> None:
+def scaling_page(cells: pd.DataFrame, blocks: pd.DataFrame) -> None:
     st.header("Scaling")
     scale = T.scaling_table(blocks)
     charts = C.scaling_charts(scale)
     for where, (_, spec, data) in zip(st.columns(2), charts[:2]):  # tokens | score tables
         with where:
             chart(data, spec)
-    for _, spec, data in charts[2:]:  # time, then peaks: small multiples, each panel its own width
-        chart(data, spec, stretch=False)
+    chart(charts[2][2], charts[2][1], stretch=False)  # time, then peaks: small multiples, each panel its own width
+    empty = charts[3][2]["peak_bytes"].isna().all() and T.no_peaks_reason(cells[cells["status"] == "ok"])
+    if empty:  # an empty chart would say nothing: say why
+        st.info(f"{empty}.")
+    else:
+        chart(charts[3][2], charts[3][1], stretch=False)
     table(scale, "scaling")
 
 
@@ -758,7 +769,7 @@ def main() -> None:
         compare_page(cells, choices["envs"], choices["by"], choices["baseline"], choices["budget"])
         report_button(root, chosen)
     elif len(blocks):
-        scaling_page(blocks)
+        scaling_page(cells, blocks)
     else:
         st.info("No cell of the chosen runs and filters ended ok: nothing to scale.")
 

@@ -513,3 +513,16 @@ def test_the_runs_page_names_a_recorded_runs_model_and_backend(record_results, m
     runs = _table(_app(record_results["root"], monkeypatch), 0).set_index("run_id")
     assert runs.loc[record_results["loaded"], ["kind", "backends"]].tolist() == ["record", "loaded"]
     assert runs.loc[record_results["sliced"], "models"] == "StableDiffusionPipeline UNet2DConditionModel 7f3af43b"
+
+
+def test_the_memory_charts_of_recorded_generations_say_why_they_are_empty(record_results, monkeypatch):
+    """On the CPU a recorded generation has no per-call peak: Compare's time-against-peak and peak-ratio charts and
+    Scaling's peak chart are each a note that says why, not an empty plot."""
+    why = "No peak memory to draw: these are generations recorded on the CPU, where no call has a peak of its own"
+    for params, charts, notes in ((dict(page="Compare", by="backend"), ["time_ratio"], 2),
+                                  (dict(page="Scaling"), ["tokens_max", "score_table_max_MiB", None], 1)):
+        at = _app(record_results["root"], monkeypatch, run=_both(record_results), **params)
+        drawn = [s.get("encoding", {}).get("y", {}).get("field") or s.get("layer", [{}])[0].get("encoding", {}).get(
+            "y", {}).get("field") for s, _ in _charts(at)]
+        assert drawn == charts, params
+        assert [i.value.startswith(why) for i in at.info] == [True] * notes, params
