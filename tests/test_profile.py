@@ -257,3 +257,27 @@ def test_on_cuda_a_generations_calls_are_timed_by_events_and_synchronized_once(m
     meter.collect()
     assert [c for c in fake.calls if c[0] == "synchronize"] == [("synchronize", torch.device("cuda", 1))]
     assert meter.samples == {uid: [1.5] for uid in range(5)}
+
+
+def test_attention_of_a_kind_the_recorder_has_no_hook_for_is_named_not_recorded():
+    """T5's attention (SD 3's third text encoder; transformers' T5Attention, neither diffusers' nor CLIP's): its
+    forward timed, its attention named 'not recorded (T5Attention x2)' in the table and the notes, never 0 calls."""
+    from transformers import T5Config, T5EncoderModel
+
+    class Encoder(torch.nn.Module):  # a module holding it, as a pipeline's component holds its model
+        def __init__(self):
+            super().__init__()
+            self.t5 = T5EncoderModel(T5Config(vocab_size=32, d_model=16, d_kv=8, d_ff=32, num_layers=2, num_heads=2))
+
+        def forward(self, ids):
+            return self.t5(input_ids=ids)
+
+    torch.manual_seed(0)
+    encoder = Encoder()
+    with torch.no_grad(), profile(encoder, out=None) as prof:
+        encoder(torch.zeros(1, 5, dtype=torch.long))
+    comp = prof.components.iloc[0]
+    assert comp["forwards"] == 1 and comp["time_ms"] > 0 and not len(prof.calls)
+    assert math.isnan(comp["attention_calls"]) and comp["not_recorded"] == "T5Attention x2"
+    assert re.search(r"model +1 .* not recorded \(T5Attention x2\) +- +-", str(prof)), str(prof)
+    assert any(n.startswith("model's attention modules T5Attention x2 are not recorded") for n in prof.notes)

@@ -61,16 +61,19 @@ def clip_attention_modules(model: torch.nn.Module) -> dict[str, torch.nn.Module]
 
 
 def unrecorded_attention(model: torch.nn.Module) -> dict[str, int]:
-    """The attention modules of the model that no hook here records, counted by class: any module whose class is
-    named '...Attention' (T5's, FLUX's, torch's MultiheadAttention) that is neither diffusers' Attention nor CLIP's."""
+    """The attention modules of the model that no hook here records, counted by class: the innermost modules whose
+    class is named '...Attention' (T5's T5Attention, not its T5LayerSelfAttention around it; FLUX's; torch's
+    MultiheadAttention) that are neither diffusers' Attention nor CLIP's (nor hold one)."""
     from diffusers.models.attention_processor import Attention
 
+    named = {id(m) for m in model.modules() if type(m).__name__.endswith("Attention")}
     out: dict[str, int] = {}
     for m in model.modules():
-        name = type(m).__name__
-        if name.endswith("Attention") and not isinstance(m, Attention) and \
-                not any(k.__name__ == CLIP_ATTENTION for k in type(m).__mro__):
-            out[name] = out.get(name, 0) + 1
+        if id(m) not in named or isinstance(m, Attention) or any(k.__name__ == CLIP_ATTENTION
+                                                                  for k in type(m).__mro__):
+            continue
+        if not any(id(c) in named for c in m.modules() if c is not m):  # the innermost
+            out[type(m).__name__] = out.get(type(m).__name__, 0) + 1
     return out
 
 

@@ -215,7 +215,7 @@ class Session:
         clip = clip_attention_modules(module)
         unknown = unrecorded_attention(module)
         if unknown:
-            self.unrecorded[name] = ", ".join(f"{k} x{v}" for k, v in sorted(unknown.items()))
+            self.unrecorded[name] = _counted(unknown)
             self.notes.append(f"{name}'s attention modules {self.unrecorded[name]} are not recorded (attnprof records "
                               "diffusers' Attention and transformers' CLIP attention): their calls and time are in "
                               f"no attention figure of {name}")
@@ -225,11 +225,12 @@ class Session:
         return {**self.modules[name], **clip}
 
     def _not_recorded(self, name: str, modules: dict) -> None:
+        """A component whose attention modules are all left unrecorded (compiled): named in `unrecorded`."""
         counts: dict[str, int] = {}
         for m in modules.values():
             counts[type(m).__name__] = counts.get(type(m).__name__, 0) + 1
         if counts:
-            self.unrecorded[name] = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items()))
+            self.unrecorded[name] = _counted(counts)
 
     def _forward_begins(self, name: str):
         def begin(module, args, kwargs) -> None:
@@ -262,6 +263,11 @@ class Session:
                             "peak_bytes": self.meter.peak.get(r["uid"]),
                             "faulted_bytes": self.meter.faulted.get(r["uid"]), "uid": r["uid"]})
         return sorted(out, key=lambda r: r["uid"])
+
+
+def _counted(classes: dict[str, int]) -> str:
+    """Modules counted by class, as the output names them: 'Attention x32, T5Attention x24'."""
+    return ", ".join(f"{k} x{v}" for k, v in sorted(classes.items()))
 
 
 def _component_table(session: Session, calls: pd.DataFrame) -> pd.DataFrame:
