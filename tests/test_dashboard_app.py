@@ -483,7 +483,7 @@ def test_two_recorded_generations_side_by_side_on_the_generation_page(record_res
         f"generation 0 loaded 64x64 ({record_results['loaded']})": 3,
         f"generation 1 loaded 64x64 ({record_results['loaded']})": 3,
         f"generation 0 sliced 96x64 ({record_results['sliced']})": 2}
-    per_cell = blocks.groupby("label")["block"].agg(frozenset)  # the first's ten costliest, each in both
+    per_cell = blocks.groupby("cell")["block"].agg(frozenset)  # the first's ten costliest, each in both
     assert len(per_cell) == 2 and per_cell.iloc[0] == per_cell.iloc[1] and len(per_cell.iloc[0]) == 10
     side = _table(at, 1).set_index("component")
     assert list(side.index) == ["vae", "text_encoder", "unet"] and side.loc["unet", "time_ratio"].endswith("x")
