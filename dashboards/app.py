@@ -22,7 +22,7 @@ from dashboards import charts as C  # noqa: E402
 from dashboards import transforms as T  # noqa: E402
 from profiler.store import list_runs  # noqa: E402
 
-PAGES = ("Runs", "Run", "Compare", "Scaling", "Planner", "Queue")
+PAGES = ("Runs", "Run", "Generation", "Compare", "Scaling", "Planner", "Queue")
 COLOUR_BY = {"time": ("time_ms", "time (ms)"), "peak memory": ("peak_mem_bytes", "peak memory")}
 
 
@@ -51,6 +51,11 @@ def load_run(path: str, stamp: tuple) -> tuple[pd.DataFrame, pd.DataFrame, str]:
         return (*T.load_run(Path(path)), "")
     except T.UNREADABLE as e:
         return pd.DataFrame(), pd.DataFrame(), f"{Path(path).name} is skipped, unreadable: {type(e).__name__}: {e}"
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def load_calls(path: str, cell_id: str, stamp: tuple) -> pd.DataFrame:
+    return T.load_calls(Path(path), cell_id)
 
 
 @st.cache_data(show_spinner="Writing the report...", max_entries=4)
@@ -170,10 +175,12 @@ RUNS_PICKED = "_runs_picked"  # the runs came from a link or from the user: no p
 
 def runs_ui(index: pd.DataFrame, page: str) -> list[str]:
     """The runs to show. Until a link or the user picks them, each page's default: on Scaling every run with cells
-    (so that sizes run apart draw one line), elsewhere the latest."""
+    (so that sizes run apart draw one line), on Generation the latest recorded generation, elsewhere the latest."""
     readable = index[index["readable"].astype(bool)]  # a bool mask also when empty (else: a column selection)
     recorded = readable[readable[list(T.DONE_STATUSES)].sum(axis=1) > 0]
-    pool = list((recorded if len(recorded) else readable)["run_id"])
+    generations = recorded[recorded["kind"] == "record"]
+    pool = list((generations if page == "Generation" and len(generations) else recorded if len(recorded)
+                 else readable)["run_id"])
     default = pool if page == "Scaling" else pool[-1:]
     if "run" not in st.session_state and st.query_params.get_all("run"):
         st.session_state[RUNS_PICKED] = True
@@ -240,18 +247,18 @@ def run_page(cells: pd.DataFrame, blocks: pd.DataFrame, cell: str | None, colour
     findings_ui(T.run_findings(cells, blocks))
     if cell is not None:
         run_id, cell_id = cell.split("/")
-        layout = T.unet_layout(blocks[(blocks["run_id"] == run_id) & (blocks["cell_id"] == cell_id)])
-        field, title = COLOUR_BY[colour]
-        layout, unit = T.with_mem_unit(layout, ["peak_mem_bytes", "predicted_peak_bytes"])
-        if field == "peak_mem_bytes":
-            field, title = f"peak_mem_{unit}", f"peak memory ({unit})"
-        st.subheader(T.unet_title(layout))
-        chart(layout, C.unet_map(field, title, unit))
+        mine = blocks[(blocks["run_id"] == run_id) & (blocks["cell_id"] == cell_id)]
+        empty = T.no_peaks_reason(cells[(cells["run_id"] == run_id) & (cells["cell_id"] == cell_id)])
+        unit = component_maps(mine, colour, empty)
+        layout = T.with_mem_unit(T.unet_layout(mine), ["peak_mem_bytes", "predicted_peak_bytes"])[0]
         left, right = st.columns(2)
-        for where, x, xtitle in ((left, "time_ms", "time per call (ms)"),
-                                 (right, f"peak_mem_{unit}", f"peak memory per call ({unit})")):
-            with where:
-                chart(layout, C.call_bars(x, xtitle, unit, len(layout)))
+        with left:
+            chart(layout, C.call_bars("time_ms", "time per call (ms)", unit, len(layout)))
+        with right:
+            if empty:  # a chart with no bars would say nothing: say why
+                st.info(f"{empty}.")
+            else:
+                chart(layout, C.call_bars(f"peak_mem_{unit}", f"peak memory per call ({unit})", unit, len(layout)))
         table(layout[[c for c in ("call_index", "block", "stage", "level", "kind", "heads", "head_dim", "tokens_q",
                                   "tokens_k", "score_elements", "score_bytes", "flops", "time_ms", "iqr_ms", "noisy",
                                   "peak_mem_bytes", "predicted_peak_bytes", "bytes_moved", "arithmetic_intensity",
@@ -265,6 +272,26 @@ def run_page(cells: pd.DataFrame, blocks: pd.DataFrame, cell: str | None, colour
     st.caption("forward peak total: measured, counted as the planner counts it (weights + inputs + the forward's "
                "transient); predicted forward peak: the planner's, from fake tensors; ratio: measured / predicted.")
     table(cells[[c for c in T.CELL_COLUMNS if c in cells]], "cells")
+
+
+def component_maps(blocks: pd.DataFrame, colour: str, empty: str) -> str:
+    """One cell's calls drawn per component, each in a chart of its own (transforms.by_component: a recorded
+    generation's U-Net on the U, its VAE's mid block on a U of its own, its text encoder's layers as bars), coloured
+    by time or peak memory (empty: why no call has a peak). The memory unit of the cell's peaks."""
+    field, title = COLOUR_BY[colour]
+    unit = T.with_mem_unit(blocks, ["peak_mem_bytes", "predicted_peak_bytes"])[1]
+    if field == "peak_mem_bytes":
+        field, title = f"peak_mem_{unit}", f"peak memory ({unit})"
+        if empty:
+            st.info(f"{empty}.")
+    for component, rows in T.by_component(blocks):
+        layout = T.with_mem_unit(T.unet_layout(rows), ["peak_mem_bytes", "predicted_peak_bytes"], unit)[0]
+        st.subheader(T.component_title(component, layout))
+        if T.mapped(layout):
+            chart(layout, C.unet_map(field, title, unit))
+        else:
+            chart(layout, C.call_bars(field, title, unit, len(layout)))
+    return unit
 
 
 def roofline_ui(cells: pd.DataFrame, blocks: pd.DataFrame) -> None:
@@ -299,6 +326,59 @@ def traces_ui(cells: pd.DataFrame, run_id: str, cell_id: str, root: Path) -> Non
                                key=f"trace-{i}", on_click="ignore")
 
 
+def generation_page(cells: pd.DataFrame, chosen: list[str], root: Path) -> None:
+    """A recorded generation (attnprof record, profiler.profile), or two side by side: per component the share of
+    attention, per step and per generation the attention time, the costliest blocks."""
+    st.header("Generation")
+    if not chosen:
+        st.info("None of the chosen runs holds a recorded generation (a run of kind record): make one with "
+                "`attnprof record -- your_script.py` or `profiler.profile(pipe)`, then pick it in the sidebar.")
+        return
+    rows = [cells[(cells["run_id"] + "/" + cells["cell_id"]) == key].iloc[0].to_dict() for key in chosen]
+    for cell in rows:
+        st.markdown(f"**{T.generation_label(cell)}**: {T.generation_line(cell)}")
+    calls = {T.generation_label(c): load_calls(str(root / c["run_id"]), c["cell_id"], _stamp(root / c["run_id"]))
+             for c in rows}
+    comps = [T.component_table(c) for c in rows]
+    st.subheader("Per component: its forwards' time and attention's share of it")
+    st.caption("Pale: the component's forwards in the generation; solid: their attention calls (the attention "
+               "processor's whole call, q/k/v and output projections included). 'not recorded': no hook of ours "
+               "reached its attention (compiled, or a kind of module attnprof does not record), never 0.")
+    both, legend = T.labelled(pd.concat(comps, ignore_index=True), ("cell",))
+    chart(both, C.component_time(legend, len(both)))
+    table(both.drop(columns=["label", "variant"]), "components")
+    if len(rows) == 2:
+        st.caption(f"Side by side: {T.generation_label(rows[1])} (b) against {T.generation_label(rows[0])} (a).")
+        table(T.components_side_by_side(*comps), "components-side-by-side")
+    generation_sections(rows, calls)
+    for cell in rows:
+        if cell.get("notes"):
+            st.caption(f"Notes, {T.generation_label(cell)}: {cell['notes']}")
+
+
+def generation_sections(rows: list[dict], calls: dict[str, pd.DataFrame]) -> None:
+    """The Generation page's per-step, per-generation and costliest-block sections."""
+    steps = pd.concat([T.step_table(c, label) for label, c in calls.items()], ignore_index=True)
+    st.subheader("Per step: each denoising step's attention time")
+    if len(steps):
+        steps, legend = T.labelled(steps, ("component", "generation", "cell"))
+        chart(steps, C.step_times(legend))
+    else:
+        st.info("No call of these generations ran in a denoising step.")
+    st.subheader("Per generation: each pipeline call's attention, by component")
+    table(pd.concat([T.generations_table(calls[T.generation_label(c)], c) for c in rows], ignore_index=True),
+          "generations")
+    (first, first_calls), *others = calls.items()
+    top = T.costliest_blocks(first_calls, first)
+    top = pd.concat([top, *(T.costliest_blocks(c, label, among=set(top.get("block", ()))) for label, c in others)],
+                    ignore_index=True)
+    st.subheader("The costliest blocks: all their calls summed" + (f" (those of {first})" if others else ""))
+    if len(top):
+        top, legend = T.labelled(top, ("cell", "component"))
+        chart(top, C.block_costs(legend, len(top)))
+        table(top.drop(columns=["label", "variant"]), "costliest-blocks")
+
+
 def compare_page(cells: pd.DataFrame, envs: pd.DataFrame, by: str, baseline: str, budget: str) -> None:
     st.header("Compare")
     sizes = T.options(cells, "size")
@@ -326,13 +406,20 @@ def compare_page(cells: pd.DataFrame, envs: pd.DataFrame, by: str, baseline: str
 def compare_backends(cells: pd.DataFrame, baseline: str, sizes: list[str]) -> None:
     cmp, unit = T.with_mem_unit(T.compare_table(cells, baseline), ["attention_peak_mem_bytes"])
     ok, legend = T.labelled(cmp[cmp["status"] == "ok"], T.CELL_SERIES)
+    empty = T.no_peaks_reason(cells[cells["status"] == "ok"])  # an empty chart would say nothing: say why
     st.subheader("Time against peak memory, per size")
-    chart(ok, C.time_against_peak(sizes, unit, legend), stretch=False)
+    if empty:
+        st.info(f"{empty}.")
+    else:
+        chart(ok, C.time_against_peak(sizes, unit, legend), stretch=False)
     st.subheader(f"Ratio to {baseline} (below 1: faster or smaller)")
     left, right = st.columns(2)
     for where, y, title in ((left, "time_ratio", "time ratio"), (right, "peak_ratio", "peak memory ratio")):
         with where:
-            chart(ok, C.ratio_to_baseline(y, title, baseline, sizes, legend))
+            if empty and y == "peak_ratio":
+                st.info(f"{empty}.")
+            else:
+                chart(ok, C.ratio_to_baseline(y, title, baseline, sizes, legend))
     st.subheader("Largest size that ran, per backend")
     table(T.largest_ok(cells), "largest")
     st.subheader("All cells")
@@ -355,22 +442,26 @@ def compare_runs(cells: pd.DataFrame, by: str, baseline: str, sizes: list[str]) 
         st.subheader(f"{run_id} against {baseline}")
         st.caption(f"{summary_text(summary(result))}. As attnprof diff judges: {rule_text(THRESHOLD)}. "
                    f"{machine_text(result)}.")
-        table(result["matched"], f"diff-{run_id}")
+        table(T.verdicts_first(result["matched"]), f"diff-{run_id}")
         for side, name in (("only_a", baseline), ("only_b", run_id)):
             if len(result[side]):
                 st.warning(f"{len(result[side])} cells only in {name}, left out of the comparison:")
                 table(result[side], f"{side}-{run_id}")
 
 
-def scaling_page(blocks: pd.DataFrame) -> None:
+def scaling_page(cells: pd.DataFrame, blocks: pd.DataFrame) -> None:
     st.header("Scaling")
     scale = T.scaling_table(blocks)
     charts = C.scaling_charts(scale)
     for where, (_, spec, data) in zip(st.columns(2), charts[:2]):  # tokens | score tables
         with where:
             chart(data, spec)
-    for _, spec, data in charts[2:]:  # time, then peaks: small multiples, each panel its own width
-        chart(data, spec, stretch=False)
+    chart(charts[2][2], charts[2][1], stretch=False)  # time, then peaks: small multiples, each panel its own width
+    empty = charts[3][2]["peak_bytes"].isna().all() and T.no_peaks_reason(cells[cells["status"] == "ok"])
+    if empty:  # an empty chart would say nothing: say why
+        st.info(f"{empty}.")
+    else:
+        chart(charts[3][2], charts[3][1], stretch=False)
     table(scale, "scaling")
 
 
@@ -596,6 +687,17 @@ def page_ui(page: str, cells: pd.DataFrame) -> dict:
             _seed("cell", labels.__contains__, next(iter(labels)))
             out["cell"] = st.sidebar.selectbox("Cell to draw", list(labels), key="cell", format_func=labels.get)
         out["color"] = choice_ui("Colour by", list(COLOUR_BY), "color", "time", where=st.sidebar, horizontal=True)
+    if page == "Generation" and len(cells):
+        mine = T.recorded(cells)
+        labels = dict(zip(mine["run_id"] + "/" + mine["cell_id"], [T.generation_label(c)
+                                                                   for c in mine.to_dict("records")]))
+        if labels:
+            _seed("gen", labels.__contains__, next(iter(labels)))
+            out["gen"] = st.sidebar.selectbox("Generation", list(labels), key="gen", format_func=labels.get)
+            beside = ["none", *(k for k in labels if k != out["gen"])]
+            labels["none"] = "none"
+            _seed("beside", beside.__contains__, "none")
+            out["beside"] = st.sidebar.selectbox("Beside it", beside, key="beside", format_func=labels.get)
     if page == "Compare" and len(cells):
         runs = list(dict.fromkeys(cells["run_id"]))
         envs = T.run_envs([results_dir() / r for r in runs])
@@ -660,11 +762,14 @@ def main() -> None:
     if page == "Run":
         run_page(cells, blocks, choices.get("cell"), choices["color"], root)
         report_button(root, chosen)
+    elif page == "Generation":
+        generation_page(cells, [k for k in (choices.get("gen"), choices.get("beside")) if k and k != "none"], root)
+        report_button(root, chosen)
     elif page == "Compare":
         compare_page(cells, choices["envs"], choices["by"], choices["baseline"], choices["budget"])
         report_button(root, chosen)
     elif len(blocks):
-        scaling_page(blocks)
+        scaling_page(cells, blocks)
     else:
         st.info("No cell of the chosen runs and filters ended ok: nothing to scale.")
 

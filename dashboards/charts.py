@@ -81,6 +81,52 @@ def call_bars(x: str, title: str, unit: str, calls: int) -> dict:
         "tooltip": call_tooltip(unit)}}
 
 
+# ---- the Generation page: recorded generations (transforms.component_table, step_table, costliest_blocks)
+
+def component_time(legend: str, rows: int) -> dict:
+    """Per component of each recorded generation (a bar per `label`, side by side), its forwards' time pale and its
+    attention's time solid inside it: attention's share of each component at a glance. A component whose attention
+    was not recorded has no solid bar (its tooltip says NaN, its table 'not recorded')."""
+    tooltip = [tip("label", legend), tip("component", "component"), tip("class", "class"),
+               num("time_ms", "its forwards (ms)"), num("attention_ms", "their attention (ms)"),
+               num("attention_of_component_pct", "attention's share of them (%)", ".1f"),
+               num("time_share_pct", "share of the generation's wall time (%)", ".1f")]
+    x = {"type": "quantitative", "title": "time in the generation (ms): its forwards pale, their attention solid"}
+    return {"height": 26 * rows + 30, "encoding": {
+        "y": {"field": "component", "type": "nominal", "title": None, "sort": None},
+        "yOffset": {"field": "label", "type": "nominal"}, "color": colour("label", legend, columns=1),
+        "tooltip": tooltip}, "layer": [
+        {"mark": {"type": "bar", "opacity": 0.35, "tooltip": True}, "encoding": {"x": {"field": "time_ms", **x}}},
+        {"mark": {"type": "bar", "tooltip": True}, "encoding": {"x": {"field": "attention_ms", **x}}}]}
+
+
+def step_times(legend: str) -> dict:
+    """Each denoising step's attention time (its calls summed), a line per `label` (component, generation and
+    recorded cell, where they vary: transforms.labelled)."""
+    return {"mark": {"type": "line", "point": True, "tooltip": True}, "height": 260, "encoding": {
+        "x": {"field": "step", "type": "ordinal", "title": "step (the denoiser's forward, counted in its generation)",
+              "axis": {"labelAngle": 0}},
+        "y": {"field": "attention_ms", "type": "quantitative", "title": "attention time in the step (ms)"},
+        "color": colour("label", legend, columns=2),
+        "tooltip": [tip("label", legend), tip("step", "step", "ordinal"), tip("calls", "calls", "quantitative"),
+                    num("attention_ms", "attention (ms)", ".3f")]}}
+
+
+def block_costs(legend: str, rows: int) -> dict:
+    """The costliest blocks, each its calls' total time as a bar (a bar per `label` side by side where two recorded
+    cells are drawn), the costliest first."""
+    return {"mark": {"type": "bar", "tooltip": True}, "height": 20 * rows + 40, "encoding": {
+        "y": {"field": "block", "type": "nominal", "sort": "-x", "title": None,
+              "axis": {"labelLimit": 420, "labelOverlap": False}},
+        "yOffset": {"field": "label", "type": "nominal"},
+        "x": {"field": "total_ms", "type": "quantitative", "title": "time of all its calls (ms)"},
+        "color": colour("label", legend, columns=2),
+        "tooltip": [tip("block", "block"), tip("label", legend), tip("kind", "kind"),
+                    tip("tokens", "tokens (query x key)"), tip("calls", "calls", "quantitative"),
+                    num("total_ms", "all its calls (ms)", ".3f"), num("median_ms", "its median call (ms)", ".3f"),
+                    num("share_of_attention_pct", "share of the attention time (%)", ".1f")]}}
+
+
 # ---- the Compare page
 
 def cell_tooltip(unit: str) -> list:

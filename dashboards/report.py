@@ -46,42 +46,101 @@ def _table(df: pd.DataFrame, cls: str = "") -> str:
     return f'<div class="scroll"><table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
-def _charts_and_sections(cells: pd.DataFrame, blocks: pd.DataFrame, runs: list[Run]) -> tuple[list, list[str]]:
-    specs, sections = [], []
+class _Charts:
+    """The report's charts in order: each spec with its data inline, and its place in the page (a heading, a note,
+    the element vegaEmbed draws into)."""
 
-    def add(title: str, spec: dict, data: pd.DataFrame, note: str = "") -> None:
-        specs.append(C.with_data(spec, data))
-        sections.append(f"<h3>{html.escape(title)}</h3>{f'<p>{html.escape(note)}</p>' if note else ''}"
-                        f'<div class="chart" id="chart{len(specs) - 1}"></div>')
+    def __init__(self):
+        self.specs: list[dict] = []
 
-    ok = cells[cells["status"] == "ok"] if len(cells) else cells
-    for run in runs:  # the U-Net map of each run's largest ok cell
+    def add(self, title: str, spec: dict, data: pd.DataFrame, note: str = "", level: int = 3) -> str:
+        self.specs.append(C.with_data(spec, data))
+        return (f"<h{level}>{html.escape(title)}</h{level}>{f'<p>{html.escape(note)}</p>' if note else ''}"
+                f'<div class="chart" id="chart{len(self.specs) - 1}"></div>')
+
+
+def _maps(charts: _Charts, ok: pd.DataFrame, blocks: pd.DataFrame, runs: list[Run]) -> list[str]:
+    """Each run's largest ok cell drawn per component, each in a chart of its own (transforms.by_component: a
+    recorded generation's VAE and text encoder never in the U-Net's rows): on the U where its calls are, as bars
+    (a text encoder's layers) where not, coloured by each call's median time."""
+    sections = []
+    for run in runs:
         mine = ok[ok["run_id"] == run.id].sort_values(["pixels", "attention_time_ms"], ascending=[False, False])
         if not len(mine) or not len(blocks):
             continue
         cell = mine.iloc[0]
-        layout, unit = T.with_mem_unit(T.unet_layout(blocks[(blocks["run_id"] == run.id) &
-                                                            (blocks["cell_id"] == cell["cell_id"])]),
-                                       ["peak_mem_bytes", "predicted_peak_bytes"])
-        add(f"The U-Net of run {run.id}: {cell['model']} {cell['size']} {cell['backend_label']} {cell['dtype']}",
-            C.unet_map("time_ms", "time (ms)", unit), layout,
-            "down, mid and up by level; each tile one attention call (self | cross), coloured by its median time")
-    if len(ok):
+        cell_blocks = blocks[(blocks["run_id"] == run.id) & (blocks["cell_id"] == cell["cell_id"])]
+        unit = T.with_mem_unit(cell_blocks, ["peak_mem_bytes", "predicted_peak_bytes"])[1]
+        for component, rows in T.by_component(cell_blocks):
+            layout = T.with_mem_unit(T.unet_layout(rows), ["peak_mem_bytes", "predicted_peak_bytes"], unit)[0]
+            what = f"{cell['model']} {cell['size']} {cell['backend_label']} {cell['dtype']}"
+            if not component:
+                sections.append(charts.add(f"The U-Net of run {run.id}: {what}", C.unet_map("time_ms", "time (ms)",
+                                                                                            unit), layout,
+                                           "down, mid and up by level; each tile one attention call (self | cross), "
+                                           "coloured by its median time"))
+                continue
+            spec = C.unet_map("time_ms", "time (ms)", unit) if T.mapped(layout) else \
+                C.call_bars("time_ms", "time per call (ms)", unit, len(layout))
+            sections.append(charts.add(f"{T.component_title(component, layout)}; run {run.id}: {what}", spec,
+                                       layout, "coloured by each call's median time"))
+    return sections
+
+
+def _memory_note(title: str, cells: pd.DataFrame) -> str:
+    """In place of a memory chart with nothing to draw: its title and why it is empty."""
+    return f"<h3>{html.escape(title)}</h3><p>{html.escape(T.no_peaks_reason(cells))}.</p>"
+
+
+def _charts_and_sections(cells: pd.DataFrame, blocks: pd.DataFrame, runs: list[Run],
+                         charts: _Charts | None = None) -> tuple[list, list[str]]:
+    charts = charts or _Charts()
+    ok = cells[cells["status"] == "ok"] if len(cells) else cells
+    sections = _maps(charts, ok, blocks, runs)
+    compare = "Compare: attention time against peak memory, per size"
+    if len(ok) and T.no_peaks_reason(ok):
+        sections.append(_memory_note(compare, ok))
+    elif len(ok):
         cmp, unit = T.with_mem_unit(ok, ["attention_peak_mem_bytes"])
         cmp, legend = T.labelled(cmp, T.CELL_SERIES)
-        add("Compare: attention time against peak memory, per size",
-            C.time_against_peak(T.options(ok, "size"), unit, legend), cmp)
+        sections.append(charts.add(compare, C.time_against_peak(T.options(ok, "size"), unit, legend), cmp))
     points = T.roofline_points(blocks)
     lines = T.roofline_lines(cells, points)
     if len(lines):
         points, legend = T.labelled(points)
-        add("Roofline: each call against the device's measured limits", C.roofline(lines, legend), points,
+        sections.append(charts.add(
+            "Roofline: each call against the device's measured limits", C.roofline(lines, legend), points,
             "each point one attention call: its FLOPs over its median time against its FLOPs per byte moved (the "
-            "backend's model); dashed, the device's memory bandwidth and compute peak as the run measured them")
+            "backend's model); dashed, the device's memory bandwidth and compute peak as the run measured them"))
     scale = T.scaling_table(blocks) if len(blocks) else pd.DataFrame()
     for title, spec, data in C.scaling_charts(scale) if len(scale) else []:
-        add(title, spec, data)
-    return specs, sections
+        peaks = "peak" in title and data["peak_bytes"].isna().all()
+        sections.append(_memory_note(title, ok) if peaks else charts.add(title, spec, data))
+    return charts.specs, sections
+
+
+def _generations(charts: _Charts, cells: pd.DataFrame, runs: list[Run]) -> str:
+    """Each recorded generation's page (the dashboard's Generation page): what it was, per component its forwards'
+    time and attention's share (a table), per step its attention (a chart), per pipeline call, the costliest
+    blocks."""
+    out = []
+    paths = {r.id: r.path for r in runs}
+    for cell in T.recorded(cells).to_dict("records"):
+        label = T.generation_label(cell)
+        calls = T.load_calls(paths[cell["run_id"]], cell["cell_id"])
+        steps = T.step_table(calls, label)
+        out.append(f"<h3>{html.escape(label)}</h3><p>{html.escape(T.generation_line(cell))}</p>"
+                   f"<h4>Per component</h4>{_table(T.display(T.component_table(cell).drop(columns=['cell'])))}")
+        if len(steps):
+            steps, legend = T.labelled(steps, ("component", "generation"))
+            out.append(charts.add("Per step: each denoising step's attention time",
+                                  {**C.step_times(legend), "width": C.PANEL_WIDTH * 2}, steps, level=4))
+        out.append(f"<h4>Per generation</h4>{_table(T.display(T.generations_table(calls, cell).drop(columns=['cell'])))}"
+                   f"<h4>The costliest blocks (all their calls summed)</h4>"
+                   f"{_table(T.display(T.costliest_blocks(calls, label).drop(columns=['cell'])))}")
+        if cell.get("notes"):
+            out.append(f"<p>Notes: {html.escape(cell['notes'])}</p>")
+    return "".join(out)
 
 
 def _json(spec: dict) -> str:
@@ -99,7 +158,9 @@ def render(paths: list[Path]) -> str:
     meta = pd.DataFrame([{"run": r.id, "created": r.manifest().get("created_at"),
                           "ended": r.manifest().get("ended_at"), "command": r.manifest().get("command")}
                          for r in runs])
-    specs, sections = _charts_and_sections(cells, blocks, runs)
+    charts = _Charts()
+    generations = _generations(charts, cells, runs) if len(cells) else ""
+    specs, sections = _charts_and_sections(cells, blocks, runs, charts)
     found = "".join(f"<h3>{html.escape(run)}</h3><ul>{''.join(f'<li>{html.escape(s)}</li>' for s in sentences)}</ul>"
                     for run, sentences in T.run_findings(cells, blocks).items() if sentences)
     if len(cells):
@@ -125,6 +186,7 @@ report. Times: {html.escape(ATTENTION_TIME)} (a call's time: the median of its t
 transient peak over what was held when it began. Everything, the chart library included, is in this file: it needs no server and no network.</p>
 <h2>Findings</h2>{found or "<p>No cells recorded.</p>"}
 <h2>Runs and environment</h2>{_table(meta)}{_table(env, "env")}
+{f"<h2>Recorded generations</h2>{generations}" if generations else ""}
 <h2>Charts</h2>{"".join(sections) or "<p>No cell ended ok: nothing to draw.</p>"}
 <h2>Backends by family</h2><p>Reference, chunked, fused exact and fused approximate: each backend's attention time
 beside its error against the fp32 reference (max_rel_err; error_ok: within the dtype's tolerance).</p>

@@ -37,7 +37,7 @@ def family_order(df: pd.DataFrame) -> pd.Series:
 SERIES = ("backend_label", "model", "settings_label", "dtype", "batch", "aspect", "run_id")
 CELL_SERIES = ("backend_label", "model", "settings_label", "dtype", "batch", "run_id")  # a panel per size
 _NAMES = {"backend_label": ("backend", "{}"), "batch": ("batch", "batch {}"), "aspect": ("aspect", "aspect {}"),
-          "run_id": ("run", "{}"), "settings_label": ("settings", "({})")}
+          "run_id": ("run", "{}"), "settings_label": ("settings", "({})"), "generation": ("generation", "generation {}")}
 
 
 def labelled(df: pd.DataFrame, fields=SERIES) -> tuple[pd.DataFrame, str]:
@@ -117,9 +117,9 @@ def unet_layout(blocks: pd.DataFrame) -> pd.DataFrame:
     repeated = b.groupby(["group", "kind", "layer"]).cumcount()  # a tiled VAE calls one block once per tile
     b["layer"] = b["layer"] + repeated
     b["column"] = b["group"].map({g: i for i, g in enumerate(dict.fromkeys(b["group"]))})
-    b["group_label"] = b["group"].str.replace(r"^(?:(\w+)\.)?mid_block\.attentions\.\d+$", r"\1 mid", regex=True) \
-        .str.replace(r"^(?:(\w+)\.)?(down|up)_blocks\.(\d+)\.attentions\.(\d+)$", r"\1 \2 \3.\4", regex=True) \
-        .str.strip()  # down 1.0, up 2.1, mid; controlnet down 0.0; decoder mid
+    b["group_label"] = b["group"].str.replace(r"^(?:([\w.]+)\.)?mid_block\.attentions\.\d+$", r"\1 mid", regex=True) \
+        .str.replace(r"^(?:([\w.]+)\.)?(down|up)_blocks\.(\d+)\.attentions\.(\d+)$", r"\1 \2 \3.\4", regex=True) \
+        .str.strip()  # down 1.0, up 2.1, mid; controlnet down 0.0; decoder mid; vae.decoder mid
     tokens = b[b["kind"] == "self"].groupby("level")["tokens_q"].first()
     b["level_label"] = b["level"].map(lambda lv: f"level {lv}: {tokens.get(lv, '?')} tokens")
     b["tokens"] = b["tokens_q"].astype(str) + " x " + b["tokens_k"].astype(str)
@@ -129,12 +129,167 @@ def unet_layout(blocks: pd.DataFrame) -> pd.DataFrame:
 
 def unet_title(layout: pd.DataFrame) -> str:
     """What the U-Net map draws, naming only the parts this cell has (its ControlNet, IP-Adapter's image tokens)."""
-    if layout["block"].str.match(r"(en|de)coder\.").all():
+    if layout["block"].str.match(r"(vae\.)?(en|de)coder\.").all():
         return "The VAE: its mid block's attention (one tile per call: a tiled decode calls it per tile)"
-    parts = " and its ControlNet" if layout["block"].str.startswith("controlnet.").any() else ""
+    controlnet = layout["block"].str.startswith("controlnet.")
     kinds = " | ".join(k for k in ("self", "cross", "image") if k in set(layout["kind"]))
     image = ": IP-Adapter's image tokens" if "image" in kinds else ""
+    if controlnet.all():  # a recorded generation's ControlNet: a component of its own
+        return f"The ControlNet: down and mid by level; each tile one attention call ({kinds}{image})"
+    parts = " and its ControlNet" if controlnet.any() else ""
     return f"The U-Net{parts}: down, mid and up by level; each tile one attention call ({kinds}{image})"
+
+
+DENOISERS = ("unet", "model", "transformer", "prior", "controlnet")  # a recorded generation's, drawn first
+
+
+def by_component(blocks: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """One cell's block rows split by the component that made them, each drawn in a chart of its own (a recorded
+    generation's U-Net, VAE and text encoder; a VAE's 192 tokens never in a U-Net row): the denoisers first, then the
+    others in call order. A cell of a sweep (no component) is one group, ''."""
+    if "component" not in blocks or blocks["component"].isna().all():
+        return [("", blocks)]
+    named = blocks.assign(component=blocks["component"].fillna(""))
+    order = list(dict.fromkeys(named.sort_values("call_index")["component"]))
+    order = [c for c in DENOISERS if c in order] + [c for c in order if c not in DENOISERS]
+    return [(c, named[named["component"] == c]) for c in order]
+
+
+def mapped(layout: pd.DataFrame) -> bool:
+    """Whether a component's calls have a place on the U (down, mid, up by level): a U-Net's, a ControlNet's, a
+    VAE's; a text encoder's (its layers in order, stage 'other') are drawn as bars instead."""
+    return bool((layout["stage"] != "other").any())
+
+
+def component_title(component: str, layout: pd.DataFrame) -> str:
+    """A component's chart title: the U-Net map's (unet_title) where its calls are on the U, else its calls in order."""
+    if mapped(layout):
+        return unet_title(layout)
+    heads = ", ".join(f"{h} heads of {d}" for h, d in dict.fromkeys(zip(layout["heads"], layout["head_dim"])))
+    tokens = ", ".join(str(t) for t in dict.fromkeys(layout["tokens_q"]))
+    return f"The {component or 'model'}: its attention calls in order, one bar each ({heads}; {tokens} tokens)"
+
+
+# ---- the Generation page: a recorded generation (attnprof record, profiler.profile) per component, step and call
+
+def recorded(cells: pd.DataFrame) -> pd.DataFrame:
+    """The cells that hold a recorded generation (kind record) and ended ok."""
+    if not len(cells) or "kind" not in cells:
+        return cells.iloc[0:0]
+    return cells[(cells["kind"] == "record") & (cells["status"] == "ok")]
+
+
+def generation_label(cell: dict) -> str:
+    """What names one recorded generation's cell on the page: 'loaded 64x64 (20261205-083539-984b)'."""
+    return f"{cell['backend_label']} {cell['size']} ({cell['run_id']})"
+
+
+def load_calls(path: Path, cell_id: str) -> pd.DataFrame:
+    """Every attention call of a recorded cell with its component, generation and step (calls-<cell_id>.parquet;
+    empty where the run holds none)."""
+    return Run.open(Path(path)).read_frame(f"calls-{cell_id}")
+
+
+def generation_line(cell: dict) -> str:
+    """One line of what the generation was: 'StableDiffusionPipeline, loaded (AttnProcessor2_0 x34): 3 steps at 64x64,
+    batch 2, DDIMScheduler, guidance 7.5; 0.62 s of wall time'."""
+    times = cell.get("generation_times_s")
+    calls = f"{len(times)} generations, " if hasattr(times, "__len__") and len(times) > 1 else ""
+    return (f"{cell['pipeline']}, {cell['backend_label']} ({cell['processors']}): {calls}{cell['steps']} steps at "
+            f"{cell['size']}, batch {cell['batch']}, {cell['scheduler']}, guidance {cell['guidance']}; "
+            f"{cell['generation_s']:.2f} s of wall time")
+
+
+def component_table(cell: dict) -> pd.DataFrame:
+    """Per component of a recorded generation: its forwards and their time with its share of the wall time, its
+    attention calls, their time, and attention's share of the component's time and of the generation's. Where a
+    component's attention was not recorded (compiled, or a kind of module with no hook) its calls say 'not recorded
+    (...)' and its attention figures are NaN, never 0."""
+    import json
+
+    wall_ms = cell["generation_s"] * 1e3
+    rows = []
+    for r in json.loads(cell["components"]):
+        recorded = r["attention_calls"] is not None and r["attention_calls"] == r["attention_calls"]  # not NaN
+        missing = r.get("not_recorded") or ""
+        attention = r["attention_ms"] if recorded else float("nan")
+        rows.append({"cell": generation_label(cell), "component": r["component"], "class": r["class"],
+                     "forwards": r["forwards"], "time_ms": r["time_ms"], "time_share_pct": 100 * r["time_ms"] / wall_ms,
+                     "attention_calls": int(r["attention_calls"]) if recorded else
+                     f"not recorded ({missing})" if missing else "not recorded",
+                     "attention_ms": attention, "rest_ms": r["time_ms"] - attention if recorded else float("nan"),
+                     "attention_of_component_pct": 100 * attention / r["time_ms"] if r["time_ms"] else float("nan"),
+                     "attention_share_pct": 100 * attention / wall_ms})
+    return pd.DataFrame(rows)
+
+
+def step_table(calls: pd.DataFrame, label: str) -> pd.DataFrame:
+    """Per generation, step and component of the denoising loop: its attention calls and their time summed (the
+    calls outside the loop, a text encoder's and the VAE's, have no step)."""
+    loop = calls[calls["step"].notna()] if len(calls) else calls
+    if not len(loop):
+        return pd.DataFrame(columns=["cell", "generation", "step", "component", "calls", "attention_ms"])
+    out = loop.groupby(["generation", "step", "component"], as_index=False).agg(
+        calls=("time_ms", "size"), attention_ms=("time_ms", "sum"))
+    return out.assign(cell=label, generation=out["generation"].astype(int), step=out["step"].astype(int))
+
+
+def generations_table(calls: pd.DataFrame, cell: dict) -> pd.DataFrame:
+    """Per pipeline call (generation) of a recorded cell: its steps, its attention calls and their time, per
+    component and in all; its wall time where the run recorded one per generation."""
+    if not len(calls):
+        return pd.DataFrame()
+    per = calls.groupby(["generation", "component"])["time_ms"].sum().unstack("component").add_suffix("_attention_ms")
+    out = calls.groupby("generation").agg(steps=("step", "nunique"), calls=("time_ms", "size"),
+                                          attention_ms=("time_ms", "sum")).join(per).reset_index()
+    times = cell.get("generation_times_s")
+    if hasattr(times, "__len__") and len(times) == len(out):
+        out.insert(2, "wall_s", list(times))
+    return out.assign(cell=generation_label(cell))
+
+
+def costliest_blocks(calls: pd.DataFrame, label: str, top: int = 10, among=None) -> pd.DataFrame:
+    """The blocks whose calls took the most, all their calls in every generation summed: component, block, kind,
+    shape, calls, the total and the median call, and the share of all the generation's attention time. among:
+    those blocks only, however many (a second generation's figures for the first one's costliest)."""
+    if not len(calls):
+        return pd.DataFrame()
+    total = calls["time_ms"].sum()
+    if among is not None:
+        calls, top = calls[calls["block"].isin(among)], len(among)
+    out = calls.groupby(["component", "block"], as_index=False, sort=False).agg(
+        kind=("kind", "first"), heads=("heads", "first"), head_dim=("head_dim", "first"),
+        tokens_q=("tokens_q", "first"), tokens_k=("tokens_k", "first"), calls=("time_ms", "size"),
+        total_ms=("time_ms", "sum"), median_ms=("time_ms", "median"))
+    out = out.assign(share_of_attention_pct=100 * out["total_ms"] / total, cell=label,
+                     tokens=out["tokens_q"].astype(str) + " x " + out["tokens_k"].astype(str)).drop(
+        columns=["tokens_q", "tokens_k"])
+    return out.sort_values("total_ms", ascending=False, kind="stable").head(top).reset_index(drop=True)
+
+
+def components_side_by_side(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """Two recorded generations' component tables (component_table) joined on the component: each one's time and
+    attention time, and the second's over the first's."""
+    keep = {"component": "component", "time_ms": "time_{}_ms", "attention_ms": "attention_{}_ms",
+            "attention_share_pct": "attention_share_{}_pct"}
+    side = lambda t, x: t[list(keep)].rename(columns={k: v.format(x) for k, v in keep.items()})  # noqa: E731
+    out = side(a, "a").merge(side(b, "b"), on="component", how="outer")
+    out = out.set_index("component").loc[list(dict.fromkeys([*a["component"], *b["component"]]))].reset_index()
+    return out.assign(time_ratio=out["time_b_ms"] / out["time_a_ms"],
+                      attention_ratio=out["attention_b_ms"] / out["attention_a_ms"])
+
+
+def no_peaks_reason(cells: pd.DataFrame) -> str:
+    """Why the chosen cells' memory charts are empty where no call of them has a measured peak ('' where some
+    has): generations recorded on the CPU (only a CUDA allocator counts a call's peak without changing the run),
+    else cells whose calls were fused away (compiled)."""
+    if not len(cells) or cells.get("attention_peak_mem_bytes", pd.Series(dtype=float)).notna().any():
+        return ""
+    if (cells.get("kind") == "record").all() and (cells["device"] == "cpu").all():
+        return ("No peak memory to draw: these are generations recorded on the CPU, where no call has a peak of its "
+                "own (only a CUDA allocator counts one without changing the run; attnprof run --device cpu measures "
+                "a model's calls' peaks in a probe pass of its own)")
+    return "No peak memory to draw: no call of these cells has a measured peak (a compiled cell's are fused away)"
 
 
 # ---- the Compare page
@@ -156,6 +311,16 @@ def compare_table(cells: pd.DataFrame, baseline: str) -> pd.DataFrame:
     out = out.assign(_family=family_order(out))
     return out.sort_values(["model", "dtype", "batch", "pixels", "_family"], kind="stable")[
         [c for c in columns if c in out]]
+
+
+def verdicts_first(matched: pd.DataFrame) -> pd.DataFrame:
+    """A diff's matched cells (profiler.report.compare) with what a reader looks for first on the left: the verdict,
+    the cell (backend, size, model) and the time's and peak's ratios and verdicts, then the rest as compare orders
+    them: in a window 1400 px wide the verdict is never scrolled off to the right."""
+    first = ["verdict", "backend", "width", "height", "batch", "dtype", "time_ratio", "time_verdict", "peak_ratio",
+             "peak_verdict", "time_note", "model"]
+    first = [c for c in first if c in matched]
+    return matched[first + [c for c in matched.columns if c not in first]]
 
 
 def family_table(cells: pd.DataFrame) -> pd.DataFrame:
@@ -327,6 +492,8 @@ def scaling_table(blocks: pd.DataFrame) -> pd.DataFrame:
     key = ["run_id", "model", "settings_label", "dtype", "batch", "backend_label", "family", "size", "width",
            "height", "pixels", "aspect"]
     ok = blocks[blocks["status"] == "ok"]
+    if "component" in ok:  # a recorded generation's denoiser: its text encoder's 77 tokens are no level of it
+        ok = ok[ok["component"].isna() | ok["component"].isin(DENOISERS)]
     out = ok.groupby(key, as_index=False).agg(
         tokens_max=("tokens_q", "max"), score_elements_max=("score_elements", "max"),
         score_table_max_bytes=("score_bytes", "max"), attention_time_ms=("time_ms", "sum"),
@@ -414,9 +581,10 @@ def mem_unit(max_bytes) -> tuple[str, int]:
     return ("GiB", GiB) if max_bytes == max_bytes and max_bytes >= GiB else ("MiB", MiB)
 
 
-def with_mem_unit(df: pd.DataFrame, columns: list[str]) -> tuple[pd.DataFrame, str]:
-    """For charts: each <name>_bytes column also as <name>_MiB or <name>_GiB, one unit for all by the largest value."""
-    unit = mem_unit(max(df[c].max() for c in columns) if len(df) else 0)[0]
+def with_mem_unit(df: pd.DataFrame, columns: list[str], unit: str | None = None) -> tuple[pd.DataFrame, str]:
+    """For charts: each <name>_bytes column also as <name>_MiB or <name>_GiB, one unit for all by the largest value
+    (or the unit given: a part drawn in the unit of the whole)."""
+    unit = unit or mem_unit(max(df[c].max() for c in columns) if len(df) else 0)[0]
     return df.assign(**{c.removesuffix("_bytes") + "_" + unit: df[c] / UNITS[unit] for c in columns}), unit
 
 
@@ -426,7 +594,7 @@ def _shown(fmt):
 
 # How display() shows a column, by the end of its name: (ending, format, the name's ending dropped). First match wins.
 SHOWN = (("_bytes", human_bytes, True), ("bytes_moved", human_bytes, False), ("_ms", human_ms, True),
-         ("_ratio", lambda r: f"{r:.2f}x", False), ("_flops_per_s", lambda v: f"{human_count(v)}FLOP/s", False),
+         ("_ratio", lambda r: f"{r:.2f}x", False), ("_pct", lambda v: f"{v:.1f}%", True), ("_flops_per_s", lambda v: f"{human_count(v)}FLOP/s", False),
          ("_err", lambda v: f"{v:.2e}", False), ("pct_of_peak", lambda v: f"{v:.1f}%", False),
          ("arithmetic_intensity", lambda v: f"{v:.3g} FLOP/B", False),
          ("flops", lambda v: f"{human_count(v)}FLOP", False), ("_s", lambda v: f"{v:.2f} s", True))

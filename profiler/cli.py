@@ -578,18 +578,27 @@ def cmd_report(args) -> int:
 
     from .store import find_run
 
-    runs = [str(find_run(args.results, name).path) for name in args.runs]
-    done = subprocess.run([sys.executable, "-m", "dashboards.report", "--html", args.html, *runs],
+    found = [find_run(args.results, name) for name in args.runs]
+    runs = [str(r.path) for r in found]
+    html = args.html or str(report_path([r.path for r in found]))
+    done = subprocess.run([sys.executable, "-m", "dashboards.report", "--html", html, *runs],
                           capture_output=True, text=True)
     if done.returncode == 2:  # an unreadable run, a file that cannot be written: its one line
         raise InputError((done.stderr.strip().splitlines() or ["the report failed"])[-1])
     if done.returncode:
         sys.stderr.write(done.stderr)
         return done.returncode
-    out = Path(done.stdout.strip().splitlines()[-1])
-    print(f"attnprof report: {out} ({out.stat().st_size / 2**20:.1f} MiB, {len(runs)} run(s)); it opens in a "
+    out = Path(done.stdout.strip().splitlines()[-1]).resolve()
+    print(f"attnprof report: wrote {out} ({out.stat().st_size / 2**20:.1f} MiB, {len(runs)} run(s)); it opens in a "
           "browser with no server and no network")
     return 0
+
+
+def report_path(runs: list[Path]) -> Path:
+    """Where `attnprof report` writes without --out: beside the runs, in the first one's results folder, named by
+    them (report-<id>.html; report-<first id>-and-<n>-more.html for several)."""
+    more = f"-and-{len(runs) - 1}-more" if len(runs) > 1 else ""
+    return runs[0].parent / f"report-{runs[0].name}{more}.html"
 
 
 def cmd_dashboard(args) -> int:
@@ -927,8 +936,9 @@ def _add_diff(sub) -> None:
 def _add_report(sub) -> None:
     p = sub.add_parser("report", help="one self-contained HTML file of one or more runs (no server, no network)")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run ids, unique prefixes, 'latest' or folders")
-    p.add_argument("--out", "--html", dest="html", required=True, metavar="FILE",
-                   help="where to write the report (--html: the same)")
+    p.add_argument("--out", "--html", dest="html", metavar="FILE",
+                   help="where to write the report (--html: the same; default: beside the runs, "
+                        "RESULTS/report-<run id>.html)")
     p.add_argument("--results", default="results", help="results folder (default results)")
     p.set_defaults(func=cmd_report)
 

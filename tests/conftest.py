@@ -316,3 +316,49 @@ def _traced_run(folder: Path) -> list:
                      "--quiet", "--out", str(root)])
     assert code == 0, printed.getvalue()
     return [str(root), printed.getvalue()]
+
+
+@pytest.fixture(scope="session")
+def record_results(tmp_path_factory) -> dict:
+    """Two runs of kind record, of docs/examples/generate.py's tiny SD 1.5 pipeline (its real CLIP text encoder, VAE
+    and U-Net topology) on the CPU, each stored as attnprof record stores a script's pipeline calls (its child
+    process: each call profiled, store_cell of them merged): `loaded`, two pipeline calls (generations 0 and 1) of 3
+    steps at 64x64 with the processors it loads; `sliced`, one of 2 steps at 64x96 with the sliced backend. Made once
+    for the suite: {"root", "loaded", "sliced"} (the run ids)."""
+    made = made_once(tmp_path_factory, "record", _record_runs)
+    return {**made, "root": Path(made["root"])}
+
+
+def _record_runs(folder: Path) -> dict:
+    import importlib.util
+
+    from profiler import profile
+    from profiler.record.session import merged, store_cell
+    from profiler.store import Run, now
+
+    spec = importlib.util.spec_from_file_location("generate", Path(__file__).parent.parent / "docs" / "examples" /
+                                                  "generate.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    root, ids = folder / "results", {}
+    pipe = gen.tiny_pipeline()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the timings do not matter here
+    try:
+        for name, backend, calls in (("loaded", None, [dict(steps=3), dict(steps=3, seed=1)]),
+                                     ("sliced", "sliced", [dict(steps=2, width=96)])):
+            profiles = []
+            for kwargs in calls:
+                with profile(pipe, out=None, backend=backend) as prof:
+                    gen.generate(pipe, **kwargs)
+                profiles.append(prof)
+            run = Run.create(root, {"kind": "record", "command": "attnprof record -- generate.py", "cells": [],
+                                    "ended_at": None})
+            cell = store_cell(run, merged(profiles), backend)
+            run.update_manifest(ended_at=now(), interrupted=False, notes=profiles[0].notes,
+                                cells=[{k: cell[k] for k in ("model", "width", "height", "batch", "dtype", "backend",
+                                                             "device", "backend_options", "settings", "cell_id")}])
+            ids[name] = run.id
+    finally:
+        torch.set_num_threads(threads)
+    return {"root": str(root), **ids}

@@ -91,10 +91,11 @@ def schema():
 
 
 @pytest.fixture(scope="module")
-def drawn(mixed_results):
-    """(spec function, spec, data) of every chart the report and the dashboard's pages draw over the mixed runs."""
+def drawn(mixed_results, record_results):
+    """(spec function, spec, data) of every chart the report and the dashboard's pages draw over the mixed runs, and
+    over two recorded generations (conftest's record_results) the Generation page's and the report's."""
     pytest.importorskip("vl_convert", reason="the report embeds vl-convert-python's Vega bundle")
-    from dashboards.report import _charts_and_sections
+    from dashboards.report import _Charts, _charts_and_sections, _generations
     from dashboards import transforms as T
     from profiler.store import Run
 
@@ -129,9 +130,18 @@ def drawn(mixed_results):
                  dict(page="Compare", run=runs, by="run"), dict(page="Compare", run=runs, by="torch_threads"),
                  dict(page="Scaling", run=runs),
                  dict(page="Planner", plan_model="tiny-sd15", plan_size="128x128", plan_dtype="float32")]
+        recorded = [record_results[k] for k in ("loaded", "sliced")]
+        cells = pd.concat([T.load_run(record_results["root"] / r)[0] for r in recorded], ignore_index=True)
+        calls.clear()
+        charts = _Charts()
+        _generations(charts, cells, [Run.open(record_results["root"] / r) for r in recorded])
+        out += [(name, spec, pd.DataFrame(s["data"]["values"])) for (name, spec), s in zip(calls, charts.specs)]
+        beside = f"{recorded[1]}/{cells['cell_id'].iloc[1]}"
+        pages += [dict(page="Generation", run=recorded, beside=beside, _root=record_results["root"]),
+                  dict(page="Run", run=recorded[:1], _root=record_results["root"])]
         for params in pages:
             calls.clear()
-            at = _app(root, mp, **params)
+            at = _app(params.pop("_root", root), mp, **params)
             shown = _charts(at)
             assert shown, params
             for spec, data in shown:  # each chart on the page, with the function that made its spec
@@ -261,3 +271,51 @@ def test_the_second_dimension_is_a_dash_or_a_shape_and_the_main_variant_keeps_th
     one_run = T.labelled(pd.DataFrame({"backend_label": ["naive", "sdpa"]}))[0]
     plain = C.coloured({"mark": {"type": "line"}, "encoding": {"color": C.colour("label", "backend")}}, one_run)
     assert set(plain["encoding"]) == {"color"}  # one variant: nothing to tell apart
+
+
+@pytest.mark.skipif(_MISSING and sync_playwright is None, reason="playwright is not installed: pip install playwright")
+@pytest.mark.skipif(_MISSING and not os.access(CHROMIUM, os.X_OK), reason=f"no {CHROMIUM}: apt-get install chromium")
+def test_the_report_of_recorded_generations(record_results, browser, tmp_path):
+    """Issue 53: `attnprof report` of two recorded generations, with no --out: written beside the runs and said so;
+    each component's calls in a chart of its own (the VAE's mid-block call never in the U-Net's level rows, the
+    text encoder's layers as bars); the memory charts, empty on the CPU, say why; the per-component table a real
+    table (no JSON in it); every chart drawn in Chromium with no console message."""
+    import contextlib
+    import io
+    import re
+    import shutil
+
+    pytest.importorskip("vl_convert", reason="the report embeds vl-convert-python's Vega bundle")
+    from profiler.cli import main
+
+    root = tmp_path / "results"
+    ids = [record_results["loaded"], record_results["sliced"]]
+    for run_id in ids:  # a copy: the shared runs are never written into
+        shutil.copytree(record_results["root"] / run_id, root / run_id)
+    with contextlib.redirect_stdout(io.StringIO()) as said:
+        assert main(["report", *ids, "--results", str(root)]) == 0
+    out = root / f"report-{ids[0]}-and-1-more.html"
+    assert said.getvalue().startswith(f"attnprof report: wrote {out} (") and out.is_file()
+    text = out.read_text()
+    specs = [json.loads(s) for s in re.findall(r'vegaEmbed\("#chart\d+", (\{.*\}), \{actions', text)]
+    blocks = [[r.get("block") for r in s["data"]["values"]] for s in specs if "block" in s["data"]["values"][0]]
+    assert [(len(b), {x.split(".")[0] for x in b}) for b in blocks] == [
+        (32, {"down_blocks", "mid_block", "up_blocks"}), (2, {"text_encoder"}), (1, {"vae"})] * 2
+    page = re.sub(r"<script>.*?</script>", "", text, flags=re.S)
+    for title in ("Compare: attention time against peak memory, per size",
+                  "Scaling: the largest call&#x27;s peak memory, measured and predicted"):
+        assert f"<h3>{title}</h3><p>No peak memory to draw: these are generations recorded on the CPU" in page
+    components = page.split("<h4>Per component</h4>")[1].split("</table>")[0]
+    assert "<th>component</th>" in components and "<td>CLIPTextModel</td>" in components
+    assert '{"component"' not in page and "[{&quot;" not in page
+    messages = []
+    view = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        view.on("console", lambda m: messages.append(f"{m.type}: {m.text}"))
+        view.goto(out.as_uri())
+        view.wait_for_function("document.body.dataset.rendered === document.body.dataset.charts", timeout=60_000)
+        assert int(view.locator("body").get_attribute("data-charts")) == len(specs) == 2 + 6 + 3
+        view.screenshot(path=str(OUT / "report-recorded.png"), full_page=True)
+    finally:
+        view.close()
+    assert messages == []

@@ -15,7 +15,7 @@ from profiler.attention import backends
 pytest.importorskip("streamlit", reason="the dashboard needs streamlit (not on the lent GPU machine)")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from profiler.store import list_runs
+from profiler.store import Run, list_runs
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboards" / "app.py")
 
@@ -438,3 +438,91 @@ def test_the_planners_caption_says_what_the_batch_is(tmp_path, monkeypatch):
         "tiny-sd15 at 64x64, batch 1 (a pipeline with classifier-free guidance runs batch 2 for one image: set Batch "
         "to 2 for it), float16, on a CUDA GPU: ")
     assert guidance(2) == " (one image under classifier-free guidance)" and guidance(3) == ""
+
+
+# ---- recorded generations (conftest's record_results: two record runs of the tiny SD 1.5 pipeline)
+
+def _both(record_results) -> list[str]:
+    return [record_results["loaded"], record_results["sliced"]]
+
+
+def test_the_generation_page_per_component_step_and_generation(record_results, monkeypatch):
+    """Issue 53: the latest recorded generation by default; per component its forwards' time with attention's time
+    inside (the text encoder's CLIP calls among them), per step the U-Net's attention, per generation, the
+    costliest blocks."""
+    root = record_results["root"]
+    at = _app(root, monkeypatch, page="Generation")
+    assert _qp(at, "run") == [record_results["sliced"]] and _qp(at, "beside") == ["none"]
+    charts = _charts(at)
+    assert len(charts) == 3
+    (comp_spec, comps), (step_spec, steps), (block_spec, blocks) = charts
+    assert comps.set_index("component")["attention_calls"].to_dict() == {"vae": 1, "text_encoder": 4, "unet": 64}
+    assert [layer["encoding"]["x"]["field"] for layer in comp_spec["layer"]] == ["time_ms", "attention_ms"]
+    assert steps[["step", "calls"]].values.tolist() == [[0, 32], [1, 32]] and step_spec["mark"]["type"] == "line"
+    assert len(blocks) == 10 and blocks["total_ms"].is_monotonic_decreasing
+    table = _table(at, 0).set_index("component")  # shown in units: ms, %; calls as counts
+    assert table.loc["text_encoder", "class"] == "CLIPTextModel" and table.loc["text_encoder", "attention_calls"] == 4
+    assert table.loc["unet", "time share"].endswith("%") and table.loc["unet", "attention"].endswith(" ms")
+    generations = _table(at, 1)
+    assert generations[["generation", "steps", "calls"]].values.tolist() == [[0, 2, 69]]  # 32 x 2 + 2 x 2 + 1
+    assert any(m.value.startswith(f"**sliced 96x64 ({record_results['sliced']})**: StableDiffusionPipeline, sliced")
+               for m in at.markdown)
+
+
+def test_two_recorded_generations_side_by_side_on_the_generation_page(record_results, monkeypatch):
+    root = record_results["root"]
+    at = _app(root, monkeypatch, page="Generation", run=_both(record_results))
+    beside = at.sidebar.selectbox(key="beside")
+    sliced = f"{record_results['sliced']}/{Run.open(root / record_results['sliced']).cells()['cell_id'].iloc[0]}"
+    assert beside.options == ["none", f"sliced 96x64 ({record_results['sliced']})"]  # none, or the other one
+    beside.set_value(sliced).run()
+    assert _qp(at, "beside") == [sliced] and not at.exception
+    (_, comps), (_, steps), (_, blocks) = _charts(at)
+    assert comps["label"].nunique() == 2 and len(comps) == 6
+    assert steps.groupby("label").size().to_dict() == {  # a line per generation of each recorded cell
+        f"generation 0 loaded 64x64 ({record_results['loaded']})": 3,
+        f"generation 1 loaded 64x64 ({record_results['loaded']})": 3,
+        f"generation 0 sliced 96x64 ({record_results['sliced']})": 2}
+    per_cell = blocks.groupby("cell")["block"].agg(frozenset)  # the first's ten costliest, each in both
+    assert len(per_cell) == 2 and per_cell.iloc[0] == per_cell.iloc[1] and len(per_cell.iloc[0]) == 10
+    side = _table(at, 1).set_index("component")
+    assert list(side.index) == ["vae", "text_encoder", "unet"] and side.loc["unet", "time_ratio"].endswith("x")
+    assert _table(at, 2)["generation"].tolist() == [0, 1, 0]
+
+
+def test_the_run_page_draws_each_component_of_a_recorded_generation_apart(record_results, monkeypatch):
+    """Issue 53: the VAE's mid-block call is not in the U-Net's level rows, the text encoder's calls are bars of
+    their own; the peak-memory chart, empty on the CPU, says why instead."""
+    at = _app(record_results["root"], monkeypatch, page="Run", run=[record_results["loaded"]])
+    titles = [h.value for h in at.subheader]
+    assert titles[:3] == ["The U-Net: down, mid and up by level; each tile one attention call (self | cross)",
+                          "The text_encoder: its attention calls in order, one bar each (4 heads of 8; 77 tokens)",
+                          "The VAE: its mid block's attention (one tile per call: a tiled decode calls it per tile)"]
+    charts = _charts(at)
+    unet, text, vae = (data for _, data in charts[:3])
+    assert len(unet) == 32 and not unet["block"].str.startswith("vae.").any()
+    assert charts[1][0]["mark"]["type"] == "bar" and len(text) == 2
+    assert vae["block"].tolist() == ["vae.decoder.mid_block.attentions.0"] and vae["level_label"].tolist() == [
+        "level 3: 64 tokens"]
+    assert len(charts) == 4  # and time per call: the peak per call's chart is a note
+    assert any(i.value.startswith("No peak memory to draw: these are generations recorded on the CPU")
+               for i in at.info)
+
+
+def test_the_runs_page_names_a_recorded_runs_model_and_backend(record_results, monkeypatch):
+    runs = _table(_app(record_results["root"], monkeypatch), 0).set_index("run_id")
+    assert runs.loc[record_results["loaded"], ["kind", "backends"]].tolist() == ["record", "loaded"]
+    assert runs.loc[record_results["sliced"], "models"] == "StableDiffusionPipeline UNet2DConditionModel 7f3af43b"
+
+
+def test_the_memory_charts_of_recorded_generations_say_why_they_are_empty(record_results, monkeypatch):
+    """On the CPU a recorded generation has no per-call peak: Compare's time-against-peak and peak-ratio charts and
+    Scaling's peak chart are each a note that says why, not an empty plot."""
+    why = "No peak memory to draw: these are generations recorded on the CPU, where no call has a peak of its own"
+    for params, charts, notes in ((dict(page="Compare", by="backend"), ["time_ratio"], 2),
+                                  (dict(page="Scaling"), ["tokens_max", "score_table_max_MiB", None], 1)):
+        at = _app(record_results["root"], monkeypatch, run=_both(record_results), **params)
+        drawn = [s.get("encoding", {}).get("y", {}).get("field") or s.get("layer", [{}])[0].get("encoding", {}).get(
+            "y", {}).get("field") for s, _ in _charts(at)]
+        assert drawn == charts, params
+        assert [i.value.startswith(why) for i in at.info] == [True] * notes, params

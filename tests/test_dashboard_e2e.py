@@ -448,3 +448,113 @@ def test_no_two_series_of_a_chart_share_a_colour(profile_server, profile_results
         assert (colour == OWN_COLOUR[backend]) == (of_run == original), label
     dashes = next(legend for legend in scaling[2] if legend["title"] == "run")
     assert [(label, dash) for label, _, dash in dashes["entries"]] == [(original, "1,0"), ("zz-again", "4,2")]
+
+
+# ---- recorded generations: the Generation page, a record run in the Runs table, Compare's verdict in view (issue 53)
+
+@pytest.fixture(scope="module")
+def generation_results(record_results, dashboard_results, tmp_path_factory):
+    """The two recorded generations (conftest's record_results: the tiny SD 1.5 pipeline with its real CLIP text
+    encoder) beside the dashboard's sweep run and a copy of it in another folder (zz-again: matched cell by cell on
+    Compare); copies, so that the shared runs are never written into."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("generation") / "results"
+    for run_id in (record_results["loaded"], record_results["sliced"]):
+        shutil.copytree(record_results["root"] / run_id, root / run_id)
+    sweep = list_runs(dashboard_results)[0]
+    shutil.copytree(sweep, root / sweep.name)
+    shutil.copytree(sweep, root / "zz-again")
+    return root
+
+
+@pytest.fixture(scope="module")
+def generation_server(generation_results, tmp_path_factory):
+    with _dashboard(generation_results, tmp_path_factory.mktemp("generation-server")) as url:
+        yield url
+
+
+# The labels of each chart's y axis, in order.
+Y_LABELS = """() => Array.from(document.querySelectorAll('[data-testid=stVegaLiteChart] svg')).map(svg =>
+    Array.from(svg.querySelectorAll('g.role-axis[aria-label^="Y-axis"] .role-axis-label text')).map(t => t.textContent))"""
+
+
+def test_the_generation_page_shows_two_recorded_generations_side_by_side(generation_server, record_results, browser):
+    """The Generation page of two record runs, the second beside the first, in Chromium: per component its forwards'
+    time and attention's (the text encoder's CLIP calls among them), per step, per generation, the costliest blocks;
+    the components' table downloads with raw numbers."""
+    from profiler.store import Run
+
+    loaded, sliced = record_results["loaded"], record_results["sliced"]
+    beside = f"{sliced}/{Run.open(record_results['root'] / sliced).cells()['cell_id'].iloc[0]}"
+    page = browser.new_page(viewport={"width": 1400, "height": 3000}, accept_downloads=True)
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(f"{generation_server}/?page=Generation&run={loaded}&run={sliced}&beside={beside}")
+        page.get_by_test_id("stVegaLiteChart").nth(2).locator("svg").first.wait_for(state="visible", timeout=90_000)
+        run_finished(page)
+        time.sleep(1)  # let the charts finish drawing
+        page.screenshot(path=str(OUT / "generation-page.png"))
+        text = page.inner_text("body")
+        axes = page.evaluate(Y_LABELS)
+        with page.expect_download(timeout=30_000) as download:
+            page.get_by_role("button", name="Download components.csv").click()
+        rows = list(csv.DictReader(io.StringIO(Path(download.value.path()).read_text())))
+    finally:
+        page.close()
+    assert errors == [] and "Traceback" not in text
+    for heading in ("Per component: its forwards' time and attention's share of it", "Per step: each denoising "
+                    "step's attention time", "Per generation: each pipeline call's attention, by component",
+                    "The costliest blocks: all their calls summed"):
+        assert heading in text, heading
+    assert f"loaded 64x64 ({loaded}): StableDiffusionPipeline, loaded (AttnProcessor2_0 x34): " in text
+    assert f"sliced 96x64 ({sliced}): StableDiffusionPipeline, sliced (SlicedAttnProcessor x34): 2 steps" in text
+    assert axes[0] == ["vae", "text_encoder", "unet"]  # the components; the first's ten costliest blocks
+    assert len(axes[2]) == 10 and all(re.fullmatch(r"(text_encoder|vae)?[\w.]*(attn\d|self_attn|attentions\.\d)", b)
+                                      for b in axes[2]) and any(b.startswith(("down_", "up_")) for b in axes[2])
+    calls = {(r["cell"].split(" ")[0], r["component"]): r["attention_calls"] for r in rows}
+    assert calls == {("loaded", "vae"): "2", ("loaded", "text_encoder"): "8", ("loaded", "unet"): "192",
+                     ("sliced", "vae"): "1", ("sliced", "text_encoder"): "4", ("sliced", "unet"): "64"}
+    assert all(float(r["attention_ms"]) > 0 and float(r["time_ms"]) > float(r["attention_ms"]) for r in rows)
+
+
+def test_the_runs_table_names_a_recorded_runs_model_and_backend(generation_server, record_results, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1100}, accept_downloads=True)
+    try:
+        page.goto(f"{generation_server}/?page=Runs")
+        with page.expect_download(timeout=90_000) as download:
+            page.get_by_role("button", name="Download runs.csv").click()
+        rows = {r["run_id"]: r for r in csv.DictReader(io.StringIO(Path(download.value.path()).read_text()))}
+    finally:
+        page.close()
+    for name in ("loaded", "sliced"):
+        row = rows[record_results[name]]
+        assert (row["kind"], row["backends"], row["models"]) == (
+            "record", name, "StableDiffusionPipeline UNet2DConditionModel 7f3af43b")
+    assert rows["zz-again"]["kind"] == "sweep" and rows["zz-again"]["models"] == "tiny-sd15"
+
+
+# The column headers the diff table's grid renders: only those in view (the grid draws the columns that its width
+# shows, its accessible table likewise).
+HEADERS = """(table) => Array.from(table.querySelectorAll('th, [role=columnheader]')).map(t => t.textContent)"""
+
+
+def test_the_diff_verdict_is_in_view_at_1400_px(generation_server, dashboard_results, browser):
+    """Compare, runs side by side: in a window 1400 px wide the diff table shows its verdict without scrolling (it
+    was the 19th of 30 columns, off to the right), and the columns past the window's width are not drawn."""
+    sweep = list_runs(dashboard_results)[0].name
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    try:
+        page.goto(f"{generation_server}/?page=Compare&run={sweep}&run=zz-again&by=run&baseline={sweep}")
+        page.get_by_text(f"zz-again against {sweep}").wait_for(timeout=90_000)
+        run_finished(page)
+        diff = page.get_by_test_id("stDataFrame").first
+        headers = diff.evaluate(HEADERS)
+        cells = diff.evaluate("(t) => Array.from(t.querySelectorAll('td')).map(c => c.textContent)")
+        box = diff.bounding_box()
+    finally:
+        page.close()
+    assert headers[0] == "verdict" and "time_ratio" in headers and "time_verdict" in headers, headers
+    assert "forward_peak_b_bytes" not in headers and "note" not in headers, headers  # past the window: not drawn
+    assert "within noise" in cells and box["x"] + box["width"] <= 1400

@@ -141,7 +141,13 @@ def test_the_report_and_the_dashboard_take_every_run(every_kind, tmp_path, monke
     names = [p.name for p in list_runs(root)]
     _ok(["report", *names, "--results", str(root), "--html", str(tmp_path / "all.html")])
     assert (tmp_path / "all.html").stat().st_size > 10_000
-    for page in ("Runs", "Compare", "Scaling"):
+    from dashboards import transforms as T
+
+    index = T.load_index(root).set_index("run_id")  # a profile()'s run named in the Runs table, not blank
+    assert index.loc[kinds["record"], ["kind", "models", "backends"]].tolist() == [
+        "record", "StableDiffusionPipeline UNet2DConditionModel 7f3af43b", "loaded"]
+    for page in ("Runs", "Compare", "Scaling", "Generation"):
         _app(root, monkeypatch, page=page)
+    _app(root, monkeypatch, page="Generation", run=names)  # every run: the recorded generation among them drawn
     for kind in ("record", "replay", "interrupted", "compiled"):  # the sweeps' pages: tests/test_dashboard_app.py
         _app(root, monkeypatch, page="Run", run=[kinds[kind]])

@@ -4,6 +4,8 @@ diffusers' own loaders. Every call recorded with its true batch and step, the ou
 user's processors the same objects after (IP-Adapter's still registered modules during), the stored run read by
 attnprof show; a compiled U-Net named in the notes rather than left out silently; a backend swapped in and out."""
 import importlib.util
+import math
+import re
 import tempfile
 from pathlib import Path
 
@@ -58,8 +60,9 @@ def ip_adapter(pipe, tokens_dim: int = 16, seed: int = 1) -> list[torch.Tensor]:
 
 def test_a_generation_is_recorded_call_by_call_and_its_images_do_not_change(tmp_path, capsys):
     """3 steps at guidance 7.5: 3 x 32 U-Net calls of batch 2 (the prompt and the negative one), steps 0, 1, 2, the
-    VAE decode's attention, a time on every call; the images bitwise the unprofiled run's; the stored run shown by
-    attnprof show, with the components' share of the generation."""
+    VAE decode's attention, the CLIP text encoder's (transformers' CLIPAttention: one call a layer in each of its two
+    forwards, the prompt's and the negative one's), a time on every call; the images bitwise the unprofiled run's;
+    the stored run shown by attnprof show, with the components' share of the generation."""
     from profiler.cli import main
 
     pipe = gen.tiny_pipeline()
@@ -71,7 +74,13 @@ def test_a_generation_is_recorded_call_by_call_and_its_images_do_not_change(tmp_
     vae = prof.calls[prof.calls["component"] == "vae"]
     assert len(vae) == 1 and vae["block"].iloc[0] == "vae.decoder.mid_block.attentions.0" and vae["step"].isna().all()
     assert vae["tokens_q"].iloc[0] == (64 // 8) ** 2 and prof.calls["time_ms"].gt(0).all()
+    clip = prof.calls[prof.calls["component"] == "text_encoder"]
+    assert clip["block"].tolist() == [f"text_encoder.encoder.layers.{i}.self_attn" for i in (0, 1)] * 2
+    assert set(zip(clip["kind"], clip["batch"], clip["heads"], clip["head_dim"], clip["tokens_q"],
+                   clip["tokens_k"])) == {("self", 1, 4, 8, 77, 77)} and clip["step"].isna().all()
     comps = prof.components.set_index("component")
+    assert comps.loc["text_encoder", "attention_calls"] == 4
+    assert comps.loc["text_encoder", "attention_ms"] == pytest.approx(clip["time_ms"].sum())
     assert comps.loc["unet", "forwards"] == 3 and comps.loc["text_encoder", "forwards"] == 2
     assert comps.loc["vae", "forwards"] == 1 and comps["time_ms"].sum() <= prof.wall_s * 1e3
     text = str(prof)
@@ -79,7 +88,8 @@ def test_a_generation_is_recorded_call_by_call_and_its_images_do_not_change(tmp_
     assert main(["show", str(prof.run_dir)]) == 0
     shown = capsys.readouterr().out
     assert "StableDiffusionPipeline (loaded, 3 steps at 64x64, batch 2) took" in shown
-    assert "text_encoder  CLIPTextModel" in shown and "AttnProcessor2_0 x34" in shown
+    assert "AttnProcessor2_0 x34" in shown
+    assert re.search(r"text_encoder +CLIPTextModel +2 +[\d.]+ ms +[\d.]+% +4 +[\d.]+ ms", shown), shown
 
 
 @pytest.mark.parametrize("kind", ["pag", "pix2pix"])
@@ -138,6 +148,8 @@ def test_a_backend_is_swapped_in_for_the_generation_and_the_users_processors_com
         gen.generate(pipe, steps=3)
     assert _same_processors(before, pipe.unet.attn_processors)
     assert prof.facts["processors"] == "SlicedAttnProcessor x34" and prof.facts["backend"] == "sliced"
+    assert len(prof.calls[prof.calls["component"] == "text_encoder"]) == 4  # CLIP's, run as transformers runs it
+    assert any(n.startswith("text_encoder's attention (CLIP's, x2) runs as transformers runs it") for n in prof.notes)
     ip = gen.tiny_pipeline()
     ip_adapter(ip)
     with pytest.raises(InputError, match="backend='sdpa' would replace unet's IPAdapterAttnProcessor2_0"):
@@ -164,12 +176,15 @@ def test_a_bare_unet_and_a_compiled_one():
     with torch.no_grad(), profile(wrapped, out=None) as prof:
         out = wrapped(**inputs).sample
     assert torch.allclose(out, plain[0]) and not len(prof.calls)
-    assert prof.components.set_index("component").loc["model", "forwards"] == 1
-    assert any("runs compiled" in n for n in prof.notes)
+    comp = prof.components.set_index("component").loc["model"]
+    assert comp["forwards"] == 1 and math.isnan(comp["attention_calls"]) and math.isnan(comp["attention_ms"])
+    assert comp["not_recorded"] == "Attention x32" and any("runs compiled" in n for n in prof.notes)
+    assert re.search(r"model +1 .* not recorded \(Attention x32\) +- +-", str(prof))  # never "0 calls, 0.0 ms"
     unet.compile(backend="eager")
     with torch.no_grad(), profile(unet, out=None) as prof:
         assert torch.allclose(unet(**inputs).sample, plain[0])
     assert not len(prof.calls) and prof.components.set_index("component").loc["model", "forwards"] == 0
+    assert prof.components.set_index("component").loc["model", "not_recorded"] == "Attention x32"
     assert any("module.compile()" in n for n in prof.notes) and not counters["graph_break"]
 
 
@@ -209,10 +224,11 @@ def test_a_trace_names_each_attention_call_by_its_component_block_and_shape(tmp_
     cell = Run.open(prof.run_dir).cells().iloc[0]
     (name,) = list(cell["trace_files"])
     events = json.loads((prof.run_dir / name).read_text())["traceEvents"]
-    ranges = [e["name"] for e in events if e.get("name", "").startswith(("unet.", "vae."))]
-    assert len(ranges) == len(prof.calls) == 2 * CALLS + 1
+    ranges = [e["name"] for e in events if e.get("name", "").startswith(("unet.", "vae.", "text_encoder."))]
+    assert len(ranges) == len(prof.calls) == 2 * CALLS + 1 + 4
     assert "unet.down_blocks.0.attentions.0.transformer_blocks.0.attn1 2x64x64" in ranges
     assert "vae.decoder.mid_block.attentions.0 1x64x64" in ranges
+    assert "text_encoder.encoder.layers.1.self_attn 1x77x77" in ranges
     forwards = [e["name"].split(" (call")[0] for e in events if " forward" in e.get("name", "")]  # a repeated
     assert forwards.count("unet forward") == 2 and forwards.count("vae forward") == 1  # name gets its call's key
 
@@ -241,3 +257,27 @@ def test_on_cuda_a_generations_calls_are_timed_by_events_and_synchronized_once(m
     meter.collect()
     assert [c for c in fake.calls if c[0] == "synchronize"] == [("synchronize", torch.device("cuda", 1))]
     assert meter.samples == {uid: [1.5] for uid in range(5)}
+
+
+def test_attention_of_a_kind_the_recorder_has_no_hook_for_is_named_not_recorded():
+    """T5's attention (SD 3's third text encoder; transformers' T5Attention, neither diffusers' nor CLIP's): its
+    forward timed, its attention named 'not recorded (T5Attention x2)' in the table and the notes, never 0 calls."""
+    from transformers import T5Config, T5EncoderModel
+
+    class Encoder(torch.nn.Module):  # a module holding it, as a pipeline's component holds its model
+        def __init__(self):
+            super().__init__()
+            self.t5 = T5EncoderModel(T5Config(vocab_size=32, d_model=16, d_kv=8, d_ff=32, num_layers=2, num_heads=2))
+
+        def forward(self, ids):
+            return self.t5(input_ids=ids)
+
+    torch.manual_seed(0)
+    encoder = Encoder()
+    with torch.no_grad(), profile(encoder, out=None) as prof:
+        encoder(torch.zeros(1, 5, dtype=torch.long))
+    comp = prof.components.iloc[0]
+    assert comp["forwards"] == 1 and comp["time_ms"] > 0 and not len(prof.calls)
+    assert math.isnan(comp["attention_calls"]) and comp["not_recorded"] == "T5Attention x2"
+    assert re.search(r"model +1 .* not recorded \(T5Attention x2\) +- +-", str(prof)), str(prof)
+    assert any(n.startswith("model's attention modules T5Attention x2 are not recorded") for n in prof.notes)

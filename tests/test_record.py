@@ -32,12 +32,12 @@ def test_record_runs_the_script_once_per_backend_into_one_run(tmp_path):
     assert run.kind.name == "record" and sorted(cells["backend"]) == ["sdpa", "sliced"]
     assert set(cells["steps"]) == {3} and all(len(s) == 3 for s in cells["attention_time_samples_ms"])
     assert set(cells["processors"]) == {"AttnProcessor2_0 x34", "SlicedAttnProcessor x34"}
-    assert len(blocks) == 2 * 33 and (blocks["time_samples_ms"].map(len) == blocks["component"].map(
-        {"unet": 3, "vae": 1})).all()
+    assert len(blocks) == 2 * (32 + 1 + 2) and (blocks["time_samples_ms"].map(len) == blocks["component"].map(
+        {"unet": 3, "vae": 1, "text_encoder": 2})).all()  # CLIP's 2 layers, in the prompt's and the negative's
     assert blocks["faulted_bytes"].notna().all() and (blocks["faulted_bytes"] >= 0).all()  # the CPU counts them
     for cid in cells["cell_id"]:
         calls = run.read_frame(f"calls-{cid}")
-        assert calls.groupby("component").size().to_dict() == {"unet": 96, "vae": 1}
+        assert calls.groupby("component").size().to_dict() == {"unet": 96, "vae": 1, "text_encoder": 4}
     m = run.manifest()
     assert [c["when"] for c in m["calibration"]] == ["start", "end"] * 2 and m["ended_at"] and not m["interrupted"]
     assert "StableDiffusionPipeline (sliced, 3 steps at 64x64, batch 2) took" in done.stdout

@@ -72,3 +72,31 @@ def test_upcast_softmax_counts_four_bytes_per_score(tiny_sd15):
         unet(**models.example_inputs(unet, 1, 64, 64))
     assert all(r["score_bytes"] == 4 * r["score_elements"] for r in rec.rows)
     assert plan("tiny-sd15", 64, 64)["blocks"][0]["score_bytes"] == 2 * rec.rows[0]["score_elements"]
+
+
+@pytest.mark.parametrize("name, layers, heads", [("clip-l", 12, 12), ("openclip-bigg", 32, 20)])
+def test_a_clip_text_encoders_attention_is_recorded_at_its_real_size(name, layers, heads):
+    """transformers' CLIP attention (SD 1.5's CLIP-L, SDXL's OpenCLIP bigG: their real configs, built on the meta
+    device) recorded by the same hooks and row shape as diffusers' modules: one call a layer, 77 tokens, heads of 64;
+    no processor of a backend reaches it (it has none), and its eager path's float32 softmax is told."""
+    import transformers
+
+    from profiler.attention.recorder import clip_attention_modules, unrecorded_attention
+    from profiler.planner.pipeline import TEXT_ENCODERS
+
+    cls, config = TEXT_ENCODERS[name]
+    with torch.device("meta"):
+        model = getattr(transformers, cls)(transformers.CLIPTextConfig(**config))
+    modules = clip_attention_modules(model)
+    assert len(modules) == layers and unrecorded_attention(model) == {}
+    ids = torch.zeros(2, 77, dtype=torch.long, device="meta")
+    with torch.no_grad(), Recorder(model, processor=AttnProcessor, modules=modules) as rec:
+        model(input_ids=ids)
+    assert [r["call_index"] for r in rec.rows] == list(range(layers))
+    assert {(r["kind"], r["batch"], r["heads"], r["head_dim"], r["tokens_q"], r["tokens_k"], r["upcast"])
+            for r in rec.rows} == {("self", 2, heads, 64, 77, 77, "")}
+    assert rec.rows[0]["flops"] == 4 * 2 * heads * 77 * 77 * 64 and rec.rows[0]["score_bytes"] == 2 * heads * 77 ** 2 * 4
+    model.config._attn_implementation = "eager"
+    with torch.no_grad(), Recorder(model, modules=modules) as rec:
+        model(input_ids=ids)
+    assert {r["upcast"] for r in rec.rows} == {"softmax"}

@@ -376,3 +376,105 @@ def test_a_row_recorded_before_upcast_existed_is_told_by_its_score_bytes():
     assert upcast(old).tolist() == ["attention", "", "attention", ""]
     kept = old.assign(upcast=["softmax", None, "", "attention"])  # recorded where recorded, told where not
     assert upcast(kept).tolist() == ["softmax", "", "", "attention"]
+
+
+# ---- recorded generations (conftest's record_results: the tiny SD 1.5 pipeline, its CLIP text encoder real)
+
+def _recorded(record_results, name: str) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    """(the cell, its blocks, its calls) of one of the record runs."""
+    cells, blocks = T.load_run(record_results["root"] / record_results[name])
+    cell = cells.iloc[0].to_dict()
+    return cell, blocks, T.load_calls(record_results["root"] / record_results[name], cell["cell_id"])
+
+
+def test_the_runs_index_names_a_recorded_runs_model_backend_and_kind(record_results):
+    index = T.load_index(record_results["root"]).set_index("run_id")
+    loaded, sliced = index.loc[record_results["loaded"]], index.loc[record_results["sliced"]]
+    assert (loaded["kind"], loaded["backends"], sliced["backends"]) == ("record", "loaded", "sliced")
+    assert loaded["models"] == sliced["models"] == "StableDiffusionPipeline UNet2DConditionModel 7f3af43b"
+
+
+def test_a_recorded_generation_per_component_step_and_generation(record_results):
+    """Two pipeline calls of 3 steps: per component its forwards (the U-Net's 6, the text encoder's 4: the prompt's
+    and the negative one's in each), attention's share of it; per step the U-Net's 32 calls; per generation 101
+    calls (32 x 3, CLIP's 2 layers x 2, the VAE's 1); the costliest blocks in order, their shares of every call."""
+    cell, _, calls = _recorded(record_results, "loaded")
+    comps = T.component_table(cell).set_index("component")
+    assert comps["forwards"].to_dict() == {"vae": 2, "text_encoder": 4, "unet": 6}
+    assert comps["attention_calls"].to_dict() == {"vae": 2, "text_encoder": 8, "unet": 192}
+    unet = comps.loc["unet"]
+    assert unet["attention_ms"] == pytest.approx(calls[calls["component"] == "unet"]["time_ms"].sum())
+    assert unet["attention_of_component_pct"] == pytest.approx(100 * unet["attention_ms"] / unet["time_ms"])
+    assert unet["time_share_pct"] == pytest.approx(100 * unet["time_ms"] / (cell["generation_s"] * 1e3))
+    steps = T.step_table(calls, "a")
+    assert steps[["generation", "step"]].values.tolist() == [[g, s] for g in (0, 1) for s in range(3)]
+    assert set(steps["component"]) == {"unet"} and set(steps["calls"]) == {32}
+    assert steps["attention_ms"].sum() == pytest.approx(unet["attention_ms"])
+    per = T.generations_table(calls, cell)
+    assert per["generation"].tolist() == [0, 1] and per["steps"].tolist() == [3, 3] and per["calls"].tolist() == \
+        [101, 101]
+    assert (per["text_encoder_attention_ms"] > 0).all() and per["attention_ms"].sum() == pytest.approx(
+        calls["time_ms"].sum())
+    top = T.costliest_blocks(calls, "a", top=5)
+    assert len(top) == 5 and top["total_ms"].is_monotonic_decreasing and set(top["calls"]) <= {6, 8, 2}
+    assert top["share_of_attention_pct"].iloc[0] == pytest.approx(100 * top["total_ms"].iloc[0] /
+                                                                  calls["time_ms"].sum())
+
+
+def test_two_recorded_generations_side_by_side(record_results):
+    a = T.component_table(_recorded(record_results, "loaded")[0])
+    b = T.component_table(_recorded(record_results, "sliced")[0])
+    both = T.components_side_by_side(a, b).set_index("component")
+    assert list(both.index) == ["vae", "text_encoder", "unet"]
+    assert both.loc["unet", "time_ratio"] == pytest.approx(b.set_index("component").loc["unet", "time_ms"] /
+                                                           a.set_index("component").loc["unet", "time_ms"])
+
+
+def test_a_component_whose_attention_is_not_recorded_says_so_never_zero():
+    """A compiled U-Net (profile: its calls not recorded one by one) stored as NaN: the table says 'not recorded
+    (Attention x32)', its attention figures NaN; a component without attention keeps its 0."""
+    comps = json.dumps([{"component": "unet", "class": "OptimizedModule", "forwards": 3, "time_ms": 300.0,
+                         "attention_calls": math.nan, "attention_ms": math.nan, "not_recorded": "Attention x32"},
+                        {"component": "safety_checker", "class": "Checker", "forwards": 1, "time_ms": 5.0,
+                         "attention_calls": 0, "attention_ms": 0.0, "not_recorded": ""}])
+    cell = {"generation_s": 1.0, "components": comps, "backend_label": "loaded", "size": "64x64", "run_id": "r"}
+    table = T.component_table(cell).set_index("component")
+    assert table.loc["unet", "attention_calls"] == "not recorded (Attention x32)"
+    assert math.isnan(table.loc["unet", "attention_ms"]) and math.isnan(table.loc["unet", "attention_share_pct"])
+    assert table.loc["safety_checker", "attention_calls"] == 0 and table.loc["safety_checker", "attention_ms"] == 0
+    shown = T.display(table.reset_index())
+    assert shown.set_index("component").loc["unet", "attention"] == "-"
+
+
+def test_each_component_of_a_recorded_cell_is_drawn_apart(record_results):
+    """The VAE's mid-block call (its own level's 64 tokens) and the text encoder's 77-token calls are never placed
+    in the U-Net's level rows: each component its own layout, the U-Net's rows its own tokens; the text encoder's
+    calls are no U (bars instead)."""
+    cell, blocks, _ = _recorded(record_results, "loaded")
+    parts = dict(T.by_component(blocks))
+    assert list(parts) == ["unet", "text_encoder", "vae"]
+    unet = T.unet_layout(parts["unet"])
+    assert set(unet["level_label"]) == {"level 0: 64 tokens", "level 1: 16 tokens", "level 2: 4 tokens",
+                                        "level 3: 1 tokens"} and unet["block"].str.match(r"(down|mid|up)_").all()
+    vae = T.unet_layout(parts["vae"])  # the VAE's levels are its own: its mid block at its level 3, 64 tokens
+    assert vae[["block", "level_label"]].values.tolist() == [["vae.decoder.mid_block.attentions.0", "level 3: 64 tokens"]]
+    assert T.mapped(unet) and T.mapped(T.unet_layout(parts["vae"])) and not T.mapped(T.unet_layout(
+        parts["text_encoder"]))
+    assert T.component_title("vae", T.unet_layout(parts["vae"])).startswith("The VAE: its mid block's attention")
+    assert T.component_title("text_encoder", T.unet_layout(parts["text_encoder"])) == \
+        "The text_encoder: its attention calls in order, one bar each (4 heads of 8; 77 tokens)"
+    sweep = blocks.drop(columns=["component"])
+    assert [c for c, _ in T.by_component(sweep)] == [""]
+    cells = T.load_run(record_results["root"] / record_results["loaded"])[0]
+    assert T.no_peaks_reason(cells).startswith("No peak memory to draw: these are generations recorded on the CPU")
+    assert T.no_peaks_reason(cells.assign(attention_peak_mem_bytes=1.0)) == ""
+    scale = T.scaling_table(blocks)  # the U-Net's calls only: no text encoder's 77 tokens as its finest level
+    assert scale["tokens_max"].tolist() == [64]
+
+
+def test_a_diffs_verdict_comes_first():
+    matched = pd.DataFrame([{"model": "m", "settings": "{}", "width": 64, "height": 64, "batch": 1, "dtype": "f",
+                             "backend": "sdpa", "backend_options": "{}", "time_a_ms": 1.0, "time_ratio": 1.0,
+                             "time_verdict": "within noise", "verdict": "within noise", "note": ""}])
+    assert list(T.verdicts_first(matched).columns)[:3] == ["verdict", "backend", "width"]
+    assert set(T.verdicts_first(matched).columns) == set(matched.columns)

@@ -1,6 +1,7 @@
 """The recorder: one flat row per attention call of a model (a U-Net, a U-Net with its ControlNet, a VAE, a user's
-pipeline component), grouped by forward pass, recorded by hooks on every diffusers Attention module; a backend's
-processors swapped in (through Attention.set_processor) for the duration where one is asked for."""
+pipeline component, its CLIP text encoder), grouped by forward pass, recorded by hooks on every diffusers Attention
+module and every transformers CLIP attention module; a backend's processors swapped in (through
+Attention.set_processor, diffusers' modules only) for the duration where one is asked for."""
 from __future__ import annotations
 
 import functools
@@ -47,6 +48,35 @@ def attention_modules(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     return out
 
 
+CLIP_ATTENTION = "CLIPAttention"  # transformers' CLIP attention (text and image encoders); its SDPA and flash
+# subclasses (CLIPSdpaAttention, CLIPFlashAttention2 in transformers 4) are found by their class's ancestry
+
+
+def clip_attention_modules(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """Every transformers CLIP attention module of the model by its path (a text encoder's
+    `text_model.encoder.layers.0.self_attn`): recorded at its forward as diffusers' modules are, and run as
+    transformers runs it (no backend's processor reaches it: it has none)."""
+    return {path: m for path, m in model.named_modules()
+            if any(k.__name__ == CLIP_ATTENTION for k in type(m).__mro__)}
+
+
+def unrecorded_attention(model: torch.nn.Module) -> dict[str, int]:
+    """The attention modules of the model that no hook here records, counted by class: the innermost modules whose
+    class is named '...Attention' (T5's T5Attention, not its T5LayerSelfAttention around it; FLUX's; torch's
+    MultiheadAttention) that are neither diffusers' Attention nor CLIP's (nor hold one)."""
+    from diffusers.models.attention_processor import Attention
+
+    named = {id(m) for m in model.modules() if type(m).__name__.endswith("Attention")}
+    out: dict[str, int] = {}
+    for m in model.modules():
+        if id(m) not in named or isinstance(m, Attention) or any(k.__name__ == CLIP_ATTENTION
+                                                                  for k in type(m).__mro__):
+            continue
+        if not any(id(c) in named for c in m.modules() if c is not m):  # the innermost
+            out[type(m).__name__] = out.get(type(m).__name__, 0) + 1
+    return out
+
+
 def describe_call(attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None,
                   block: str = "") -> dict:
     """The shape figures of one attention call, from its inputs (works on the meta device). Its kind: self, cross,
@@ -54,7 +84,9 @@ def describe_call(attn, hidden_states: torch.Tensor, encoder_hidden_states: torc
     modules, its temporal transformer blocks; tokens = frames, batch = videos x positions), added-kv (a SimpleCrossAttn
     block's AttnAddedKVProcessor: its keys are the conditioning tokens and, but with only_cross_attention, every
     position of the block too). diffusers' IP-Adapter passes (text, [image embeddings]) as encoder_hidden_states: the
-    text is the call's keys, the image tokens it also attends to (in the same processor call) are `ip_tokens_k`."""
+    text is the call's keys, the image tokens it also attends to (in the same processor call) are `ip_tokens_k`.
+    attn is a diffusers Attention module or a transformers CLIP attention (num_heads, head_dim; its eager path takes
+    the softmax in float32)."""
     images = None
     if isinstance(encoder_hidden_states, tuple):
         encoder_hidden_states, images = encoder_hidden_states
@@ -68,10 +100,11 @@ def describe_call(attn, hidden_states: torch.Tensor, encoder_hidden_states: torc
         "image" if block.endswith(".image") else "cross"
     if kind == "self" and any(part in block for part in temporal_paths()):
         kind = "temporal"
-    heads = attn.heads
-    head_dim = attn.inner_dim // heads
+    heads = getattr(attn, "heads", None) or attn.num_heads  # diffusers' Attention; transformers' CLIP attention
+    head_dim = attn.inner_dim // heads if hasattr(attn, "inner_dim") else attn.head_dim
+    eager = getattr(getattr(attn, "config", None), "_attn_implementation", None) == "eager"  # CLIP's own softmax
     upcast = "attention" if getattr(attn, "upcast_attention", False) else \
-        "softmax" if getattr(attn, "upcast_softmax", False) else ""  # diffusers' AttnProcessor's float32 upcast
+        "softmax" if getattr(attn, "upcast_softmax", False) or eager else ""  # diffusers' AttnProcessor's float32
     score_elements = batch * heads * tokens_q * tokens_k
     return {
         "kind": kind,
@@ -130,7 +163,8 @@ class Recorder:
     call begins (before(row)) and ends (after(row), also when the call raises). levels: the model's resolution levels
     (default: its config's block_out_channels). A new pass begins at every forward of the model, or of each module of
     `passes` (a VAE's decoder and encoder: a pipeline calls vae.decode, not its forward). modules: its attention
-    modules by path, where the caller has them (default: attention_modules(model))."""
+    modules by path, where the caller has them (default: attention_modules(model)); a CLIP attention among them
+    (clip_attention_modules) is recorded as they are and never swapped."""
 
     def __init__(self, unet: torch.nn.Module, processor: Callable[[], object] | None = None,
                  around=None, levels: int | None = None, passes: list | None = None, modules: dict | None = None):
@@ -147,8 +181,9 @@ class Recorder:
 
     def __enter__(self) -> "Recorder":
         modules = self.modules or attention_modules(self.unet)
-        if self.processor:
-            self._swap = swapped(self.unet, lambda block, original: self.processor(), modules)
+        if self.processor:  # diffusers' modules only: a CLIP attention has no processor to swap
+            self._swap = swapped(self.unet, lambda block, original: self.processor(),
+                                 {b: m for b, m in modules.items() if hasattr(m, "set_processor")})
             self._swap.__enter__()
         try:
             for block, module in modules.items():

@@ -42,7 +42,8 @@ from .. import devices
 from ..fmt import human_bytes, table
 from ..measure.probes import CallTimer, summarize, traced
 from ..planner.calibration import public_config
-from ..attention.recorder import Recorder, attention_modules
+from ..report.show import component_rows
+from ..attention.recorder import Recorder, attention_modules, clip_attention_modules, unrecorded_attention
 from ..spec import CellSpec, InputError
 
 LOOP = ("unet", "controlnet", "transformer", "prior", "model")  # components that run once per denoising step
@@ -158,6 +159,7 @@ class Session:
         self.uid = itertools.count()
         self.recorders: dict[str, Recorder] = {}
         self.modules = {name: attention_modules(m) for name, m in self.found.items()}  # each component's, by path
+        self.unrecorded: dict[str, str] = {}  # component: its attention modules that no hook records, counted
         self.forwards: list[dict] = []
         self.notes: list[str] = []
         self.facts: dict = {}
@@ -182,20 +184,22 @@ class Session:
             self.notes.append(f"{name} was compiled with module.compile(): its forwards are not timed and its "
                               "attention calls not recorded (a hook on it runs inside its compiled graph and would "
                               "change what is compiled); torch.compile(module) leaves its forwards timeable")
+            self._not_recorded(name, {**self.modules[name], **clip_attention_modules(module)})
             return
         for part in passes:
             self._stack.callback(part.register_forward_pre_hook(self._forward_begins(name), with_kwargs=True).remove)
             self._stack.callback(part.register_forward_hook(self._forward_ends, always_call=True).remove)
-        modules = self.modules[name]
+        modules = self._recordable(name, module)
         if not modules:
             return
         if compiled(module):
             self.notes.append(f"{name} runs compiled: its forwards are timed, its attention calls are not recorded "
                               "one by one (hooks inside the compiled graph would change what is compiled); attnprof "
                               "run --compile measures a compiled U-Net's calls")
+            self._not_recorded(name, modules)
             return
         if self.backend:
-            foreign = sorted({type(m.processor).__name__ for m in modules.values()
+            foreign = sorted({type(m.processor).__name__ for m in self.modules[name].values()
                               if type(m.processor).__name__.startswith(("IPAdapter", "CustomDiffusion"))})
             if foreign:
                 raise InputError(f"profile: backend={self.backend!r} would replace {name}'s {', '.join(foreign)} "
@@ -204,6 +208,29 @@ class Session:
         rec = Recorder(module, processor=self.factory if self.backend else None,
                        around=_Tagged(self.meter, name, self.uid), passes=passes, modules=modules)
         self.recorders[name] = self._stack.enter_context(rec)
+
+    def _recordable(self, name: str, module: torch.nn.Module) -> dict:
+        """The component's attention modules that the recorder's hooks record (diffusers' Attention, transformers'
+        CLIP attention), by path; the others named in the notes and kept in `unrecorded`."""
+        clip = clip_attention_modules(module)
+        unknown = unrecorded_attention(module)
+        if unknown:
+            self.unrecorded[name] = _counted(unknown)
+            self.notes.append(f"{name}'s attention modules {self.unrecorded[name]} are not recorded (attnprof records "
+                              "diffusers' Attention and transformers' CLIP attention): their calls and time are in "
+                              f"no attention figure of {name}")
+        if clip and self.backend:
+            self.notes.append(f"{name}'s attention (CLIP's, x{len(clip)}) runs as transformers runs it: "
+                              f"backend={self.backend!r} replaces diffusers' processors only")
+        return {**self.modules[name], **clip}
+
+    def _not_recorded(self, name: str, modules: dict) -> None:
+        """A component whose attention modules are all left unrecorded (compiled): named in `unrecorded`."""
+        counts: dict[str, int] = {}
+        for m in modules.values():
+            counts[type(m).__name__] = counts.get(type(m).__name__, 0) + 1
+        if counts:
+            self.unrecorded[name] = _counted(counts)
 
     def _forward_begins(self, name: str):
         def begin(module, args, kwargs) -> None:
@@ -238,14 +265,25 @@ class Session:
         return sorted(out, key=lambda r: r["uid"])
 
 
+def _counted(classes: dict[str, int]) -> str:
+    """Modules counted by class, as the output names them: 'Attention x32, T5Attention x24'."""
+    return ", ".join(f"{k} x{v}" for k, v in sorted(classes.items()))
+
+
 def _component_table(session: Session, calls: pd.DataFrame) -> pd.DataFrame:
+    """Per component: its forwards and their time, its recorded attention calls and theirs; NaN calls and time
+    where its attention is not recorded (compiled, or modules of a kind the recorder has no hook for:
+    `not_recorded` names them), 0 where it has none."""
     rows = []
     for name in session.found:
         mine = [f for f in session.forwards if f["component"] == name]
         own = calls[calls["component"] == name] if len(calls) else calls
+        recorded = name in session.recorders or name not in session.unrecorded
         rows.append({"component": name, "class": type(session.found[name]).__name__, "forwards": len(mine),
                      "time_ms": sum(session.meter.samples.get(f["uid"], [0.0])[0] for f in mine),
-                     "attention_calls": len(own), "attention_ms": float(own["time_ms"].sum()) if len(own) else 0.0})
+                     "attention_calls": len(own) if recorded else float("nan"),
+                     "attention_ms": float(own["time_ms"].sum()) if recorded else float("nan"),
+                     "not_recorded": session.unrecorded.get(name, "")})
     return pd.DataFrame(rows)
 
 
@@ -389,8 +427,8 @@ def merged(profiles: list[Profile]) -> Profile:
     if len(profiles) == 1:
         return profiles[0]
     calls = pd.concat([p.calls.assign(generation=i) for i, p in enumerate(profiles)], ignore_index=True)
-    comps = pd.concat([p.components for p in profiles]).groupby(["component", "class"], sort=False,
-                                                                 as_index=False).sum()
+    comps = pd.concat([p.components for p in profiles]).groupby(["component", "class", "not_recorded"], sort=False,
+                                                                 as_index=False).sum(min_count=1)  # NaN: not recorded
     return Profile(target=profiles[0].target, calls=calls, components=comps,
                    forwards=pd.concat([p.forwards for p in profiles], ignore_index=True),
                    wall_s=sum(p.wall_s for p in profiles), notes=sorted({n for p in profiles for n in p.notes}),
@@ -415,10 +453,7 @@ def summary(prof: Profile) -> str:
     head = (f"profile of {f.get('pipeline') or prof.target}: {f.get('steps')} steps, {f.get('width')}x"
             f"{f.get('height')}, batch {f.get('batch')}, {f.get('dtype')} on {f.get('device')}; {prof.wall_s:.3f} s "
             f"of wall time; processors {f.get('processors') or '-'}")
-    rows = [{"component": r["component"], "forwards": str(r["forwards"]), "time": f"{r['time_ms']:.1f} ms",
-             "share": f"{100 * r['time_ms'] / wall_ms:.1f}%", "calls": str(r["attention_calls"]),
-             "attention": f"{r['attention_ms']:.1f} ms", "attention share": f"{100 * r['attention_ms'] / wall_ms:.1f}%"}
-            for r in prof.components.to_dict("records")]
+    rows = component_rows(prof.components.to_dict("records"), wall_ms)
     lines = [head, "", table(rows, [(c, c) for c in ("component", "forwards", "time", "share", "calls", "attention",
                                                       "attention share")])]
     if len(prof.calls):

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 from ..attention import backends
 from ..attention.backends import label
 from ..fmt import fitted_table, human_bytes, human_count, table
-from ..store import BLOCKS, CELLS, DONE_STATUSES, Run, Unreadable, list_runs
+from ..store import BLOCKS, CELLS, DONE_STATUSES, Run, Unreadable, kind_of, list_runs
 from .compare import ATTENTION_TIME, eager_twins
 from .frame import NO_SETTINGS
 
@@ -19,8 +19,8 @@ UNREADABLE = (OSError, ValueError, KeyError, TypeError)  # JSON, Arrow (ValueErr
 def runs_index(root: Path) -> pd.DataFrame:
     """One row per run folder under root, newest last; a run that cannot be read gets a row with `warning` set."""
     rows = [_index_row(path) for path in list_runs(root)]
-    columns = ["run_id", "created", "models", "device", "backends", "cells", *DONE_STATUSES, "pending", "warning",
-               "versions", "git", "readable"]
+    columns = ["run_id", "created", "kind", "models", "device", "backends", "cells", *DONE_STATUSES, "pending",
+               "warning", "versions", "git", "readable"]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -30,10 +30,13 @@ def _index_row(path: Path) -> dict:
         run = Run.open(path)
         m = run.manifest()
         env, sweep = m.get("environment") or {}, m.get("sweep") or m.get("replay") or {}
-        row.update(created=str(m.get("created_at", ""))[:16].replace("T", " "),
-                   models=", ".join(sweep.get("models", [])),
+        planned = m.get("cells") or []  # a record's (profile's) cells, where it has no sweep: their models, backends
+        row.update(created=str(m.get("created_at", ""))[:16].replace("T", " "), kind=kind_of(m).name,
+                   models=", ".join(sweep.get("models") or dict.fromkeys(c["model"] for c in planned)),
                    device=f"{env.get('device')} ({env.get('device_name')})",
-                   backends=", ".join(label(*b) for b in sweep.get("backends", [])), cells=len(m.get("cells", [])),
+                   backends=", ".join(dict.fromkeys([label(*b) for b in sweep.get("backends", [])] or [
+                       label(c["backend"], c.get("backend_options") or "{}") for c in planned])),
+                   cells=len(planned),
                    versions=f"torch {env.get('torch')}, diffusers {env.get('diffusers')}, python {env.get('python')}",
                    git=str(env.get("git_revision") or "")[:12])
         for name in (CELLS, BLOCKS):  # the footer is enough to tell a truncated file
@@ -190,6 +193,23 @@ def _short_models(rows: list[dict]) -> list[dict]:
             if len(r["model"].split()) == 3 else r for r in rows]
 
 
+def component_rows(components: list[dict], wall_ms: float) -> list[dict]:
+    """A recorded generation's components for a table (profile's summary, show): per component its class, forwards,
+    time and share of the generation's wall time, its attention calls, their time and share; 'not recorded' where
+    its attention was not (compiled, or modules the recorder has no hook for), never as 0 calls."""
+    rows = []
+    for r in components:
+        recorded = r["attention_calls"] == r["attention_calls"] and r["attention_calls"] is not None  # not NaN
+        missing = r.get("not_recorded") or ""
+        rows.append({"component": r["component"], "class": r["class"], "forwards": str(r["forwards"]),
+                     "time": f"{r['time_ms']:.1f} ms", "share": f"{100 * r['time_ms'] / wall_ms:.1f}%",
+                     "calls": (f"{int(r['attention_calls'])}" + (f" (not recorded: {missing})" if missing else ""))
+                     if recorded else f"not recorded ({missing})" if missing else "not recorded",
+                     "attention": f"{r['attention_ms']:.1f} ms" if recorded else "-",
+                     "attention share": f"{100 * r['attention_ms'] / wall_ms:.1f}%" if recorded else "-"})
+    return rows
+
+
 def _recorded_lines(cells, m: dict) -> list[str]:
     """A recorded generation's cells (kind record): per component its forwards, their time, its attention calls and
     theirs, against the generation's wall time; the run's notes."""
@@ -198,10 +218,7 @@ def _recorded_lines(cells, m: dict) -> list[str]:
     out = []
     for c in (c for c in cells.to_dict("records") if c.get("kind") == "record" and c["status"] == "ok"):
         wall = c["generation_s"] * 1e3
-        rows = [{"component": r["component"], "class": r["class"], "forwards": str(r["forwards"]),
-                 "time": f"{r['time_ms']:.1f} ms", "share": f"{100 * r['time_ms'] / wall:.1f}%",
-                 "calls": str(r["attention_calls"]), "attention": f"{r['attention_ms']:.1f} ms",
-                 "attention share": f"{100 * r['attention_ms'] / wall:.1f}%"} for r in json.loads(c["components"])]
+        rows = component_rows(json.loads(c["components"]), wall)
         out += ["", f"{c['pipeline']}, {c['backend_label']} ({c['processors']}): {c['steps']} steps, scheduler "
                     f"{c['scheduler']}, guidance {c['guidance']}; {c['generation_s']:.3f} s of wall time",
                 table(rows, [(k, k) for k in ("component", "class", "forwards", "time", "share", "calls",
