@@ -82,6 +82,38 @@ def test_a_generation_is_recorded_call_by_call_and_its_images_do_not_change(tmp_
     assert "text_encoder  CLIPTextModel" in shown and "AttnProcessor2_0 x34" in shown
 
 
+def test_each_pipeline_call_in_one_block_is_a_generation_with_its_own_steps_and_time(tmp_path, capsys):
+    """Two pipeline calls in one `profile` block (3 steps at 64x64, then 2 at 48x48): generations 0 and 1, the
+    U-Net's steps 0..2 and 0..1, each call's own wall time; the run's header, show and the findings name two
+    generations with those times, and the denoiser's 5 forwards."""
+    from profiler.cli import main
+    from profiler.fmt import generations_text
+    from profiler.store import Run
+
+    pipe = gen.tiny_pipeline()
+    with profile(pipe, out=tmp_path) as prof:
+        gen.generate(pipe, steps=3)
+        gen.generate(pipe, steps=2, size=48)
+    unet = prof.calls[prof.calls["component"] == "unet"]
+    assert unet.groupby("generation")["step"].agg(lambda s: sorted(set(s))).to_dict() == {0: [0, 1, 2], 1: [0, 1]}
+    assert unet.groupby("generation").size().to_dict() == {0: 3 * CALLS, 1: 2 * CALLS}
+    vae = prof.calls[prof.calls["component"] == "vae"]
+    assert vae["generation"].tolist() == [0, 1] and vae["tokens_q"].tolist() == [64, 36]
+    walls = prof.generations["wall_s"].tolist()
+    assert prof.generations["steps"].tolist() == [3, 2] and all(w > 0 for w in walls)
+    assert sum(walls) <= prof.wall_s and prof.facts["steps"] == 3 and prof.facts["generations"] == 2
+    said = generations_text([3, 2], walls)
+    assert said.startswith("2 generations (3 and 2 steps), ") and f"{walls[0]:.2f} s and {walls[1]:.2f} s" in said
+    assert said in str(prof)
+    cell = Run.open(prof.run_dir).cells().iloc[0]
+    assert list(cell["generation_times_s"]) == walls and cell["generations"] == 2
+    assert main(["show", str(prof.run_dir), "--results", str(tmp_path)]) == 0
+    shown = " ".join(capsys.readouterr().out.split())  # unwrapped
+    assert f"StableDiffusionPipeline (loaded at 64x64, batch 2): {said} ({prof.wall_s:.2f} s in all); 5 denoiser " \
+           "forwards of" in shown  # the findings
+    assert f"StableDiffusionPipeline, loaded (AttnProcessor2_0 x34): {said}, scheduler DDIMScheduler" in shown
+
+
 @pytest.mark.parametrize("kind", ["pag", "pix2pix"])
 def test_pag_and_instructpix2pix_are_recorded_with_their_batch_of_three(kind):
     """Perturbed-attention guidance with guidance (PAG sets its own processors on its layers mid-call) and

@@ -11,7 +11,7 @@ as it is (devices.keep_memory), where a calibration's tables got new pages at th
 pair's 16 start and end calibrations, the start the slower in 15 (6.9 to 18.0 ms against 6.7 to 13.5), and every
 record run read as a machine that moved 1.47 to 1.91x. To find the pipeline calls of a script it cannot change, the
 child wraps the `__call__` of each pipeline class the script builds (seen as its __init__ registers its modules),
-in its own process only: the one place attnprof patches diffusers.
+in its own process only (as session.profile wraps its own pipeline's for its block).
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 
 from ..attention import backends
 from ..attention.backends import label
-from ..fmt import fitted_table, human_bytes, human_count, table
+from ..fmt import fitted_table, generations_text, human_bytes, human_count, table
 from ..store import BLOCKS, CELLS, DONE_STATUSES, Run, Unreadable, list_runs
 from .compare import ATTENTION_TIME, eager_twins
 from .frame import NO_SETTINGS
@@ -193,6 +193,8 @@ def _recorded_lines(cells, m: dict) -> list[str]:
     theirs, against the generation's wall time; the run's notes."""
     import json
 
+    from .findings import listed
+
     out = []
     for c in (c for c in cells.to_dict("records") if c.get("kind") == "record" and c["status"] == "ok"):
         wall = c["generation_s"] * 1e3
@@ -200,7 +202,9 @@ def _recorded_lines(cells, m: dict) -> list[str]:
                  "time": f"{r['time_ms']:.1f} ms", "share": f"{100 * r['time_ms'] / wall:.1f}%",
                  "calls": str(r["attention_calls"]), "attention": f"{r['attention_ms']:.1f} ms",
                  "attention share": f"{100 * r['attention_ms'] / wall:.1f}%"} for r in json.loads(c["components"])]
-        out += ["", f"{c['pipeline']}, {c['backend_label']} ({c['processors']}): {c['steps']} steps, scheduler "
+        times, steps = listed(c.get("generation_times_s")), listed(c.get("generation_steps"))
+        calls = generations_text(steps, times) if len(times) > 1 else f"{c['steps']} steps"
+        out += ["", f"{c['pipeline']}, {c['backend_label']} ({c['processors']}): {calls}, scheduler "
                     f"{c['scheduler']}, guidance {c['guidance']}; {c['generation_s']:.3f} s of wall time",
                 table(rows, [(k, k) for k in ("component", "class", "forwards", "time", "share", "calls",
                                               "attention", "attention share")])]
