@@ -523,15 +523,36 @@ def cmd_runs(args) -> int:
 
 def cmd_record(args) -> int:
     from .record.script import record
-    from .report.show import format_run
+    from .report.show import format_run, resume_record
     from .store import Run
 
     from .fmt import terminal_width
 
+    if args.resume and args.script:
+        raise InputError("--resume finishes a run with its own script and arguments: give no script after it")
+    if not args.resume and not args.script:
+        raise InputError("record needs the script to run: attnprof record -- generate.py --steps 30")
     say = None if args.quiet else (lambda line: print(f"attnprof record: {line}", file=sys.stderr, flush=True))
-    code, path = record(args.script, args.args, args.backend or [], Path(args.out), args.trace, say)
-    print(format_run(Run.open(path), terminal_width()))
+    if say:
+        _record_options_after(args.args, say)
+    code, path = record(args.script, args.args, args.backend or [], Path(args.out), args.trace, say, args.resume)
+    if path is None:
+        return code
+    run = Run.open(path)
+    print(format_run(run, terminal_width()))
+    if code == 130:
+        print(f"attnprof record: interrupted: the cells recorded so far are kept; finish it with: "
+              f"{resume_record(run)}", file=sys.stderr)
     return code
+
+
+def _record_options_after(args: list[str], say) -> None:
+    """A word after the script that is one of record's own options goes to the script, as the convention says;
+    said once, since the user may have meant it for record."""
+    own = [a for a in args if a.split("=")[0] in ("--out", "--backend", "--trace", "--quiet", "--resume")]
+    if own:
+        say(f"{', '.join(own)} after the script go{'es' if len(own) == 1 else ''} to the script, not to record: "
+            "put record's options before the script (attnprof record --out DIR -- SCRIPT.py ARGS)")
 
 
 def cmd_show(args) -> int:
@@ -829,7 +850,9 @@ def _add_record(sub) -> None:
                                    "the processors it loads), each in a process of its own, and profile every "
                                    "diffusers pipeline call in it: each attention call of each component, its step, "
                                    "time and (CUDA) peak; each component's forwards. Stored as one run, a cell per "
-                                   "backend (show, diff, report, the dashboard). The exit status is the script's.",
+                                   "backend (show, diff, report, the dashboard). The exit status is the script's; 130 when "
+                                   "interrupted (Ctrl-C), the cells recorded so far kept: --resume RUN finishes the "
+                                   "run.",
                        epilog="example: attnprof record --backend sdpa --backend sliced -- docs/examples/generate.py "
                               "--steps 3")
     p.add_argument("--backend", action="append", help="run the script with this backend's processors, repeatable "
@@ -838,7 +861,9 @@ def _add_record(sub) -> None:
     p.add_argument("--trace", action="store_true", help="also a Chrome / Perfetto trace of each generation, each "
                                                         "attention call a range named by its block and shape")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    p.add_argument("script", metavar="SCRIPT.py", help="the script to run (after --)")
+    p.add_argument("--resume", metavar="RUN", help="finish an interrupted record run (under --out): its script, with "
+                                                   "its arguments, for each backend it has no cell of")
+    p.add_argument("script", metavar="SCRIPT.py", nargs="?", help="the script to run (after --)")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments")
     p.set_defaults(func=cmd_record)
 

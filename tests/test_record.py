@@ -4,8 +4,11 @@ verdicts made independent of the machine's load (tests/faults.py: fault-scaled's
 calibrations injected)."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from profiler.store import Run, list_runs
@@ -45,7 +48,8 @@ def test_record_runs_the_script_once_per_backend_into_one_run(tmp_path):
 
 def test_the_exit_status_is_the_scripts(tmp_path):
     """A script that generates and then exits 3: record exits 3 with its cell stored; one that never calls a
-    pipeline: its own status, a run with no cell, and a line that says so."""
+    pipeline: its own status, nothing stored, and a line that says so; record's own option after the script goes
+    to the script, with a line that says so."""
     script = tmp_path / "exits.py"
     script.write_text("import sys, importlib.util\n"
                       f"spec = importlib.util.spec_from_file_location('g', {str(SCRIPT)!r})\n"
@@ -56,8 +60,11 @@ def test_the_exit_status_is_the_scripts(tmp_path):
     assert done.returncode == 3, done.stderr[-2000:]
     (path,) = list_runs(tmp_path / "a")
     assert len(Run.open(path).cells()) == 1 and Run.open(path).manifest()["interrupted"] is True
-    done = attnprof("record", "--out", str(tmp_path / "b"), "--", str(script))
-    assert done.returncode == 3 and "the script made no diffusers pipeline call" in done.stderr
+    done = attnprof("record", "--out", str(tmp_path / "b"), "--", str(script), "--out", "x")
+    assert done.returncode == 3 and "the script made no diffusers pipeline call: nothing stored" in done.stderr
+    assert not list_runs(tmp_path / "b") and f"running {script} --out x with the processors" in done.stderr
+    assert "attnprof record: --out after the script goes to the script, not to record: put record's options " \
+           "before the script (attnprof record --out DIR -- SCRIPT.py ARGS)" in done.stderr  # said, then passed on
     done = attnprof("record", "--out", str(tmp_path / "c"), "--", str(tmp_path / "missing.py"))
     assert done.returncode == 2 and done.stderr.strip().endswith("is not a file: give the script to run, e.g. "
                                                                  "attnprof record -- generate.py --steps 30")
@@ -85,3 +92,67 @@ def test_two_records_of_the_same_code_are_diffed_cell_by_cell(tmp_path):
     slower = attnprof("diff", a, c, "--results", str(tmp_path), "--json")
     assert slower.returncode == 1 and [m["time_verdict"] for m in json.loads(slower.stdout)["matched"]] == \
         ["regression"]
+
+
+def _lines(stream, into: list):
+    """Read a pipe line by line into a list (a thread's work: both pipes are read at once)."""
+    for line in stream:
+        into.append(line)
+
+
+def _wait_for(lines: list, text: str, count: int = 1, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while sum(text in line for line in lines) < count:
+        assert time.monotonic() < deadline, f"never saw {text!r}: {''.join(lines)[-2000:]}"
+        time.sleep(0.05)
+
+
+def test_ctrl_c_leaves_an_interrupted_run_that_names_what_is_left_and_resumes(tmp_path):
+    """SIGINT to record's process group mid-generation, as Ctrl-C in a terminal sends it (the script's process gets
+    it too): the first stops the script (its own handler runs), the run is kept with interrupted: true, and record and
+    show name the backends with no cell and the command that finishes the run; a second SIGINT, while the script
+    still cleans up, prints one line and stops it now; no traceback. --resume then records what was left. The
+    backend's calls are fixed waits (tests/faults.py fault-scaled: 40 ms x the factor), the calibrations injected."""
+    script = tmp_path / "gen.py"
+    script.write_text("import importlib.util, time\n"
+                      f"spec = importlib.util.spec_from_file_location('g', {str(SCRIPT)!r})\n"
+                      "g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g)\n"
+                      "pipe = g.tiny_pipeline()\n"
+                      "print('generating', flush=True)\n"
+                      "try:\n    g.generate(pipe, steps=3)\n"
+                      "except KeyboardInterrupt:\n    print('cleaning up', flush=True)\n    time.sleep(60)\n"
+                      "    raise\n")
+    env = {**STEADY, "ATTNPROF_FAULT_FACTOR": "10", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "profiler", "record", "--out", str(tmp_path), "--backend",
+                             "fault-scaled", "--", str(script)], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    out, err = [], []
+    for stream, into in ((proc.stdout, out), (proc.stderr, err)):
+        threading.Thread(target=_lines, args=(stream, into), daemon=True).start()
+    try:
+        _wait_for(out, "generating")  # its generation: 0.4 s a call
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGINT)
+        _wait_for(out, "cleaning up")
+        _wait_for(err, "interrupted: waiting for the script to end")
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    time.sleep(0.2)  # the reader threads' last lines
+    stderr = "".join(err)
+    assert "Traceback" not in stderr and sum("interrupted again" in line for line in err) == 1, stderr[-3000:]
+    assert f"attnprof record: running {script} with backend fault-scaled\n" in err  # no arguments: one space
+    (path,) = list_runs(tmp_path)
+    run = Run.open(path)
+    assert run.manifest()["interrupted"] is True and not len(run.cells())
+    finish = f"attnprof record --out {tmp_path} --resume {path.name}"
+    assert f"finish it with: {finish}" in stderr
+    shown = attnprof("show", path.name, "--results", str(tmp_path), "--wide")
+    assert shown.returncode == 0 and "(interrupted)" in shown.stdout and "device cpu" in shown.stdout
+    assert f"interrupted: no cell of fault-scaled: its run of {script} was stopped or made no pipeline call; " \
+           f"finish it with: {finish}" in shown.stdout
+    done = attnprof(*finish.split()[1:], env={**env, "ATTNPROF_FAULT_FACTOR": "0"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert list(run.cells()["backend"]) == ["fault-scaled"] and run.manifest()["interrupted"] is False

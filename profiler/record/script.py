@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import threading
@@ -27,53 +28,147 @@ from ..spec import InputError
 RUN_ENV = "ATTNPROF_RECORD_RUN"
 
 
-def record(script: str, args: list[str], backends_: list[str], out: Path, trace: bool = False,
-           say=None) -> tuple[int, Path]:
+GRACE_S = 10.0  # after a Ctrl-C, how long the script has to end by itself before it is stopped
+
+
+def record(script: str | None, args: list[str], backends_: list[str], out: Path, trace: bool = False,
+           say=None, resume: str | None = None) -> tuple[int, Path | None]:
     """Run the script once per backend (or once as it is), each in a child process that records its cell into one
-    new run under out. (the script's exit status, the first non-zero of its runs; the run's folder)."""
+    run under out: a new one, or with resume (a run id) that interrupted run, for the backends it has no cell of.
+    (the script's exit status, the first non-zero of its runs, 130 when stopped; the run's folder, None where the
+    script made no pipeline call: nothing is stored then)."""
     import torch
 
     from .. import devices
     from ..attention import backends
     from ..execute.local import LocalExecutor
-    from ..store import Run, now
 
     quiet, say = say is None, say or (lambda line: None)
+    run, script, args, backends_ = _the_run(script, args, backends_, out, resume)
+    for name in backends_:
+        if name:
+            backends.check_backend_name(name)
+    code, stopped, executor = 0, _Stop(), LocalExecutor(workers=True)  # on CUDA each calibration in a subprocess
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    devices.keep_memory()  # this process is ours: it times the machine as a sweep's do
+    try:
+        for backend in backends_:
+            say(" ".join(["running", script, *args]) + (f" with backend {backend}" if backend else
+                                                        " with the processors it loads"))
+            argv = [sys.executable, "-m", "profiler.record.script", *(["--backend", backend] if backend else []),
+                    *(["--trace"] if trace else []), *(["--quiet"] if quiet else []), "--", script, *args]
+            cells, start = len(run.cells()), executor.calibrate(device, "start")
+            done = stopped.child(argv, {**os.environ, RUN_ENV: str(run.path)})
+            if len(run.cells()) > cells:
+                end = executor.calibrate(device, "end")
+                run.update_manifest(calibration=[*run.manifest().get("calibration", []), start, end])
+            code = code or done
+    except KeyboardInterrupt:
+        stopped.stopping()
+    finally:
+        stopped.hold()  # a Ctrl-C from here on: one line, the script stopped now, the manifest still written
+        try:
+            stopped.wait()
+            result = _finish(run, code, stopped.asked, device, say)
+        finally:
+            stopped.release()
+    return result
+
+
+def _the_run(script: str | None, args: list[str], backends_: list[str], out: Path, resume: str | None):
+    """(the run to record into, the script, its arguments, the backends to run: None for the loaded processors):
+    a new run, or an interrupted one to finish (its own script, arguments and the backends it has no cell of)."""
+    from ..store import Run, find_run, now
+
+    if resume:
+        run = find_run(out, resume)
+        facts = run.manifest().get("record") if run.kind.name == "record" else None
+        if not facts or "script" not in facts:
+            raise InputError(f"run {run.id} is not a run of attnprof record: --resume finishes one of those")
+        done = set(run.cells()["backend"]) if len(run.cells()) else set()
+        left = [b for b in facts["backends"] if (b or "loaded") not in done]
+        if not left:
+            raise InputError(f"run {run.id} has a cell for every backend it was given: nothing to finish")
+        run.update_manifest(resumed_at=now(), ended_at=None)
+        return run, facts["script"], facts["args"], left
     path = Path(script)
     if not path.is_file():
         raise InputError(f"record: {script} is not a file: give the script to run, e.g. attnprof record -- "
                          "generate.py --steps 30")
-    for name in backends_:
-        backends.check_backend_name(name)
-    run = Run.create(out, {"kind": "record", "command": " ".join(["attnprof record", *(f"--backend {b}" for b in
-                                                                                        backends_), "--", script,
-                                                                   *args]),
-                           "record": {"script": str(path), "args": args, "backends": backends_ or [None]},
-                           "cells": [], "ended_at": None})
-    code, executor = 0, LocalExecutor(workers=True)  # on CUDA each calibration in a subprocess: no context here
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    devices.keep_memory()  # this process is ours: it times the machine as a sweep's do
-    try:
-        for backend in backends_ or [None]:
-            say(f"running {script} {' '.join(args)}" + (f" with backend {backend}" if backend else
-                                                        " with the processors it loads"))
-            argv = [sys.executable, "-m", "profiler.record.script", *(["--backend", backend] if backend else []),
-                    *(["--trace"] if trace else []), *(["--quiet"] if quiet else []), "--", str(path), *args]
-            cells, start = len(run.cells()), executor.calibrate(device, "start")
-            done = subprocess.run(argv, env={**os.environ, RUN_ENV: str(run.path)})
-            end = executor.calibrate(device, "end")
-            if len(run.cells()) > cells:
-                run.update_manifest(calibration=[*run.manifest().get("calibration", []), start, end])
-            code = code or done.returncode
-    finally:
-        cells = run.cells()
-        run.update_manifest(ended_at=now(), interrupted=code != 0,
-                            cells=[{k: c[k] for k in ("model", "width", "height", "batch", "dtype", "backend", "device",
-                                                      "backend_options", "settings", "cell_id")}
-                                   for c in cells.to_dict("records")] if len(cells) else [])
-    if not len(cells):
-        say(f"the script made no diffusers pipeline call: run {run.id} holds no cell")
-    return code, run.path
+    command = " ".join(["attnprof record", *(f"--backend {b}" for b in backends_), "--", script, *args])
+    run = Run.create(out, {"kind": "record", "command": command, "cells": [], "ended_at": None,
+                           "record": {"script": str(path), "args": args, "backends": backends_ or [None]}})
+    return run, str(path), args, backends_ or [None]
+
+
+def _finish(run, code: int, stopped: bool, device: str, say) -> tuple[int, Path | None]:
+    """The run's manifest as it ended: interrupted where stopped or the script failed, its cells listed; a run
+    whose script made no pipeline call (and was not stopped) removed, since it holds nothing."""
+    import shutil
+
+    from ..env import environment
+    from ..store import now
+
+    cells, m = run.cells(), run.manifest()
+    if not len(cells) and not stopped and not m.get("resumed_at"):
+        shutil.rmtree(run.path, ignore_errors=True)
+        say("the script made no diffusers pipeline call: nothing stored")
+        return code, None
+    run.update_manifest(ended_at=now(), interrupted=stopped or code != 0,
+                        environment=m.get("environment") or {**environment(device), "executor": "record"},
+                        cells=[{k: c[k] for k in ("model", "width", "height", "batch", "dtype", "backend", "device",
+                                                  "backend_options", "settings", "cell_id")}
+                               for c in cells.to_dict("records")] if len(cells) else [])
+    return (130 if stopped else code), run.path
+
+
+class _Stop:
+    """A Ctrl-C during a record: the first raises KeyboardInterrupt where it lands (the script, in the same process
+    group, gets its own and ends as it would; it is given GRACE_S, then SIGINT of its own, then killed); each one
+    after, while the run is finished, prints one line and stops the script now."""
+
+    def __init__(self):
+        self.proc, self.asked, self.old = None, False, None
+
+    def child(self, argv: list[str], env: dict) -> int:
+        """The script's run in a child process: its exit status."""
+        self.proc = subprocess.Popen(argv, env=env)
+        return self.proc.wait()
+
+    def stopping(self) -> None:
+        """The first Ctrl-C: the next ones held from now, then one line said."""
+        self.hold()
+        self.asked = True
+        print("attnprof record: interrupted: waiting for the script to end (Ctrl-C again stops it now)",
+              file=sys.stderr, flush=True)
+
+    def hold(self) -> None:
+        if self.old is None and threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGINT, self._again)
+
+    def _again(self, signum, frame) -> None:
+        print("attnprof record: interrupted again: stopping the script now; the run is kept, marked interrupted",
+              file=sys.stderr, flush=True)
+        self.asked = True
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+
+    def wait(self) -> None:
+        """The script's process ended: by itself within GRACE_S, else on a SIGINT of its own, else killed."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for step in (lambda: None, lambda: self.proc.send_signal(signal.SIGINT), self.proc.kill):
+            step()
+            try:
+                self.proc.wait(GRACE_S)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def release(self) -> None:
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+            self.old = None
 
 
 class _Watch:
@@ -183,6 +278,9 @@ def child(argv: list[str]) -> int:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             if not isinstance(e.code, int) and e.code is not None:
                 print(e.code, file=sys.stderr)
+        except KeyboardInterrupt:  # a Ctrl-C: attnprof record says so; a generation cut short is not stored
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            return 130
     if watch.profiles:
         store_cell(run, merged(watch.profiles), backend)
         run.update_manifest(notes=sorted({*run.manifest().get("notes", []), *(n for p in watch.profiles
@@ -191,4 +289,7 @@ def child(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(child(sys.argv[1:]))
+    try:
+        sys.exit(child(sys.argv[1:]))
+    except KeyboardInterrupt:  # one that lands outside the script (this process starting, the cell being stored)
+        sys.exit(130)

@@ -155,14 +155,16 @@ def format_run(run: Run, width: int | None = None) -> str:
     env = m.get("environment", {})
     cells, blocks = run.read()
     found = findings(cells, blocks, m)
+    ended = f"{m['ended_at']}{' (interrupted)' if m.get('interrupted') else ''}" if m.get("ended_at") else \
+        "not yet (running or stopped)"
     lines = ([f"findings ({run.id}):", format_findings(found), ""] if found else []) + [
-             f"run {run.id}  ({run.path})",
-             f"created {m.get('created_at')}  ended {m.get('ended_at') or 'not yet (running or stopped)'}",
+             f"run {run.id}  ({run.path})", f"created {m.get('created_at')}  ended {ended}",
              f"device {env.get('device')} ({env.get('device_name')}), torch {env.get('torch')}, "
              f"diffusers {env.get('diffusers')}, git {str(env.get('git_revision'))[:12]}",
              f"command: {m.get('command')}", *_limits_line(m), *_files_lines(m), ""]
+    unfinished = _unfinished(run, m, cells)
     if not len(cells):
-        return "\n".join(lines + [f"no cells recorded yet ({len(m.get('cells', []))} planned)"])
+        return "\n".join(lines + (unfinished or [f"no cells recorded yet ({len(m.get('cells', []))} planned)"]))
     twins = eager_twins(cells)
     rows = _cell_rows(cells, twins)
     columns = [(c, c) for c in _cell_columns(rows, twins)]
@@ -172,13 +174,32 @@ def format_run(run: Run, width: int | None = None) -> str:
         shown, dropped = fitted_table(_short_models(rows), columns, width, NARROW_DROP)
         lines += [shown, ""] + ([f"(left out to fit {width} columns: {', '.join(dropped)}; --wide shows them)"]
                                if dropped else []) + [textwrap.fill(_footnote(cells), width)]
-    lines += _recorded_lines(cells, m)
+    lines += _recorded_lines(cells, m) + ([""] + unfinished if unfinished else [])
     if len(blocks) and blocks["peak_mem_bytes"].notna().any():
         lines += ["", "largest measured per-call peaks:", _largest_calls(blocks, width)]
     if width is None:
         return "\n".join(lines)
     return "\n".join(textwrap.fill(line, width, subsequent_indent="  ", break_on_hyphens=False)
                      if len(line) > width and "  " not in line.strip() else line for line in lines)
+
+
+def resume_record(run: Run) -> str:
+    """The command that finishes an interrupted record run."""
+    return f"attnprof record --out {run.path.parent} --resume {run.id}"
+
+
+def _unfinished(run: Run, m: dict, cells) -> list[str]:
+    """An interrupted record run: the backends it has no cell of, and the command that finishes it."""
+    facts = m.get("record") or {}
+    if not m.get("interrupted") or not facts.get("backends"):
+        return []
+    done = set(cells["backend"]) if len(cells) else set()
+    left = [b or "loaded" for b in facts["backends"] if (b or "loaded") not in done]
+    if not left:
+        return []
+    names = ", ".join("the script's own processors (loaded)" if b == "loaded" else b for b in left)
+    return [f"interrupted: no cell of {names}: its run of {facts.get('script')} was stopped or made no pipeline "
+            f"call; finish it with: {resume_record(run)}"]
 
 
 def _short_models(rows: list[dict]) -> list[dict]:
