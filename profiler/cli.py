@@ -566,7 +566,7 @@ def cmd_show(args) -> int:
 
 
 def cmd_diff(args) -> int:
-    from .report.compare import compare, format_diff, summary
+    from .report.compare import compare, exit_status, format_diff, summary
     from .store import find_run
 
     if not 0 <= args.threshold < 1:
@@ -581,7 +581,7 @@ def cmd_diff(args) -> int:
         print()
     else:
         print(format_diff(a.id, b.id, result, args.threshold))
-    return 1 if s["regressions"] else 0
+    return exit_status(s)
 
 
 def cmd_report(args) -> int:
@@ -921,14 +921,18 @@ def _add_jobs(sub) -> None:
 
 
 def _add_diff(sub) -> None:
-    from .report.compare import THRESHOLD, rule_text
+    from .report.compare import NOT_JUDGED_EXIT, THRESHOLD, rule_text
 
-    p = sub.add_parser("diff", help="run B against run A, cell by cell; exit 1 on a regression (for CI)",
+    p = sub.add_parser("diff", help="run B against run A, cell by cell; exit 1 on a regression, "
+                                    f"{NOT_JUDGED_EXIT} where a time is not judged (for CI)",
                        description="Cells matched on model, size, batch, dtype and backend with options; per cell the "
                                    "time and peak-memory ratio of B to A and a verdict, regression or improvement by "
                                    f"the noise rule: {rule_text()}; anything else "
                                    "is within noise. "
-                                   "Exit code 1 when any regression is found, else 0.")
+                                   "Exit code 1 when any regression is found, else "
+                                   f"{NOT_JUDGED_EXIT} when any cell's time is not judged (too few samples, too "
+                                   "noisy, or the machine moved: a CI gate must not pass it silently), else 0; 2 on "
+                                   "bad input.")
     p.add_argument("run_a", metavar="RUN_A", help="the baseline: run id, unique prefix, 'latest' or a folder")
     p.add_argument("run_b", metavar="RUN_B", help="the run judged against it")
     p.add_argument("--results", default="results", help="results folder (default results)")

@@ -4,6 +4,7 @@ verdicts made independent of the machine's load (tests/faults.py: fault-scaled's
 calibrations injected)."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -73,7 +74,8 @@ def test_the_exit_status_is_the_scripts(tmp_path):
 def test_two_records_of_the_same_code_are_diffed_cell_by_cell(tmp_path):
     """Two records of the script with fault-scaled (each call a 120 ms wait: a call's own work, a few ms on a busy
     machine, stays under 3% of it) on a machine held steady: the cell matched, its time judged within noise (exit 0);
-    a third with the backend twice as slow: a regression (exit 1)."""
+    a third with the backend twice as slow: a regression (exit 1); a fourth whose forwards swing (every other one 5x
+    as long): not judged, too noisy (exit 3), though its median is 3x faster."""
     runs = []
     for factor in ("3", "3", "6"):  # at 40 ms (factor 1) a busy machine's 3.5 ms a call read as a 7% regression
         done = attnprof("record", "--out", str(tmp_path), "--backend", "fault-scaled", "--quiet", "--", str(SCRIPT),
@@ -92,6 +94,12 @@ def test_two_records_of_the_same_code_are_diffed_cell_by_cell(tmp_path):
     slower = attnprof("diff", a, c, "--results", str(tmp_path), "--json")
     assert slower.returncode == 1 and [m["time_verdict"] for m in json.loads(slower.stdout)["matched"]] == \
         ["regression"]
+    done = attnprof("record", "--out", str(tmp_path), "--backend", "fault-scaled", "--quiet", "--", str(SCRIPT),
+                    "--steps", "3", env={**STEADY, "ATTNPROF_FAULT_FACTOR": "1", "ATTNPROF_FAULT_SWING": "5"})
+    assert done.returncode == 0, done.stderr[-2000:]  # forwards of 1.3, 6.4 and 1.3 s of waits: an IQR of twice the
+    noisy = attnprof("diff", a, list_runs(tmp_path)[-1].name, "--results", str(tmp_path))  # median, less its work
+    assert noisy.returncode == 3 and re.search(r"not judged \(too noisy: IQR \d+% of the median in B\)",
+                                               noisy.stdout), noisy.stdout[-2000:]
 
 
 def _lines(stream, into: list):
