@@ -561,7 +561,7 @@ def cmd_show(args) -> int:
 
     from .fmt import terminal_width
 
-    print(format_run(find_run(args.results, args.run), None if args.wide else terminal_width()))
+    print(format_run(find_run(args.results, args.run), None if args.wide else terminal_width(), args.legend))
     return 0
 
 
@@ -880,6 +880,7 @@ def _add_show(sub) -> None:
     p.add_argument("--results", default="results", help="results folder (default results)")
     p.add_argument("--wide", action="store_true", help="every column, whatever the terminal's width (default: fit "
                                                        "$COLUMNS, or 120)")
+    p.add_argument("--legend", action="store_true", help="also what each column of the cells' table is")
     p.set_defaults(func=cmd_show)
 
 

@@ -85,7 +85,7 @@ def test_a_generation_is_recorded_call_by_call_and_its_images_do_not_change(tmp_
 def test_each_pipeline_call_in_one_block_is_a_generation_with_its_own_steps_and_time(tmp_path, capsys):
     """Two pipeline calls in one `profile` block (3 steps at 64x64, then 2 at 48x48): generations 0 and 1, the
     U-Net's steps 0..2 and 0..1, each call's own wall time; the run's header, show and the findings name two
-    generations with those times, and the denoiser's 5 forwards."""
+    generations with those times, and the denoiser's 5 forwards; show's legend only with --legend."""
     from profiler.cli import main
     from profiler.fmt import generations_text
     from profiler.store import Run
@@ -112,6 +112,8 @@ def test_each_pipeline_call_in_one_block_is_a_generation_with_its_own_steps_and_
     assert f"StableDiffusionPipeline (loaded at 64x64, batch 2): {said} ({prof.wall_s:.2f} s in all); 5 denoiser " \
            "forwards of" in shown  # the findings
     assert f"StableDiffusionPipeline, loaded (AttnProcessor2_0 x34): {said}, scheduler DDIMScheduler" in shown
+    assert "(attnprof show --legend says what each column is)" in shown and "Rows by family" not in shown
+    assert main(["show", str(prof.run_dir), "--legend"]) == 0 and "Rows by family" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("kind", ["pag", "pix2pix"])
@@ -164,11 +166,27 @@ def test_a_lora_loaded_through_diffusers_fused_or_not(fused):
 
 
 def test_a_backend_is_swapped_in_for_the_generation_and_the_users_processors_come_back():
-    pipe = gen.tiny_pipeline()
-    before = dict(pipe.unet.attn_processors)
-    with profile(pipe, out=None, backend="sliced") as prof:
-        gen.generate(pipe, steps=3)
-    assert _same_processors(before, pipe.unet.attn_processors)
+    """sliced's processors (diffusers' SlicedAttnProcessor, taking the VAE's temb) give the images diffusers' own
+    give, with no warning on any call (diffusers' warns that it drops temb at every VAE decode)."""
+    import logging
+
+    from diffusers.models.attention_processor import SlicedAttnProcessor
+
+    said = []
+    heard = logging.Handler(logging.WARNING)
+    heard.emit = lambda record: said.append(record.getMessage())
+    logging.getLogger("diffusers").addHandler(heard)  # diffusers' root logger does not propagate
+    try:
+        pipe = gen.tiny_pipeline()
+        before = dict(pipe.unet.attn_processors)
+        with profile(pipe, out=None, backend="sliced") as prof:
+            images = gen.generate(pipe, steps=3)
+        assert not [m for m in said if "temb" in m] and _same_processors(before, pipe.unet.attn_processors)
+        for part in (pipe.unet, pipe.vae):
+            part.set_attn_processor(SlicedAttnProcessor(1))
+        assert np.array_equal(images, gen.generate(pipe, steps=3)) and [m for m in said if "temb" in m]
+    finally:
+        logging.getLogger("diffusers").removeHandler(heard)
     assert prof.facts["processors"] == "SlicedAttnProcessor x34" and prof.facts["backend"] == "sliced"
     ip = gen.tiny_pipeline()
     ip_adapter(ip)

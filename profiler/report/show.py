@@ -145,8 +145,12 @@ NARROW_DROP = ["eager fwd peak", "eager attn peak", "eager forward", "note", "fw
                "rel err"]
 
 
-def format_run(run: Run, width: int | None = None) -> str:
-    """The run's summary; its tables and notes fitted to width characters (None: every column, unwrapped)."""
+LEGEND_HINT = "(attnprof show --legend says what each column is)"
+
+
+def format_run(run: Run, width: int | None = None, legend: bool = False) -> str:
+    """The run's summary; its tables and notes fitted to width characters (None: every column, unwrapped). The
+    columns' legend with legend=True, else one line that says where it is."""
     import textwrap
 
     from .findings import findings, format_findings
@@ -168,12 +172,13 @@ def format_run(run: Run, width: int | None = None) -> str:
     twins = eager_twins(cells)
     rows = _cell_rows(cells, twins)
     columns = [(c, c) for c in _cell_columns(rows, twins)]
+    note = _footnote(cells) if legend else LEGEND_HINT
     if width is None:
-        lines += [table(rows, columns), "", _footnote(cells)]
+        lines += [table(rows, columns), "", note]
     else:
         shown, dropped = fitted_table(_short_models(rows), columns, width, NARROW_DROP)
         lines += [shown, ""] + ([f"(left out to fit {width} columns: {', '.join(dropped)}; --wide shows them)"]
-                               if dropped else []) + [textwrap.fill(_footnote(cells), width)]
+                               if dropped else []) + [textwrap.fill(note, width)]
     lines += _recorded_lines(cells, m) + ([""] + unfinished if unfinished else [])
     if len(blocks) and blocks["peak_mem_bytes"].notna().any():
         lines += ["", "largest measured per-call peaks:", _largest_calls(blocks, width)]
