@@ -265,20 +265,7 @@ def cmd_fit(args) -> int:
     say = (lambda line: None) if args.quiet else (lambda line: print(f"attnprof fit: {line}", file=sys.stderr,
                                                                      flush=True))
     if args.pipeline:
-        from .planner.pipeline import PipelineSpec, fit_pipeline, format_pipeline
-
-        if args.backend and len(args.backend) > 1:
-            raise InputError("--pipeline takes one --backend (every phase runs it; default sdpa)")
-        vae = [f"--vae-{n}" for n in ("part", "slicing", "upcast") if getattr(args, f"vae_{n}") is not None]
-        if vae:
-            raise InputError(f"{vae[0]} is for --model NAME-vae: a pipeline decodes as its VAE config says "
-                             "(give --vae-tiling for a tiled decode)")
-        spec = PipelineSpec(args.pipeline, budget, (args.backend or ["sdpa"])[0], dtype, batch, args.cfg,
-                            args.offload, vae_tiling=bool(args.vae_tiling), controlnet=bool(args.controlnet),
-                            ip_adapter_tokens=args.ip_adapter_tokens or 0, tome=args.tome or 0.0, aspect=aspect,
-                            buckets=args.buckets, device=args.device, gpu_arch=args.gpu_arch)
-        result = fit_pipeline(spec, say)
-        text = format_pipeline(result) + _step_time(args, result, dtype, batch)
+        result, text = _fit_pipelines(args, budget, dtype, batch, aspect, say)
     elif args.size:  # a video model at one size: the most frames
         from .planner.fit import format_most_frames, most_frames
 
@@ -298,6 +285,33 @@ def cmd_fit(args) -> int:
     else:
         print(text)
     return 0
+
+
+def _fit_pipelines(args, budget: int, dtype: str, batch: int, aspect, say) -> tuple:
+    """fit --pipeline, once per --backend (every phase runs it; default sdpa): (the result, or with several backends
+    {"backends": [one result each]}; the text: each one's, after a line per backend with its answer)."""
+    from .fmt import table
+    from .planner.pipeline import PipelineSpec, fit_pipeline, format_pipeline
+
+    vae = [f"--vae-{n}" for n in ("part", "slicing", "upcast") if getattr(args, f"vae_{n}") is not None]
+    if vae:
+        raise InputError(f"{vae[0]} is for --model NAME-vae: a pipeline decodes as its VAE config says "
+                         "(give --vae-tiling for a tiled decode)")
+    results = []
+    for backend in dict.fromkeys(args.backend or ["sdpa"]):
+        spec = PipelineSpec(args.pipeline, budget, backend, dtype, batch, args.cfg, args.offload,
+                            vae_tiling=bool(args.vae_tiling), controlnet=bool(args.controlnet),
+                            ip_adapter_tokens=args.ip_adapter_tokens or 0, tome=args.tome or 0.0, aspect=aspect,
+                            buckets=args.buckets, device=args.device, gpu_arch=args.gpu_arch)
+        results.append(fit_pipeline(spec, say))
+    texts = [format_pipeline(r) + _step_time(args, r, dtype, batch) for r in results]
+    if len(results) == 1:
+        return results[0], texts[0]
+    size = lambda s: f"{s[0]}x{s[1]}" if s else "none"  # noqa: E731
+    rows = [{"backend": r["backend"], "largest": size(r.get("largest")), "limited by": r.get("limited_by") or "-"}
+            for r in results]
+    head = "" if args.buckets else f"{table(rows, [(c, c) for c in rows[0]])}\n\n"
+    return {"backends": results}, head + "\n\n".join(texts)
 
 
 def _gpu_arch(args) -> None:
@@ -734,7 +748,7 @@ def _add_fit(sub) -> None:
     p.add_argument("--model", help=MODEL_HELP)
     _add_pickle_arg(p)
     p.add_argument("--pipeline", metavar="NAME", help="a whole generation instead of one model: sd15, sdxl (or "
-                                                      "sdxl-base), tiny-sd15")
+                                                      "sdxl-base), tiny-sd15; once per --backend")
     p.add_argument("--cfg", action=argparse.BooleanOptionalAction, default=True,
                    help="with --pipeline: classifier-free guidance, the U-Net and text at twice the batch (default on)")
     p.add_argument("--offload", choices=["none", "model", "sequential"], default="none",

@@ -139,6 +139,31 @@ def test_fit_a_whole_generation_names_the_phase_that_limits(capsys):
     assert f"is {w}x{h}" in out and f"limited by: the {f['limited_by']} phase" in out
 
 
+def test_fit_a_whole_generation_for_several_backends_and_a_forward_at_batch_1_names_guidance(capsys):
+    """fit --pipeline takes several backends, as fit --model does: one answer each (the tiny pipeline in 256 MiB:
+    naive's tables stop its U-Net long before sdpa's), a line per backend first; fit --model at batch 1 says that
+    it holds no classifier-free guidance, and how to ask for it (a VAE's batch has none to say)."""
+    from profiler.planner.fit import batch_text
+
+    args = ["fit", "--pipeline", "tiny-sd15", "--budget", "256MiB", "--backend", "sdpa", "--backend", "naive"]
+    assert main([*args, "--json", "--quiet"]) == 0
+    f = json.loads(capsys.readouterr().out)
+    sdpa, naive = f["backends"]
+    assert (sdpa["backend"], naive["backend"]) == ("sdpa", "naive") and f["budget_given"].startswith("256MiB = ")
+    assert naive["largest"][0] < sdpa["largest"][0] and naive["limited_by"] == "denoise"
+    assert main([*args, "--quiet"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines()[2:4]]
+    assert rows == [["sdpa", "x".join(map(str, sdpa["largest"])), sdpa["limited_by"]],
+                    ["naive", "x".join(map(str, naive["largest"])), "denoise"]]
+    assert out.count("the largest image whose every phase fits 256.0 MiB") == 2
+    assert main(["fit", "--model", "tiny-sd15", "--budget", "256MiB", "--backend", "sdpa", "--quiet"]) == 0
+    assert "tiny-sd15, float16, batch 1 (no classifier-free guidance; --batch 2 for it) on cuda" in \
+        capsys.readouterr().out
+    assert batch_text({"batch": 2, "kind": "unet"}) == "batch 2" and batch_text({"batch": 1, "kind": "vae"}) == \
+        "batch 1"
+
+
 def test_sdxl_tiled_decode_needs_less_at_2048():
     """SDXL's VAE (float32, as its config forces) at 2048x2048: tiled, the decode phase needs far less."""
     tiled, whole = (trace("sdxl-vae", 2048, 2048, 1, "float16", "cuda", ["sdpa"], settings=s)

@@ -42,7 +42,7 @@ class GenerationSpec:
     controlnet: bool = False
 
     def __post_init__(self):
-        name = self.pipeline if self.pipeline in VIDEO_PIPELINES else pipeline_name(self.pipeline)
+        name = pipeline_name(self.pipeline, tuple(VIDEO_PIPELINES))
         object.__setattr__(self, "pipeline", name)
         if self.steps < 1:
             raise InputError(f"--steps {self.steps}: a generation takes at least one step")
