@@ -864,9 +864,9 @@ def _add_record(sub) -> None:
                                    "the processors it loads), each in a process of its own, and profile every "
                                    "diffusers pipeline call in it: each attention call of each component, its step, "
                                    "time and (CUDA) peak; each component's forwards. Stored as one run, a cell per "
-                                   "backend (show, diff, report, the dashboard). The exit status is the script's; 130 when "
-                                   "interrupted (Ctrl-C), the cells recorded so far kept: --resume RUN finishes the "
-                                   "run.",
+                                   "backend (show, diff, report, the dashboard). The exit status is the script's; "
+                                   "130 when interrupted (Ctrl-C), the cells recorded so far kept: --resume RUN "
+                                   "finishes the run.",
                        epilog="example: attnprof record --backend sdpa --backend sliced -- docs/examples/generate.py "
                               "--steps 3")
     p.add_argument("--backend", action="append", help="run the script with this backend's processors, repeatable "

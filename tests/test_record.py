@@ -45,6 +45,9 @@ def test_record_runs_the_script_once_per_backend_into_one_run(tmp_path):
     m = run.manifest()
     assert [c["when"] for c in m["calibration"]] == ["start", "end"] * 2 and m["ended_at"] and not m["interrupted"]
     assert "StableDiffusionPipeline (sliced, 3 steps at 64x64, batch 2) took" in done.stdout
+    # a first run here: no stored run of either backend to calibrate on, so each time is the roofline floor
+    assert done.stderr.count("s predicted (the roofline floor, a lower bound) for this generation (tiny-sd15, "
+                             "64x64, 3 steps, ") == 2 and done.stderr.count("that floor)") == 2
 
 
 def test_the_exit_status_is_the_scripts(tmp_path):
@@ -164,3 +167,31 @@ def test_ctrl_c_leaves_an_interrupted_run_that_names_what_is_left_and_resumes(tm
     done = attnprof(*finish.split()[1:], env={**env, "ATTNPROF_FAULT_FACTOR": "0"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert list(run.cells()["backend"]) == ["fault-scaled"] and run.manifest()["interrupted"] is False
+
+
+def test_records_prediction_is_said_as_far_as_its_evidence_goes(monkeypatch, capsys):
+    """Before a generation record says what the time model predicts: a calibrated time with its expected
+    (leave-one-out) error; nothing but why where that error is over 50% (and no comparison after); the roofline
+    floor as 'at least'. The model's answers are given here (planner/generation.py is tested on its own)."""
+    import importlib.util
+
+    from profiler.planner import calibration, generation
+    from profiler.record import script
+
+    spec = importlib.util.spec_from_file_location("generate", SCRIPT)
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    pipe = gen.tiny_pipeline()
+    monkeypatch.setattr(calibration, "target", lambda *a, **k: ({}, None, None))
+    watch = script._Watch(None, False, None, quiet=False)
+    for kind, error, said in (
+            ("calibrated", 7.54, "predicted 2.57 s (expected error 8%, leave-one-out) for this generation"),
+            ("calibrated", None, "predicted 2.57 s (expected error unknown: one cell to calibrate on) for this"),
+            ("floor", None, "at least 2.57 s predicted (the roofline floor, a lower bound) for this generation"),
+            ("calibrated", 993.0, "no prediction for this generation (tiny-sd15, 64x64, 50 steps, sdpa): the "
+                                  "calibration's leave-one-out error is 993%, over 50% (calibrated on 5 cells)")):
+        unet = {"part": "denoise", "time_kind": kind, "time_error_pct": error, "source": "calibrated on 5 cells"}
+        monkeypatch.setattr(generation, "predict_generation", lambda *a, unet=unet: {"total_ms": 2570.0,
+                                                                                     "parts": [unet]})
+        eta = watch.predicted(pipe, (), {"height": 64, "width": 64})
+        assert (eta is None) == (error == 993.0) and said in capsys.readouterr().err

@@ -106,7 +106,7 @@ def _forward_part(part: str, model: str, spec: GenerationSpec, batch: int, setti
     return {"part": part, "model": model, "batch": batch, "forwards": forwards,
             "each_ms": t["predicted_forward_time_ms"], "total_ms": t["predicted_forward_time_ms"] * forwards,
             "attention_ms": t["predicted_attention_time_ms"] * forwards, "source": source,
-            "blocks": p["blocks"]}
+            "time_kind": t["time_kind"], "time_error_pct": t["time_error_pct"], "blocks": p["blocks"]}
 
 
 def _text_part(name: str, spec: GenerationSpec, limits: dict, calibration: dict | None) -> dict:

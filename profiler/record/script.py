@@ -211,19 +211,22 @@ class _Watch:
                     result = original(pipe, *args, **kwargs)
                 watch.profiles.append(prof)
                 if eta and not watch.quiet:
-                    print(f"attnprof record: the generation took {prof.wall_s:.2f} s, predicted {eta[0] / 1e3:.2f} s "
-                          f"({prof.wall_s * 1e3 / eta[0]:.2f}x)", file=sys.stderr)
+                    print(f"attnprof record: the generation took {prof.wall_s:.2f} s, {_eta_text(eta, False)} "
+                          f"({prof.wall_s * 1e3 / eta['total_ms']:.2f}x{' that floor' if _floor(eta) else ''})",
+                          file=sys.stderr)
                 return result
             finally:
                 watch.local.active = False
 
         owner.__call__ = __call__
 
-    def predicted(self, pipe, args: tuple, kwargs: dict) -> tuple[float, str] | None:
-        """The time model's prediction of the generation about to run, said on stderr: (ms, source), or None where
-        its pipeline is not one the planner knows. A prediction never stops the script."""
+    def predicted(self, pipe, args: tuple, kwargs: dict) -> dict | None:
+        """The time model's prediction of the generation about to run (planner/generation.py), said on stderr as far
+        as its evidence goes (_eta_text); None where its pipeline is not one the planner knows, or where its
+        calibration's expected error is over timing.MAX_ERROR_PCT (said so). A prediction never stops the script."""
         from ..planner import calibration
         from ..planner.generation import pipeline_spec, predict_generation
+        from ..planner.timing import MAX_ERROR_PCT, too_wrong
 
         try:
             spec = pipeline_spec(pipe, args, kwargs, self.backend)
@@ -233,17 +236,20 @@ class _Watch:
                 return None
             g = predict_generation(spec, *where, device)
         except Exception as e:  # noqa: BLE001 - the user's script runs whatever the model makes of it
-            if not self.quiet:
-                print(f"attnprof record: no prediction for this generation ({type(e).__name__}: {e})",
-                      file=sys.stderr)
+            self._say(f"no prediction for this generation ({type(e).__name__}: {e})")
             return None
-        source = g["parts"][-2]["source"] if len(g["parts"]) > 1 else ""
+        unet = _denoise(g)
+        what = f"{spec.pipeline}, {spec.width}x{spec.height}, {spec.steps} steps, {spec.backend}"
+        if too_wrong(unet):
+            self._say(f"no prediction for this generation ({what}): the calibration's leave-one-out error is "
+                      f"{unet['time_error_pct']:.0f}%, over {MAX_ERROR_PCT:.0f}% ({_short(unet['source'])})")
+            return None
+        self._say(f"{_eta_text(g)} for this generation ({what}; the U-Net's time from: {_short(unet['source'])})")
+        return g
+
+    def _say(self, line: str) -> None:
         if not self.quiet:
-            print(f"attnprof record: predicted {g['total_ms'] / 1e3:.2f} s for this generation ({spec.pipeline}, "
-                  f"{spec.width}x{spec.height}, {spec.steps} steps, {spec.backend}; the U-Net's time from: "
-                  f"{_short(g['parts'][[x['part'] for x in g['parts']].index('denoise')]['source'])})",
-                  file=sys.stderr)
-        return g["total_ms"], source
+            print(f"attnprof record: {line}", file=sys.stderr)
 
     def __exit__(self, *exc) -> None:
         from diffusers import DiffusionPipeline
@@ -251,6 +257,29 @@ class _Watch:
         DiffusionPipeline.register_modules = self.register
         for owner, original in self.wrapped.items():
             owner.__call__ = original
+
+
+def _denoise(g: dict) -> dict:
+    return next(x for x in g["parts"] if x["part"] == "denoise")
+
+
+def _floor(g: dict) -> bool:
+    return _denoise(g)["time_kind"] == "floor"
+
+
+def _eta_text(g: dict, error: bool = True) -> str:
+    """'predicted 2.57 s (expected error 8%, leave-one-out)' (error=False: without the error), or 'at least 0.01 s
+    predicted (the roofline floor, a lower bound)' where the U-Net's time is its floor (no stored run of this device
+    to calibrate on; error=False: 'at least 0.01 s predicted')."""
+    seconds, unet = g["total_ms"] / 1e3, _denoise(g)
+    if _floor(g):
+        return f"at least {seconds:.2f} s predicted" + (" (the roofline floor, a lower bound)" if error else "")
+    pct = unet["time_error_pct"]
+    if unet["time_kind"] != "calibrated" or not error:
+        return f"predicted {seconds:.2f} s"
+    known = f"expected error {pct:.0f}%, leave-one-out" if pct is not None else \
+        "expected error unknown: one cell to calibrate on"
+    return f"predicted {seconds:.2f} s ({known})"
 
 
 def _short(source: str) -> str:

@@ -337,8 +337,10 @@ def _facts(target, session: Session, prof: Profile) -> dict:
     latent = session.facts.get("latent")
     scale = getattr(target, "vae_scale_factor", 8)
     steps = prof.generations["steps"].iloc[0] if len(prof.generations) else 0
-    return {"generations": len(prof.generations), "pipeline": type(target).__name__, "denoiser": f"{type(denoiser).__name__} {digest}" if denoiser is not None
-            else None, "source": getattr(getattr(denoiser, "config", None), "_name_or_path", None) or None, "batch": latent[0] if latent else 1, "width": latent[3] * scale if latent else 0,
+    return {"generations": len(prof.generations), "pipeline": type(target).__name__,
+            "denoiser": f"{type(denoiser).__name__} {digest}" if denoiser is not None else None,
+            "source": getattr(getattr(denoiser, "config", None), "_name_or_path", None) or None,
+            "batch": latent[0] if latent else 1, "width": latent[3] * scale if latent else 0,
             "height": latent[2] * scale if latent else 0, "dtype": session.facts.get("dtype", "float32"),
             "steps": int(steps), "guidance": getattr(target, "_guidance_scale", None),
             "scheduler": type(getattr(target, "scheduler", None)).__name__ if hasattr(target, "scheduler") else None,

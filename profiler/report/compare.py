@@ -126,7 +126,8 @@ def time_verdict(a: list[float], b: list[float], threshold: float,
 
 def _unjudged(a: list[float], b: list[float], qa: tuple, qb: tuple, machine: tuple[float, float]) -> str:
     """Why two cells' samples cannot be judged at all, whatever their change: too few of them, spread too wide
-    (the runs named, the wider one's IQR over its median said), or a machine that moved past MACHINE_LIMIT either way; '' where they can be."""
+    (the runs named, the wider one's IQR over its median said), or a machine that moved past MACHINE_LIMIT either
+    way; '' where they can be."""
     if min(len(a), len(b)) < MIN_SAMPLES:
         return f"too few samples: {len(a)} in A, {len(b)} in B"
     spread = {run: (q3 - q1) / med if med else float("inf") for run, (q1, med, q3) in (("A", qa), ("B", qb))}
