@@ -55,8 +55,9 @@ def _add_shape_args(p, sizes_default=("512x512",), model_required: bool = True):
 def _add_settings_args(p):
     """The model's settings (profiler.spec.SETTINGS) as flags: each applies to one kind of model."""
     g = p.add_argument_group("model settings (a U-Net's; a video U-Net's; a VAE's)")
-    g.add_argument("--controlnet", action="store_true", default=None,
-                   help="U-Net: run its ControlNet beside it, as a pipeline step does")
+    g.add_argument("--controlnet", nargs="?", const=True, default=None, metavar="DIR",
+                   help="U-Net: run a ControlNet beside it, as a pipeline step does: the registry's of the U-Net, or "
+                        "with DIR your own (the folder ControlNetModel.save_pretrained wrote, or its config.json)")
     g.add_argument("--ip-adapter-tokens", type=int, metavar="N",
                    help="U-Net: IP-Adapter's image tokens in every cross-attention (4: IP-Adapter, 16: plus)")
     g.add_argument("--tome", type=float, metavar="RATIO", help="U-Net: Token Merging at this ratio, e.g. 0.5")
@@ -78,6 +79,14 @@ def _settings(args, model: str) -> tuple:
 
     given = {n: getattr(args, n) for n in SETTINGS if getattr(args, n, None) is not None}
     return check_settings(model, given)
+
+
+def _pipeline_controlnet(args) -> bool:
+    """--controlnet with --pipeline: the pipeline's registry ControlNet (a folder of one's own goes with --model)."""
+    if isinstance(args.controlnet, str):
+        raise InputError(f"--controlnet {args.controlnet} goes with --model (a U-Net beside its ControlNet): with "
+                         "--pipeline, --controlnet alone runs the pipeline's own ControlNet")
+    return bool(args.controlnet)
 
 
 def _dtype(args, device: str, say: bool = False) -> str:
@@ -149,7 +158,7 @@ def _plan_generation(args) -> int:
     options = check_options(backend, _backend_options(args.option))
     steps, guidance = 30 if args.steps is None else args.steps, 7.5 if args.guidance is None else args.guidance
     specs = [GenerationSpec(args.pipeline, w, h, steps, guidance, args.frames, backend, options, dtype, batch,
-                            bool(args.controlnet)) for w, h in sizes]
+                            _pipeline_controlnet(args)) for w, h in sizes]
     if args.gpu:
         from . import gpus
 
@@ -215,10 +224,10 @@ def _step_time(args, result: dict, dtype: str, batch: int) -> str:
     if where is None or not result.get("largest"):
         return ""
     unet = PIPELINES[pipeline_name(args.pipeline)]["unet"]
-    settings = check_settings(unet, {"controlnet": bool(args.controlnet), "ip_adapter_tokens": args.ip_adapter_tokens
-                                     or 0, "tome": args.tome or 0.0})
+    settings = check_settings(unet, {"controlnet": _pipeline_controlnet(args), "ip_adapter_tokens":
+                                     args.ip_adapter_tokens or 0, "tome": args.tome or 0.0})
     p = timing.walked_plan(unet, *result["largest"], batch * (2 if args.cfg else 1), dtype, settings)
-    t = timing.predict(p, (args.backend or ["sdpa"])[0], {}, *where, args.device)
+    t = timing.predict(p, result["backend"], {}, *where, args.device)
     result["predicted_step_time_ms"] = t["predicted_forward_time_ms"]
     return (f"\ntime per denoising step at {p['width']}x{p['height']}: {t['predicted_forward_time_ms']:,.1f} ms "
             f"({t['time_source']})")
@@ -300,7 +309,7 @@ def _fit_pipelines(args, budget: int, dtype: str, batch: int, aspect, say) -> tu
     results = []
     for backend in dict.fromkeys(args.backend or ["sdpa"]):
         spec = PipelineSpec(args.pipeline, budget, backend, dtype, batch, args.cfg, args.offload,
-                            vae_tiling=bool(args.vae_tiling), controlnet=bool(args.controlnet),
+                            vae_tiling=bool(args.vae_tiling), controlnet=_pipeline_controlnet(args),
                             ip_adapter_tokens=args.ip_adapter_tokens or 0, tome=args.tome or 0.0, aspect=aspect,
                             buckets=args.buckets, device=args.device, gpu_arch=args.gpu_arch)
         results.append(fit_pipeline(spec, say))
