@@ -229,8 +229,9 @@ def test_help_describes_the_command_and_points_to_its_docs(capsys, command, says
 
 
 def test_show_names_the_error_reference_and_marks_the_cell_that_is_it(capsys, dashboard_results):
-    """sdpa in float32 is the reference: its error is 0 by construction, said as such, not as 0.0e+00."""
-    code, out, _ = run(capsys, "show", "latest", "--results", str(dashboard_results))
+    """sdpa in float32 is the reference: its error is 0 by construction, said as such, not as 0.0e+00; the legend
+    (--legend) names the reference."""
+    code, out, _ = run(capsys, "show", "latest", "--results", str(dashboard_results), "--legend")
     assert code == 0
     sdpa = [ln for ln in out.splitlines() if " sdpa " in ln and " ok " in ln]
     assert sdpa and all("0 (= ref)" in ln for ln in sdpa)

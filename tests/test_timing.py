@@ -303,7 +303,8 @@ def test_the_sweeps_predicted_total_and_its_end_summary():
     text = timing.sweep_text(calibrated, 5, {"cell_s": 3.0, "run_s": 4.0, "cells": 7, "runs": 2})
     assert text.startswith("predicted: 2 cells; about 12 s in all, expected error up to 12% (leave-one-out): 2.0 s "
                            "of forwards") and "7 cells in 2" in text
-    wild = {**calibrated, "c": {**predicted["b"], "time_source": "sliced: calibrated on 3 cells", "time_error_pct": 993}}
+    wild = {**calibrated, "c": {**predicted["b"], "time_source": "sliced: calibrated on 3 cells",
+                                "time_error_pct": 993}}
     assert timing.sweep_text(wild, 5).split("; ")[-1] == ("no time for sliced (1 cell): its calibration's "
                                                          "leave-one-out error is 993%, over 50%")
     assert "about 2.0 s of forwards" in timing.sweep_text(wild, 5)  # its total leaves sliced's out
@@ -325,7 +326,7 @@ def test_the_sweeps_predicted_total_and_its_end_summary():
         "  sdpa 256x64: no prediction (its calibration's leave-one-out error 993% is over 50%); measured attention "
         "30, forward 90"]
     two = pd.concat([cells.assign(model="tiny-sd15", settings="{}"),
-                     cells.assign(model="tiny-vae", settings='{"controlnet": "tiny-sd15-controlnet"}')])
+                     cells.assign(model="tiny-vae", settings='{"controlnet": true}')])
     assert timing.format_versus(two).splitlines()[1:] == [  # where models or settings vary, each row names them
         "  sdpa tiny-sd15 (none)      64x64: attention 20 vs 30 (1.50x), forward 60 vs 90 (1.50x)",
         "  sdpa tiny-vae (controlnet) 64x64: attention 20 vs 30 (1.50x), forward 60 vs 90 (1.50x)"]
