@@ -55,8 +55,9 @@ def _add_shape_args(p, sizes_default=("512x512",), model_required: bool = True):
 def _add_settings_args(p):
     """The model's settings (profiler.spec.SETTINGS) as flags: each applies to one kind of model."""
     g = p.add_argument_group("model settings (a U-Net's; a video U-Net's; a VAE's)")
-    g.add_argument("--controlnet", action="store_true", default=None,
-                   help="U-Net: run its ControlNet beside it, as a pipeline step does")
+    g.add_argument("--controlnet", nargs="?", const=True, default=None, metavar="DIR",
+                   help="U-Net: run a ControlNet beside it, as a pipeline step does: the registry's of the U-Net, or "
+                        "with DIR your own (the folder ControlNetModel.save_pretrained wrote, or its config.json)")
     g.add_argument("--ip-adapter-tokens", type=int, metavar="N",
                    help="U-Net: IP-Adapter's image tokens in every cross-attention (4: IP-Adapter, 16: plus)")
     g.add_argument("--tome", type=float, metavar="RATIO", help="U-Net: Token Merging at this ratio, e.g. 0.5")
@@ -78,6 +79,14 @@ def _settings(args, model: str) -> tuple:
 
     given = {n: getattr(args, n) for n in SETTINGS if getattr(args, n, None) is not None}
     return check_settings(model, given)
+
+
+def _pipeline_controlnet(args) -> bool:
+    """--controlnet with --pipeline: the pipeline's registry ControlNet (a folder of one's own goes with --model)."""
+    if isinstance(args.controlnet, str):
+        raise InputError(f"--controlnet {args.controlnet} goes with --model (a U-Net beside its ControlNet): with "
+                         "--pipeline, --controlnet alone runs the pipeline's own ControlNet")
+    return bool(args.controlnet)
 
 
 def _dtype(args, device: str, say: bool = False) -> str:
@@ -149,7 +158,7 @@ def _plan_generation(args) -> int:
     options = check_options(backend, _backend_options(args.option))
     steps, guidance = 30 if args.steps is None else args.steps, 7.5 if args.guidance is None else args.guidance
     specs = [GenerationSpec(args.pipeline, w, h, steps, guidance, args.frames, backend, options, dtype, batch,
-                            bool(args.controlnet)) for w, h in sizes]
+                            _pipeline_controlnet(args)) for w, h in sizes]
     if args.gpu:
         from . import gpus
 
@@ -215,10 +224,10 @@ def _step_time(args, result: dict, dtype: str, batch: int) -> str:
     if where is None or not result.get("largest"):
         return ""
     unet = PIPELINES[pipeline_name(args.pipeline)]["unet"]
-    settings = check_settings(unet, {"controlnet": bool(args.controlnet), "ip_adapter_tokens": args.ip_adapter_tokens
-                                     or 0, "tome": args.tome or 0.0})
+    settings = check_settings(unet, {"controlnet": _pipeline_controlnet(args), "ip_adapter_tokens":
+                                     args.ip_adapter_tokens or 0, "tome": args.tome or 0.0})
     p = timing.walked_plan(unet, *result["largest"], batch * (2 if args.cfg else 1), dtype, settings)
-    t = timing.predict(p, (args.backend or ["sdpa"])[0], {}, *where, args.device)
+    t = timing.predict(p, result["backend"], {}, *where, args.device)
     result["predicted_step_time_ms"] = t["predicted_forward_time_ms"]
     return (f"\ntime per denoising step at {p['width']}x{p['height']}: {t['predicted_forward_time_ms']:,.1f} ms "
             f"({t['time_source']})")
@@ -273,20 +282,7 @@ def cmd_fit(args) -> int:
     say = (lambda line: None) if args.quiet else (lambda line: print(f"attnprof fit: {line}", file=sys.stderr,
                                                                      flush=True))
     if args.pipeline:
-        from .planner.pipeline import PipelineSpec, fit_pipeline, format_pipeline
-
-        if args.backend and len(args.backend) > 1:
-            raise InputError("--pipeline takes one --backend (every phase runs it; default sdpa)")
-        vae = [f"--vae-{n}" for n in ("part", "slicing", "upcast") if getattr(args, f"vae_{n}") is not None]
-        if vae:
-            raise InputError(f"{vae[0]} is for --model NAME-vae: a pipeline decodes as its VAE config says "
-                             "(give --vae-tiling for a tiled decode)")
-        spec = PipelineSpec(args.pipeline, budget, (args.backend or ["sdpa"])[0], dtype, batch, args.cfg,
-                            args.offload, vae_tiling=bool(args.vae_tiling), controlnet=bool(args.controlnet),
-                            ip_adapter_tokens=args.ip_adapter_tokens or 0, tome=args.tome or 0.0, aspect=aspect,
-                            buckets=args.buckets, device=args.device, gpu_arch=args.gpu_arch)
-        result = fit_pipeline(spec, say)
-        text = format_pipeline(result) + _step_time(args, result, dtype, batch)
+        result, text = _fit_pipelines(args, budget, dtype, batch, aspect, say)
     elif args.size:  # a video model at one size: the most frames
         from .planner.fit import format_most_frames, most_frames
 
@@ -306,6 +302,33 @@ def cmd_fit(args) -> int:
     else:
         print(text)
     return 0
+
+
+def _fit_pipelines(args, budget: int, dtype: str, batch: int, aspect, say) -> tuple:
+    """fit --pipeline, once per --backend (every phase runs it; default sdpa): (the result, or with several backends
+    {"backends": [one result each]}; the text: each one's, after a line per backend with its answer)."""
+    from .fmt import table
+    from .planner.pipeline import PipelineSpec, fit_pipeline, format_pipeline
+
+    vae = [f"--vae-{n}" for n in ("part", "slicing", "upcast") if getattr(args, f"vae_{n}") is not None]
+    if vae:
+        raise InputError(f"{vae[0]} is for --model NAME-vae: a pipeline decodes as its VAE config says "
+                         "(give --vae-tiling for a tiled decode)")
+    results = []
+    for backend in dict.fromkeys(args.backend or ["sdpa"]):
+        spec = PipelineSpec(args.pipeline, budget, backend, dtype, batch, args.cfg, args.offload,
+                            vae_tiling=bool(args.vae_tiling), controlnet=_pipeline_controlnet(args),
+                            ip_adapter_tokens=args.ip_adapter_tokens or 0, tome=args.tome or 0.0, aspect=aspect,
+                            buckets=args.buckets, device=args.device, gpu_arch=args.gpu_arch)
+        results.append(fit_pipeline(spec, say))
+    texts = [format_pipeline(r) + _step_time(args, r, dtype, batch) for r in results]
+    if len(results) == 1:
+        return results[0], texts[0]
+    size = lambda s: f"{s[0]}x{s[1]}" if s else "none"  # noqa: E731
+    rows = [{"backend": r["backend"], "largest": size(r.get("largest")), "limited by": r.get("limited_by") or "-"}
+            for r in results]
+    head = "" if args.buckets else f"{table(rows, [(c, c) for c in rows[0]])}\n\n"
+    return {"backends": results}, head + "\n\n".join(texts)
 
 
 def _gpu_arch(args) -> None:
@@ -531,15 +554,36 @@ def cmd_runs(args) -> int:
 
 def cmd_record(args) -> int:
     from .record.script import record
-    from .report.show import format_run
+    from .report.show import format_run, resume_record
     from .store import Run
 
     from .fmt import terminal_width
 
+    if args.resume and args.script:
+        raise InputError("--resume finishes a run with its own script and arguments: give no script after it")
+    if not args.resume and not args.script:
+        raise InputError("record needs the script to run: attnprof record -- generate.py --steps 30")
     say = None if args.quiet else (lambda line: print(f"attnprof record: {line}", file=sys.stderr, flush=True))
-    code, path = record(args.script, args.args, args.backend or [], Path(args.out), args.trace, say)
-    print(format_run(Run.open(path), terminal_width()))
+    if say:
+        _record_options_after(args.args, say)
+    code, path = record(args.script, args.args, args.backend or [], Path(args.out), args.trace, say, args.resume)
+    if path is None:
+        return code
+    run = Run.open(path)
+    print(format_run(run, terminal_width()))
+    if code == 130:
+        print(f"attnprof record: interrupted: the cells recorded so far are kept; finish it with: "
+              f"{resume_record(run)}", file=sys.stderr)
     return code
+
+
+def _record_options_after(args: list[str], say) -> None:
+    """A word after the script that is one of record's own options goes to the script, as the convention says;
+    said once, since the user may have meant it for record."""
+    own = [a for a in args if a.split("=")[0] in ("--out", "--backend", "--trace", "--quiet", "--resume")]
+    if own:
+        say(f"{', '.join(own)} after the script go{'es' if len(own) == 1 else ''} to the script, not to record: "
+            "put record's options before the script (attnprof record --out DIR -- SCRIPT.py ARGS)")
 
 
 def cmd_show(args) -> int:
@@ -548,12 +592,12 @@ def cmd_show(args) -> int:
 
     from .fmt import terminal_width
 
-    print(format_run(find_run(args.results, args.run), None if args.wide else terminal_width()))
+    print(format_run(find_run(args.results, args.run), None if args.wide else terminal_width(), args.legend))
     return 0
 
 
 def cmd_diff(args) -> int:
-    from .report.compare import compare, format_diff, summary
+    from .report.compare import compare, exit_status, format_diff, summary
     from .store import find_run
 
     if not 0 <= args.threshold < 1:
@@ -568,7 +612,7 @@ def cmd_diff(args) -> int:
         print()
     else:
         print(format_diff(a.id, b.id, result, args.threshold))
-    return 1 if s["regressions"] else 0
+    return exit_status(s)
 
 
 def cmd_report(args) -> int:
@@ -733,7 +777,7 @@ def _add_fit(sub) -> None:
     p.add_argument("--model", help=MODEL_HELP)
     _add_pickle_arg(p)
     p.add_argument("--pipeline", metavar="NAME", help="a whole generation instead of one model: sd15, sdxl (or "
-                                                      "sdxl-base), tiny-sd15")
+                                                      "sdxl-base), tiny-sd15; once per --backend")
     p.add_argument("--cfg", action=argparse.BooleanOptionalAction, default=True,
                    help="with --pipeline: classifier-free guidance, the U-Net and text at twice the batch (default on)")
     p.add_argument("--offload", choices=["none", "model", "sequential"], default="none",
@@ -849,7 +893,9 @@ def _add_record(sub) -> None:
                                    "the processors it loads), each in a process of its own, and profile every "
                                    "diffusers pipeline call in it: each attention call of each component, its step, "
                                    "time and (CUDA) peak; each component's forwards. Stored as one run, a cell per "
-                                   "backend (show, diff, report, the dashboard). The exit status is the script's.",
+                                   "backend (show, diff, report, the dashboard). The exit status is the script's; "
+                                   "130 when interrupted (Ctrl-C), the cells recorded so far kept: --resume RUN "
+                                   "finishes the run.",
                        epilog="example: attnprof record --backend sdpa --backend sliced -- docs/examples/generate.py "
                               "--steps 3")
     p.add_argument("--backend", action="append", help="run the script with this backend's processors, repeatable "
@@ -858,7 +904,9 @@ def _add_record(sub) -> None:
     p.add_argument("--trace", action="store_true", help="also a Chrome / Perfetto trace of each generation, each "
                                                         "attention call a range named by its block and shape")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    p.add_argument("script", metavar="SCRIPT.py", help="the script to run (after --)")
+    p.add_argument("--resume", metavar="RUN", help="finish an interrupted record run (under --out): its script, with "
+                                                   "its arguments, for each backend it has no cell of")
+    p.add_argument("script", metavar="SCRIPT.py", nargs="?", help="the script to run (after --)")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments")
     p.set_defaults(func=cmd_record)
 
@@ -875,6 +923,7 @@ def _add_show(sub) -> None:
     p.add_argument("--results", default="results", help="results folder (default results)")
     p.add_argument("--wide", action="store_true", help="every column, whatever the terminal's width (default: fit "
                                                        "$COLUMNS, or 120)")
+    p.add_argument("--legend", action="store_true", help="also what each column of the cells' table is")
     p.set_defaults(func=cmd_show)
 
 
@@ -916,14 +965,18 @@ def _add_jobs(sub) -> None:
 
 
 def _add_diff(sub) -> None:
-    from .report.compare import THRESHOLD, rule_text
+    from .report.compare import NOT_JUDGED_EXIT, THRESHOLD, rule_text
 
-    p = sub.add_parser("diff", help="run B against run A, cell by cell; exit 1 on a regression (for CI)",
+    p = sub.add_parser("diff", help="run B against run A, cell by cell; exit 1 on a regression, "
+                                    f"{NOT_JUDGED_EXIT} where a time is not judged (for CI)",
                        description="Cells matched on model, size, batch, dtype and backend with options; per cell the "
                                    "time and peak-memory ratio of B to A and a verdict, regression or improvement by "
                                    f"the noise rule: {rule_text()}; anything else "
                                    "is within noise. "
-                                   "Exit code 1 when any regression is found, else 0.")
+                                   "Exit code 1 when any regression is found, else "
+                                   f"{NOT_JUDGED_EXIT} when any cell's time is not judged (too few samples, too "
+                                   "noisy, or the machine moved: a CI gate must not pass it silently), else 0; 2 on "
+                                   "bad input.")
     p.add_argument("run_a", metavar="RUN_A", help="the baseline: run id, unique prefix, 'latest' or a folder")
     p.add_argument("run_b", metavar="RUN_B", help="the run judged against it")
     p.add_argument("--results", default="results", help="results folder (default results)")

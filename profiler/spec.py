@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Callable, NamedTuple
@@ -49,6 +50,18 @@ def _flag(v):
         return str(v).lower() == "true"
 
 
+def _flag_or_path(v):
+    """true or false, or a path (a ControlNet of one's own: its folder or config.json, checked where models are
+    known: workload.check_settings)."""
+    flag = _flag(v)
+    return flag if flag is not None else v if isinstance(v, str) and v.strip() else None
+
+
+def _controlnet_words(v) -> str:
+    return "controlnet" if v is True else f"controlnet {os.path.basename(str(v).rstrip('/'))}" if v else \
+        "no controlnet"
+
+
 def _count(v):
     if isinstance(v, int) and not isinstance(v, bool) and v >= 0 or str(v).isdigit():
         return int(v)
@@ -80,8 +93,8 @@ COMPILE_MODES = ("none", "regional", "full")
 VAE_PARTS = ("decoder", "encoder")
 VIDEO = "video"  # in a Setting's kinds: every kind whose record takes frames (kinds.Kind.frames)
 SETTINGS = {  # everything the code knows of a model's setting, one entry each
-    "controlnet": Setting(("unet",), False, "true or false", _flag,
-                          lambda v: "controlnet" if v else "no controlnet"),
+    "controlnet": Setting(("unet",), False, "true or false (the registry's ControlNet of the U-Net), or a "
+                          "ControlNet's own folder or config.json", _flag_or_path, _controlnet_words),
     "ip_adapter_tokens": Setting(("unet",), 0, "a whole number of image tokens >= 0 (4: IP-Adapter, 16: IP-Adapter "
                                  "plus)", _count, lambda v: f"ip-adapter {v} tokens"),
     "tome": Setting(("unet",), 0.0, "a merge ratio from 0 up to (not including) 1, e.g. 0.5", _ratio,

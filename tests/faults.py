@@ -93,7 +93,10 @@ class Aborts:
 class Scaled:
     """Runs SDPA, then waits SCALED_MS x $ATTNPROF_FAULT_FACTOR (default 1) on every call: a backend made slower by
     a set factor (at 2, twice as slow: the wait is most of each call at tiny-sd15's sizes), whatever the machine's
-    load. The runs compared keep one backend name and so one cell to match."""
+    load. The runs compared keep one backend name and so one cell to match. With $ATTNPROF_FAULT_SWING=S, the calls
+    of every other U-Net forward (SWING_CALLS calls each: tiny-sd15's) wait S times as long: samples that swing."""
+
+    calls = 0  # in this process
 
     def __call__(self, attn, hidden_states, *args, **kwargs):
         import time
@@ -101,10 +104,13 @@ class Scaled:
         from diffusers.models.attention_processor import AttnProcessor2_0
 
         out = AttnProcessor2_0()(attn, hidden_states, *args, **kwargs)
-        time.sleep(SCALED_MS / 1e3 * float(os.environ.get("ATTNPROF_FAULT_FACTOR", "1")))
+        swing = float(os.environ.get("ATTNPROF_FAULT_SWING", "1")) if (Scaled.calls // SWING_CALLS) % 2 else 1.0
+        Scaled.calls += 1
+        time.sleep(SCALED_MS / 1e3 * float(os.environ.get("ATTNPROF_FAULT_FACTOR", "1")) * swing)
         return out
 
 
+SWING_CALLS = 32  # a tiny-sd15 forward's attention calls
 SCALED_MS = 40.0  # a call's own work (SDPA at tiny sizes, the recorder, the scheduler's delays under load) is a
 # few ms: the wait is most of each call, so that a ratio of two runs' times is the ratio of their waits
 

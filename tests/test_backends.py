@@ -190,9 +190,10 @@ def test_adding_a_backend_is_one_entry(capsys, monkeypatch, tmp_path):
         cells, blocks = transforms.load_run(run)
         assert cells["status"].tolist() == ["ok"] and len(blocks) == 32 and (blocks["status"] == "ok").all()
         assert cells["family"].tolist() == ["materialised"] and cells["backend_label"].tolist() == ["textbook(spare=3)"]
-        assert main(["show", "latest", "--results", str(tmp_path)]) == 0
+        assert main(["show", "latest", "--results", str(tmp_path), "--wide"]) == 0
         shown = capsys.readouterr().out
-        assert "textbook(spare=3)" in shown and "materialised" in shown
+        row = next(line for line in shown.splitlines() if line.startswith("tiny-sd15") and "textbook(spare=3)" in line)
+        assert " materialised " in row  # its family column
     finally:
         backends.BACKENDS.pop("textbook", None)
 
@@ -305,3 +306,43 @@ def test_processor_in_a_tiny_unet_matches_another_implementation(tiny_sd15, name
         tiny_sd15.set_attn_processor(originals)
     assert type(backends.make_processor(name, **options)) is not other
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_the_names_a_user_imports_come_from_profiler_and_old_paths_warn_for_one_release(tmp_path):
+    """`from profiler import Backend, register, make_processor, profile, plan, fit` in a fresh process: the real
+    objects, no warning, no torch imported by `import profiler`. A plugin written to the last release's docs
+    (`from profiler.backends import Backend, register`, before the move to profiler/attention/) still registers its
+    backend, which `attnprof plan` then plans, with one FutureWarning naming the new path."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    code = ("import sys, profiler\n"
+            "assert 'torch' not in sys.modules\n"
+            "from profiler import Backend, register, make_processor, profile, plan, fit\n"
+            "import profiler.attention.backends as b, profiler.record.session as s, profiler.api as api\n"
+            "assert (Backend, register, make_processor) == (b.Backend, b.register, b.make_processor)\n"
+            "assert (profile, plan, fit) == (s.profile, api.plan, api.fit)\n"
+            "assert type(make_processor('sliced', slice_size=2)).__name__ == 'SlicedAttnProcessor'\n"
+            "print(len(plan('tiny-sd15', '64x64', backend='sdpa').blocks))\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{repo}"}
+    done = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "32", done.stderr[-2000:]
+    (tmp_path / "oldplugin.py").write_text(
+        "from profiler.backends import Backend, register\n"
+        "from diffusers.models.attention_processor import AttnProcessor2_0\n"
+        "register(Backend('oldpath', 'fused exact', 'a plugin of the last release', factory=AttnProcessor2_0, "
+        "memory_like='sdpa'))\n")
+    done = subprocess.run([sys.executable, "-m", "profiler", "plan", "--model", "tiny-sd15", "--size", "64x64",
+                           "--backend", "oldpath", "--json"], capture_output=True, text=True, timeout=300,
+                          env={**env, "ATTNPROF_PLUGINS": "oldplugin"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    (planned,) = json.loads(done.stdout)
+    assert planned["backend"] == "oldpath" and len(planned["blocks"]) == 32
+    warned = [line for line in done.stderr.splitlines() if "FutureWarning" in line]
+    assert warned == [f"{tmp_path / 'oldplugin.py'}:1: FutureWarning: profiler.backends is now "
+                      "profiler.attention.backends (from profiler import Backend); the old path goes in the next "
+                      "release"]

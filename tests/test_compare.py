@@ -43,11 +43,38 @@ def test_the_noise_rule(a, b, ratio, verdict):
 
 @pytest.mark.parametrize("a, b", [([10.0], [5.0]), ([10.0], [20.0]), ([10.0, 10.1], [20.0, 20.1]),
                                   ([10.0, 10.1, 10.2], [20.0, 20.1])])
-def test_too_few_samples_are_within_noise_and_say_so(a, b):
-    """One sample has an interquartile range of zero, so any change would pass the rule: a CI gate would flap."""
+def test_too_few_samples_are_not_judged_and_say_so(a, b):
+    """One sample has an interquartile range of zero, so any change would pass the rule (a CI gate would flap), and
+    none can say two runs are the same either."""
     ratio, verdict, note = time_verdict(a, b, 0.05)
-    assert ratio == pytest.approx(sum(b) / len(b) / (sum(a) / len(a))) and verdict == SAME
+    assert ratio == pytest.approx(sum(b) / len(b) / (sum(a) / len(a))) and verdict == NOT_JUDGED
     assert note == f"too few samples: {len(a)} in A, {len(b)} in B" and MIN_SAMPLES == 3
+
+
+SWUNG = [30.0, 45.0, 84.5, 400.0, 1400.0, 60.0, 90.0, 700.0]  # 30 ms to 1.4 s: IQR 56.25 to 475, median 87.25
+TENFOLD = [s * 10.6 for s in SWUNG]  # 10.6x slower, spread alike
+
+
+@pytest.mark.parametrize("a, b, note", [
+    (SWUNG, TENFOLD, "not judged (too noisy: IQR 480% of the median in A and B)"),  # their IQRs overlap
+    ([84.0, 84.5, 85.0], TENFOLD, "not judged (too noisy: IQR 480% of the median in B)"),
+    (SWUNG, SWUNG, "not judged (too noisy: IQR 480% of the median in A and B)"),  # no change, nothing to tell it by
+    ([10.0, 10.0, 20.0, 20.0], [15.0, 15.0, 15.0], "not judged (too noisy: IQR 67% of the median in A)"),
+])
+def test_samples_spread_over_half_their_median_are_not_judged(a, b, note):
+    """The issue's cell: 8 samples from 30 ms to 1.4 s in each run, B 10.6x slower; their IQRs overlap, which the
+    plain rule read as "within noise". Samples that spread so far are no evidence of sameness: not judged, the
+    IQR's share of the median said."""
+    assert time_verdict(a, b, 0.05)[1:] == (NOT_JUDGED, note)
+    assert time_verdict([10.0, 12.0, 14.9], [10.0, 12.0, 14.9], 0.05)[1] == SAME  # IQR 41% of the median: judged
+
+
+@pytest.mark.parametrize("factor", [0.1, 10.0, 10.6])
+@pytest.mark.parametrize("machine", [(1.0, 1.0), (1.3, 1.2), (2.0, 1.8), (0.9, 0.3)])
+@pytest.mark.parametrize("a", [SWUNG, [84.0, 84.5, 85.0], [84.5], [84.5, 84.6]])
+def test_a_tenfold_change_is_never_within_noise(a, factor, machine):
+    b = [x * factor for x in a]
+    assert time_verdict(a, b, 0.05, machine)[1] != SAME
 
 
 @pytest.mark.parametrize("a, b, verdict", [
@@ -79,12 +106,13 @@ def test_cells_are_matched_on_their_spec_and_the_unmatched_are_listed():
     assert m.loc[("sdpa", 512), ["time_verdict", "peak_verdict", "verdict"]].tolist() == [SAME, REGRESSION,
                                                                                           REGRESSION]
     assert m.loc[("split", 512), "verdict"] == REGRESSION and m.loc[("subquad", 512), "verdict"] == IMPROVEMENT
-    assert m.loc[("naive", 1024), ["time_verdict", "peak_verdict", "verdict"]].tolist() == [SAME, IMPROVEMENT,
+    assert m.loc[("naive", 1024), ["time_verdict", "peak_verdict", "verdict"]].tolist() == [NOT_JUDGED, IMPROVEMENT,
                                                                                            IMPROVEMENT]
     assert r["only_a"]["backend_options"].tolist() == ['{"slice_size": 1}']
     assert r["only_b"]["backend_options"].tolist() == ['{"slice_size": 4}']
     assert summary(r) == {"matched": 5, "regressions": 3, "improvements": 2, "within_noise": 0, "not_judged": 0,
-                          "too_few_samples": 1, "only_a": 1, "only_b": 1}  # naive 1024: two samples
+                          "too_few_samples": 1, "times_not_judged": 1, "only_a": 1,
+                          "only_b": 1}  # naive 1024: two samples, its time not judged
 
 
 SLOWER = [9.8, 9.9, 10.0, 10.1, 10.2], [10.8, 10.9, 11.0, 11.1, 11.2]  # 10% slower; IQRs [9.9, 10.1], [10.9, 11.1]
@@ -108,6 +136,10 @@ FASTER = [10.0, 10.1, 10.2], [8.0, 8.08, 8.16]  # 20% faster; IQRs [10.05, 10.15
     # a machine that was slower never widens an improvement, nor a faster one a regression
     (*FASTER, (1.4, 1.01), IMPROVEMENT, ""),
     (*SLOWER, (0.99, 0.7), REGRESSION, ""),
+    # but past 50% either way the guard looks both ways: no verdict at all, nor "within noise"
+    (*SLOWER, (0.99, 0.6), NOT_JUDGED, "not judged: the machine was 67% faster in B"),
+    (*FASTER, (1.6, 1.01), NOT_JUDGED, "not judged: the machine was 60% slower in B"),
+    (SLOWER[0], SLOWER[0], (1.0, 0.5), NOT_JUDGED, "not judged: the machine was 100% faster in B"),
 ])
 def test_the_machine_s_own_speed_widens_or_refuses_a_verdict(a, b, machine, verdict, note):
     assert time_verdict(a, b, 0.05, machine)[1:] == (verdict, note)
@@ -162,6 +194,25 @@ def test_diff_exits_1_on_a_regression_and_0_otherwise(tmp_path, capsys):
     assert main(["diff", "a", "nope", "--results", str(tmp_path)]) == 2
 
 
+def test_diff_exits_3_where_a_time_is_not_judged_and_never_calls_a_tenfold_change_the_same(tmp_path, capsys):
+    """The issue's two runs: each cell's 8 samples swung 30 ms to 1.4 s; naive 10.6x slower in B, sdpa 7.7x faster.
+    Neither is within noise: both not judged (too noisy), said in the row and the summary, and diff exits 3 (not 0,
+    not 1: a CI gate that passes on 0 stops here). On the CPU a recorded cell has no peak: '-', never 'nanx'."""
+    _run(tmp_path, "a", [cell("naive", SWUNG, peak=None), cell("sdpa", [x * 7.7 for x in SWUNG], peak=None)])
+    _run(tmp_path, "b", [cell("naive", TENFOLD, peak=None), cell("sdpa", SWUNG, peak=None)])
+    assert main(["diff", "a", "b", "--results", str(tmp_path)]) == 3
+    out = capsys.readouterr().out
+    rows = {line.split()[4]: line for line in out.splitlines() if line.startswith("sd15 ")}
+    assert "10.600x" in rows["naive"] and "0.130x" in rows["sdpa"] and "nan" not in out
+    assert all("not judged (too noisy: IQR 480% of the median in A and B)" in r and "within noise" not in r
+               for r in rows.values())
+    assert "2 cells matched: 0 regressions, 0 improvements, 0 within noise, 2 not judged (too noisy" in out
+    _run(tmp_path, "c", [cell("naive", [x * 10 for x in TWICE[0]], peak=None), cell("sdpa", [1.0, 1.0, 1.0])])
+    _run(tmp_path, "d", [cell("naive", [x * 10 for x in TWICE[1]], peak=None), cell("sdpa", [1.0, 1.0])])
+    assert main(["diff", "c", "d", "--results", str(tmp_path)]) == 1  # a regression outranks a time not judged
+    assert main(["diff", "c", "c", "--results", str(tmp_path)]) == 0
+
+
 def test_diff_names_the_machine_the_environment_and_the_settings_of_every_row(tmp_path, capsys):
     controlnet = '{"controlnet": true}'
     _run(tmp_path, "a", [cell("naive", TWICE[0]), cell("naive", SLOWER[0], settings=controlnet)], [10.0, 10.5])
@@ -177,7 +228,7 @@ def test_diff_names_the_machine_the_environment_and_the_settings_of_every_row(tm
     assert "regression" in rows["-"] and "torch_threads 1 -> 2" in rows["-"]
     assert "not judged: the machine was 20% slower in B" in rows["controlnet"]
     assert "1 regressions, 0 improvements, 0 within noise, 1 not judged" in out
-    assert main(["diff", "b", "a", "--results", str(tmp_path), "--json"]) == 0  # faster: no regression
+    assert main(["diff", "b", "a", "--results", str(tmp_path), "--json"]) == 3  # no regression; one not judged
     data = json.loads(capsys.readouterr().out)
     assert data["machine"] == [pytest.approx(10.5 / 11.5), pytest.approx(10.0 / 12.0)]  # B: 10 and 10.5 now
     assert data["summary"]["improvements"] == 1 and data["summary"]["not_judged"] == 1

@@ -70,6 +70,9 @@ def test_a_generation_plan_refuses_bad_input_in_one_line(capsys):
     assert main(["plan", "--pipeline", "sd15", "--frames", "16", "--size", "512x512", "--gpu", "A100"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "animatediff-sd15" in err
+    assert main(["plan", "--pipeline", "sd-nope", "--size", "512x512", "--gpu", "A100"]) == 2
+    assert capsys.readouterr().err.strip() == ("attnprof: error: unknown pipeline 'sd-nope': use sd15, sdxl, tiny-sd15, "
+                                               "animatediff-sd15 (or sdxl-base for sdxl)")  # every one plan takes
     with pytest.raises(InputError, match="no ControlNet"):
         GenerationSpec("animatediff-sd15", 512, 512, controlnet=True)
 

@@ -139,6 +139,101 @@ def test_fit_a_whole_generation_names_the_phase_that_limits(capsys):
     assert f"is {w}x{h}" in out and f"limited by: the {f['limited_by']} phase" in out
 
 
+def test_fit_a_whole_generation_for_several_backends_and_a_forward_at_batch_1_names_guidance(capsys):
+    """fit --pipeline takes several backends, as fit --model does: one answer each (the tiny pipeline in 256 MiB:
+    naive's tables stop its U-Net long before sdpa's), a line per backend first; fit --model at batch 1 says that
+    it holds no classifier-free guidance, and how to ask for it (a VAE's batch has none to say)."""
+    from profiler.planner.fit import batch_text
+
+    args = ["fit", "--pipeline", "tiny-sd15", "--budget", "256MiB", "--backend", "sdpa", "--backend", "naive"]
+    assert main([*args, "--json", "--quiet"]) == 0
+    f = json.loads(capsys.readouterr().out)
+    sdpa, naive = f["backends"]
+    assert (sdpa["backend"], naive["backend"]) == ("sdpa", "naive") and f["budget_given"].startswith("256MiB = ")
+    assert naive["largest"][0] < sdpa["largest"][0] and naive["limited_by"] == "denoise"
+    assert main([*args, "--quiet"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines()[2:4]]
+    assert rows == [["sdpa", "x".join(map(str, sdpa["largest"])), sdpa["limited_by"]],
+                    ["naive", "x".join(map(str, naive["largest"])), "denoise"]]
+    assert out.count("the largest image whose every phase fits 256.0 MiB") == 2
+    assert main(["fit", "--model", "tiny-sd15", "--budget", "256MiB", "--backend", "sdpa", "--quiet"]) == 0
+    assert "tiny-sd15, float16, batch 1 (no classifier-free guidance; --batch 2 for it) on cuda" in \
+        capsys.readouterr().out
+    assert batch_text({"batch": 2, "kind": "unet"}) == "batch 2" and batch_text({"batch": 1, "kind": "vae"}) == \
+        "batch 1"
+
+
+# A ControlNet for tiny-sd15 at a depth of its own: no attention at its finest level, two transformer layers a block
+# at the next two (tiny-sd15: one, at three levels), as SDXL's small and mid ControlNets differ from their U-Net's
+OWN_CONTROLNET = dict(in_channels=4, down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D",
+                                                       "DownBlock2D"],
+                      block_out_channels=[32, 64, 64, 64], layers_per_block=2, cross_attention_dim=32,
+                      attention_head_dim=8, norm_num_groups=8, transformer_layers_per_block=[1, 2, 2, 1],
+                      conditioning_embedding_out_channels=[8, 16, 32, 64])
+SHAPE = ("block", "kind", "batch", "heads", "head_dim", "tokens_q", "tokens_k")
+
+
+def _real_calls(folder) -> tuple[list[tuple], list[tuple]]:
+    """The attention calls of a real forward at 64x64: the ControlNet loaded from its folder by diffusers, then
+    tiny-sd15's U-Net with its residuals, as a pipeline's step runs them, each recorded call by call."""
+    import diffusers
+
+    from profiler.attention.recorder import Recorder
+    from profiler.unet.models import resolve
+
+    cn = diffusers.ControlNetModel.from_pretrained(folder).eval()
+    unet = diffusers.UNet2DConditionModel(**resolve("tiny-sd15").config).eval()
+    g = torch.Generator().manual_seed(0)
+    inputs = {"sample": torch.randn(1, 4, 8, 8, generator=g), "timestep": torch.tensor([500]),
+              "encoder_hidden_states": torch.randn(1, 77, 32, generator=g)}
+    with torch.no_grad(), Recorder(cn) as rc, Recorder(unet) as ru:
+        down, mid = cn(**inputs, controlnet_cond=torch.randn(1, 3, 64, 64, generator=g), return_dict=False)
+        unet(**inputs, down_block_additional_residuals=down, mid_block_additional_residual=mid)
+    return [tuple(r[k] for k in SHAPE) for r in rc.rows], [tuple(r[k] for k in SHAPE) for r in ru.rows]
+
+
+def test_a_controlnet_of_ones_own_at_another_depth_plans_and_runs_with_its_own_calls(tmp_path, capsys):
+    """A ControlNet folder saved by diffusers (ControlNetModel.save_pretrained: a config with no up blocks), at a
+    depth other than its U-Net's: plan --model DIR gives its own 18 calls (a ControlNet built from the U-Net would
+    make 14); beside the U-Net (--model tiny-sd15 --controlnet DIR) plan and run give its 18 and the U-Net's 32, in
+    the order a step runs them, each held against a real forward of the models diffusers loads. A ControlNet whose
+    residuals cannot fit the U-Net's blocks, or a model that is no ControlNet, is one line."""
+    import diffusers
+
+    from profiler.store import list_runs
+
+    folder = tmp_path / "my-controlnet"
+    torch.manual_seed(0)
+    diffusers.ControlNetModel(**OWN_CONTROLNET).save_pretrained(folder)
+    controlnet, unet = _real_calls(folder)
+    assert len(controlnet) == 18 and len(unet) == 32
+
+    def planned(*args) -> list[tuple]:
+        assert main(["plan", *args, "--size", "64x64", "--json"]) == 0
+        return [tuple(b[k] for k in SHAPE) for b in json.loads(capsys.readouterr().out)[0]["blocks"]]
+
+    assert planned("--model", str(folder)) == controlnet
+    beside = [(f"controlnet.{c[0]}", *c[1:]) for c in controlnet] + unet
+    assert planned("--model", "tiny-sd15", "--controlnet", str(folder)) == beside
+    assert main(["run", "--model", "tiny-sd15", "--controlnet", str(folder), "--size", "64x64", "--backend", "sdpa",
+                 "--device", "cpu", "--dtype", "float32", "--repeats", "1", "--warmup", "0", "--in-process",
+                 "--quiet", "--out", str(tmp_path / "runs")]) == 0
+    cells, blocks = Run.open(list_runs(tmp_path / "runs")[0]).read()
+    assert cells["status"].tolist() == ["ok"] and cells["settings_label"].tolist() == ["controlnet my-controlnet"]
+    assert [tuple(b[k] for k in SHAPE) for b in blocks.sort_values("call_index").to_dict("records")] == beside
+    capsys.readouterr()
+    wide = json.loads((folder / "config.json").read_text()) | {"block_out_channels": [32, 64, 64, 128]}
+    (tmp_path / "wide.json").write_text(json.dumps(wide))
+    assert main(["plan", "--model", "tiny-sd15", "--controlnet", str(tmp_path / "wide.json")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"attnprof: error: --controlnet {tmp_path / 'wide.json'}: its block_out_channels [32, 64, 64, 128] differs "
+        "from the U-Net's [32, 64, 64, 64]: a ControlNet's residuals add to the U-Net's down blocks, so they must "
+        "match")
+    assert main(["plan", "--model", "tiny-sd15", "--controlnet", "tiny-vae"]) == 2
+    assert "--controlnet tiny-vae: a vae, not a ControlNet" in capsys.readouterr().err
+
+
 def test_sdxl_tiled_decode_needs_less_at_2048():
     """SDXL's VAE (float32, as its config forces) at 2048x2048: tiled, the decode phase needs far less."""
     tiled, whole = (trace("sdxl-vae", 2048, 2048, 1, "float16", "cuda", ["sdpa"], settings=s)

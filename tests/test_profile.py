@@ -92,6 +92,40 @@ def test_a_generation_is_recorded_call_by_call_and_its_images_do_not_change(tmp_
     assert re.search(r"text_encoder +CLIPTextModel +2 +[\d.]+ ms +[\d.]+% +4 +[\d.]+ ms", shown), shown
 
 
+def test_each_pipeline_call_in_one_block_is_a_generation_with_its_own_steps_and_time(tmp_path, capsys):
+    """Two pipeline calls in one `profile` block (3 steps at 64x64, then 2 at 48x48): generations 0 and 1, the
+    U-Net's steps 0..2 and 0..1, each call's own wall time; the run's header, show and the findings name two
+    generations with those times, and the denoiser's 5 forwards; show's legend only with --legend."""
+    from profiler.cli import main
+    from profiler.fmt import generations_text
+    from profiler.store import Run
+
+    pipe = gen.tiny_pipeline()
+    with profile(pipe, out=tmp_path) as prof:
+        gen.generate(pipe, steps=3)
+        gen.generate(pipe, steps=2, size=48)
+    unet = prof.calls[prof.calls["component"] == "unet"]
+    assert unet.groupby("generation")["step"].agg(lambda s: sorted(set(s))).to_dict() == {0: [0, 1, 2], 1: [0, 1]}
+    assert unet.groupby("generation").size().to_dict() == {0: 3 * CALLS, 1: 2 * CALLS}
+    vae = prof.calls[prof.calls["component"] == "vae"]
+    assert vae["generation"].tolist() == [0, 1] and vae["tokens_q"].tolist() == [64, 36]
+    walls = prof.generations["wall_s"].tolist()
+    assert prof.generations["steps"].tolist() == [3, 2] and all(w > 0 for w in walls)
+    assert sum(walls) <= prof.wall_s and prof.facts["steps"] == 3 and prof.facts["generations"] == 2
+    said = generations_text([3, 2], walls)
+    assert said.startswith("2 generations (3 and 2 steps), ") and f"{walls[0]:.2f} s and {walls[1]:.2f} s" in said
+    assert said in str(prof)
+    cell = Run.open(prof.run_dir).cells().iloc[0]
+    assert list(cell["generation_times_s"]) == walls and cell["generations"] == 2
+    assert main(["show", str(prof.run_dir), "--results", str(tmp_path)]) == 0
+    shown = " ".join(capsys.readouterr().out.split())  # unwrapped
+    assert f"StableDiffusionPipeline (loaded at 64x64, batch 2): {said} ({prof.wall_s:.2f} s in all); 5 denoiser " \
+           "forwards of" in shown  # the findings
+    assert f"StableDiffusionPipeline, loaded (AttnProcessor2_0 x34): {said}, scheduler DDIMScheduler" in shown
+    assert "(attnprof show --legend says what each column is)" in shown and "Rows by family" not in shown
+    assert main(["show", str(prof.run_dir), "--legend"]) == 0 and "Rows by family" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("kind", ["pag", "pix2pix"])
 def test_pag_and_instructpix2pix_are_recorded_with_their_batch_of_three(kind):
     """Perturbed-attention guidance with guidance (PAG sets its own processors on its layers mid-call) and
@@ -142,11 +176,27 @@ def test_a_lora_loaded_through_diffusers_fused_or_not(fused):
 
 
 def test_a_backend_is_swapped_in_for_the_generation_and_the_users_processors_come_back():
-    pipe = gen.tiny_pipeline()
-    before = dict(pipe.unet.attn_processors)
-    with profile(pipe, out=None, backend="sliced") as prof:
-        gen.generate(pipe, steps=3)
-    assert _same_processors(before, pipe.unet.attn_processors)
+    """sliced's processors (diffusers' SlicedAttnProcessor, taking the VAE's temb) give the images diffusers' own
+    give, with no warning on any call (diffusers' warns that it drops temb at every VAE decode)."""
+    import logging
+
+    from diffusers.models.attention_processor import SlicedAttnProcessor
+
+    said = []
+    heard = logging.Handler(logging.WARNING)
+    heard.emit = lambda record: said.append(record.getMessage())
+    logging.getLogger("diffusers").addHandler(heard)  # diffusers' root logger does not propagate
+    try:
+        pipe = gen.tiny_pipeline()
+        before = dict(pipe.unet.attn_processors)
+        with profile(pipe, out=None, backend="sliced") as prof:
+            images = gen.generate(pipe, steps=3)
+        assert not [m for m in said if "temb" in m] and _same_processors(before, pipe.unet.attn_processors)
+        for part in (pipe.unet, pipe.vae):
+            part.set_attn_processor(SlicedAttnProcessor(1))
+        assert np.array_equal(images, gen.generate(pipe, steps=3)) and [m for m in said if "temb" in m]
+    finally:
+        logging.getLogger("diffusers").removeHandler(heard)
     assert prof.facts["processors"] == "SlicedAttnProcessor x34" and prof.facts["backend"] == "sliced"
     assert len(prof.calls[prof.calls["component"] == "text_encoder"]) == 4  # CLIP's, run as transformers runs it
     assert any(n.startswith("text_encoder's attention (CLIP's, x2) runs as transformers runs it") for n in prof.notes)

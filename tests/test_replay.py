@@ -67,7 +67,7 @@ def test_a_runs_replay_gives_the_gap_to_the_same_calls_inside_the_model(traced_r
     naive = mine.loc["naive"]  # its memory model, less the Q, K and V that exist before the call here (to 64 B)
     assert (naive["peak_mem_bytes"] - naive["predicted_peak_bytes"]).abs().le(64).all()
     assert "-" not in [row.split()[-1] for row in _table_rows(printed, "tiny-sd15 64x64 batch 1 float32 naive")]
-    assert main(["diff", str(measured.path), str(replayed.path), "--results", str(out), "--json"]) in (0, 1)
+    assert main(["diff", str(measured.path), str(replayed.path), "--results", str(out), "--json"]) in (0, 1, 3)
     assert '"matched": 2' in capsys.readouterr().out  # diff matches the replay's cells with the run's
 
 

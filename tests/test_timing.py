@@ -285,19 +285,33 @@ def test_attach_carries_the_prediction_and_ratio():
 
 
 def test_the_sweeps_predicted_total_and_its_end_summary():
+    """What a sweep prints before and after, as far as each prediction is evidence: the roofline floor as "at
+    least", a calibrated time with its expected (leave-one-out) error, none where that error is over 50%; the cells
+    the run holds beside those it runs."""
     import pandas as pd
 
-    predicted = {"a": {"predicted_forward_time_ms": 100.0, "time_source": "naive: roofline bound"},
-                 "b": {"predicted_forward_time_ms": 300.0, "time_source": "sdpa: calibrated on 2 cells"}}
-    text = timing.sweep_text(predicted, 5)  # 5 forwards a cell: (100 + 300) ms x 5 = 2 s
-    assert text.startswith("predicted: 2 cells, 2.0 s of forwards (5 a cell")
-    assert "naive: roofline bound; sdpa: calibrated on 2 cells" in text and "not counted" in text
-    shared = {**predicted, "c": {"predicted_forward_time_ms": 0.0, "time_source": "split: roofline bound"}}
-    assert timing.sweep_text(shared, 5).endswith("forwards from naive, split: roofline bound; sdpa: calibrated on 2 "
-                                                 "cells")  # a source once, its backends named together
+    floor = {"time_kind": "floor", "time_error_pct": None}
+    predicted = {"a": {"predicted_forward_time_ms": 100.0, "time_source": "naive: roofline bound", **floor},
+                 "b": {"predicted_forward_time_ms": 300.0, "time_source": "sdpa: calibrated on 2 cells",
+                       "time_kind": "calibrated", "time_error_pct": 12.4}}
+    text = timing.sweep_text(predicted, 5, cells=3)  # 5 forwards a cell: (100 + 300) ms x 5 = 2 s
+    assert text.startswith("predicted: 3 cells, 2 to run (1 recorded without running: unavailable here or over the "
+                           "memory budget); at least 2.0 s of forwards (5 a cell: warm-up, timed and probe), 1 of the "
+                           "2 cells' forwards by the roofline floor alone, a lower bound; ")
+    assert text.endswith("forwards from naive: roofline bound; sdpa: calibrated on 2 cells")
+    first = timing.sweep_text({"a": predicted["a"]}, 5)  # a first run on a new machine: floors alone
+    assert first.startswith("predicted: 1 cells; at least 0.5 s of forwards (5 a cell: warm-up, timed and probe), "
+                            "each the roofline floor, a lower bound") and "forwards from" not in first
+    calibrated = {**predicted, "a": {**predicted["a"], "time_kind": "calibrated", "time_error_pct": 7.0}}
     # with what this device's finished runs took beyond their forwards: 2 s + 2 x 3 s + 4 s
-    text = timing.sweep_text(predicted, 5, {"cell_s": 3.0, "run_s": 4.0, "cells": 7, "runs": 2})
-    assert text.startswith("predicted: 2 cells, about 12 s in all: 2.0 s of forwards") and "7 cells in 2" in text
+    text = timing.sweep_text(calibrated, 5, {"cell_s": 3.0, "run_s": 4.0, "cells": 7, "runs": 2})
+    assert text.startswith("predicted: 2 cells; about 12 s in all, expected error up to 12% (leave-one-out): 2.0 s "
+                           "of forwards") and "7 cells in 2" in text
+    wild = {**calibrated, "c": {**predicted["b"], "time_source": "sliced: calibrated on 3 cells",
+                                "time_error_pct": 993}}
+    assert timing.sweep_text(wild, 5).split("; ")[-1] == ("no time for sliced (1 cell): its calibration's "
+                                                         "leave-one-out error is 993%, over 50%")
+    assert "about 2.0 s of forwards" in timing.sweep_text(wild, 5)  # its total leaves sliced's out
     cells = pd.DataFrame([{"status": "ok", "backend": "sdpa", "width": 64, "height": 64, "attention_time_ms": 30.0,
                            "forward_time_ms": 90.0, "predicted_attention_time_ms": 20.0,
                            "predicted_forward_time_ms": 60.0},
@@ -306,12 +320,40 @@ def test_the_sweeps_predicted_total_and_its_end_summary():
                            "predicted_forward_time_ms": 9.0}])
     lines = timing.format_versus(cells).splitlines()
     assert len(lines) == 2  # the oom cell has no measurement to set against its prediction
-    assert lines[1] == "  sdpa 64x64: attention 20 vs 30 (1.50x), forward 60 vs 90 (1.50x)"
+    assert lines[1] == "  sdpa 64x64: attention 20 vs 30 (1.50x), forward 60 vs 90 (1.50x)"  # a run of before
+    kinds = pd.concat([cells.iloc[:1].assign(width=w, **kind) for w, kind in (
+        (64, floor), (128, {"time_kind": "calibrated", "time_error_pct": 8.2}),
+        (256, {"time_kind": "calibrated", "time_error_pct": 993.0}))])
+    assert timing.format_versus(kinds).splitlines()[1:] == [
+        "  sdpa 64x64: attention at least 20 vs 30 (1.50x the floor), forward at least 60 vs 90 (1.50x the floor)",
+        "  sdpa 128x64: attention 20 vs 30 (1.50x), forward 60 vs 90 (1.50x); expected error 8%",
+        "  sdpa 256x64: no prediction (its calibration's leave-one-out error 993% is over 50%); measured attention "
+        "30, forward 90"]
     two = pd.concat([cells.assign(model="tiny-sd15", settings="{}"),
-                     cells.assign(model="tiny-vae", settings='{"controlnet": "tiny-sd15-controlnet"}')])
+                     cells.assign(model="tiny-vae", settings='{"controlnet": true}')])
     assert timing.format_versus(two).splitlines()[1:] == [  # where models or settings vary, each row names them
         "  sdpa tiny-sd15 (none)      64x64: attention 20 vs 30 (1.50x), forward 60 vs 90 (1.50x)",
         "  sdpa tiny-vae (controlnet) 64x64: attention 20 vs 30 (1.50x), forward 60 vs 90 (1.50x)"]
+
+
+def test_a_first_run_on_a_new_machine_prints_its_floors_as_at_least(tmp_path):
+    """attnprof run into an empty results folder (no stored run of this device to calibrate on): the start line
+    counts the cells it holds and the one it runs (xformers is unavailable on the CPU), its time "at least", the
+    roofline floor; the end table sets "at least" against the measurement."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-m", "profiler", "run", "--model", "tiny-sd15", "--size", "64x64",
+                           "--backend", "sdpa", "--backend", "xformers", "--device", "cpu", "--dtype", "float32",
+                           "--repeats", "3", "--warmup", "0", "--in-process", "--out", str(tmp_path)], cwd=repo,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "attnprof: predicted: 2 cells, 1 to run (1 recorded without running: unavailable here or over the memory " \
+           "budget); at least " in done.stderr and ", each the roofline floor, a lower bound" in done.stderr
+    row = next(line for line in done.stdout.splitlines() if line.startswith("  sdpa 64x64: "))
+    assert row.startswith("  sdpa 64x64: attention at least ") and "the floor), forward at least " in row
 
 
 def test_calibration_skips_cells_it_cannot_sample(tmp_path):

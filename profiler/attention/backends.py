@@ -178,7 +178,7 @@ BACKENDS: MutableMapping[str, Backend] = _Registry((
     Backend("naive", MATERIALISED, "diffusers AttnProcessor: baddbmm + softmax, the whole score table materialised",
             factory=_made_by(_DIFFUSERS, "AttnProcessor"), model="naive", added_kv=True),
     Backend("sliced", CHUNKED, "diffusers SlicedAttnProcessor: slice_size (batch*heads) rows of tables at a time",
-            {"slice_size": 1}, factory=_made_by(_DIFFUSERS, "SlicedAttnProcessor"), model="sliced"),
+            {"slice_size": 1}, factory=_made_by(_OURS, "sliced"), model="sliced"),
     Backend("split", CHUNKED, "query chunks sized so one chunk's score table fits budget_bytes (ComfyUI's split)",
             {"budget_bytes": 64 * MiB}, factory=_made_by(_OURS, "SplitProcessor"), model="split"),
     Backend("subquad", CHUNKED, "sub-quadratic attention (Rabe & Staats 2021): query and key chunks, running "

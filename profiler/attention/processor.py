@@ -7,6 +7,7 @@ Shapes: B batch, h heads, d head_dim, C = h*d, Tq / Tk query / key tokens, n = B
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -82,6 +83,28 @@ class SubQuadProcessor(HeadsProcessor):
 
     def core(self, q, k, v, mask, scale, score_dtype):
         return subquad_attention(q, k, v, mask, scale, self.query_chunk, self.key_chunk, score_dtype)
+
+
+@functools.cache
+def _sliced_class() -> type:
+    from diffusers.models.attention_processor import SlicedAttnProcessor as Diffusers
+
+    class SlicedAttnProcessor(Diffusers):
+        """diffusers' SlicedAttnProcessor, whose __call__ takes temb: a VAE's attention passes it to every processor
+        and diffusers warns on each call of one that lacks it (every VAE decode, under sliced); applied through the
+        spatial norm where the module has one, as AttnProcessor does."""
+
+        def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None):
+            if attn.spatial_norm is not None:
+                hidden_states = attn.spatial_norm(hidden_states, temb)
+            return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask)
+
+    return SlicedAttnProcessor
+
+
+def sliced(slice_size: int):
+    """The sliced backend's processor: diffusers' SlicedAttnProcessor (a subclass of that name) that takes temb."""
+    return _sliced_class()(slice_size)
 
 
 _SDP_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,

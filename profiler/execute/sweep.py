@@ -178,7 +178,8 @@ def _run_pending(pending: list[CellSpec], run, sweep: Sweep, executor: Executor,
     (model, dtype, device)) on the executor, each cell with its extra (groups.py): its predictions, the device's
     limits for its dtype and its predicted times."""
     pre, predicted = preflight(pending, budget, force, executor.availability)
-    times = _predicted_times([c for c in pending if c.cell_id not in pre], limits, sweep, progress, run)
+    times = _predicted_times([c for c in pending if c.cell_id not in pre], limits, sweep, progress, run,
+                             len(pending))
     extra = {c.cell_id: {**predicted[c.cell_id], **cell_peaks(limits, c.dtype), **times.get(c.cell_id, {})}
              for c in pending}
     for c in [c for c in pending if c.cell_id in pre]:
@@ -198,21 +199,25 @@ def _calibrate(run, executor, device: str, when: str) -> None:
     run.update_manifest(calibration=[*run.manifest().get("calibration", []), found])
 
 
-def _predicted_times(cells: list[CellSpec], limits: dict, sweep: Sweep, say: bool, run=None) -> dict[str, dict]:
+def _predicted_times(cells: list[CellSpec], limits: dict, sweep: Sweep, say: bool, run=None,
+                     holds: int | None = None) -> dict[str, dict]:
     """Each cell's predicted time (planner/timing.py), and the sweep's total printed (stderr, beside the progress bar)
-    before the first cell and kept in the manifest (predicted_wall_s) for the end's comparison."""
+    before the first cell, with the cells the run holds (`holds`) and those it runs, and kept in the manifest
+    (predicted_wall_s; predicted_wall_floor where a cell's time is the roofline floor) for the end's comparison:
+    none where a cell has no time to print (its calibration's error over timing.MAX_ERROR_PCT)."""
     from ..planner.calibration import harness_overhead, predict_cells
-    from ..planner.timing import predicted_wall_s, sweep_text
+    from ..planner.timing import predicted_wall_s, sweep_text, too_wrong
 
     times = predict_cells(cells, limits, Path(sweep.out))
     if times:
         overhead = harness_overhead(Path(sweep.out), limits["device_limits"]["key"])
         per_cell = sweep.warmup + sweep.repeats + 1
         if run is not None and overhead:  # a resumed run's wall time spans its attempts: nothing to set it against
-            resumed = "predicted_wall_s" in run.manifest()
-            run.update_manifest(predicted_wall_s=None if resumed else predicted_wall_s(times, per_cell, overhead))
+            whole = "predicted_wall_s" not in run.manifest() and not any(map(too_wrong, times.values()))
+            run.update_manifest(predicted_wall_s=predicted_wall_s(times, per_cell, overhead) if whole else None,
+                                predicted_wall_floor=any(t["time_kind"] == "floor" for t in times.values()))
         if say:
-            print(f"attnprof: {sweep_text(times, per_cell, overhead)}", file=sys.stderr, flush=True)
+            print(f"attnprof: {sweep_text(times, per_cell, overhead, holds)}", file=sys.stderr, flush=True)
     return times
 
 

@@ -353,6 +353,7 @@ def predict_cells(cells: list, limits: dict, results: Path) -> dict[str, dict]:
         out[c.cell_id] = {"predicted_forward_time_ms": t["predicted_forward_time_ms"],
                           "predicted_attention_time_ms": t["predicted_attention_time_ms"],
                           "time_source": f"{t['time_backend']}: {t['time_source']}",
+                          "time_kind": t["time_kind"], "time_error_pct": t["time_error_pct"],
                           "predicted_call_times_ms": [r["predicted_time_ms"] for r in p["blocks"]],
                           "roofline_call_times_ms": [r["roofline_time_ms"] for r in p["blocks"]]}
     return out

@@ -127,7 +127,8 @@ def fit_many(model: str, budgets: list[int], names: list[str] | None = None, dty
     runs = [n for n in names if how_traced(n, device, compute) is not None]
     gpu = devices.gpu_target(gpu_arch) if device == "cuda" else None
     exact = _Exact(model, batch, dtype, device, runs, say, gpu, settings)
-    base = {"model": model, "dtype": dtype, "batch": batch, "device": device, "aspect": f"{aspect[0]}:{aspect[1]}",
+    base = {"model": model, "kind": Workload(model, settings).kind.name, "dtype": dtype, "batch": batch,
+            "device": device, "aspect": f"{aspect[0]}:{aspect[1]}",
             "buckets": buckets, "verified": verify, "gpu": gpu.describe() if gpu else None,
             "settings": dict(settings)}
     if buckets:
@@ -291,11 +292,21 @@ def distinct(entries: list[dict]) -> list[dict]:
     return list(rows.values())
 
 
+GUIDED = ("unet", "controlnet", "animatediff", "svd")  # the kinds a pipeline runs at twice the batch under guidance
+
+
+def batch_text(f: dict) -> str:
+    """'batch 2', or at batch 1 of a denoiser 'batch 1 (no classifier-free guidance; --batch 2 for it)': a pipeline
+    under guidance runs the U-Net on the prompt and the negative prompt at once."""
+    guided = f["batch"] == 1 and f.get("kind") in GUIDED
+    return f"batch {f['batch']}" + (" (no classifier-free guidance; --batch 2 for it)" if guided else "")
+
+
 def format_fit(f: dict, every: bool = False) -> str:
     """The fit as a table: one row per distinct kernel and answer (distinct), or every backend with every=True."""
     f = {**f, "backends": f["backends"] if every else distinct(f["backends"])}
     on = f"{f['device']} ({f['gpu']})" if f.get("gpu") else f["device"]
-    head = (f"{f['model']}, {f['dtype']}, batch {f['batch']} on {on}: the largest image whose forward fits "
+    head = (f"{f['model']}, {f['dtype']}, {batch_text(f)} on {on}: the largest image whose forward fits "
             f"{human_bytes(f['budget_bytes'])}")
     if f["buckets"]:
         rows = []

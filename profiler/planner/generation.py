@@ -42,7 +42,7 @@ class GenerationSpec:
     controlnet: bool = False
 
     def __post_init__(self):
-        name = self.pipeline if self.pipeline in VIDEO_PIPELINES else pipeline_name(self.pipeline)
+        name = pipeline_name(self.pipeline, tuple(VIDEO_PIPELINES))
         object.__setattr__(self, "pipeline", name)
         if self.steps < 1:
             raise InputError(f"--steps {self.steps}: a generation takes at least one step")
@@ -113,7 +113,7 @@ def _forward_part(part: str, model: str, spec: GenerationSpec, batch: int, setti
            "each_ms": t["predicted_forward_time_ms"], "total_ms": t["predicted_forward_time_ms"] * forwards,
            "attention_ms": t["predicted_attention_time_ms"] * forwards,
            "source": calibration["summary"] if t["time_published"] else t["time_source"],
-           "blocks": p["blocks"]}
+           "time_kind": t["time_kind"], "time_error_pct": t["time_error_pct"], "blocks": p["blocks"]}
     if "bound" in t:
         out.update(gpu_ms=t["predicted_gpu_time_ms"], host_ms=t["predicted_host_time_ms"],
                    graph_ms=t["predicted_graph_time_ms"], bound=t["bound"])

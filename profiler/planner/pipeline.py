@@ -41,11 +41,12 @@ PIPELINES = {
 PIPELINE_ALIASES = {"sdxl-base": "sdxl", "sd15-pipeline": "sd15"}  # the U-Net's registry name names its pipeline
 
 
-def pipeline_name(name: str) -> str:
-    """A pipeline by its name or its U-Net's (sdxl-base: sdxl); one line naming the known ones otherwise."""
-    found = name if name in PIPELINES else PIPELINE_ALIASES.get(name)
+def pipeline_name(name: str, also: tuple[str, ...] = ()) -> str:
+    """A pipeline by its name or its U-Net's (sdxl-base: sdxl), or one of `also` (the video pipelines, where the
+    command takes them); one line naming every one it takes otherwise."""
+    found = name if name in PIPELINES or name in also else PIPELINE_ALIASES.get(name)
     if found is None:
-        raise InputError(f"unknown pipeline {name!r}: use {', '.join(PIPELINES)} (or sdxl-base for sdxl)")
+        raise InputError(f"unknown pipeline {name!r}: use {', '.join([*PIPELINES, *also])} (or sdxl-base for sdxl)")
     return found
 # ../shared/reference/pipeline_configs.json: text_encoders
 TEXT_ENCODERS = {

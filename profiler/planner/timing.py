@@ -303,6 +303,7 @@ def predict(p: dict, backend: str, options: dict, limits: dict, calibration: dic
                              source_text(fitted, gpu, cal.get("device"), published)) +
              passed_text(cal.get("passed_over")),
              "time_calibrated": calibrated, "time_published": bool(published),
+             **time_kind(fitted, cal, calibrated),
              "time_limits": {"peak_flops_per_s": dev.flops, "peak_bytes_per_s": dev.bandwidth,
                              "key": limits.get("device_limits", {}).get("key")}, "rest_ops": len(w["rest"]),
              **host_times(cal.get("host"), attention + rest, w)}
@@ -322,6 +323,24 @@ def host_times(host: dict | None, gpu_ms: float, w: dict) -> dict:
     return {"predicted_forward_time_ms": b["eager_ms"], "predicted_gpu_time_ms": b["gpu_ms"],
             "predicted_host_time_ms": b["host_ms"], "predicted_graph_time_ms": b["graph_ms"], "bound": b["bound"],
             "host_source": host["source"]}
+
+
+MAX_ERROR_PCT = 50.0  # a calibrated prediction whose expected (leave-one-out) error is over this is not printed
+
+
+def time_kind(fitted: dict | None, calibration: dict, calibrated: bool | None = None) -> dict:
+    """What a predicted time is, for printing it: time_kind "floor" (the roofline bound: a lower bound, no
+    evidence of the real time), "calibrated" (fitted on stored runs; time_error_pct its expected error, the
+    leave-one-out error of the forward where known, else of the attention; None with one cell) or "published"
+    (a GPU's published figures and efficiencies). calibrated: whether anything fitted the prediction (a GPU's kernel
+    fits count), where that is more than `fitted`."""
+    if not (fitted if calibrated is None else calibrated):
+        return {"time_kind": "floor", "time_error_pct": None}
+    if calibration.get("published"):
+        return {"time_kind": "published", "time_error_pct": None}
+    error = fitted.get("loo_forward_error_pct") if isinstance(fitted, dict) else None
+    fallback = fitted.get("loo_error_pct") if isinstance(fitted, dict) else None
+    return {"time_kind": "calibrated", "time_error_pct": fallback if error is None else error}
 
 
 def format_times(t: dict) -> list[tuple[str, str]]:
@@ -353,22 +372,66 @@ def walked_plan(model: str, width: int, height: int, batch: int, dtype: str, set
             "settings": dict(settings), "totals": {}, "blocks": copy.deepcopy(rows)}
 
 
-def sweep_text(predicted: dict[str, dict], forwards_per_cell: int, overhead: dict | None = None) -> str:
-    """The line a sweep prints before its first cell: its whole expected wall time where this device's stored runs
-    say what a cell and a run take beyond their forwards (harness_overhead), else its forwards'."""
+def sweep_text(predicted: dict[str, dict], forwards_per_cell: int, overhead: dict | None = None,
+               cells: int | None = None) -> str:
+    """The line a sweep prints before its first cell: the cells it holds (`cells`) and those it runs (predicted's),
+    and their expected wall time as far as the evidence goes: "about" with the expected error where every cell's
+    time is calibrated, "at least" where any is the roofline floor (no run of this device and backend to calibrate
+    on: a lower bound, which a first run's forwards have exceeded 3-130x), none for the cells whose calibration's
+    leave-one-out error is over MAX_ERROR_PCT. With what this device's finished runs took beyond their forwards
+    (harness_overhead) the whole run's, else its forwards'."""
     if not predicted:
         return "predicted: no cell to run"
-    forwards = predicted_wall_s(predicted, forwards_per_cell)
-    sources = grouped_sources(v["time_source"] for v in predicted.values())
+    n = len(predicted)
+    count = f"{cells} cells, {n} to run ({cells - n} recorded without running: unavailable here or over the memory " \
+        "budget)" if cells and cells > n else f"{n} cells"
+    wild = {k: v for k, v in predicted.items() if too_wrong(v)}
+    kept = {k: v for k, v in predicted.items() if k not in wild}
+    parts = [count] + ([_total_text(kept, forwards_per_cell, overhead)] if kept else []) + \
+        ([_wild_text(wild)] if wild else [])
+    return "predicted: " + "; ".join(parts)
+
+
+def too_wrong(t: dict) -> bool:
+    """A calibrated prediction whose expected error is over MAX_ERROR_PCT: no evidence to print it by."""
+    return t.get("time_kind") == "calibrated" and (t.get("time_error_pct") or 0.0) > MAX_ERROR_PCT
+
+
+def _total_text(kept: dict[str, dict], forwards_per_cell: int, overhead: dict | None) -> str:
+    """The expected wall time of the cells with a time to print: 'about' with the largest expected error, or 'at
+    least' where any is a roofline floor; the backends' sources where any is calibrated."""
+    floors = [v for v in kept.values() if v.get("time_kind") == "floor"]
+    errors = [v["time_error_pct"] for v in kept.values() if v.get("time_error_pct") is not None]
+    forwards = predicted_wall_s(kept, forwards_per_cell)
     each = f"{forwards:.1f} s of forwards ({forwards_per_cell} a cell: warm-up, timed and probe)"
-    if not overhead:
-        return (f"predicted: {len(predicted)} cells, {each}; model builds, references and probes not counted (no "
-                f"finished run of this device to tell them); forwards from {sources}")
-    total = predicted_wall_s(predicted, forwards_per_cell, overhead)
-    return (f"predicted: {len(predicted)} cells, about {_duration(total)} in all: {each}, and "
-            f"{overhead['cell_s']:.1f} s a cell and {overhead['run_s']:.1f} s a run beyond them (model builds, "
-            f"references, probes, workers: the median of {overhead['cells']} cells in {overhead['runs']} finished "
-            f"runs of this device); forwards from {sources}")
+    if len(floors) == len(kept):
+        note = ("each the roofline floor, a lower bound with no stored run of this device and backend to calibrate "
+                "on (a first run's forwards take several times it)")
+    elif floors:
+        note = f"{len(floors)} of the {len(kept)} cells' forwards by the roofline floor alone, a lower bound"
+    else:
+        note = f"expected error up to {max(errors):.0f}% (leave-one-out)" if errors else \
+            "expected error unknown (calibrated on one cell)"
+    how = "at least" if floors else "about"
+    if overhead:
+        total = predicted_wall_s(kept, forwards_per_cell, overhead)
+        text = (f"{how} {_duration(total)} in all, {note}: {each}, and {overhead['cell_s']:.1f} s a cell and "
+                f"{overhead['run_s']:.1f} s a run beyond them (model builds, references, probes, workers: the median "
+                f"of {overhead['cells']} cells in {overhead['runs']} finished runs of this device)")
+    else:
+        text = (f"{how} {each}, {note}; model builds, references and probes not counted (no finished run of this "
+                "device to tell them)")
+    sources = grouped_sources(v["time_source"] for v in kept.values())
+    return text if len(floors) == len(kept) else f"{text}; forwards from {sources}"
+
+
+def _wild_text(wild: dict[str, dict]) -> str:
+    """'no time for sliced (3 cells): its calibration's leave-one-out error is 993%, over 50%'."""
+    by: dict[str, list[float]] = {}
+    for v in wild.values():
+        by.setdefault(v["time_source"].split(": ")[0], []).append(v["time_error_pct"])
+    return "; ".join(f"no time for {who} ({len(errs)} cell{'s' if len(errs) > 1 else ''}): its calibration's "
+                     f"leave-one-out error is {max(errs):.0f}%, over {MAX_ERROR_PCT:.0f}%" for who, errs in by.items())
 
 
 def grouped_sources(sources) -> str:
@@ -388,7 +451,8 @@ def predicted_wall_s(predicted: dict[str, dict], forwards_per_cell: int, overhea
 
 
 def format_wall(manifest: dict) -> str | None:
-    """The end of a run: its wall time against the one predicted before it began (where it ran whole, once)."""
+    """The end of a run: its wall time against the one predicted before it began (where it ran whole, once): "at
+    least" where the prediction counted a roofline floor."""
     from datetime import datetime
 
     p = manifest.get("predicted_wall_s")
@@ -396,6 +460,8 @@ def format_wall(manifest: dict) -> str | None:
         return None
     wall = (datetime.fromisoformat(manifest["ended_at"]) - datetime.fromisoformat(manifest["created_at"])
             ).total_seconds()
+    if manifest.get("predicted_wall_floor"):
+        return f"the whole run took {_duration(wall)}, predicted at least {_duration(p)} ({wall / p:.2f}x that floor)"
     return f"the whole run took {_duration(wall)}, predicted {_duration(p)} ({wall / p:.2f}x)"
 
 
@@ -422,7 +488,9 @@ def attach(cell: dict, blocks: list[dict], extra: dict) -> dict:
 
 
 def format_versus(cells) -> str | None:
-    """The end of a run: predicted against measured, over its ok cells that carry a prediction."""
+    """The end of a run: predicted against measured, over its ok cells that carry a prediction; a roofline floor
+    said as "at least", a calibrated prediction with its expected error, none where that error is over
+    MAX_ERROR_PCT."""
     if "predicted_forward_time_ms" not in cells or "forward_time_ms" not in cells:
         return None
     ok = cells[(cells["status"] == "ok") & cells["predicted_forward_time_ms"].notna()]
@@ -430,17 +498,31 @@ def format_versus(cells) -> str | None:
         return None
     from ..spec import settings_label
 
-    lines = ["predicted against measured (ms per forward; ratio = measured / predicted):"]
+    lines = ["predicted against measured (ms per forward; ratio = measured / predicted; 'at least': the roofline "
+             "floor, a lower bound where no stored run calibrates it):"]
     varying = [c for c in ("model", "settings", "dtype", "batch") if c in ok and ok[c].nunique() > 1]
     names = [" ".join([r["backend_label"] if "backend_label" in r else r["backend"]]
                       + [f"({settings_label(r[c]) or 'none'})" if c == "settings" else f"batch {r[c]}"
                          if c == "batch" else str(r[c]) for c in varying]) for r in ok.to_dict("records")]
     width = max(map(len, names))
     for name, r in zip(names, ok.to_dict("records")):
-        att, fwd = r["predicted_attention_time_ms"], r["predicted_forward_time_ms"]
-        lines.append(f"  {name:{width}s} {r['width']}x{r['height']}: attention {att:.4g}"
-                     f" vs {r['attention_time_ms']:.4g} ({r['attention_time_ms'] / att:.2f}x),"
-                     f" forward {fwd:.4g} vs {r['forward_time_ms']:.4g} ({r['forward_time_ms'] / fwd:.2f}x)")
+        lines.append(f"  {name:{width}s} {r['width']}x{r['height']}: {_versus(r)}")
     return "\n".join(lines)
 
 
+def _versus(r: dict) -> str:
+    """One cell's predicted against measured, as far as its prediction is evidence."""
+    kind, error = r.get("time_kind"), r.get("time_error_pct")
+    error = None if error != error else error  # NaN: a cell with no calibrated time
+    if too_wrong({"time_kind": kind, "time_error_pct": error}):
+        return (f"no prediction (its calibration's leave-one-out error {error:.0f}% is over {MAX_ERROR_PCT:.0f}%); "
+                f"measured attention {r['attention_time_ms']:.4g}, forward {r['forward_time_ms']:.4g}")
+    floor = kind == "floor"
+    out = []
+    for what in ("attention", "forward"):
+        predicted, measured = r[f"predicted_{what}_time_ms"], r[f"{what}_time_ms"]
+        out.append(f"{what} {'at least ' if floor else ''}{predicted:.4g} vs {measured:.4g} "
+                   f"({measured / predicted:.2f}x{' the floor' if floor else ''})")
+    if kind == "calibrated":
+        out[-1] += f"; expected error {error:.0f}%" if error is not None else "; expected error unknown (one cell)"
+    return ", ".join(out)

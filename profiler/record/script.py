@@ -11,12 +11,13 @@ as it is (devices.keep_memory), where a calibration's tables got new pages at th
 pair's 16 start and end calibrations, the start the slower in 15 (6.9 to 18.0 ms against 6.7 to 13.5), and every
 record run read as a machine that moved 1.47 to 1.91x. To find the pipeline calls of a script it cannot change, the
 child wraps the `__call__` of each pipeline class the script builds (seen as its __init__ registers its modules),
-in its own process only: the one place attnprof patches diffusers.
+in its own process only (as session.profile wraps its own pipeline's for its block).
 """
 from __future__ import annotations
 
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import threading
@@ -27,53 +28,147 @@ from ..spec import InputError
 RUN_ENV = "ATTNPROF_RECORD_RUN"
 
 
-def record(script: str, args: list[str], backends_: list[str], out: Path, trace: bool = False,
-           say=None) -> tuple[int, Path]:
+GRACE_S = 10.0  # after a Ctrl-C, how long the script has to end by itself before it is stopped
+
+
+def record(script: str | None, args: list[str], backends_: list[str], out: Path, trace: bool = False,
+           say=None, resume: str | None = None) -> tuple[int, Path | None]:
     """Run the script once per backend (or once as it is), each in a child process that records its cell into one
-    new run under out. (the script's exit status, the first non-zero of its runs; the run's folder)."""
+    run under out: a new one, or with resume (a run id) that interrupted run, for the backends it has no cell of.
+    (the script's exit status, the first non-zero of its runs, 130 when stopped; the run's folder, None where the
+    script made no pipeline call: nothing is stored then)."""
     import torch
 
     from .. import devices
     from ..attention import backends
     from ..execute.local import LocalExecutor
-    from ..store import Run, now
 
     quiet, say = say is None, say or (lambda line: None)
+    run, script, args, backends_ = _the_run(script, args, backends_, out, resume)
+    for name in backends_:
+        if name:
+            backends.check_backend_name(name)
+    code, stopped, executor = 0, _Stop(), LocalExecutor(workers=True)  # on CUDA each calibration in a subprocess
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    devices.keep_memory()  # this process is ours: it times the machine as a sweep's do
+    try:
+        for backend in backends_:
+            say(" ".join(["running", script, *args]) + (f" with backend {backend}" if backend else
+                                                        " with the processors it loads"))
+            argv = [sys.executable, "-m", "profiler.record.script", *(["--backend", backend] if backend else []),
+                    *(["--trace"] if trace else []), *(["--quiet"] if quiet else []), "--", script, *args]
+            cells, start = len(run.cells()), executor.calibrate(device, "start")
+            done = stopped.child(argv, {**os.environ, RUN_ENV: str(run.path)})
+            if len(run.cells()) > cells:
+                end = executor.calibrate(device, "end")
+                run.update_manifest(calibration=[*run.manifest().get("calibration", []), start, end])
+            code = code or done
+    except KeyboardInterrupt:
+        stopped.stopping()
+    finally:
+        stopped.hold()  # a Ctrl-C from here on: one line, the script stopped now, the manifest still written
+        try:
+            stopped.wait()
+            result = _finish(run, code, stopped.asked, device, say)
+        finally:
+            stopped.release()
+    return result
+
+
+def _the_run(script: str | None, args: list[str], backends_: list[str], out: Path, resume: str | None):
+    """(the run to record into, the script, its arguments, the backends to run: None for the loaded processors):
+    a new run, or an interrupted one to finish (its own script, arguments and the backends it has no cell of)."""
+    from ..store import Run, find_run, now
+
+    if resume:
+        run = find_run(out, resume)
+        facts = run.manifest().get("record") if run.kind.name == "record" else None
+        if not facts or "script" not in facts:
+            raise InputError(f"run {run.id} is not a run of attnprof record: --resume finishes one of those")
+        done = set(run.cells()["backend"]) if len(run.cells()) else set()
+        left = [b for b in facts["backends"] if (b or "loaded") not in done]
+        if not left:
+            raise InputError(f"run {run.id} has a cell for every backend it was given: nothing to finish")
+        run.update_manifest(resumed_at=now(), ended_at=None)
+        return run, facts["script"], facts["args"], left
     path = Path(script)
     if not path.is_file():
         raise InputError(f"record: {script} is not a file: give the script to run, e.g. attnprof record -- "
                          "generate.py --steps 30")
-    for name in backends_:
-        backends.check_backend_name(name)
-    run = Run.create(out, {"kind": "record", "command": " ".join(["attnprof record", *(f"--backend {b}" for b in
-                                                                                        backends_), "--", script,
-                                                                   *args]),
-                           "record": {"script": str(path), "args": args, "backends": backends_ or [None]},
-                           "cells": [], "ended_at": None})
-    code, executor = 0, LocalExecutor(workers=True)  # on CUDA each calibration in a subprocess: no context here
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    devices.keep_memory()  # this process is ours: it times the machine as a sweep's do
-    try:
-        for backend in backends_ or [None]:
-            say(f"running {script} {' '.join(args)}" + (f" with backend {backend}" if backend else
-                                                        " with the processors it loads"))
-            argv = [sys.executable, "-m", "profiler.record.script", *(["--backend", backend] if backend else []),
-                    *(["--trace"] if trace else []), *(["--quiet"] if quiet else []), "--", str(path), *args]
-            cells, start = len(run.cells()), executor.calibrate(device, "start")
-            done = subprocess.run(argv, env={**os.environ, RUN_ENV: str(run.path)})
-            end = executor.calibrate(device, "end")
-            if len(run.cells()) > cells:
-                run.update_manifest(calibration=[*run.manifest().get("calibration", []), start, end])
-            code = code or done.returncode
-    finally:
-        cells = run.cells()
-        run.update_manifest(ended_at=now(), interrupted=code != 0,
-                            cells=[{k: c[k] for k in ("model", "width", "height", "batch", "dtype", "backend", "device",
-                                                      "backend_options", "settings", "cell_id")}
-                                   for c in cells.to_dict("records")] if len(cells) else [])
-    if not len(cells):
-        say(f"the script made no diffusers pipeline call: run {run.id} holds no cell")
-    return code, run.path
+    command = " ".join(["attnprof record", *(f"--backend {b}" for b in backends_), "--", script, *args])
+    run = Run.create(out, {"kind": "record", "command": command, "cells": [], "ended_at": None,
+                           "record": {"script": str(path), "args": args, "backends": backends_ or [None]}})
+    return run, str(path), args, backends_ or [None]
+
+
+def _finish(run, code: int, stopped: bool, device: str, say) -> tuple[int, Path | None]:
+    """The run's manifest as it ended: interrupted where stopped or the script failed, its cells listed; a run
+    whose script made no pipeline call (and was not stopped) removed, since it holds nothing."""
+    import shutil
+
+    from ..env import environment
+    from ..store import now
+
+    cells, m = run.cells(), run.manifest()
+    if not len(cells) and not stopped and not m.get("resumed_at"):
+        shutil.rmtree(run.path, ignore_errors=True)
+        say("the script made no diffusers pipeline call: nothing stored")
+        return code, None
+    run.update_manifest(ended_at=now(), interrupted=stopped or code != 0,
+                        environment=m.get("environment") or {**environment(device), "executor": "record"},
+                        cells=[{k: c[k] for k in ("model", "width", "height", "batch", "dtype", "backend", "device",
+                                                  "backend_options", "settings", "cell_id")}
+                               for c in cells.to_dict("records")] if len(cells) else [])
+    return (130 if stopped else code), run.path
+
+
+class _Stop:
+    """A Ctrl-C during a record: the first raises KeyboardInterrupt where it lands (the script, in the same process
+    group, gets its own and ends as it would; it is given GRACE_S, then SIGINT of its own, then killed); each one
+    after, while the run is finished, prints one line and stops the script now."""
+
+    def __init__(self):
+        self.proc, self.asked, self.old = None, False, None
+
+    def child(self, argv: list[str], env: dict) -> int:
+        """The script's run in a child process: its exit status."""
+        self.proc = subprocess.Popen(argv, env=env)
+        return self.proc.wait()
+
+    def stopping(self) -> None:
+        """The first Ctrl-C: the next ones held from now, then one line said."""
+        self.hold()
+        self.asked = True
+        print("attnprof record: interrupted: waiting for the script to end (Ctrl-C again stops it now)",
+              file=sys.stderr, flush=True)
+
+    def hold(self) -> None:
+        if self.old is None and threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGINT, self._again)
+
+    def _again(self, signum, frame) -> None:
+        print("attnprof record: interrupted again: stopping the script now; the run is kept, marked interrupted",
+              file=sys.stderr, flush=True)
+        self.asked = True
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+
+    def wait(self) -> None:
+        """The script's process ended: by itself within GRACE_S, else on a SIGINT of its own, else killed."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for step in (lambda: None, lambda: self.proc.send_signal(signal.SIGINT), self.proc.kill):
+            step()
+            try:
+                self.proc.wait(GRACE_S)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def release(self) -> None:
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+            self.old = None
 
 
 class _Watch:
@@ -116,19 +211,22 @@ class _Watch:
                     result = original(pipe, *args, **kwargs)
                 watch.profiles.append(prof)
                 if eta and not watch.quiet:
-                    print(f"attnprof record: the generation took {prof.wall_s:.2f} s, predicted {eta[0] / 1e3:.2f} s "
-                          f"({prof.wall_s * 1e3 / eta[0]:.2f}x)", file=sys.stderr)
+                    print(f"attnprof record: the generation took {prof.wall_s:.2f} s, {_eta_text(eta, False)} "
+                          f"({prof.wall_s * 1e3 / eta['total_ms']:.2f}x{' that floor' if _floor(eta) else ''})",
+                          file=sys.stderr)
                 return result
             finally:
                 watch.local.active = False
 
         owner.__call__ = __call__
 
-    def predicted(self, pipe, args: tuple, kwargs: dict) -> tuple[float, str] | None:
-        """The time model's prediction of the generation about to run, said on stderr: (ms, source), or None where
-        its pipeline is not one the planner knows. A prediction never stops the script."""
+    def predicted(self, pipe, args: tuple, kwargs: dict) -> dict | None:
+        """The time model's prediction of the generation about to run (planner/generation.py), said on stderr as far
+        as its evidence goes (_eta_text); None where its pipeline is not one the planner knows, or where its
+        calibration's expected error is over timing.MAX_ERROR_PCT (said so). A prediction never stops the script."""
         from ..planner import calibration
         from ..planner.generation import pipeline_spec, predict_generation
+        from ..planner.timing import MAX_ERROR_PCT, too_wrong
 
         try:
             spec = pipeline_spec(pipe, args, kwargs, self.backend)
@@ -138,17 +236,20 @@ class _Watch:
                 return None
             g = predict_generation(spec, *where, device)
         except Exception as e:  # noqa: BLE001 - the user's script runs whatever the model makes of it
-            if not self.quiet:
-                print(f"attnprof record: no prediction for this generation ({type(e).__name__}: {e})",
-                      file=sys.stderr)
+            self._say(f"no prediction for this generation ({type(e).__name__}: {e})")
             return None
-        source = g["parts"][-2]["source"] if len(g["parts"]) > 1 else ""
+        unet = _denoise(g)
+        what = f"{spec.pipeline}, {spec.width}x{spec.height}, {spec.steps} steps, {spec.backend}"
+        if too_wrong(unet):
+            self._say(f"no prediction for this generation ({what}): the calibration's leave-one-out error is "
+                      f"{unet['time_error_pct']:.0f}%, over {MAX_ERROR_PCT:.0f}% ({_short(unet['source'])})")
+            return None
+        self._say(f"{_eta_text(g)} for this generation ({what}; the U-Net's time from: {_short(unet['source'])})")
+        return g
+
+    def _say(self, line: str) -> None:
         if not self.quiet:
-            print(f"attnprof record: predicted {g['total_ms'] / 1e3:.2f} s for this generation ({spec.pipeline}, "
-                  f"{spec.width}x{spec.height}, {spec.steps} steps, {spec.backend}; the U-Net's time from: "
-                  f"{_short(g['parts'][[x['part'] for x in g['parts']].index('denoise')]['source'])})",
-                  file=sys.stderr)
-        return g["total_ms"], source
+            print(f"attnprof record: {line}", file=sys.stderr)
 
     def __exit__(self, *exc) -> None:
         from diffusers import DiffusionPipeline
@@ -156,6 +257,29 @@ class _Watch:
         DiffusionPipeline.register_modules = self.register
         for owner, original in self.wrapped.items():
             owner.__call__ = original
+
+
+def _denoise(g: dict) -> dict:
+    return next(x for x in g["parts"] if x["part"] == "denoise")
+
+
+def _floor(g: dict) -> bool:
+    return _denoise(g)["time_kind"] == "floor"
+
+
+def _eta_text(g: dict, error: bool = True) -> str:
+    """'predicted 2.57 s (expected error 8%, leave-one-out)' (error=False: without the error), or 'at least 0.01 s
+    predicted (the roofline floor, a lower bound)' where the U-Net's time is its floor (no stored run of this device
+    to calibrate on; error=False: 'at least 0.01 s predicted')."""
+    seconds, unet = g["total_ms"] / 1e3, _denoise(g)
+    if _floor(g):
+        return f"at least {seconds:.2f} s predicted" + (" (the roofline floor, a lower bound)" if error else "")
+    pct = unet["time_error_pct"]
+    if unet["time_kind"] != "calibrated" or not error:
+        return f"predicted {seconds:.2f} s"
+    known = f"expected error {pct:.0f}%, leave-one-out" if pct is not None else \
+        "expected error unknown: one cell to calibrate on"
+    return f"predicted {seconds:.2f} s ({known})"
 
 
 def _short(source: str) -> str:
@@ -183,6 +307,9 @@ def child(argv: list[str]) -> int:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             if not isinstance(e.code, int) and e.code is not None:
                 print(e.code, file=sys.stderr)
+        except KeyboardInterrupt:  # a Ctrl-C: attnprof record says so; a generation cut short is not stored
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            return 130
     if watch.profiles:
         store_cell(run, merged(watch.profiles), backend)
         run.update_manifest(notes=sorted({*run.manifest().get("notes", []), *(n for p in watch.profiles
@@ -191,4 +318,7 @@ def child(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(child(sys.argv[1:]))
+    try:
+        sys.exit(child(sys.argv[1:]))
+    except KeyboardInterrupt:  # one that lands outside the script (this process starting, the cell being stored)
+        sys.exit(130)

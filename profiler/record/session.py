@@ -15,7 +15,9 @@ the generation and the user's restored after. The output is the same as an unpro
   the end: no synchronize per call; a host clock on the CPU);
 - memory: on CUDA the allocator's peak per call over what it began with (its statistics, no synchronize); on the
   CPU none (that takes the profiler's allocation trace: attnprof run measures it in a probe pass), as the notes say;
-- step: the index of the denoiser's forward (the U-Net's, a ControlNet's) the call ran in; empty outside the loop;
+- generation: each call of the target pipeline in the block is one (its class's __call__ wrapped for the block to
+  note where each begins and its wall time); step: the index of the denoiser's forward (the U-Net's, a
+  ControlNet's) the call ran in, from 0 in each generation; empty outside the loop;
 - a compiled component (torch.compile, compile_repeated_blocks) keeps its compiled graph: its forwards are timed, its
   attention calls are not recorded one by one (hooks inside it would change what is compiled), and a note says so;
 - trace=True: a Chrome / Perfetto trace of the generation in the run, each attention call a range named by its
@@ -26,6 +28,7 @@ a forward with the per-forward times as its samples, and every call with its ste
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import itertools
@@ -39,7 +42,7 @@ import torch
 
 from ..attention import backends
 from .. import devices
-from ..fmt import human_bytes, table
+from ..fmt import generations_text, human_bytes, table
 from ..measure.probes import CallTimer, summarize, traced
 from ..planner.calibration import public_config
 from ..report.show import component_rows
@@ -133,6 +136,7 @@ class Profile:
     calls: pd.DataFrame = field(default_factory=pd.DataFrame)
     components: pd.DataFrame = field(default_factory=pd.DataFrame)
     forwards: pd.DataFrame = field(default_factory=pd.DataFrame)  # each component forward: component, time_ms
+    generations: pd.DataFrame = field(default_factory=pd.DataFrame)  # each pipeline call: generation, wall_s, steps
     run_dir: Path | None = None
     wall_s: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -164,10 +168,12 @@ class Session:
         self.notes: list[str] = []
         self.facts: dict = {}
         self._open: list[dict] = []
+        self.calls: list[dict] = []  # each call of the target pipeline: the first uid in it, its wall time
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> "Session":
         try:
+            self._mark_calls()
             for name, module in self.found.items():
                 self._component(name, module)
             if self.trace:
@@ -176,6 +182,30 @@ class Session:
             self._stack.close()
             raise
         return self
+
+    def _mark_calls(self) -> None:
+        """Each call of the target pipeline a generation of its own: its class's __call__ wrapped for the block
+        (put back on exit) to note where each call begins (the next row's uid) and its wall time. Calls of other
+        pipelines, and a call inside a call, pass through; a module target has one generation."""
+        owner = next((k for k in type(self.target).__mro__ if "__call__" in vars(k)), None)
+        if isinstance(self.target, torch.nn.Module) or owner is None or owner is object:
+            return
+        original, session = vars(owner)["__call__"], self
+
+        def __call__(pipe, *args, **kwargs):
+            if pipe is not session.target or getattr(session, "_inside", False):
+                return original(pipe, *args, **kwargs)
+            session._inside, t0 = True, time.perf_counter()
+            session.calls.append({"uid": next(session.uid), "wall_s": None})
+            try:
+                return original(pipe, *args, **kwargs)
+            finally:
+                session.meter.device.synchronize()
+                session.calls[-1]["wall_s"] = time.perf_counter() - t0
+                session._inside = False
+
+        owner.__call__ = __call__
+        self._stack.callback(setattr, owner, "__call__", original)
 
     def _component(self, name: str, module: torch.nn.Module) -> None:
         passes = pass_modules(module)
@@ -301,10 +331,9 @@ def profile(target, out: str | Path | None = "results", backend: str | None = No
         session.meter.device.synchronize()
         prof.wall_s = time.perf_counter() - t0
         session.processors = _processors(session)  # while a backend's are still in
-    calls = pd.DataFrame(session.rows())
-    if len(calls):
-        calls = calls.assign(generation=0, step=calls["step"].astype("Int64"))
+    calls = by_generation(pd.DataFrame(session.rows()), session.calls)
     prof.calls = calls[[c for c in CALL_COLUMNS if c in calls]] if len(calls) else pd.DataFrame(columns=CALL_COLUMNS)
+    prof.generations = _generations(prof.calls, [c["wall_s"] for c in session.calls] or [prof.wall_s])
     prof.forwards = pd.DataFrame([{"component": f["component"], "time_ms": session.meter.samples[f["uid"]][0]}
                                   for f in session.forwards], columns=["component", "time_ms"])
     prof.components = _component_table(session, calls)
@@ -317,6 +346,26 @@ def profile(target, out: str | Path | None = "results", backend: str | None = No
         prof.run_dir = store(prof, Path(out), command)
 
 
+def by_generation(calls: pd.DataFrame, marks: list[dict]) -> pd.DataFrame:
+    """The calls with their generation (the pipeline call each ran in, by where each call began: a call before the
+    first in the first's) and their step counted within it (0..N-1: the denoiser's forward of that generation)."""
+    if not len(calls):
+        return calls
+    starts = [m["uid"] for m in marks]
+    generation = [max(0, bisect.bisect_right(starts, uid) - 1) for uid in calls["uid"]] if starts else 0
+    calls = calls.assign(generation=generation)
+    first = calls.groupby(["generation", "component"])["step"].transform("min")
+    return calls.assign(step=(calls["step"] - first).astype("Int64"))
+
+
+def _generations(calls: pd.DataFrame, walls: list[float]) -> pd.DataFrame:
+    """One row per generation: its wall time and its steps (the denoiser's forwards in it)."""
+    loop = calls[calls["component"].isin(DENOISERS)] if len(calls) else calls
+    steps = loop.groupby("generation")["step"].nunique() if len(loop) else pd.Series(dtype=int)
+    return pd.DataFrame({"generation": range(len(walls)), "wall_s": walls,
+                         "steps": [int(steps.get(i, 0)) for i in range(len(walls))]})
+
+
 def _facts(target, session: Session, prof: Profile) -> dict:
     """What the generation was: the pipeline, the denoiser's config hash (its public keys: diffusers' private ones,
     such as _use_default_values, come in another order in each process), its size, steps, guidance, scheduler."""
@@ -325,9 +374,11 @@ def _facts(target, session: Session, prof: Profile) -> dict:
     digest = hashlib.sha1(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:8]
     latent = session.facts.get("latent")
     scale = getattr(target, "vae_scale_factor", 8)
-    steps = prof.calls[prof.calls["component"].isin(DENOISERS)]["step"].nunique() if len(prof.calls) else 0
-    return {"pipeline": type(target).__name__, "denoiser": f"{type(denoiser).__name__} {digest}" if denoiser is not None
-            else None, "source": getattr(getattr(denoiser, "config", None), "_name_or_path", None) or None, "batch": latent[0] if latent else 1, "width": latent[3] * scale if latent else 0,
+    steps = prof.generations["steps"].iloc[0] if len(prof.generations) else 0
+    return {"generations": len(prof.generations), "pipeline": type(target).__name__,
+            "denoiser": f"{type(denoiser).__name__} {digest}" if denoiser is not None else None,
+            "source": getattr(getattr(denoiser, "config", None), "_name_or_path", None) or None,
+            "batch": latent[0] if latent else 1, "width": latent[3] * scale if latent else 0,
             "height": latent[2] * scale if latent else 0, "dtype": session.facts.get("dtype", "float32"),
             "steps": int(steps), "guidance": getattr(target, "_guidance_scale", None),
             "scheduler": type(getattr(target, "scheduler", None)).__name__ if hasattr(target, "scheduler") else None,
@@ -382,6 +433,8 @@ def cell_rows(prof: Profile, backend: str | None) -> tuple[dict, list[dict]]:
             "pipeline": f["pipeline"], "denoiser": f["denoiser"], "source": f["source"], "steps": f["steps"],
             "guidance": f["guidance"],
             "scheduler": f["scheduler"], "processors": f["processors"], "generation_s": prof.wall_s,
+            "generations": len(prof.generations), "generation_times_s": prof.generations["wall_s"].tolist(),
+            "generation_steps": prof.generations["steps"].tolist(),
             "attention_share": float(calls["time_ms"].sum()) / 1e3 / prof.wall_s if prof.wall_s and len(calls) else None,
             "components": json.dumps(prof.components.to_dict("records"), default=float),
             "notes": "; ".join(prof.notes), "torch_threads": torch.get_num_threads()}
@@ -422,17 +475,22 @@ def store_cell(run, prof: Profile, backend: str | None) -> dict:
 
 
 def merged(profiles: list[Profile]) -> Profile:
-    """The profiles of several pipeline calls of one process (attnprof record) as one: their calls, each with its
-    generation's index, their forwards and wall time together, the first one's facts."""
+    """The profiles of several pipeline calls of one process (attnprof record) as one: their calls and generations
+    numbered on, one after another, their forwards and wall time together, the first one's facts."""
     if len(profiles) == 1:
         return profiles[0]
-    calls = pd.concat([p.calls.assign(generation=i) for i, p in enumerate(profiles)], ignore_index=True)
+    calls, generations, offset = [], [], 0
+    for p in profiles:
+        calls.append(p.calls.assign(generation=p.calls["generation"] + offset) if len(p.calls) else p.calls)
+        generations.append(p.generations.assign(generation=p.generations["generation"] + offset))
+        offset += len(p.generations)
     comps = pd.concat([p.components for p in profiles]).groupby(["component", "class", "not_recorded"], sort=False,
                                                                  as_index=False).sum(min_count=1)  # NaN: not recorded
-    return Profile(target=profiles[0].target, calls=calls, components=comps,
+    return Profile(target=profiles[0].target, calls=pd.concat(calls, ignore_index=True), components=comps,
                    forwards=pd.concat([p.forwards for p in profiles], ignore_index=True),
+                   generations=pd.concat(generations, ignore_index=True),
                    wall_s=sum(p.wall_s for p in profiles), notes=sorted({n for p in profiles for n in p.notes}),
-                   facts={**profiles[0].facts, "generations": len(profiles)},
+                   facts={**profiles[0].facts, "generations": offset},
                    traces=[t for p in profiles for t in p.traces])
 
 
@@ -450,9 +508,11 @@ def summary(prof: Profile) -> str:
     took most; the notes."""
     wall_ms = prof.wall_s * 1e3 or float("nan")
     f = prof.facts
-    head = (f"profile of {f.get('pipeline') or prof.target}: {f.get('steps')} steps, {f.get('width')}x"
-            f"{f.get('height')}, batch {f.get('batch')}, {f.get('dtype')} on {f.get('device')}; {prof.wall_s:.3f} s "
-            f"of wall time; processors {f.get('processors') or '-'}")
+    g = prof.generations
+    calls = generations_text(g["steps"].tolist(), g["wall_s"].tolist()) if len(g) > 1 else f"{f.get('steps')} steps"
+    head = (f"profile of {f.get('pipeline') or prof.target}: {calls}; {f.get('width')}x{f.get('height')}, batch "
+            f"{f.get('batch')}, {f.get('dtype')} on {f.get('device')}; {prof.wall_s:.3f} s of wall time; processors "
+            f"{f.get('processors') or '-'}")
     rows = component_rows(prof.components.to_dict("records"), wall_ms)
     lines = [head, "", table(rows, [(c, c) for c in ("component", "forwards", "time", "share", "calls", "attention",
                                                       "attention share")])]

@@ -8,15 +8,19 @@ The noise rule, on the stored samples of each cell's attention time (ATTENTION_T
 over its calls; the forward's samples for runs recorded before those were kept):
 - time: a regression where B's median is more than `threshold` (5%) above A's AND B's interquartile range lies
   wholly above A's (B's first quartile over A's third); an improvement the other way round; else within noise.
-  A cell with fewer than MIN_SAMPLES (3) samples in either run is within noise, with that reason: one sample has
-  no spread (its interquartile range is zero, so any change would count), two have too little to judge by.
+  Samples too few or too spread to tell sameness from a change get no verdict: a cell with fewer than MIN_SAMPLES
+  (3) samples in either run (one sample has no spread, so any change would count; two have too little to judge
+  by), or whose interquartile range in either run is over NOISY_LIMIT (50%) of its median (samples that swung 30 ms
+  to 1.4 s overlap whatever the change: a 10x slowdown read "within noise" once), is "not judged", with the reason.
 - the machine's own state: each run holds calibrations (measure/calibrate.py: a fixed small workload timed at its
   start and its end). Where B's machine was up to k times slower than A's (B's calibration over A's at the start,
   and at the end: the larger), a regression must also clear k: B's median over (1 + threshold) k times A's and
-  B's first quartile over k times A's third; where it was more than MACHINE_LIMIT (50%) slower, no regression is
-  judged at all. A change the plain rule calls but the machine explains is "not judged", with the machine's change
-  named; the same the other way round for improvements on a faster machine. Runs without calibrations are judged
-  by the plain rule.
+  B's first quartile over k times A's third; where it was more than MACHINE_LIMIT (50%) slower or faster, no time
+  is judged at all (nor called within noise: a cell 3x slower on a machine 3x faster reads the same). A change the
+  plain rule calls but the machine explains is "not judged", with the machine's change named; the same the other
+  way round for improvements on a faster machine. Runs without calibrations are judged by the plain rule.
+- attnprof diff exits 1 where any cell is a regression, else NOT_JUDGED_EXIT (3) where any cell's time is not
+  judged (a CI gate must not pass those silently), else 0.
 - the environment (torch threads, versions, device) of the two runs: where it differs the verdicts stand and the
   differences are named beside them (a one-thread run against a two-thread run is a regression worth seeing).
 - peak memory (deterministic, so no spread): a regression where B's attention peak is more than `threshold` above
@@ -38,7 +42,9 @@ REGRESSION, IMPROVEMENT, SAME, NOT_JUDGED = "regression", "improvement", "within
 PEAK_FLOOR = 2**20
 THRESHOLD = 0.05  # the default smallest relative change that counts
 MIN_SAMPLES = 3  # timed forwards per cell, in each run, before its time gets a verdict (the default repeats)
-MACHINE_LIMIT = 0.5  # a machine this much slower (or faster) in B than in A: no time verdict in that direction
+MACHINE_LIMIT = 0.5  # a machine this much slower (or faster) in B than in A: no time verdict at all
+NOISY_LIMIT = 0.5  # a cell whose IQR is over this share of its median (in either run): no time verdict
+NOT_JUDGED_EXIT = 3  # attnprof diff's exit status where no cell regressed and some cell's time is not judged
 ENV_KEYS = ("device", "device_name", "cpu_count", "torch_threads", "torch", "diffusers", "python", "cuda", "cudnn",
             "driver")  # what a run's figures depend on beside the code: named where two runs differ in it
 ATTENTION_TIME = ("a cell's attention time: per timed forward its attention calls' times summed, the median over "
@@ -51,10 +57,11 @@ def rule_text(threshold: float | str = "--threshold") -> str:
     """The noise rule in one sentence, as attnprof diff (its output and --help) and the dashboard state it."""
     past = threshold if isinstance(threshold, str) else f"{100 * threshold:g}%"
     return (f"a time change counts past {past} and only where the interquartile ranges of the two runs' samples do "
-            f"not overlap, each run holding at least {MIN_SAMPLES} samples of the cell (repeats {MIN_SAMPLES} or "
-            f"more), and beyond what the machine's own speed explains (each run's calibrations at its start and end, "
-            f"B's over A's; none judged past {100 * MACHINE_LIMIT:g}% slower); a peak change counts past "
-            f"{past} and {human_bytes(PEAK_FLOOR)}")
+            f"not overlap, and beyond what the machine's own speed explains (each run's calibrations at its start "
+            f"and end, B's over A's); a time is not judged where a run holds fewer than {MIN_SAMPLES} samples of the "
+            f"cell (repeats {MIN_SAMPLES} or more), where its IQR is over {100 * NOISY_LIMIT:g}% of its median, or "
+            f"where B's machine was over {100 * MACHINE_LIMIT:g}% slower or faster than A's; a peak change counts "
+            f"past {past} and {human_bytes(PEAK_FLOOR)}")
 
 
 def time_samples(cell: dict, forward: bool = False) -> list[float]:
@@ -102,18 +109,37 @@ def time_verdict(a: list[float], b: list[float], threshold: float,
     many times slower B's machine was at most, how many times faster at most), from the runs' calibrations."""
     (a1, am, a3), (b1, bm, b3) = quartiles(a), quartiles(b)
     ratio = bm / am
-    if min(len(a), len(b)) < MIN_SAMPLES:
-        return ratio, SAME, f"too few samples: {len(a)} in A, {len(b)} in B"
+    unjudged = _unjudged(a, b, (a1, am, a3), (b1, bm, b3), machine)
+    if unjudged:
+        return ratio, NOT_JUDGED, unjudged
     slower, faster = max(machine[0], 1.0), min(machine[1], 1.0)
     if ratio > 1 + threshold and b1 > a3:
-        if slower <= 1 + MACHINE_LIMIT and ratio > (1 + threshold) * slower and b1 > a3 * slower:
+        if ratio > (1 + threshold) * slower and b1 > a3 * slower:
             return ratio, REGRESSION, ""
         return ratio, NOT_JUDGED, f"not judged: the machine was {100 * (slower - 1):.0f}% slower in B"
     if ratio < 1 - threshold and b3 < a1:
-        if faster >= 1 / (1 + MACHINE_LIMIT) and ratio < (1 - threshold) * faster and b3 < a1 * faster:
+        if ratio < (1 - threshold) * faster and b3 < a1 * faster:
             return ratio, IMPROVEMENT, ""
         return ratio, NOT_JUDGED, f"not judged: the machine was {100 * (1 / faster - 1):.0f}% faster in B"
     return ratio, SAME, ""
+
+
+def _unjudged(a: list[float], b: list[float], qa: tuple, qb: tuple, machine: tuple[float, float]) -> str:
+    """Why two cells' samples cannot be judged at all, whatever their change: too few of them, spread too wide
+    (the runs named, the wider one's IQR over its median said), or a machine that moved past MACHINE_LIMIT either
+    way; '' where they can be."""
+    if min(len(a), len(b)) < MIN_SAMPLES:
+        return f"too few samples: {len(a)} in A, {len(b)} in B"
+    spread = {run: (q3 - q1) / med if med else float("inf") for run, (q1, med, q3) in (("A", qa), ("B", qb))}
+    wide = [run for run, share in spread.items() if share > NOISY_LIMIT]
+    if wide:
+        return (f"not judged (too noisy: IQR {100 * max(spread[r] for r in wide):.0f}% of the median in "
+                f"{' and '.join(wide)})")
+    if machine[0] > 1 + MACHINE_LIMIT:
+        return f"not judged: the machine was {100 * (machine[0] - 1):.0f}% slower in B"
+    if machine[1] < 1 / (1 + MACHINE_LIMIT):
+        return f"not judged: the machine was {100 * (1 / machine[1] - 1):.0f}% faster in B"
+    return ""
 
 
 def calibrations(manifest: dict, when: str | None = None) -> list[float]:
@@ -259,15 +285,22 @@ def summary(result: dict) -> dict:
     return {"matched": len(matched), "regressions": verdicts.get(REGRESSION, 0),
             "improvements": verdicts.get(IMPROVEMENT, 0), "within_noise": verdicts.get(SAME, 0),
             "not_judged": verdicts.get(NOT_JUDGED, 0), "too_few_samples": int(notes.str.startswith("too few").sum()),
+            "times_not_judged": int(matched["time_verdict"].eq(NOT_JUDGED).sum()),
             "only_a": len(result["only_a"]), "only_b": len(result["only_b"])}
+
+
+def exit_status(s: dict) -> int:
+    """attnprof diff's exit status from its summary: 1 on a regression, else NOT_JUDGED_EXIT where a cell's time
+    was not judged, else 0."""
+    return 1 if s["regressions"] else NOT_JUDGED_EXIT if s["times_not_judged"] else 0
 
 
 def summary_text(s: dict) -> str:
     """The summary line of attnprof diff and of the dashboard's comparison."""
-    few = (f"; the time of {s['too_few_samples']} could not be judged: too few samples (a verdict needs "
-           f"{MIN_SAMPLES} per cell in each run: repeats {MIN_SAMPLES} or more)") if s["too_few_samples"] else ""
-    unjudged = (f", {s['not_judged']} not judged (the machine's own speed moved as much: see their notes)"
-                if s.get("not_judged") else "")
+    few = (f"; {s['too_few_samples']} with too few samples (a verdict needs {MIN_SAMPLES} per cell in each run: "
+           f"repeats {MIN_SAMPLES} or more)") if s["too_few_samples"] else ""
+    unjudged = (f", {s['not_judged']} not judged (too noisy, too few samples, or the machine's own speed moved as "
+                f"much: see their notes)" if s.get("not_judged") else "")
     return (f"{s['matched']} cells matched: {s['regressions']} regressions, {s['improvements']} improvements, "
             f"{s['within_noise']} within noise{unjudged}{few}")
 
@@ -331,4 +364,5 @@ def _diff_row(r: dict) -> dict:
             "time": f"{r['time_ratio']:.3f}x" if ran else "-",
             "peak A": human_bytes(r["peak_a_bytes"]) if ran else "-",
             "peak B": human_bytes(r["peak_b_bytes"]) if ran else "-",
-            "peak": f"{r['peak_ratio']:.3f}x" if ran else "-", "verdict": r["verdict"], "note": note}
+            "peak": f"{r['peak_ratio']:.3f}x" if ran and r["peak_ratio"] == r["peak_ratio"] else "-",
+            "verdict": r["verdict"], "note": note}

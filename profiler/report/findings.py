@@ -270,17 +270,31 @@ def beyond_bound(blocks: pd.DataFrame) -> list[str]:
             "low."]
 
 
+def listed(value) -> list:
+    """A stored list (Parquet gives arrays back), or [] where the run predates it."""
+    return [] if value is None or isinstance(value, float) else list(value)
+
+
 def recorded(cells: pd.DataFrame, blocks: pd.DataFrame) -> list[str]:
-    """Per recorded generation (attnprof record, profiler.profile): its wall time, the denoiser's forwards and its
-    attention's share of the generation, and the block whose calls took most."""
+    """Per recorded cell (attnprof record, profiler.profile): each generation (pipeline call) with its own wall time
+    (up to four; the median with the count beyond), the denoiser's forwards and its attention's share of the wall
+    time, and the block whose calls took most."""
+    from ..fmt import generations_text
+
     out = []
     for c in cells[cells["status"] == "ok"].to_dict("records"):
         mine = blocks[blocks["cell_id"] == c["cell_id"]] if len(blocks) else blocks
         total = mine["time_total_ms"].sum() if len(mine) else 0.0  # each block's calls, every forward
-        line = (f"{c['pipeline']} ({c['backend_label']}, {c['steps']} steps at {c['size']}, batch {c['batch']}) took "
-                f"{c['generation_s']:.2f} s; {c['steps']} denoiser forwards of {_ms(c['forward_time_ms'])} (median), "
+        times, steps = listed(c.get("generation_times_s")), listed(c.get("generation_steps"))
+        forwards = len(listed(c.get("forward_time_samples_ms"))) or c["steps"]
+        what = f"{c['pipeline']} ({c['backend_label']}, {c['steps']} steps at {c['size']}, batch {c['batch']}) took " \
+               f"{c['generation_s']:.2f} s" if len(times) < 2 else \
+            f"{c['pipeline']} ({c['backend_label']} at {c['size']}, batch {c['batch']}): " \
+            f"{generations_text(steps, times)} ({c['generation_s']:.2f} s in all)"
+        line = (f"{what}; {forwards} denoiser forwards of {_ms(c['forward_time_ms'])} (median), "
                 f"their attention {_ms(c['attention_time_ms'])} each; every attention call together "
-                f"{_ms(total)}, {100 * total / 1e3 / c['generation_s']:.1f}% of the generation")
+                f"{_ms(total)}, {100 * total / 1e3 / c['generation_s']:.1f}% of the "
+                f"{'generation' if len(times) < 2 else 'wall time'}")
         if len(mine):
             top = mine.sort_values("time_total_ms").iloc[-1]
             line += (f"; the most, {top['block']} ({top['tokens_q']} x {top['tokens_k']} tokens): "

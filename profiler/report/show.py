@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 
 from ..attention import backends
 from ..attention.backends import label
-from ..fmt import fitted_table, human_bytes, human_count, table
+from ..fmt import fitted_table, generations_text, human_bytes, human_count, table
 from ..store import BLOCKS, CELLS, DONE_STATUSES, Run, Unreadable, kind_of, list_runs
 from .compare import ATTENTION_TIME, eager_twins
 from .frame import NO_SETTINGS
@@ -150,8 +150,12 @@ NARROW_DROP = ["eager fwd peak", "eager attn peak", "eager forward", "note", "fw
                "rel err"]
 
 
-def format_run(run: Run, width: int | None = None) -> str:
-    """The run's summary; its tables and notes fitted to width characters (None: every column, unwrapped)."""
+LEGEND_HINT = "(attnprof show --legend says what each column is)"
+
+
+def format_run(run: Run, width: int | None = None, legend: bool = False) -> str:
+    """The run's summary; its tables and notes fitted to width characters (None: every column, unwrapped). The
+    columns' legend with legend=True, else one line that says where it is."""
     import textwrap
 
     from .findings import findings, format_findings
@@ -160,30 +164,52 @@ def format_run(run: Run, width: int | None = None) -> str:
     env = m.get("environment", {})
     cells, blocks = run.read()
     found = findings(cells, blocks, m)
+    ended = f"{m['ended_at']}{' (interrupted)' if m.get('interrupted') else ''}" if m.get("ended_at") else \
+        "not yet (running or stopped)"
     lines = ([f"findings ({run.id}):", format_findings(found), ""] if found else []) + [
-             f"run {run.id}  ({run.path})",
-             f"created {m.get('created_at')}  ended {m.get('ended_at') or 'not yet (running or stopped)'}",
+             f"run {run.id}  ({run.path})", f"created {m.get('created_at')}  ended {ended}",
              f"device {env.get('device')} ({env.get('device_name')}), torch {env.get('torch')}, "
              f"diffusers {env.get('diffusers')}, git {str(env.get('git_revision'))[:12]}",
              f"command: {m.get('command')}", *_limits_line(m), *_files_lines(m), ""]
+    unfinished = _unfinished(run, m, cells)
     if not len(cells):
-        return "\n".join(lines + [f"no cells recorded yet ({len(m.get('cells', []))} planned)"])
+        return "\n".join(lines + (unfinished or [f"no cells recorded yet ({len(m.get('cells', []))} planned)"]))
     twins = eager_twins(cells)
     rows = _cell_rows(cells, twins)
     columns = [(c, c) for c in _cell_columns(rows, twins)]
+    note = _footnote(cells) if legend else LEGEND_HINT
     if width is None:
-        lines += [table(rows, columns), "", _footnote(cells)]
+        lines += [table(rows, columns), "", note]
     else:
         shown, dropped = fitted_table(_short_models(rows), columns, width, NARROW_DROP)
         lines += [shown, ""] + ([f"(left out to fit {width} columns: {', '.join(dropped)}; --wide shows them)"]
-                               if dropped else []) + [textwrap.fill(_footnote(cells), width)]
-    lines += _recorded_lines(cells, m)
+                               if dropped else []) + [textwrap.fill(note, width)]
+    lines += _recorded_lines(cells, m) + ([""] + unfinished if unfinished else [])
     if len(blocks) and blocks["peak_mem_bytes"].notna().any():
         lines += ["", "largest measured per-call peaks:", _largest_calls(blocks, width)]
     if width is None:
         return "\n".join(lines)
     return "\n".join(textwrap.fill(line, width, subsequent_indent="  ", break_on_hyphens=False)
                      if len(line) > width and "  " not in line.strip() else line for line in lines)
+
+
+def resume_record(run: Run) -> str:
+    """The command that finishes an interrupted record run."""
+    return f"attnprof record --out {run.path.parent} --resume {run.id}"
+
+
+def _unfinished(run: Run, m: dict, cells) -> list[str]:
+    """An interrupted record run: the backends it has no cell of, and the command that finishes it."""
+    facts = m.get("record") or {}
+    if not m.get("interrupted") or not facts.get("backends"):
+        return []
+    done = set(cells["backend"]) if len(cells) else set()
+    left = [b or "loaded" for b in facts["backends"] if (b or "loaded") not in done]
+    if not left:
+        return []
+    names = ", ".join("the script's own processors (loaded)" if b == "loaded" else b for b in left)
+    return [f"interrupted: no cell of {names}: its run of {facts.get('script')} was stopped or made no pipeline "
+            f"call; finish it with: {resume_record(run)}"]
 
 
 def _short_models(rows: list[dict]) -> list[dict]:
@@ -215,11 +241,15 @@ def _recorded_lines(cells, m: dict) -> list[str]:
     theirs, against the generation's wall time; the run's notes."""
     import json
 
+    from .findings import listed
+
     out = []
     for c in (c for c in cells.to_dict("records") if c.get("kind") == "record" and c["status"] == "ok"):
         wall = c["generation_s"] * 1e3
         rows = component_rows(json.loads(c["components"]), wall)
-        out += ["", f"{c['pipeline']}, {c['backend_label']} ({c['processors']}): {c['steps']} steps, scheduler "
+        times, steps = listed(c.get("generation_times_s")), listed(c.get("generation_steps"))
+        calls = generations_text(steps, times) if len(times) > 1 else f"{c['steps']} steps"
+        out += ["", f"{c['pipeline']}, {c['backend_label']} ({c['processors']}): {calls}, scheduler "
                     f"{c['scheduler']}, guidance {c['guidance']}; {c['generation_s']:.3f} s of wall time",
                 table(rows, [(k, k) for k in ("component", "class", "forwards", "time", "share", "calls",
                                               "attention", "attention share")])]

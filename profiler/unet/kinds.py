@@ -9,7 +9,10 @@ kind names; adding a kind is one record (register) and its configs.
   where its attention is gated. A config no pipeline can run (cross-attention widths that differ per block: diffusers
   passes one encoder_hidden_states to every block) is refused in one line naming the key.
 - vae: AutoencoderKL (its part, decoder or encoder, is a setting: workload.VaePart).
-- controlnet: ControlNetModel.from_unet of a registry U-Net (its config: `controlnet: {unet: NAME}`).
+- controlnet: ControlNetModel from its own config (a folder ControlNetModel.save_pretrained wrote, or its
+  config.json: its blocks, depth and heads its own), or ControlNetModel.from_unet of a registry U-Net (its config:
+  `controlnet: {unet: NAME}`). A U-Net's `controlnet` setting runs one beside it: the registry's (true), or one's
+  own (its folder or config.json), whose residuals must fit the U-Net's down blocks.
 - animatediff: UNetMotionModel, a 2-D U-Net with motion modules (UNetMotionModel.from_unet2d of a registry U-Net and a
   MotionAdapter config: `animatediff: {unet: NAME, motion_adapter: {...}}`, or a UNetMotionModel config of a folder).
   Its input is (batch, channels, frames, h, w): spatial attention sees batch x frames images, temporal attention
@@ -163,7 +166,17 @@ def _unet(config: dict) -> torch.nn.Module:
 
 
 def _controlnet_inputs(model: torch.nn.Module, s: Shape, settings: dict) -> dict:
-    return {**unet_inputs(model, s), "controlnet_cond": _maker(model, s.seed + 2)(s.batch, 3, s.height, s.width)}
+    channels = getattr(model.config, "conditioning_channels", 3)  # the conditioning image's (3: RGB)
+    return {**unet_inputs(model, s), "controlnet_cond": _maker(model, s.seed + 2)(s.batch, channels, s.height,
+                                                                                 s.width)}
+
+
+def controlnet_part(settings: dict) -> str | None:
+    """The part name of a U-Net cell's ControlNet: 'controlnet' (the registry's, from the U-Net's config), or
+    'controlnet=PATH' (a ControlNet's own folder or config.json), so that parts kept by name are never mixed up;
+    None without one."""
+    given = settings.get("controlnet")
+    return None if not given else "controlnet" if given is True else f"controlnet={given}"
 
 
 class Step(torch.nn.Module):
@@ -187,7 +200,8 @@ class Step(torch.nn.Module):
 
 
 def _unet_wrap(model, settings: dict, part):
-    return Step(model, part("controlnet"), settings.get("text_tokens", 77)) if settings.get("controlnet") else model
+    which = controlnet_part(settings)
+    return Step(model, part(which), settings.get("text_tokens", 77)) if which else model
 
 
 @contextlib.contextmanager
@@ -282,8 +296,13 @@ def _vae(config: dict) -> torch.nn.Module:
 
 
 def _controlnet(config: dict) -> torch.nn.Module:
+    """A ControlNet: from its own config (ControlNetModel.save_pretrained's: no up blocks; its depth, heads and
+    blocks its own, as SDXL's small and mid ControlNets), or as ControlNetModel.from_unet builds one from a U-Net's
+    config (the registry's `controlnet: {unet: NAME}`)."""
     import diffusers
 
+    if "up_block_types" not in config:
+        return diffusers.ControlNetModel.from_config(config)
     return diffusers.ControlNetModel.from_unet(_unet(config), load_weights_from_unet=False)
 
 
@@ -298,14 +317,15 @@ def register(kind: Kind) -> Kind:
 
 for _k in (
     Kind("unet", "UNet2DConditionModel", "a U-Net", _UNET_KEYS, _unet, unet_inputs, wrap=_unet_wrap,
-         parts=lambda settings: ("model", "controlnet") if settings.get("controlnet") else ("model",),
+         parts=lambda settings: ("model", controlnet_part(settings)) if settings.get("controlnet") else ("model",),
          apply=_unet_apply),
     Kind("vae", "AutoencoderKL", "a VAE",
          ("down_block_types", "up_block_types", "block_out_channels", "latent_channels"), _vae, _vae_inputs,
          output=lambda out: out, wrap=lambda model, settings, part: VaePart(model, settings["vae_part"]),
          apply=_vae_apply),
-    Kind("controlnet", "ControlNetModel", "a ControlNet", _UNET_KEYS,
-         _controlnet, _controlnet_inputs, output=lambda out: out.mid_block_res_sample, on_unet=True, loads=False),
+    Kind("controlnet", "ControlNetModel", "a ControlNet", ("down_block_types", "block_out_channels",
+                                                           "cross_attention_dim"),
+         _controlnet, _controlnet_inputs, output=lambda out: out.mid_block_res_sample, on_unet=True),
     Kind("animatediff", "UNetMotionModel", "a video U-Net: AnimateDiff (a U-Net with motion modules)", _UNET_KEYS,
          _animatediff, _animatediff_inputs, on_unet=True, frames=True, temporal=("motion_modules.",)),
     Kind("svd", "UNetSpatioTemporalConditionModel", "a video U-Net: Stable Video Diffusion",

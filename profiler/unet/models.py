@@ -69,16 +69,21 @@ def _read_yaml(path: Path) -> ModelSource:
     return ModelSource(name, kinds.check(kind, body, str(path)), tokens, kind=kind.name)
 
 
+def _read_config(cfg_path: Path) -> tuple[dict, str]:
+    """(the checked config, its kind) of a diffusers config.json."""
+    try:
+        config = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise InputError(f"{cfg_path}: not valid JSON ({e}): fix the file") from None
+    kind = _kind_of(config)
+    return _check_unet_config(config, str(cfg_path)), kind
+
+
 def _read_folder(path: Path) -> ModelSource:
     for sub in (None, "unet"):
         cfg_path = path / sub / "config.json" if sub else path / "config.json"
         if cfg_path.is_file():
-            try:
-                config = json.loads(cfg_path.read_text())
-            except json.JSONDecodeError as e:
-                raise InputError(f"{cfg_path}: not valid JSON ({e}): fix the file") from None
-            kind = _kind_of(config)
-            config = _check_unet_config(config, str(cfg_path))
+            config, kind = _read_config(cfg_path)
             return ModelSource(str(path), config, weights=str(path), subfolder=sub,
                                variant=_weights_variant(cfg_path.parent), kind=kind)
     raise InputError(f"{path} holds no config.json nor unet/config.json: point at a diffusers model folder")
@@ -99,8 +104,8 @@ def _weights_variant(folder: Path) -> str | None:
 
 
 def resolve(name: str) -> ModelSource:
-    """A registry name, a YAML file, a single-file checkpoint (checkpoint.py), a local diffusers folder (with or
-    without unet/) or a hub id."""
+    """A registry name, a YAML file, a diffusers config.json, a single-file checkpoint (checkpoint.py), a local
+    diffusers folder (with or without unet/) or a hub id."""
     known = known_models()
     if name in known:
         return _read_yaml(known[name])
@@ -109,6 +114,11 @@ def resolve(name: str) -> ModelSource:
         if not path.is_file():
             raise InputError(f"model file {name} does not exist: check the path")
         return _read_yaml(path)
+    if path.suffix == ".json":  # a model's config.json alone: its shapes, no weights
+        if not path.is_file():
+            raise InputError(f"config file {name} does not exist: check the path")
+        config, kind = _read_config(path)
+        return ModelSource(name, config, kind=kind)
     if path.suffix in checkpoint.SUFFIXES:
         found, config = checkpoint.resolve(path, registry_configs)
         return ModelSource(name, config, weights=str(path), checkpoint=found)

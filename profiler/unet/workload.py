@@ -4,8 +4,9 @@ attention calls.
 
 Settings, per model kind (a cell's identity; stored as JSON in `settings`, only those that differ from the default;
 what each takes and how it reads: spec.SETTINGS):
-- unet: `controlnet` (true: the registry's ControlNet of the U-Net, ControlNetModel.from_unet, runs first and feeds
-  its residuals to the U-Net, as a pipeline step does), `ip_adapter_tokens` (IP-Adapter's image tokens in every
+- unet: `controlnet` (true: the registry's ControlNet of the U-Net, ControlNetModel.from_unet; or a ControlNet's own
+  folder or config.json, its blocks its own: it runs first and feeds its residuals to the U-Net, as a pipeline step
+  does), `ip_adapter_tokens` (IP-Adapter's image tokens in every
   cross-attention: 4 for the base adapter, 16 for plus), `tome` (ToMe's merge ratio, 0 <= r < 1), `compile` (none;
   regional: diffusers' compile_repeated_blocks of the U-Net, its BasicTransformerBlocks; full: torch.compile of the
   whole U-Net; measure/compiled.py compiles it, the reference and the planner run it eager).
@@ -41,12 +42,36 @@ def check_settings(model: str, settings: dict) -> tuple[tuple[str, object], ...]
         if not applies(name, source.kind):
             raise InputError(f"setting {name} is for a {' or '.join(SETTINGS[name].kinds)} model, not {model} (a "
                              f"{source.kind})")
+        if name == "controlnet" and isinstance(value, str):
+            check_controlnet(source, value)
         if value != _default(source, name) or SETTINGS[name].always:
             out[name] = value
     for name, s in SETTINGS.items():  # what a cell of this kind always says, at the model's default where not given
         if s.always and applies(name, source.kind) and name not in out:
             out[name] = _default(source, name)
     return tuple(sorted(out.items()))
+
+
+def check_controlnet(unet: models.ModelSource, given: str) -> None:
+    """A ControlNet of one's own beside a U-Net, checked before anything is built: a ControlNet, whose residuals fit
+    the U-Net's down blocks (their widths and count) and that reads the U-Net's latents and text (one line naming
+    the key that differs)."""
+    try:
+        cn = models.resolve(given)
+    except InputError as e:
+        raise InputError(f"--controlnet {given}: {e}") from None
+    if cn.kind != "controlnet":
+        raise InputError(f"--controlnet {given}: a {cn.kind}, not a ControlNet: give the folder that "
+                         "ControlNetModel.save_pretrained wrote, or its config.json")
+    listed = lambda v: list(v) if isinstance(v, (list, tuple)) else v  # noqa: E731 (YAML lists, JSON lists)
+    for key, default in (("block_out_channels", None), ("layers_per_block", 2), ("in_channels", 4)):
+        mine, its = listed(cn.config.get(key, default)), listed(unet.config.get(key, default))
+        if mine != its:
+            raise InputError(f"--controlnet {given}: its {key} {mine} differs from the U-Net's {its}: a ControlNet's "
+                             "residuals add to the U-Net's down blocks, so they must match")
+    if kinds.cross_width(cn.config) != kinds.cross_width(unet.config):
+        raise InputError(f"--controlnet {given}: its cross_attention_dim {cn.config['cross_attention_dim']} differs "
+                         f"from the U-Net's {unet.config['cross_attention_dim']}: both read the same text states")
 
 
 def _default(source: models.ModelSource, name: str):
@@ -83,12 +108,17 @@ class Workload:
         return getattr(model, "own", model)
 
     def make_part(self, which: str, weights: str, device: str, dtype: str, seed: int = 0) -> torch.nn.Module:
-        """One part, built in `dtype` (give it self.dtype(the cell's)): the model, or its ControlNet (random
-        weights: no checkpoint holds one)."""
-        if which == "controlnet":
-            source = models.ModelSource(f"{self.model}-controlnet", self.source.config, kind="controlnet")
-            return models.build(source, weights="meta" if weights == "meta" else "random", device=device,
-                                dtype=dtype, seed=seed + 1)
+        """One part, built in `dtype` (give it self.dtype(the cell's)): the model, or its ControlNet
+        (kinds.controlnet_part: 'controlnet', the registry's from the U-Net's config, random weights; or
+        'controlnet=PATH', one's own from its folder or config.json, its weights where the cell loads real ones and
+        the folder holds them, else random)."""
+        if which.startswith("controlnet"):
+            given = which.partition("=")[2]
+            source = models.resolve(given) if given else \
+                models.ModelSource(f"{self.model}-controlnet", self.source.config, kind="controlnet")
+            mode = "meta" if weights == "meta" else \
+                "pretrained" if weights == "pretrained" and source.weights else "random"
+            return models.build(source, weights=mode, device=device, dtype=dtype, seed=seed + 1)
         return models.build(self.source, weights=weights, device=device, dtype=dtype, seed=seed)
 
     def inputs(self, model: torch.nn.Module, batch: int, width: int, height: int, seed: int = 0) -> dict:
