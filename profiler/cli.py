@@ -374,7 +374,8 @@ def _sweep_from_args(args):
 
     entries = []
     for name in args.backend or ["sdpa"]:
-        entries.append((name, tuple(sorted(backends.check_options(name, _backend_options(args.option)).items()))))
+        name, options = backends.cell_backend(name, _backend_options(args.option))  # a map file: tuned, its map
+        entries.append((name, tuple(sorted(options.items()))))
     sizes, batch, dtype = _shape(args, devices.parse(args.device, "--device"))
     models.resolve(args.model)
     for key in ("repeats", "warmup"):
