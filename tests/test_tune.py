@@ -147,3 +147,105 @@ def test_under_a_budget_the_map_mixes_and_its_planned_peak_is_the_measured_one(t
     assert cell["status"] == "ok" and cell["predicted_forward_peak_bytes"] == doc["planned_forward_peak_bytes"]["mix"]
     assert abs(cell["forward_peak_total_bytes"] / cell["predicted_forward_peak_bytes"] - 1) < 0.01, \
         (cell["forward_peak_total_bytes"], cell["predicted_forward_peak_bytes"])
+
+
+def test_profiler_tune_of_the_tiny_pipeline_applies_and_gives_the_users_processors_back(tmp_path):
+    """profiler.tune(pipe) on docs/examples/generate.py's tiny SD 1.5 pipeline: its U-Net's calls from one
+    generation, a map that profiler.apply puts in place (every block its backend), images within the tolerance of
+    the untuned ones, the user's own processor objects back on apply(pipe, None); pipe.unet.set_attn_processor takes
+    profiler.processors(map) too."""
+    import profiler
+    from profiler.measure.rows import TOLERANCE
+    from tests.test_profile import gen
+
+    pipe = gen.tiny_pipeline()
+    own = dict(pipe.unet.attn_processors)
+    before = gen.generate(pipe, steps=2, size=64)
+    tuned = profiler.tune(pipe, height=64, width=64, num_inference_steps=2, backends=["naive", "sdpa", "split"],
+                          proof_rounds=3, out=tmp_path)
+    assert all(a is b for a, b in zip(pipe.unet.attn_processors.values(), own.values()))  # tune left them as they were
+    assert len(tuned.map["blocks"]) == 32 and tuned.path.is_file() and tuned.map["proof"]["what"] == "generation"
+    assert str(tuned).strip().splitlines()[-1].startswith("tuned:")
+    profiler.apply(pipe, tuned.path)
+    made = {block.removesuffix(".processor"): type(p).__name__ for block, p in pipe.unet.attn_processors.items()}
+    want = {b: type(backends.make_processor(e["backend"], **e["options"])).__name__
+            for b, e in tuned.map["blocks"].items()}
+    assert made == want
+    after = gen.generate(pipe, steps=2, size=64)
+    assert abs(after - before).max() / abs(before).max() <= TOLERANCE["float32"]
+    profiler.apply(pipe, None)
+    assert all(a is b for a, b in zip(pipe.unet.attn_processors.values(), own.values()))
+    pipe.unet.set_attn_processor(profiler.processors(tuned.map))
+    assert {k.removesuffix(".processor"): type(p).__name__ for k, p in pipe.unet.attn_processors.items()} == want
+
+
+@pytest.fixture(scope="module")
+def tune_run(tmp_path_factory) -> Path:
+    """A tune of tiny-sd15 at 64x64 over naive, sdpa and split (a quick one), through the command line: its run."""
+    root = tmp_path_factory.mktemp("tune") / "results"
+    torch.set_num_threads(1)
+    out = _cli(["tune", "--model", "tiny-sd15", "--size", "64x64", "--device", "cpu", "--backend", "naive",
+                "--backend", "sdpa", "--backend", "split", "--proof-rounds", "3", "--out", str(root), "--quiet"])
+    assert out.strip().splitlines()[-1].startswith("tuned:")
+    return list_runs(root)[0]
+
+
+def test_show_findings_and_the_report_show_the_map(tune_run, tmp_path):
+    run = Run.open(tune_run)
+    assert run.kind.name == "tune"
+    doc = json.loads((tune_run / "tuned.json").read_text())
+    shown = _cli(["show", tune_run.name, "--results", str(tune_run.parent), "--wide"])
+    assert "the map for tiny-sd15 at 64x64" in shown and f"map: {tune_run / 'tuned.json'}" in shown
+    for block, entry in doc["blocks"].items():  # a row per block: its backend, time and why
+        line = next(l for l in shown.splitlines() if l.startswith(block + " "))
+        assert f" {entry['backend']} " in line and f"{entry['time_ms']:.3f} ms" in line and entry["why"] in line
+    assert any(line.startswith("tuned: ") for line in shown.splitlines())  # the proof's line, closing the map
+    assert "The map tuned (tuned.json) for tiny-sd15 at 64x64 runs" in shown  # the findings' sentence
+    cells = run.cells()
+    assert set(cells["backend_label"]) == {"naive", "sdpa", "split", "tuned (tuned.json)"}
+    html = tmp_path / "r.html"
+    _cli(["report", tune_run.name, "--out", str(html), "--results", str(tune_run.parent)])
+    text = html.read_text()
+    assert "<h2>Processor maps</h2>" in text and text.count("transformer_blocks.0.attn") >= 32
+
+
+def test_the_dashboards_run_page_shows_the_map(tune_run, monkeypatch):
+    pytest.importorskip("streamlit", reason="the dashboard needs streamlit")
+    from streamlit.testing.v1 import AppTest
+
+    from dashboards import transforms as T
+
+    rows, lines = T.tuned_maps(*Run.open(tune_run).read())
+    assert len(rows) == 32 and len(lines) == 1 and "tuned:" in lines[0]
+    monkeypatch.setenv("ATTNPROF_RESULTS", str(tune_run.parent))
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "dashboards" / "app.py"),
+                           default_timeout=120)
+    at.query_params.update(page="Run")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "Processor map: the fastest backend per block" in [h.value for h in at.subheader]
+    shown = next(d.value for d in at.dataframe if "why" in d.value)
+    assert len(shown) == 32 and set(shown["chosen"]) <= {"naive", "sdpa", "split"}
+
+
+def test_the_gpu_check_step_tunes_each_model_and_judges_its_map_against_sdpa(tmp_path):
+    from profiler.gpu_check.checks import Context
+    from profiler.tuning.check import judge_maps, tuned_maps_against_sdpa
+
+    ctx = Context(device="cpu", out=tmp_path, runs=tmp_path / "runs", pairs=(("tiny-sd15", 64),))
+    verdict = tuned_maps_against_sdpa(ctx)
+    assert verdict.figure.startswith("tiny-sd15 64x64: ") and len(verdict.evidence) == 1
+    run = list_runs(tmp_path / "runs")[0]
+    cell = Run.open(run).cells().query("backend == 'tuned'").iloc[0]
+    speedup = cell["speedup"] if cell["versus"] == "sdpa" else cell["sdpa_speedup"]
+    assert "sdpa everywhere" in verdict.figure if speedup != speedup or speedup is None else \
+        f"{speedup:.2f}x over sdpa" in verdict.figure
+    good = {"model": "sd15", "width": 512, "height": 512, "map_counts": {"sdpa-cudnn": 20, "sdpa-flash": 12},
+            "versus": "sdpa-cudnn", "sdpa_speedup": 1.3, "sdpa_verdict": "improvement", "error_ok": True}
+    assert not judge_maps([good]).failed and "1.30x over sdpa (improvement)" in judge_maps([good]).figure
+    slower = {**good, "sdpa_speedup": 0.8, "sdpa_verdict": "regression"}
+    off = {**good, "error_ok": False, "max_rel_err": 0.2}
+    untimed = {**good, "sdpa_speedup": None, "sdpa_verdict": None}
+    for bad, says in ((slower, "slower than sdpa"), (off, "off the fp32 reference"), (untimed, "not timed")):
+        found = judge_maps([bad])
+        assert len(found.failed) == 1 and says in found.failed[0] and not found.evidence[0]["ok"]

@@ -246,18 +246,21 @@ def tune_line(c: dict) -> str:
     generation) against the best single backend's, interleaved, its speed-up with its range and the noise rule's
     verdict, and against sdpa; or why there was nothing to prove."""
     what = c.get("tune_what") or "forward"
+    sdpa = (f"against sdpa's {_ms(c['sdpa_ms'])} a speed-up of {c['sdpa_speedup']:.2f}x, "
+            f"{VERDICT_WORDS.get(c['sdpa_verdict'], c['sdpa_verdict'])}") if _known(c.get("sdpa_speedup")) else ""
     if not _known(c.get("speedup")):
         if isinstance(c.get("versus"), str) and c["versus"]:
-            return (f"tuned: {c['versus']} is the fastest in every block, so the map runs it everywhere (nothing to "
-                    "prove it against).")
+            return (f"tuned: {c['versus']} is the fastest in every block, so the map runs it everywhere"
+                    + (f"; its {what} took {_ms(c['proof_ms'])}, {sdpa}." if sdpa else " (nothing to prove it "
+                       "against)."))
         return ("tuned: no single backend runs every call within tolerance: the map runs them all (not proved "
                 "against a single backend).")
     verdict = VERDICT_WORDS.get(c["verdict"], str(c.get("verdict_note") or c["verdict"]))
     line = (f"tuned: the mixed {what} took {_ms(c['proof_ms'])} against {c['versus']}'s {_ms(c['versus_ms'])} "
             f"({int(c['tune_rounds'])} rounds each, interleaved): a speed-up of {c['speedup']:.2f}x "
             f"({c['speedup_low']:.2f}x to {c['speedup_high']:.2f}x), {verdict}")
-    if _known(c.get("sdpa_speedup")) and c["versus"] != "sdpa":
-        line += f"; against sdpa {c['sdpa_speedup']:.2f}x, {VERDICT_WORDS.get(c['sdpa_verdict'], c['sdpa_verdict'])}"
+    if sdpa and c["versus"] != "sdpa":
+        line += f"; {sdpa}"
     if c.get("kept_single") is True:
         line += f"; no faster, so the map keeps {c['versus']} in every block"
     return line + "."

@@ -9,11 +9,12 @@ from ..measure.replay import replay, shape_of
 from ..store import now, write_json
 from . import search
 
+MAP_FILE = "tuned.json"
 
-def store(found, doc: dict, cell: dict, blocks: list[dict], out: Path, command: str, say):
-    """The tune as a new run under out; its map beside it. Returns the Tuned with its path and run."""
+
+def store(found, doc: dict, cell: dict, blocks: list[dict], out: Path, command: str, say) -> tuple[Path, Path]:
+    """The tune as a new run under out, its map beside it: (the map's path, the run's folder)."""
     from ..measure.cell import failed_cell
-    from .tuner import MAP_FILE, Tuned
 
     b = found.base
     target = {k: getattr(b, k) for k in ("model", "width", "height", "batch", "dtype")}
@@ -38,4 +39,4 @@ def store(found, doc: dict, cell: dict, blocks: list[dict], out: Path, command: 
                         ended_at=now(), interrupted=False, tune_rounds=rounds)
     run.compact()
     say(f"stored: run {run.id} under {out}, the map {path}")
-    return Tuned(doc, path, run.path, cell, blocks)
+    return path, run.path

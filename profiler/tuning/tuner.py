@@ -22,8 +22,8 @@ from ..attention.apply import denoiser
 from ..attention.recorder import attention_modules
 from ..spec import CellSpec, InputError
 from . import proof, search
+from .store import MAP_FILE, store
 
-MAP_FILE = "tuned.json"
 PIPELINE_PROOF_ROUNDS = 4  # a generation is many forwards: fewer rounds of it
 
 
@@ -161,8 +161,8 @@ def _contenders(found: Search) -> dict[str, str]:
         out[search.label_of(found.single)] = proof.single_text(found.single)
     sdpa = next((k for k in found.keys if k[0] == "sdpa"), None)
     runs_all = sdpa and all(sdpa in found.shapes[shape_of(r)]["figures"] for r in found.rows)
-    if runs_all and sdpa != found.single and len(out) > 1:
-        out[search.label_of(sdpa)] = proof.single_text(sdpa)
+    if runs_all and any(e["backend"] != "sdpa" for e in found.blocks.values()):
+        out.setdefault(search.label_of(sdpa), proof.single_text(sdpa))
     return out
 
 
@@ -182,9 +182,7 @@ def _finish(found: Search, timed: dict, what: str, out, command: str, say) -> Tu
     cell, blocks = _map_rows(found, spec, verdicts, doc)
     if out is None:
         return Tuned(doc, None, None, cell, blocks)
-    from .store import store
-
-    return store(found, doc, cell, blocks, Path(out), command, say)
+    return Tuned(doc, *store(found, doc, cell, blocks, Path(out), command, say), cell, blocks)
 
 
 def _judge(found: Search, timed: dict, what: str) -> dict:
@@ -242,6 +240,7 @@ def _map_rows(found: Search, spec: CellSpec, verdicts: dict, doc: dict) -> tuple
                 verdict=single.get("verdict"), verdict_note=single.get("verdict_note"),
                 versus_ms=verdicts["contenders"].get(single.get("label"), {}).get("median_ms"),
                 sdpa_speedup=vs_sdpa.get("speedup"), sdpa_verdict=vs_sdpa.get("verdict"),
+                sdpa_ms=verdicts["contenders"].get(vs_sdpa.get("label"), {}).get("median_ms"),
                 kept_single=doc["kept_single"], max_rel_err=mixed.get("max_rel_err"), error_ok=mixed.get("error_ok"),
                 predicted_forward_peak_bytes=found.planned.get("mix"), budget_bytes=found.budget,
                 backends_used=", ".join(sorted({b["chosen"] for b in blocks})))
