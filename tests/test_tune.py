@@ -249,3 +249,30 @@ def test_the_gpu_check_step_tunes_each_model_and_judges_its_map_against_sdpa(tmp
     for bad, says in ((slower, "slower than sdpa"), (off, "off the fp32 reference"), (untimed, "not timed")):
         found = judge_maps([bad])
         assert len(found.failed) == 1 and says in found.failed[0] and not found.evidence[0]["ok"]
+
+
+def test_a_profiled_generation_runs_a_map_file_as_its_backend(tmp_path):
+    """What `attnprof record --backend tuned.json` does in its child (session.profile with backend=FILE): each U-Net
+    block runs its entry's backend, any other attention module (the VAE's) the map's default; the cell is labelled
+    by the map and the user's processors are back after."""
+    from profiler import profile
+    from profiler.planner import plan
+    from tests.test_profile import gen
+
+    rows = plan("tiny-sd15", 64, 64, 1, "float32")["blocks"]
+    path = _map(tmp_path, {r["block"]: {"backend": "naive" if r["kind"] == "cross" else "split"} for r in rows},
+                {"backend": "sdpa"}, "tuned.json")
+    pipe = gen.tiny_pipeline()
+    own = dict(pipe.unet.attn_processors)
+    seen = {}
+    hook = pipe.unet.register_forward_pre_hook(lambda m, a: seen.update(
+        {k: type(p).__name__ for k, p in m.attn_processors.items()}))
+    with profile(pipe, out=tmp_path / "r", backend=str(path)) as prof:
+        gen.generate(pipe, steps=2, size=64)
+    hook.remove()
+    kinds = {r["block"]: r["kind"] for r in rows}
+    assert seen == {f"{b}.processor": "AttnProcessor" if k == "cross" else "SplitProcessor" for b, k in kinds.items()}
+    assert all(a is b for a, b in zip(pipe.unet.attn_processors.values(), own.values()))
+    cells = Run.open(prof.run_dir).cells()
+    assert cells["backend_label"].tolist() == ["tuned (tuned.json)"]
+    assert "AttnProcessor2_0 x2" in cells["processors"].iloc[0]  # the VAE's two: the default, sdpa

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..fmt import human_bytes
+from .compare import IMPROVEMENT, REGRESSION, SAME
 from .frame import NO_SETTINGS
 
 SHAPE = ["model", "settings", "settings_label", "dtype", "batch", "width", "height"]  # settings_label: settings' words
@@ -237,8 +238,8 @@ def temporal(cells: pd.DataFrame, blocks: pd.DataFrame) -> list[str]:
     return out
 
 
-VERDICT_WORDS = {"improvement": "faster by the noise rule", "same": "within noise by the noise rule",
-                 "regression": "slower by the noise rule"}
+VERDICT_WORDS = {IMPROVEMENT: "faster by the noise rule", SAME: "within noise by the noise rule",
+                 REGRESSION: "slower by the noise rule"}  # NOT_JUDGED: its note says why
 
 
 def tune_line(c: dict) -> str:

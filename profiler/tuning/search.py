@@ -8,7 +8,10 @@ queries and keys, kind, upcast), every candidate backend on that call alone, and
   is left out with why; each other one's output on the shape's random Q, K, V (replay.output_of) against the fp32
   reference backend's on the same values, within the dtype's tolerance (rows.TOLERANCE); its kernel alone timed by
   replay.measure_shape (kernel time on CUDA, warm-up and repeats until the IQR is small), once per round in ABBA
-  rounds across the shape's backends (rounds.interleaved), the rounds' samples pooled.
+  rounds across the shape's backends (rounds.interleaved). Its figure is the least of its rounds' medians: other
+  work on the machine only adds time, and a round it disturbs draws more samples (measure_shape repeats until the
+  IQR is small), so pooling them would weigh the disturbed round most; the rounds' samples pooled give the IQR and
+  the noise rule between a block's choice and its runner-up.
 - Per block (a call of the forward): the fastest backend of its shape within tolerance; with a budget, the fastest
   whose transient keeps the whole forward within it (planner/forward.py's trace: the bytes alive when the call
   begins plus the backend's transient, over the weights and inputs); the runner-up among those, and why.
@@ -106,8 +109,9 @@ def _failure(e: Exception, device: str) -> str:
 
 def _timed(shape: dict, keys: list[tuple], base: CellSpec, repeats: int, warmup: int,
            rounds: int) -> tuple[dict, dict]:
-    """({key: measure_shape's figures, the rounds' samples pooled (time_samples_ms; rounds_ms: each round's
-    median)}, {key: why it failed}), each backend's kernel timed once per round in ABBA rounds."""
+    """({key: measure_shape's figures: time_ms the least of its rounds' medians (rounds_ms), the rounds' samples
+    pooled (time_samples_ms, their IQR and noisy flag)}, {key: why it failed}), each backend's kernel timed once per
+    round in ABBA rounds."""
     runs: dict[tuple, list[dict]] = {key: [] for key in keys}
     failed: dict[tuple, str] = {}
 
@@ -128,8 +132,9 @@ def _timed(shape: dict, keys: list[tuple], base: CellSpec, repeats: int, warmup:
     for key, figures in runs.items():
         if key not in failed:
             samples = [s for f in figures for s in f["time_samples_ms"]]
-            pooled[key] = {**figures[-1], **summarize(samples), "time_samples_ms": samples,
-                           "rounds_ms": [f["time_ms"] for f in figures]}
+            rounds_ms = [f["time_ms"] for f in figures]
+            pooled[key] = {**figures[-1], **summarize(samples), "time_samples_ms": samples, "rounds_ms": rounds_ms,
+                           "time_ms": min(rounds_ms)}
     return pooled, failed
 
 
