@@ -193,7 +193,7 @@ def test_the_readmes_from_python_section_runs_as_written(tmp_path, monkeypatch):
     for block in blocks:
         exec(compile(block, "README.md", "exec"), scope)
     assert len(list((tmp_path / "results").iterdir())) == 2 and scope["prof"].run_dir.is_dir()  # and the tune's
-    assert scope["tuned"].path.parent.parent == tmp_path / "results" and scope["tuned"].path.is_file()
+    assert scope["tuned"].path.parent.parent.resolve() == tmp_path / "results" and scope["tuned"].path.is_file()
     assert list(scope["f"].backends["backend"]) == ["naive", "sdpa"] and scope["p"].totals["predicted_forward_peak_bytes"]
 
 

@@ -276,3 +276,42 @@ def test_a_profiled_generation_runs_a_map_file_as_its_backend(tmp_path):
     cells = Run.open(prof.run_dir).cells()
     assert cells["backend_label"].tolist() == ["tuned (tuned.json)"]
     assert "AttnProcessor2_0 x2" in cells["processors"].iloc[0]  # the VAE's two: the default, sdpa
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--size", "64x64", "--size", "128x128"], "tune takes one --size"),
+    (["--backend", "nope"], "unknown backend 'nope'"),
+    (["--backend", "tuned.json"], "tune times backends by name"),
+    (["--rounds", "1"], "--rounds 1 is too small"),
+    (["--budget", "24"], "has no unit"),
+    (["--budget", "1MiB"], "whatever the backends"),  # the weights alone: found by the planner, nothing timed
+    (["--budget", "14MiB", "--backend", "naive"], "no backend keeps the forward within the budget 14.0 MiB at"),
+])
+def test_bad_input_to_tune_is_one_line_and_stores_nothing(tmp_path, argv, says):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["tune", "--model", "tiny-sd15", "--device", "cpu", "--out", str(tmp_path / "t"), "--quiet",
+                     *(["--size", "128x128"] if "--size" not in argv else []), *argv]) == 2
+    line = err.getvalue().strip()
+    assert "\n" not in line and says in line, line
+    assert not (tmp_path / "t").exists()
+
+
+def test_a_bad_map_applied_changes_nothing_and_tune_asks_for_what_it_lacks(tmp_path, tiny_sd15):
+    import profiler
+
+    own = dict(tiny_sd15.attn_processors)
+    block = "down_blocks.0.attentions.0.transformer_blocks.0.attn1"
+    for path, says in ((_map(tmp_path, {block: {"backend": "nope"}}), "unknown backend 'nope'"),
+                       (_map(tmp_path, {block: {"backend": "naive"}}, name="p.json"), "not in it and it has no default"),
+                       (tmp_path / "gone.json", "cannot be read")):
+        with pytest.raises(InputError, match=says):
+            profiler.apply(tiny_sd15, path)
+        assert all(a is b for a, b in zip(tiny_sd15.attn_processors.values(), own.values()))
+    assert list(profiler.processors(tmp_path / "p.json")) == [f"{block}.processor"]  # the map's blocks alone
+    with pytest.raises(InputError, match="not a processor map"):
+        profiler.apply(tiny_sd15, 42)
+    with pytest.raises(InputError, match="give the module's forward inputs"):
+        profiler.tune(tiny_sd15)
+    with pytest.raises(InputError, match="attnprof tune --model NAME --size WxH --budget"):
+        profiler.tune(tiny_sd15, budget="1GiB")

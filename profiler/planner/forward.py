@@ -252,7 +252,8 @@ def method_text(how: str) -> str:
             "processor, chunks": f"traced: its processor on fake tensors; calls of over {MAX_TRACED_CHUNKS} chunks "
                                  "from the memory model",
             "memory model": "attention calls from the memory model (no fake implementation of the kernel)",
-            "sdpa": "traced: PyTorch's pick per call, its aten op on fake CUDA tensors"}.get(
+            "sdpa": "traced: PyTorch's pick per call, its aten op on fake CUDA tensors",
+            "mixed": "traced: each block's backend as that backend is traced (a processor map)"}.get(
         how, f"traced: aten's {how} attention kernel on fake CUDA tensors")
 
 
@@ -416,8 +417,7 @@ def trace(model: str, width: int, height: int, batch: int = 1, dtype: str = "flo
         source = _trace(*shape, list(parts), parts, False, gpu, settings) if n in alone else out
         if all(p in source["backends"] for p in parts):  # else a backend of it does not run on this device
             choice = {r["block"]: mix.of_block(text, r["block"])[0] for r in source["rows"]}
-            out["backends"][n] = {**mixed_peak(source, choice), "how": "mixed: each block's backend's transient, "
-                                  "traced as that backend's is"}
+            out["backends"][n] = {**mixed_peak(source, choice), "how": "mixed"}
             for row, own in zip(out["rows"], source["rows"]):
                 row["traced_peak_bytes"][n] = own["traced_peak_bytes"][choice[own["block"]]]
     return out

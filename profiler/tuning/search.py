@@ -179,6 +179,19 @@ def fits_budget(traced: dict, budget: int):
     return fits
 
 
+def check_budget(traced: dict, keys: list[tuple], budget: int):
+    """fits_budget's fits, once every call has a candidate that fits (before anything is timed); else one line
+    naming the first call none fits and the least it needs."""
+    fits = fits_budget(traced, budget)
+    for row in traced["rows"]:
+        if not any(fits(row, key) for key in keys):
+            least = min((n for k in keys if (n := need_bytes(traced, row, k)) is not None), default=None)
+            raise InputError(f"no backend keeps the forward within the budget {human_bytes(budget)} at {row['block']} "
+                             f"({row['tokens_q']}x{row['tokens_k']} tokens; the least it needs: "
+                             f"{human_bytes(least)}): give a larger --budget, a smaller --size, or more backends")
+    return fits
+
+
 def need_bytes(traced: dict, row: dict, key: tuple) -> int | None:
     """The forward's peak at this call under that backend (planner/forward.py's trace)."""
     t = next(r for r in traced["rows"] if r["block"] == row["block"])

@@ -75,12 +75,12 @@ def tune_model(model: str, width: int, height: int, batch: int = 1, dtype: str =
     traced = trace(model, width, height, batch, dtype, devices.get(device).torch.type, [k[0] for k in keys],
                    {k[0]: dict(k[1]) for k in keys})
     rows, base = traced["rows"], CellSpec(model, width, height, batch, dtype, "sdpa", device)
+    fits = search.check_budget(traced, keys, budget) if budget else None  # before anything is timed
     say(f"{len(keys)} backends, {len(search.distinct(rows))} distinct shapes of {len(rows)} calls: "
         + ", ".join(map(search.label_of, keys)))
     shapes = search.measure_shapes(rows, keys, base, repeats, warmup, rounds, say)
     peak = lambda key: traced["backends"].get(key[0], {}).get("predicted_forward_peak_bytes")  # noqa: E731
-    blocks = search.choose(rows, shapes, search.fits_budget(traced, budget) if budget else None,
-                           lambda row, key: search.need_bytes(traced, row, key), budget)
+    blocks = search.choose(rows, shapes, fits, lambda row, key: search.need_bytes(traced, row, key), budget)
     single, _, note = search.best_single(rows, shapes, keys, peak, budget)
     found = Search(base, rows, keys, shapes, blocks, single, left, note, budget,
                    {"mix": mixed_peak(traced, {b: e["backend"] for b, e in blocks.items()})[
