@@ -303,7 +303,8 @@ def test_a_bad_map_applied_changes_nothing_and_tune_asks_for_what_it_lacks(tmp_p
     own = dict(tiny_sd15.attn_processors)
     block = "down_blocks.0.attentions.0.transformer_blocks.0.attn1"
     for path, says in ((_map(tmp_path, {block: {"backend": "nope"}}), "unknown backend 'nope'"),
-                       (_map(tmp_path, {block: {"backend": "naive"}}, name="p.json"), "not in it and it has no default"),
+                       (_map(tmp_path, {block: {"backend": "naive"}}, name="p.json"),
+                        "not in it and it has no default"),
                        (tmp_path / "gone.json", "cannot be read")):
         with pytest.raises(InputError, match=says):
             profiler.apply(tiny_sd15, path)

@@ -17,7 +17,7 @@ from ..attention.recorder import attention_modules
 from ..measure.rounds import interleaved
 from ..measure.rows import TOLERANCE, without_collection
 from ..report.compare import IMPROVEMENT, THRESHOLD, quartiles, time_verdict
-from ..spec import CellSpec
+from ..spec import CellSpec, InputError
 
 ROUNDS = 6  # whole forwards per contender (MIN_SAMPLES, 3, is what the noise rule judges at the least)
 MIX = "mix"
@@ -40,6 +40,9 @@ def timed(modules: dict, run_once, contenders: dict[str, str], dev, rounds: int)
     for name, text in contenders.items():
         unplaced = mix.Unplaced(text, backends.make_processor)
         made[name] = {block: for_module(unplaced.for_block(block), m) for block, m in modules.items()}
+        refused = [block for block, p in made[name].items() if p is None]
+        if refused:  # an added-KV block (SimpleCrossAttn) that only naive and sdpa run
+            raise InputError(f"{name} cannot stand in for {refused[0]} (added-KV attention): tune with naive or sdpa")
     own = {block: m.processor for block, m in modules.items()}
     outputs: dict[str, object] = {}
 

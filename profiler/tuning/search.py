@@ -167,9 +167,10 @@ def fits_budget(traced: dict, budget: int):
     not fit."""
     base = traced["weights_bytes"] + traced["inputs_bytes"]
     if base + traced["outside_peak_bytes"] > budget:
-        raise InputError(f"the forward outside attention alone peaks at {human_bytes(base + traced['outside_peak_bytes'])}"
-                         f" (weights, inputs and activations): over the budget {human_bytes(budget)} whatever the "
-                         "backends; give a larger --budget, a smaller --size or --batch")
+        raise InputError(f"the forward outside attention alone peaks at "
+                         f"{human_bytes(base + traced['outside_peak_bytes'])} (weights, inputs and activations): over "
+                         f"the budget {human_bytes(budget)} whatever the backends; give a larger --budget, a smaller "
+                         "--size or --batch")
     by_block = {r["block"]: r for r in traced["rows"]}
 
     def fits(row: dict, key: tuple) -> bool:
