@@ -46,11 +46,12 @@ def judge_maps(cells: list[dict]) -> Verdict:
         counts = ", ".join(f"{name} x{n}" for name, n in sorted((c.get("map_counts") or {}).items()))
         speedup, verdict = against_sdpa(c)
         everywhere = set(c.get("map_counts") or {}) == {"sdpa"}
+        vs = f"{speedup:.2f}x over sdpa ({verdict})" if speedup is not None and speedup == speedup else \
+            "sdpa everywhere" if everywhere else "sdpa not timed"
         problems = ([f"{what}: the map's forward is {c['max_rel_err']:.1e} off the fp32 reference"]
                     if c.get("error_ok") is False else []) + \
             ([f"{what}: the map is slower than sdpa ({speedup:.2f}x)"] if verdict == "regression" else []) + \
-            ([f"{what}: sdpa was not timed against the map"] if speedup is None and not everywhere else [])
-        vs = "sdpa everywhere" if everywhere else f"{speedup:.2f}x over sdpa ({verdict})" if speedup else "no sdpa"
+            ([f"{what}: sdpa was not timed against the map"] if vs == "sdpa not timed" else [])
         figures.append(f"{what}: {counts}; {vs}")
         evidence.append(said(f"{what}: map {c.get('map_path')} ({counts}); whole forward {c.get('proof_ms')} ms "
                              f"against {c.get('versus')}'s {c.get('versus_ms')} ms; over sdpa {speedup} ({verdict}); "

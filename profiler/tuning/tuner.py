@@ -172,9 +172,9 @@ def _finish(found: Search, timed: dict, what: str, out, command: str, say) -> Tu
     verdicts = _judge(found, timed, what)
     kept = found.single if verdicts.get("single") and not verdicts["single"]["faster"] else None
     if kept:
-        found = replace(found, blocks={b: {**e, "proposed": search.label_of((e["backend"], tuple(sorted(
-            e["options"].items())))), "backend": kept[0], "options": dict(kept[1]),
-            "why": f"kept {search.label_of(kept)}: the mixed {what} was no faster"} for b, e in found.blocks.items()})
+        shapes = {r["block"]: shape_of(r) for r in found.rows}
+        found = replace(found, blocks={b: _kept(e, kept, found.shapes[shapes[b]]["figures"], what)
+                                       for b, e in found.blocks.items()})
     doc = _document(found, verdicts, kept)
     spec = CellSpec(*[getattr(found.base, k) for k in ("model", "width", "height", "batch", "dtype")],
                     mix.NAME, found.base.device, tuple(sorted(check_options(mix.NAME, {
@@ -183,6 +183,19 @@ def _finish(found: Search, timed: dict, what: str, out, command: str, say) -> Tu
     if out is None:
         return Tuned(doc, None, None, cell, blocks)
     return Tuned(doc, *store(found, doc, cell, blocks, Path(out), command, say), cell, blocks)
+
+
+def _kept(entry: dict, kept: tuple, figures: dict, what: str) -> dict:
+    """A block's entry where the mix was no faster: the single backend and its figures at the block's shape; the
+    mix's pick as its runner-up (`proposed`)."""
+    proposed = search.key_of(entry["backend"], entry["options"])
+    if proposed == kept:
+        return {**entry, "proposed": search.label_of(proposed)}
+    return {**entry, "backend": kept[0], "options": dict(kept[1]), "time_ms": figures[kept]["time_ms"],
+            "iqr_ms": figures[kept]["iqr_ms"], "max_rel_err": figures[kept]["max_rel_err"],
+            "proposed": search.label_of(proposed), "runner_up": search.label_of(proposed),
+            "runner_up_ms": entry["time_ms"], "why": f"kept {search.label_of(kept)}: the mixed {what} was no faster "
+                                                     f"than it (the mix's pick here: {search.label_of(proposed)})"}
 
 
 def _judge(found: Search, timed: dict, what: str) -> dict:
