@@ -121,3 +121,40 @@ def test_a_bad_map_applied_changes_nothing_and_tune_asks_for_what_it_lacks(tmp_p
         profiler.tune(tiny_sd15)
     with pytest.raises(InputError, match="attnprof tune --model NAME --size WxH --budget"):
         profiler.tune(tiny_sd15, budget="1GiB")
+
+
+def test_each_block_says_why_its_backend_was_chosen():
+    """search.choose on figures given (its rule, not a timing): the fastest beyond noise, within noise of its
+    runner-up, the fastest that fits the budget (naming what the faster would need), the only one that runs the
+    shape within tolerance (naming the others and why), and a faster one off the fp32 reference left out."""
+    from profiler.measure.replay import SHAPE
+    from profiler.tuning import search
+
+    def row(block, tokens, kind="self"):
+        return {"block": block, "batch": 1, "heads": 8, "head_dim": 40, "tokens_q": tokens,
+                "tokens_k": tokens if kind == "self" else 77, "kind": kind, "upcast": ""}
+
+    def fig(ms, spread=0.01, ok=True):
+        return {"time_ms": ms, "iqr_ms": spread, "time_samples_ms": [ms - spread, ms, ms + spread] * 2,
+                "max_rel_err": 1e-6 if ok else 0.5, "error_ok": ok}
+
+    naive, sdpa, split = (search.key_of(n, backends.check_options(n, {})) for n in ("naive", "sdpa", "split"))
+    rows = [row("a", 4096), row("b", 1024), row("c", 256), row("d", 64), row("e", 64, "cross")]
+    figures = {"a": {naive: fig(1.0), sdpa: fig(2.0)}, "b": {naive: fig(1.0, 0.3), sdpa: fig(1.02, 0.3)},
+               "c": {naive: fig(1.0), sdpa: fig(3.0)}, "d": {sdpa: fig(2.0)}, "e": {naive: fig(0.5, ok=False),
+                                                                                   sdpa: fig(0.9)}}
+    refused = {"d": {naive: "naive cannot run this call (made up for the test)"}}
+    shapes = {tuple(r[k] for k in SHAPE): {"row": r, "figures": figures[r["block"]],
+                                           "refused": refused.get(r["block"], {})} for r in rows}
+    fits = lambda r, key: not (r["block"] == "c" and key == naive)  # noqa: E731
+    need = lambda r, key: 3 * 2**30  # noqa: E731
+    chosen = search.choose(rows, shapes, fits, need, 2 * 2**30)
+    assert {b: e["backend"] for b, e in chosen.items()} == {"a": "naive", "b": "naive", "c": "sdpa", "d": "sdpa",
+                                                            "e": "sdpa"}
+    assert chosen["a"]["why"] == "fastest" and chosen["a"]["runner_up"] == "sdpa" and chosen["a"]["runner_up_ms"] == 2
+    assert chosen["b"]["why"] == "fastest (within noise of sdpa)"
+    assert chosen["c"]["why"] == "fits the budget: naive (1.000 ms) would take the forward to 3.0 GiB, over 2.0 GiB"
+    assert chosen["d"]["why"] == ("the only one that runs this shape within tolerance (naive: naive cannot run this "
+                                  "call (made up for the test))")
+    assert chosen["e"]["why"] == "the only one that runs this shape within tolerance (naive 5.0e-01 off the fp32 " \
+                                 "reference)"
