@@ -174,7 +174,8 @@ def _finish(found: Search, timed: dict, what: str, out, command: str, say) -> Tu
     if kept:
         shapes = {r["block"]: shape_of(r) for r in found.rows}
         found = replace(found, blocks={b: _kept(e, kept, found.shapes[shapes[b]]["figures"], what)
-                                       for b, e in found.blocks.items()})
+                                       for b, e in found.blocks.items()},
+                        planned={**found.planned, "mix": found.planned.get(search.label_of(kept))})
     doc = _document(found, verdicts, kept)
     spec = CellSpec(*[getattr(found.base, k) for k in ("model", "width", "height", "batch", "dtype")],
                     mix.NAME, found.base.device, tuple(sorted(check_options(mix.NAME, {
