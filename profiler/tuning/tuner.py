@@ -86,8 +86,9 @@ def tune_model(model: str, width: int, height: int, batch: int = 1, dtype: str =
                    {"mix": mixed_peak(traced, {b: e["backend"] for b, e in blocks.items()})[
                        "predicted_forward_peak_bytes"], **{search.label_of(k): peak(k) for k in keys}},
                    (repeats, warmup, rounds))
-    say("the proof: the whole U-Net forward, the map against the best single backend, interleaved")
     contenders = _contenders(found)
+    if len(contenders) > 1:
+        say(f"the proof: the whole U-Net forward, {' against '.join(contenders)}, interleaved")
     timed = proof.prove_model(base, contenders, proof_rounds) if len(contenders) > 1 else {}
     return _finish(found, timed, "U-Net forward", out, command, say)
 
