@@ -268,6 +268,7 @@ def run_page(cells: pd.DataFrame, blocks: pd.DataFrame, cell: str | None, colour
     else:
         st.info("No cell of the chosen runs and filters ended ok: nothing to draw. The cells and their errors:")
     roofline_ui(cells, blocks)
+    tuned_ui(cells, blocks)
     st.subheader("Cells")
     st.caption("forward peak total: measured, counted as the planner counts it (weights + inputs + the forward's "
                "transient); predicted forward peak: the planner's, from fake tensors; ratio: measured / predicted.")
@@ -292,6 +293,17 @@ def component_maps(blocks: pd.DataFrame, colour: str, empty: str) -> str:
         else:
             chart(layout, C.call_bars(field, title, unit, len(layout)))
     return unit
+
+
+def tuned_ui(cells: pd.DataFrame, blocks: pd.DataFrame) -> None:
+    """A tune run's processor map (attnprof tune): per block the backend chosen, its time, the runner-up's, why."""
+    rows, lines = T.tuned_maps(cells, blocks)
+    if not len(rows):
+        return
+    st.subheader("Processor map: the fastest backend per block")
+    for line in lines:
+        st.caption(line)
+    table(rows, "tuned-map")
 
 
 def roofline_ui(cells: pd.DataFrame, blocks: pd.DataFrame) -> None:

@@ -148,6 +148,16 @@ def _json(spec: dict) -> str:
     return json.dumps(spec, default=str).replace("</", "<\\/")
 
 
+def _maps_section(cells: pd.DataFrame, blocks: pd.DataFrame) -> str:
+    """The runs' processor maps (attnprof tune), where they hold any: each map's proof and its table per block."""
+    tuned, proofs = T.tuned_maps(cells, blocks)
+    if not len(tuned):
+        return ""
+    return (f"<h2>Processor maps</h2><p>attnprof tune: per block the fastest backend of its shape alone (within the "
+            f"dtype's tolerance), the runner-up's time and why.</p>{''.join(f'<p>{html.escape(p)}</p>' for p in proofs)}"
+            f"{_table(T.display(tuned), 'tuned')}")
+
+
 def render(paths: list[Path]) -> str:
     runs = [Run.open(p) for p in paths]
     loaded = [T.load_run(r.path) for r in runs]
@@ -167,6 +177,7 @@ def render(paths: list[Path]) -> str:
         cells = cells.assign(_family=T.family_order(cells)).sort_values(["run_id", "_family"], kind="stable")
     shown = T.display(cells[[c for c in T.CELL_COLUMNS if c in cells]]) if len(cells) else pd.DataFrame()
     families = T.display(T.family_table(cells)) if len(cells) else pd.DataFrame()
+    maps = _maps_section(cells, blocks)
     names = ", ".join(r.id for r in runs)
     embeds = "\n".join(f'vegaEmbed("#chart{i}", {_json(s)}, {{actions: false, renderer: "svg"}}).then(() => done());'
                        for i, s in enumerate(specs))
@@ -192,6 +203,7 @@ transient peak over what was held when it began. Everything, the chart library i
 beside its error against the fp32 reference (max_rel_err; error_ok: within the dtype's tolerance).</p>
 {_table(families, "families") if len(families) else "<p>No cell ended ok.</p>"}
 <h2>Cells</h2>{_table(shown, "cells") if len(shown) else "<p>No cells recorded.</p>"}
+{maps}
 <script>{_bundle()}</script>
 <script>
 let rendered = 0;

@@ -411,6 +411,25 @@ def run_findings(cells: pd.DataFrame, blocks: pd.DataFrame) -> dict[str, list[st
             for run in dict.fromkeys(cells["run_id"])}
 
 
+TUNED_COLUMNS = ("run_id", "map", "block", "kind", "heads", "head_dim", "tokens_q", "tokens_k", "chosen", "time_ms",
+                 "runner_up", "runner_up_ms", "why")
+
+
+def tuned_maps(cells: pd.DataFrame, blocks: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The processor maps of the runs (attnprof tune's cells, backend `tuned`): per block its shape, the backend
+    chosen, its kernel's time alone, the runner-up's and why; and each map's proof (findings.tune_line)."""
+    from profiler.report.findings import tune_line
+
+    maps = cells[cells["backend"].eq("tuned") & cells["status"].eq("ok")] if len(cells) and "backend" in cells \
+        else cells.iloc[:0]
+    if not len(maps) or not len(blocks) or "chosen" not in blocks:
+        return pd.DataFrame(columns=TUNED_COLUMNS), []
+    rows = blocks[blocks["cell_id"].isin(maps["cell_id"]) & blocks["run_id"].isin(maps["run_id"])]
+    rows = rows.sort_values(["run_id", "call_index"]).assign(map=rows["backend_label"])
+    lines = [f"{c['run_id']}, {c['backend_label']}: {tune_line(c)}" for c in maps.to_dict("records")]
+    return rows[list(TUNED_COLUMNS)].reset_index(drop=True), lines
+
+
 # ---- runs against runs (profiler.report.compare holds the matching and the noise rule)
 
 ENV_SKIP = ("device", "cpu_count", "platform")  # the same in every run of a grid, or said by device_name / cpu

@@ -1,8 +1,9 @@
 """attnprof: a profiler for the attention blocks of Stable Diffusion U-Nets.
 
 From Python, one stable place for what a user imports: `profile` (a generation of your own pipeline, as it runs),
-`plan` and `fit` (the planner: no weights, no GPU), and a backend of your own: `Backend`, `register`,
-`make_processor`. Each is imported on first use, so that `import profiler` stays cheap.
+`plan` and `fit` (the planner: no weights, no GPU), `tune` (the fastest attention backend per block of your
+pipeline, as a processor map), `apply` and `processors` (a map put in place), and a backend of your own: `Backend`,
+`register`, `make_processor`. Each is imported on first use, so that `import profiler` stays cheap.
 
 The modules that moved into profiler/attention/ and profiler/unet/ keep their old paths (profiler.backends, the last
 release's plugin docs) for one release: their names are the new modules', with a FutureWarning."""
@@ -12,9 +13,11 @@ import types
 import warnings
 
 __version__ = "0.1.0"
-__all__ = ["profile", "plan", "fit", "Profile", "Plan", "Fit", "Backend", "register", "make_processor"]
+__all__ = ["profile", "plan", "fit", "tune", "apply", "processors", "Profile", "Plan", "Fit", "Tuned", "Backend",
+           "register", "make_processor"]
 _HOMES = {"profile": "record.session", "Profile": "record.session", "plan": "api", "fit": "api", "Plan": "api",
-          "Fit": "api", "Backend": "attention.backends", "register": "attention.backends",
+          "Fit": "api", "tune": "tuning.tuner", "Tuned": "tuning.tuner", "apply": "attention.apply",
+          "processors": "attention.apply", "Backend": "attention.backends", "register": "attention.backends",
           "make_processor": "attention.backends"}
 MOVED = {name: f"attention.{name}" for name in ("backends", "recorder", "processor", "chunked", "fused")} | {
     name: f"unet.{name}" for name in ("models", "kinds", "checkpoint", "adapters", "workload", "weights_init")}

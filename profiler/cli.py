@@ -405,7 +405,8 @@ def _sweep_from_args(args):
 
     entries = []
     for name in args.backend or ["sdpa"]:
-        entries.append((name, tuple(sorted(backends.check_options(name, _backend_options(args.option)).items()))))
+        name, options = backends.cell_backend(name, _backend_options(args.option))  # a map file: tuned, its map
+        entries.append((name, tuple(sorted(options.items()))))
     sizes, batch, dtype = _shape(args, devices.parse(args.device, "--device"))
     models.resolve(args.model)
     for key in ("repeats", "warmup"):
@@ -542,6 +543,32 @@ def cmd_replay(args) -> int:
     result = replay(targets, [(n, backends.check_options(n, o)) for n, o in chosen], device, args.repeats,
                     args.warmup, Path(args.out), " ".join(["attnprof"] + sys.argv[1:]), source, say)
     print(format_replay(result))
+    return 0
+
+
+def cmd_tune(args) -> int:
+    from . import devices
+    from .unet import models
+    from .tuning.tuner import tune_model
+
+    device = devices.resolve(devices.parse(args.device, "--device"))
+    models.resolve(args.model)
+    if args.size and len(args.size) > 1:
+        raise InputError("tune takes one --size: a map is for the shapes of one forward")
+    sizes, batch, dtype = _shape(args, device, say=True)
+    budget = parse_bytes(args.budget, "--budget") if args.budget else None
+    for key, least in (("repeats", 1), ("warmup", 0), ("rounds", 2), ("proof_rounds", 2)):
+        if getattr(args, key) < least:
+            raise InputError(f"--{key.replace('_', '-')} {getattr(args, key)} is too small: use {least} or more")
+    for name in args.backend or []:
+        if name.endswith(".json"):
+            raise InputError(f"--backend {name}: tune times backends by name; run a map with attnprof run --backend")
+    say = (lambda line: None) if args.quiet else (lambda line: print(f"attnprof tune: {line}", file=sys.stderr,
+                                                                     flush=True))
+    tuned = tune_model(args.model, *sizes[0], batch, dtype, device, budget, args.backend,
+                       _backend_options(args.option), args.repeats, args.warmup, args.rounds, args.proof_rounds,
+                       args.out, " ".join(["attnprof"] + sys.argv[1:]), say)
+    print(tuned)
     return 0
 
 
@@ -729,7 +756,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="attnprof", description="Profile the attention blocks of Stable Diffusion U-Nets.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for add in (_add_plan, _add_gpus, _add_fit, _add_models, _add_backends, _add_run, _add_sweep, _add_profile,
-                _add_replay, _add_record, _add_runs, _add_show, _add_serve, _add_submit, _add_jobs, _add_diff, _add_report,
+                _add_replay, _add_tune, _add_record, _add_runs, _add_show, _add_serve, _add_submit, _add_jobs, _add_diff, _add_report,
                 _add_dashboard):
         add(sub)
     return parser
@@ -885,6 +912,39 @@ def _add_replay(sub) -> None:
     p.add_argument("--out", default="results", help="results folder for the replay's run (default results)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_replay)
+
+
+def _add_tune(sub) -> None:
+    p = sub.add_parser("tune", help="the fastest backend per block, as a processor map; proved by the whole forward",
+                       description="Time every available backend on each distinct attention shape of the model's "
+                                   "forward, alone (as replay does: kernel time on CUDA; warm-up and repeats until the "
+                                   "IQR is small), in ABBA rounds across the backends, each within its dtype's "
+                                   "tolerance of the fp32 reference; pick the fastest per block (with --budget: the "
+                                   "fastest whose transient keeps the whole forward, as the planner traces it, within "
+                                   "the budget). Then measure the whole U-Net forward with the map against the best "
+                                   "single backend (and sdpa), interleaved, judged by the noise rule; where the map is "
+                                   "no faster it keeps the single backend. Writes a run and its map, tuned.json, "
+                                   "which attnprof run --backend, record --backend and profiler.apply take.")
+    p.add_argument("--model", required=True, help=MODEL_HELP)
+    p.add_argument("--size", action="append", metavar="WxH", help="image size in pixels (default 512x512)")
+    p.add_argument("--batch", default="1", help="batch size (default 1)")
+    p.add_argument("--dtype", help="float16 | bfloat16 | float32 (default float32 on the CPU, float16 on CUDA)")
+    p.add_argument("--budget", metavar="SIZE", help="keep the whole forward within this (24GiB, 24GB or a GPU's "
+                                                   "name): per block the fastest backend that does")
+    p.add_argument("--backend", action="append", help="a backend to time, repeatable (default: every registered one "
+                                                      "that runs here, but flex, which compiles per shape, and "
+                                                      "diffusers' aliases of ours)")
+    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="backend option, e.g. slice_size=4")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    p.add_argument("--repeats", type=int, default=3, help="timed calls per shape and round, at least (default 3; "
+                                                          "more until the IQR is within 10%% of the median)")
+    p.add_argument("--warmup", type=int, default=1, help="warm-up calls per shape and round (default 1)")
+    p.add_argument("--rounds", type=int, default=2, help="ABBA rounds of each shape's backends (default 2)")
+    p.add_argument("--proof-rounds", type=int, default=6, help="whole forwards of each contender in the proof, "
+                                                               "interleaved (default 6)")
+    p.add_argument("--out", default="results", help="results folder for the run and its map (default results)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=cmd_tune)
 
 
 def _add_record(sub) -> None:

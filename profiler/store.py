@@ -60,7 +60,9 @@ RUN_KINDS = {k.name: k for k in (
     RunKind("replay", "each attention shape of a run or a plan, its kernel alone (attnprof replay)", False, True,
             False, True),
     RunKind("record", "a user's own generation as it ran (attnprof record, profiler.profile)", True, False, True,
-            False))}
+            False),
+    RunKind("tune", "each attention shape's backends timed alone, the fastest per block as a processor map, proved "
+            "by the whole forward (attnprof tune, profiler.tune)", False, False, False, True))}
 
 
 def kind_of(manifest: dict) -> RunKind:

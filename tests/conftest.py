@@ -56,7 +56,7 @@ def faults(monkeypatch):
 # runs them; make test-fast (the inner loop) leaves them out.
 E2E_MODULES = {"test_service_e2e", "test_ray", "test_dashboard_e2e", "test_runs_compared_e2e", "test_sweep_run",
                "test_faults", "test_wheel", "test_gpu_check", "test_messages", "test_charts", "test_mixed_runs",
-               "test_dashboard_app", "test_pipeline", "test_record", "test_every_kind"}
+               "test_dashboard_app", "test_pipeline", "test_record", "test_every_kind", "test_tune_e2e"}
 
 
 def pytest_itemcollected(item):
@@ -77,7 +77,7 @@ RAY_MODULES = ("test_ray", "test_service_e2e")
 # rest 83 s down to about 10 s; then as collected.
 LONGEST_FIRST = ("ray", "test_forward", "test_every_kind", "test_dashboard_app", "test_pipeline", "test_mixed_runs",
                  "test_run", "test_gpu_check", "test_sweep_run", "test_record", "test_dashboard_e2e", "test_cli",
-                 "test_profile", "test_faults", "test_runs_compared_e2e", "test_fused", "test_checkpoint",
+                 "test_profile", "test_tune_e2e", "test_faults", "test_runs_compared_e2e", "test_fused", "test_checkpoint",
                  "test_wheel")
 
 

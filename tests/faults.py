@@ -115,6 +115,48 @@ SCALED_MS = 40.0  # a call's own work (SDPA at tiny sizes, the recorder, the sch
 # few ms: the wait is most of each call, so that a ratio of two runs' times is the ratio of their waits
 
 
+def _tokens(hidden_states) -> int:
+    return hidden_states.shape[1] if hidden_states.ndim == 3 else hidden_states.shape[2] * hidden_states.shape[3]
+
+
+class SlowAt:
+    """Runs SDPA; on self-attention over SLOW_AT_TOKENS query tokens (tiny-sd15's second level at 128x128: 5 calls of
+    the forward's 32), SLOW_AT_MS late: a backend much slower at one shape only, fast at every other. Fake tensors
+    (the planner's trace) pass without the wait."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, *args, **kwargs):
+        import time
+
+        from diffusers.models.attention_processor import AttnProcessor2_0
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        out = AttnProcessor2_0()(attn, hidden_states, encoder_hidden_states, *args, **kwargs)
+        if encoder_hidden_states is None and _tokens(hidden_states) == SLOW_AT_TOKENS and \
+                not isinstance(hidden_states, FakeTensor):
+            time.sleep(SLOW_AT_MS / 1e3)
+        return out
+
+
+class Paced:
+    """Runs SDPA, then waits PACED_MS on every call: slower than the others everywhere by a set amount, whatever the
+    machine's load (SDPA's memory: lean). Fake tensors pass without the wait."""
+
+    def __call__(self, attn, hidden_states, *args, **kwargs):
+        import time
+
+        from diffusers.models.attention_processor import AttnProcessor2_0
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        out = AttnProcessor2_0()(attn, hidden_states, *args, **kwargs)
+        if not isinstance(hidden_states, FakeTensor):
+            time.sleep(PACED_MS / 1e3)
+        return out
+
+
+SLOW_AT_TOKENS, SLOW_AT_MS, PACED_MS = 64, 60.0, 10.0  # a call's own work at tiny-sd15's 128x128 shapes is a
+# fraction of a millisecond on one thread: the waits decide every comparison
+
+
 FAULTS = {
     "fault-torch-oom": _torch_oom,
     "fault-text-oom": lambda: RuntimeError("CUDA out of memory. Tried to allocate 3.16 GiB"),
@@ -136,12 +178,17 @@ def register_all() -> None:
                      factory=Aborts, memory_like="sdpa"))
     register(Backend("fault-scaled", "fused exact", f"test: SDPA, then {SCALED_MS:g} ms x $ATTNPROF_FAULT_FACTOR on "
                      "every call", factory=Scaled, memory_like="sdpa"))
+    register(Backend("fault-slow-at", "fused exact", f"test: SDPA, {SLOW_AT_MS:g} ms late on self-attention over "
+                     f"{SLOW_AT_TOKENS} tokens only", factory=SlowAt, memory_like="sdpa"))
+    register(Backend("fault-paced", "fused exact", f"test: SDPA, then {PACED_MS:g} ms on every call", factory=Paced,
+                     memory_like="sdpa"))
 
 
 def unregister_all() -> None:
     from profiler.attention.backends import BACKENDS
 
-    for name in [*FAULTS, "fault-slow", "fault-fd1", "fault-die-probe", "fault-abort", "fault-scaled"]:
+    for name in [*FAULTS, "fault-slow", "fault-fd1", "fault-die-probe", "fault-abort", "fault-scaled", "fault-slow-at",
+                 "fault-paced"]:
         BACKENDS.pop(name, None)
 
 

@@ -1,6 +1,6 @@
 """One results folder holding a run of every kind a user makes (store.RUN_KINDS): a sweep in process and one through
-workers, an `attnprof run` with two configs of one backend, a compiled run, a replay, make gpu-check's CPU runs, a
-recorded generation, and an interrupted run; every command that reads runs, over all of it: no traceback, each run
+workers, an `attnprof run` with two configs of one backend, a compiled run, a replay, a tune, make gpu-check's CPU
+runs, a recorded generation, and an interrupted run; every command that reads runs, over all of it: no traceback, each run
 used or passed over with its kind named."""
 import contextlib
 import io
@@ -56,6 +56,10 @@ def every_kind(tmp_path_factory, dashboard_results, mixed_results, traced_result
         assert main(["replay", "--model", "tiny-sd15", "--size", "64x64", "--device", "cpu", "--repeats", "2",
                      "--out", str(root), "--quiet"]) == 0
     kinds["replay"] = next(p.name for p in list_runs(root) if Run.open(p).kind.name == "replay")
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["tune", "--model", "tiny-sd15", "--size", "64x64", "--device", "cpu", "--backend", "naive",
+                     "--backend", "sdpa", "--proof-rounds", "3", "--out", str(root), "--quiet"]) == 0
+    kinds["tune"] = next(p.name for p in list_runs(root) if Run.open(p).kind.name == "tune")
     pipe = gen.tiny_pipeline()
     with profile(pipe, out=root) as prof:
         gen.generate(pipe, steps=3)
@@ -74,7 +78,7 @@ def _ok(argv: list[str], code: int = 0) -> str:
 def test_every_kind_is_there(every_kind):
     root, kinds = every_kind
     found = {Run.open(p).kind.name for p in list_runs(root)}
-    assert found == {"sweep", "replay", "record"} and len(list_runs(root)) >= 10
+    assert found == {"sweep", "replay", "record", "tune"} and len(list_runs(root)) >= 11
     commands = {Run.open(p).manifest().get("command", "") for p in list_runs(root)}
     assert any(c.startswith("gpu-check") for c in commands)
 
@@ -105,11 +109,13 @@ def test_the_time_model_leaves_out_what_it_cannot_fit_on_and_says_so(every_kind)
     root, kinds = every_kind
     planned = _ok(["plan", "--model", "tiny-sd15", "--size", "64x64", "--device", "cpu", "--backend", "sdpa",
                    "--dtype", "float32", "--results", str(root)])
-    replay = kinds["replay"]
-    assert f"left out 1 run ({replay}: replay: not forwards of a model timed whole)" in planned
+    replay, tune = kinds["replay"], kinds["tune"]
+    passed = sorted([f"{replay}: replay: not forwards of a model timed whole",
+                     f"{tune}: tune: not forwards of a model timed whole"])
+    assert f"left out 2 runs ({'; '.join(passed)})" in planned
     from profiler.bench import time_model_error
 
-    assert f"left out 1 run ({replay}: replay" in time_model_error(root)  # a recorded generation is calibration data
+    assert f"left out 2 runs ({passed[0]}" in time_model_error(root)  # a recorded generation is calibration data
     from profiler.execute.grid import Sweep
     from profiler.measure.limits import device_limits
     from profiler.planner.calibration import predict_cells
@@ -149,5 +155,5 @@ def test_the_report_and_the_dashboard_take_every_run(every_kind, tmp_path, monke
     for page in ("Runs", "Compare", "Scaling", "Generation"):
         _app(root, monkeypatch, page=page)
     _app(root, monkeypatch, page="Generation", run=names)  # every run: the recorded generation among them drawn
-    for kind in ("record", "replay", "interrupted", "compiled"):  # the sweeps' pages: tests/test_dashboard_app.py
+    for kind in ("record", "replay", "tune", "interrupted", "compiled"):  # the sweeps' pages: tests/test_dashboard_app.py
         _app(root, monkeypatch, page="Run", run=[kinds[kind]])

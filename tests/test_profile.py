@@ -251,13 +251,14 @@ def test_the_readmes_from_python_section_runs_as_written(tmp_path, monkeypatch):
 
     section = (REPO / "README.md").read_text().split("## From Python", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     (tmp_path / "docs").symlink_to(REPO / "docs")
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
     for block in blocks:
         exec(compile(block, "README.md", "exec"), scope)
-    assert len(list((tmp_path / "results").iterdir())) == 1 and scope["prof"].run_dir.is_dir()
+    assert len(list((tmp_path / "results").iterdir())) == 2 and scope["prof"].run_dir.is_dir()  # and the tune's
+    assert scope["tuned"].path.parent.parent.resolve() == tmp_path / "results" and scope["tuned"].path.is_file()
     assert list(scope["f"].backends["backend"]) == ["naive", "sdpa"] and scope["p"].totals["predicted_forward_peak_bytes"]
 
 

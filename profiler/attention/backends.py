@@ -13,9 +13,11 @@ import os
 import warnings
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ..spec import InputError, MiB, parse_dtype, torch_dtype
+from . import mix
 
 if TYPE_CHECKING:  # annotations only: torch is imported where a backend is probed
     import torch
@@ -25,7 +27,8 @@ if TYPE_CHECKING:  # annotations only: torch is imported where a backend is prob
 # thing: sdpa in float32 (measure/cell.py runs it), which scales to every size the device holds
 REFERENCE_BACKEND, REFERENCE_DTYPE = "sdpa", "float32"
 MATERIALISED, CHUNKED, EXACT, APPROXIMATE = "materialised", "chunked", "fused exact", "fused approximate"
-FAMILIES = (MATERIALISED, CHUNKED, EXACT, APPROXIMATE)  # the order in which reports group backends
+MIXED = "mixed"  # a processor map (mix.py): one backend per block
+FAMILIES = (MATERIALISED, CHUNKED, EXACT, APPROXIMATE, MIXED)  # the order in which reports group backends
 
 
 @dataclass(frozen=True)
@@ -216,10 +219,24 @@ BACKENDS: MutableMapping[str, Backend] = _Registry((
 ))
 
 
-def call_refusal(name: str, row: dict) -> str:
+TUNED = Backend(mix.NAME, MIXED, "a processor map (attnprof tune): one backend per block, each block's own",
+                uses_sdpa=True)  # not in BACKENDS: a map is a file, not a name to list; uses_sdpa: some of its may
+
+
+def for_call(name: str, options: dict, row: dict) -> tuple[str, dict]:
+    """The backend (and its options) that runs one call (a row with its block): the backend itself, or for a
+    processor map the entry of the call's block."""
+    if not mix.is_map(name):
+        return name, options
+    text = options["map"] if name == mix.NAME and "map" in options else check_options(name, options)["map"]
+    return mix.of_block(text, row["block"])  # a cell's map was checked where it was given
+
+
+def call_refusal(name: str, row: dict, options: dict | None = None) -> str:
     """Why the backend cannot run one attention call (a recorder row: its kind, batch, heads, head_dim), from the facts
     on its record; '' where it can. What the planner says beside the call and the preflight records as a cell's
-    reason (never an error at run time)."""
+    reason (never an error at run time). A processor map: its block's backend."""
+    name, _ = for_call(name, options or {}, row)
     b = _record(name)
     if b is None:
         return ""
@@ -235,10 +252,10 @@ def call_refusal(name: str, row: dict) -> str:
     return ""
 
 
-def refusal(name: str, rows: list[dict]) -> str:
+def refusal(name: str, rows: list[dict], options: dict | None = None) -> str:
     """Why the backend cannot run a forward of these calls: the first call it refuses, and how many it refuses; ''
     where it runs every one."""
-    refused = [(r, why) for r in rows for why in [call_refusal(name, r)] if why]
+    refused = [(r, why) for r in rows for why in [call_refusal(name, r, options)] if why]
     if not refused:
         return ""
     row, why = refused[0]
@@ -246,8 +263,9 @@ def refusal(name: str, rows: list[dict]) -> str:
 
 
 def _record(name: str) -> Backend | None:
-    """The backend's record, or None for a name that is not registered (a plugin's, stored in a run)."""
-    return BACKENDS[name] if name in BACKENDS else None
+    """The backend's record (a processor map's: TUNED), or None for a name that is not registered (a plugin's, stored
+    in a run)."""
+    return TUNED if mix.is_map(name) else BACKENDS[name] if name in BACKENDS else None
 
 
 def by_family(names) -> list[tuple[str, list[str]]]:
@@ -298,8 +316,10 @@ def names() -> list[str]:
 def label(name: str, options=None) -> str:
     """The backend's name, with its options where they differ from the defaults: 'sliced(slice_size=4)'. Every
     text that names a measured backend uses it. options: as stored (JSON), a dict, or a cell spec's (key, value)
-    pairs."""
+    pairs. A processor map: 'tuned (tuned.json)'."""
     options = dict(json.loads(options) if isinstance(options, str) and options else options or {})
+    if mix.is_map(name):
+        return mix.label(name, options)
     b = _record(name)
     defaults = b.options if b else {}
     changed = {k: v for k, v in sorted(options.items()) if defaults.get(k) != v}
@@ -357,6 +377,11 @@ def call_kernel(name: str, row: dict, arch: str | None = None) -> str:
 
 
 def check_backend_name(name: str) -> None:
+    """A registered backend, or a processor map: `tuned` (its options say which) or a map file (read here)."""
+    if mix.is_map(name):
+        if name != mix.NAME:
+            mix.read(name)
+        return
     if name not in BACKENDS:
         dispatcher = name.startswith("diffusers:")
         same_kind = [n for n in BACKENDS if n.startswith("diffusers:") == dispatcher]
@@ -371,7 +396,10 @@ def _whole_number(value) -> int | None:
 
 
 def check_options(name: str, options: dict) -> dict:
-    """The backend's options, validated (whole numbers >= 1; digit strings are read as numbers), over its defaults."""
+    """The backend's options, validated (whole numbers >= 1; digit strings are read as numbers), over its defaults.
+    A processor map's: {"file", "map"} (mix.py), each of its entries checked as a backend's."""
+    if mix.is_map(name):
+        return _map_options(name, options)
     check_backend_name(name)
     defaults = BACKENDS[name].options
     out = dict(defaults)
@@ -386,10 +414,57 @@ def check_options(name: str, options: dict) -> dict:
     return out
 
 
-def make_processor(name: str, **options):
-    """A new processor instance of the backend (availability is availability()'s job)."""
+def _map_options(name: str, options: dict) -> dict:
+    """A processor map's options: {"file": its file's name, "map": what runs (mix.canonical)}, read from the file
+    (name: a .json path; options: none, or those it gives) or checked as given (name: tuned)."""
+    if name == mix.NAME:
+        if set(options) != {"file", "map"}:
+            raise InputError("backend tuned takes a processor map: give --backend FILE.json (attnprof tune writes "
+                             "tuned.json)")
+        table, where = mix.table_of(options["map"]), f"processor map {options['file']}"
+    else:
+        where = f"processor map {name}"
+        table = mix.entries(mix.read(name), where)
+    seen: dict[str, dict] = {}
+    for block, entry in [*table["blocks"].items(), *([("default", table["default"])] if table["default"] else [])]:
+        if mix.is_map(entry[0]):
+            raise InputError(f"{where}: {block} names another map ({entry[0]}): give backends by name")
+        try:
+            entry[1] = check_options(entry[0], entry[1])
+        except InputError as e:
+            raise InputError(f"{where}: {block}: {e}") from None
+        if seen.setdefault(entry[0], entry[1]) != entry[1]:
+            raise InputError(f"{where}: {entry[0]} appears with two sets of options ({seen[entry[0]]} and "
+                             f"{entry[1]}): a map takes one per backend")
+    made = {"file": options.get("file") if name == mix.NAME else Path(name).name, "map": mix.canonical(table)}
+    if name != mix.NAME and options and options != made:
+        raise InputError(f"{where}: a map file takes no options (--option): its entries carry theirs")
+    return made
+
+
+def cell_backend(name: str, options: dict) -> tuple[str, dict]:
+    """(backend, options) as a cell stores them: a registered backend's options checked; a map file as `tuned` with
+    its map (mix.py), so that the cell carries what runs."""
     opts = check_options(name, options)
+    return (mix.NAME if mix.is_map(name) else name), opts
+
+
+def make_processor(name: str, **options):
+    """A new processor instance of the backend (availability is availability()'s job); for a processor map, one
+    that gives each block its own (mix.Unplaced: recorder.swapped asks it per block)."""
+    opts = check_options(name, options)
+    if mix.is_map(name):
+        return mix.Unplaced(opts["map"], make_processor)
     return BACKENDS[name].factory(**opts)
+
+
+def asks(name: str, options: dict, device: str, dtype: str, head_dims: tuple[int, ...]) -> list[tuple]:
+    """What availability is asked for a cell's backend: (backend, device, dtype, head dims); for a processor map one
+    ask per backend it runs, at the head dims of its blocks where the map says them (a tuned one does)."""
+    if not mix.is_map(name):
+        return [(name, device, dtype, head_dims)]
+    text = check_options(name, options)["map"]
+    return [(part, device, dtype, mix.head_dims(text, part) or head_dims) for part in mix.parts(text)]
 
 
 # ---- availability
@@ -453,11 +528,18 @@ def _probe(name: str, device: str, dtype: str, head_dim: int = 64) -> tuple[bool
 
 
 def availability(name: str, device: str = "cpu", dtype: str = "float16",
-                 head_dims: tuple[int, ...] = (64,)) -> tuple[bool, str]:
+                 head_dims: tuple[int, ...] = (64,), options: dict | None = None) -> tuple[bool, str]:
     """(True, "") where the backend runs on this device in this dtype at each of the model's head dims (SD 1.x:
-    40, 80, 160; SDXL: 64), else (False, the reason)."""
+    40, 80, 160; SDXL: 64), else (False, the reason). A processor map (`tuned` needs its options: options): each
+    backend it runs, at the head dims of its blocks."""
     import torch
 
+    if mix.is_map(name):
+        for ask in asks(name, options or {}, device, dtype, tuple(head_dims)):
+            ok, why = availability(*ask)
+            if not ok:
+                return ok, why
+        return True, ""
     check_backend_name(name)
     dtype = parse_dtype(dtype)
     try:

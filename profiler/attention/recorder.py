@@ -124,7 +124,8 @@ def describe_call(attn, hidden_states: torch.Tensor, encoder_hidden_states: torc
 @contextmanager
 def swapped(model: torch.nn.Module, make: Callable[[str, object], object], modules: dict | None = None):
     """Every Attention module's processor (of `modules`, default attention_modules(model)) replaced by make(block
-    path, its original processor) for the duration; the originals restored on exit, also when the block raises."""
+    path, its original processor) for the duration; the originals restored on exit, also when the block raises. A
+    processor map's (mix.Unplaced) gives each block its own."""
     from .processor import for_module
 
     modules = modules or attention_modules(model)
@@ -132,6 +133,7 @@ def swapped(model: torch.nn.Module, make: Callable[[str, object], object], modul
     try:
         for block, module in modules.items():
             made = make(block, originals[block])
+            made = made.for_block(block) if hasattr(made, "for_block") else made
             fitted = for_module(made, module)
             if fitted is None:  # the preflight refuses such a cell: here only by mistake, never run wrongly
                 raise InputError(f"{type(made).__name__} cannot stand in for {block}'s "

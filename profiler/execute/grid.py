@@ -105,7 +105,7 @@ def _backend_entry(entry, where: str) -> tuple[str, tuple]:
                              f"{{{name}: {{slice_size: 4}}}}")
     else:
         raise InputError(f"{where}: key 'backends': {entry!r} is not a name or {{name: {{option: value}}}}")
-    options = _checked(where, "backends", lambda o: backends.check_options(name, o), options)
+    name, options = _checked(where, "backends", lambda o: backends.cell_backend(name, o), options)
     return name, tuple(sorted(options.items()))
 
 

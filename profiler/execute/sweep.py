@@ -63,7 +63,7 @@ def predict(cells: list[CellSpec]) -> tuple[dict[str, dict], dict[str, tuple[int
             for name, options in forward.items():
                 peak = t["backends"].get(name, {}).get("predicted_forward_peak_bytes")
                 traced[s, name, options] = {"predicted_forward_peak_bytes": peak, "predicted_need_bytes": peak}
-                refused[s, name, options] = backends.refusal(name, t["rows"])
+                refused[s, name, options] = backends.refusal(name, t["rows"], dict(options))
     out = {c.cell_id: traced[Shape.of(c), c.backend, c.backend_options] for c in cells}
     why = {c.cell_id: refused[Shape.of(c), c.backend, c.backend_options] for c in cells}
     return out, {m: tuple(sorted(d)) for m, d in dims.items()}, why
@@ -71,17 +71,18 @@ def predict(cells: list[CellSpec]) -> tuple[dict[str, dict], dict[str, tuple[int
 
 def preflight(cells: list[CellSpec], budget: int, force: bool, availability) -> tuple[dict[str, dict], dict]:
     """(cell_id -> failure row for the cells that must not run: backend unavailable (asked of the executor, once per
-    backend, device, dtype and the model's head dims), or predicted over the memory budget; cell_id -> the
+    backend, device, dtype and the model's head dims; a processor map's, each backend it runs: backends.asks), or predicted over the memory budget; cell_id -> the
     predictions every cell row carries)."""
     from ..fmt import human_bytes
     from ..measure.cell import failed_cell
 
     predicted, dims, refused = predict(cells)
-    ask = {c.cell_id: (c.backend, c.device, c.dtype, dims[c.model]) for c in cells}
-    answers = dict(zip(sorted(set(ask.values())), availability(sorted(set(ask.values()))), strict=True))
+    ask = {c.cell_id: backends.asks(c.backend, c.options, c.device, c.dtype, dims[c.model]) for c in cells}
+    every = sorted({a for asked in ask.values() for a in asked})
+    answers = dict(zip(every, availability(every), strict=True))
     rows = {}
-    for c in cells:
-        ok, reason = answers[ask[c.cell_id]]
+    for c in cells:  # a processor map's: the first of its backends that cannot run, else ok
+        ok, reason = next((answers[a] for a in ask[c.cell_id] if not answers[a][0]), (True, ""))
         ok, reason = (False, refused[c.cell_id]) if ok and refused[c.cell_id] else (ok, reason)
         need = predicted[c.cell_id]["predicted_need_bytes"]
         if not ok:

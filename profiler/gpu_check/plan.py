@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import timing_judges
+from ..tuning.check import tuned_maps_against_sdpa
 from .model_judges import (device_limits_are_rates, short_generation_matches_its_prediction,
                            time_model_fits_kernel_times_across_models)
 from .checks import (CHUNKED, allocator_holds_only_the_model_and_its_forward, call_peaks_match_their_memory_models,
@@ -50,6 +51,7 @@ STEPS = [
         (short_generation_matches_its_prediction, 60), (kernels_credited_to_their_call, 25),
         (provoked_oom_then_ok, 30), (random_build_on_cuda, 15),
         (folder_build_on_cuda, 15), (sweep_parent_holds_no_context, 35), (cuda1_is_measured_on_cuda1, 20))),
+    Step("tuned maps against sdpa", "model", tuned_maps_against_sdpa, 150, None, group="tune"),
     Step("rest run", "run", rest_run, 100, 15, group="rest"),
     *_judges("rest run", "rest", [cells_ok_within_tolerance, forced_kernels_ran, forward_peak_matches_the_planner,
                                   call_peaks_match_their_memory_models(CHUNKED),

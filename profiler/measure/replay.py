@@ -120,6 +120,16 @@ def kernel_samples(dev, call, repeats: int, batch: int = 10) -> list[float]:
     return samples
 
 
+def output_of(shape: dict, spec: CellSpec) -> torch.Tensor:
+    """One call of the shape under the spec's backend, on the random Q, K, V that measure_shape times (seeded: the
+    same values in every dtype, rounded to it): its output (B, Tq, C), float, on the CPU. attnprof tune holds each
+    backend's to that of the reference backend in float32 (the reference's spec) with its dtype's tolerance."""
+    dev = devices.get(spec.device)
+    with dev.guard(), torch.no_grad():
+        attn, hidden, context = _attention(shape, spec.dtype, dev.torch)
+        return backends.make_processor(spec.backend, **spec.options)(attn, hidden, context).float().cpu()
+
+
 def _enough(samples: list[float], repeats: int, timed_s: float) -> bool:
     """The repeat rule: at least `repeats` samples, then more until their IQR is within 10% of their median, or
     5 x repeats samples, or MAX_S seconds of timing."""
@@ -159,9 +169,10 @@ def shape_of(row: dict) -> tuple:
 
 
 def replay(targets, chosen: list[tuple[str, dict]], device: str, repeats: int, warmup: int, out, command: str,
-           source: str, say=lambda line: None):
+           source: str, say=lambda line: None, measured: dict | None = None, manifest: dict | None = None):
     """Measure each target's distinct shapes under each backend (name, options) and store them as a run (returned):
-    a cell per target and backend, a block row per call."""
+    a cell per target and backend, a block row per call. measured: shape figures measured already, by (backend,
+    options, dtype, device, shape) (attnprof tune's, in rounds); manifest: what the run's manifest adds."""
     from ..env import environment
     from ..store import Run, now
 
@@ -174,8 +185,9 @@ def replay(targets, chosen: list[tuple[str, dict]], device: str, repeats: int, w
                 "backends": [[n, o] for n, o in chosen], "repeats": repeats, "warmup": warmup, "device": device,
                 "source": source}
     run = Run.create(out, {"command": command, "replay": settings, "cells": [s.as_row() for s in specs],
-                           "environment": {**environment(device), "executor": "replay"}, **limits})
-    measured = {}  # shape figures by (backend, options, dtype, device, shape): each distinct shape measured once
+                           "environment": {**environment(device), "executor": "replay"}, **limits, **(manifest or {})})
+    measured = {} if measured is None else measured  # shape figures by (backend, options, dtype, device, shape):
+    # each distinct shape measured once
     for (_, rows, in_model), spec in zip([t for t in targets for _ in chosen], specs):
         say(f"{spec.model} {spec.size} b{spec.batch} {spec.dtype} {_label(spec)}")
         run.record(*_replay_cell(spec, rows, in_model, repeats, warmup, measured, cell_peaks(limits, spec.dtype)))
@@ -189,7 +201,7 @@ def _label(spec: CellSpec) -> str:
 
 
 def _replay_cell(spec, rows, in_model, repeats, warmup, measured: dict, peaks: dict) -> tuple[dict, list[dict]]:
-    from .cell import _describe, attention_summary, failed_cell
+    from .cell import _describe, failed_cell
 
     started, dev, label = time.time(), devices.get(spec.device), _label(spec)
     ok, reason = backends.availability(spec.backend, spec.device, spec.dtype, tuple({r["head_dim"] for r in rows}))
@@ -203,28 +215,40 @@ def _replay_cell(spec, rows, in_model, repeats, warmup, measured: dict, peaks: d
             if key not in measured:
                 measured[key] = measure_shape({**dict(zip(SHAPE, key[-1])), "block": row["block"]}, spec, repeats,
                                               warmup)
-            figures = measured[key]
-            base = {k: row[k] for k in ("call_index", "block", "stage", "level", "kind", "batch", "heads", "head_dim",
-                                        "tokens_q", "tokens_k", "score_elements", "score_bytes", "flops", "upcast")}
-            modelled = {**base, "sdpa_kernel": figures["sdpa_kernel"], "device": spec.device}
-            moved = bytes_moved(spec.backend, modelled, spec.dtype, **spec.options)
-            qkv = (base["tokens_q"] + 2 * base["tokens_k"]) * base["batch"] * base["heads"] * base["head_dim"] * \
-                torch_dtype(spec.dtype).itemsize  # held before the call here, allocated by it inside the model
-            inside = in_model.get((label, row["block"]))
-            blocks.append({**spec.as_row(), **base, **figures,
-                           "predicted_peak_bytes": predicted_peak_bytes(spec.backend, modelled, spec.dtype,
-                                                                        **spec.options) - qkv,
-                           "bytes_moved": moved, **place(row["flops"], moved, figures["time_ms"], *roof,
-                                                                     working=working_set(spec.backend, modelled,
-                                                                                         spec.dtype, **spec.options)),
-                           "in_model_time_ms": inside,
-                           "gap_ms": None if inside is None else inside - figures["time_ms"], "status": "ok"})
+            blocks.append(block_of(spec, row, measured[key], in_model.get((label, row["block"])), roof))
     except Exception as e:  # a shape that fails fails its cell, as a measured cell would
         oom = devices.oom_message(e)
         dev.release()
         return failed_cell(spec, "oom" if oom else "error", oom or _describe(e), **dev.identity()), []
-    cell = {**spec.as_row(), **facts_of(spec.model), "status": "ok", "error": "",
-            **attention_summary(blocks, roof, per_forward=False),
+    return cell_of(spec, blocks, peaks, started), blocks
+
+
+def block_of(spec: CellSpec, row: dict, figures: dict, inside: float | None, roof: tuple) -> dict:
+    """One call's row of a replay: its shape (a plan's or a run's row), its shape's figures (measure_shape's), its
+    memory model (its transient over Q, K and V, which exist before the call here) and place on the roofline, and
+    beside it the same call's time inside the model (inside: a run's; None for a plan's) and the gap. A processor
+    map's (attnprof tune): each call its block's backend's models."""
+    base = {k: row[k] for k in ("call_index", "block", "stage", "level", "kind", "batch", "heads", "head_dim",
+                                "tokens_q", "tokens_k", "score_elements", "score_bytes", "flops", "upcast")}
+    modelled = {**base, "sdpa_kernel": figures["sdpa_kernel"], "device": spec.device}
+    moved = bytes_moved(spec.backend, modelled, spec.dtype, **spec.options)
+    qkv = (base["tokens_q"] + 2 * base["tokens_k"]) * base["batch"] * base["heads"] * base["head_dim"] * \
+        torch_dtype(spec.dtype).itemsize  # held before the call here, allocated by it inside the model
+    return {**spec.as_row(), **base, **figures,
+            "predicted_peak_bytes": predicted_peak_bytes(spec.backend, modelled, spec.dtype, **spec.options) - qkv,
+            "bytes_moved": moved, **place(row["flops"], moved, figures["time_ms"], *roof,
+                                          working=working_set(spec.backend, modelled, spec.dtype, **spec.options)),
+            "in_model_time_ms": inside, "gap_ms": None if inside is None else inside - figures["time_ms"],
+            "status": "ok"}
+
+
+def cell_of(spec: CellSpec, blocks: list[dict], peaks: dict, started: float) -> dict:
+    """A replay's cell row from its calls' rows: their attention summed (each shape's median), the device's limits
+    (peaks), where it ran."""
+    from .cell import attention_summary
+
+    dev = devices.get(spec.device)
+    return {**spec.as_row(), **facts_of(spec.model), "status": "ok", "error": "",
+            **attention_summary(blocks, roof_of(peaks), per_forward=False),
             "noisy": any(b["noisy"] for b in blocks), "shapes": len({shape_of(b) for b in blocks}),
             **peaks, **dev.identity(), "torch_threads": torch.get_num_threads(), "wall_s": time.time() - started}
-    return cell, blocks

@@ -47,7 +47,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
-from ..attention import backends
+from ..attention import backends, mix
 from .. import devices
 from ..unet import models
 from . import cpu_conv, memory
@@ -252,7 +252,8 @@ def method_text(how: str) -> str:
             "processor, chunks": f"traced: its processor on fake tensors; calls of over {MAX_TRACED_CHUNKS} chunks "
                                  "from the memory model",
             "memory model": "attention calls from the memory model (no fake implementation of the kernel)",
-            "sdpa": "traced: PyTorch's pick per call, its aten op on fake CUDA tensors"}.get(
+            "sdpa": "traced: PyTorch's pick per call, its aten op on fake CUDA tensors",
+            "mixed": "traced: each block's backend as that backend is traced (a processor map)"}.get(
         how, f"traced: aten's {how} attention kernel on fake CUDA tensors")
 
 
@@ -398,6 +399,44 @@ def _remember_walk(shape: tuple, tr: _Trace) -> None:
 def trace(model: str, width: int, height: int, batch: int = 1, dtype: str = "float16", device: str = "cuda",
           names: list[str] | None = None, options: dict[str, dict] | None = None, moments: bool = False,
           gpu: devices.GpuTarget | None = None, settings: tuple = (), ops: bool = False) -> dict:
+    """_trace's figures for every backend asked; a processor map (attention/mix.py) among them is traced as its
+    backends are (in the same forward where they take the same options, else in one of its own) and its figures
+    are mixed_peak's of its blocks' backends, "how" saying so."""
+    names = names if names is not None else backends.names()
+    options = options or {}
+    maps = {n: backends.check_options(n, options.get(n, {}))["map"] for n in names if mix.is_map(n)}
+    plain = {n: options.get(n, {}) for n in names if n not in maps}
+    alone = {n for n, text in maps.items() if any(p in plain and backends.check_options(p, plain[p]) != o
+                                                  for p, o in mix.parts(text).items())}
+    for n in set(maps) - alone:
+        plain.update(mix.parts(maps[n]))
+    shape = (model, width, height, batch, dtype, device)
+    out = _trace(*shape, list(plain), plain, moments, gpu, settings, ops)
+    for n, text in maps.items():
+        parts = mix.parts(text)
+        source = _trace(*shape, list(parts), parts, False, gpu, settings) if n in alone else out
+        if all(p in source["backends"] for p in parts):  # else a backend of it does not run on this device
+            choice = {r["block"]: mix.of_block(text, r["block"])[0] for r in source["rows"]}
+            out["backends"][n] = {**mixed_peak(source, choice), "how": "mixed"}
+            for row, own in zip(out["rows"], source["rows"]):
+                row["traced_peak_bytes"][n] = own["traced_peak_bytes"][choice[own["block"]]]
+    return out
+
+
+def mixed_peak(traced: dict, choice: dict[str, str]) -> dict:
+    """The forward's peak with one backend per block (choice: block -> a backend that `traced`, trace()'s output,
+    holds): weights and inputs, and the larger of the peak outside attention calls and, over the calls, the bytes
+    alive when the call began plus its block's backend's transient. The rest of the forward does not depend on the
+    backends: every processor returns the same output and frees what it made."""
+    transient = max([traced["outside_peak_bytes"]] + [r["live_at_start_bytes"] + r["traced_peak_bytes"][
+        choice[r["block"]]] for r in traced["rows"]])
+    return {"transient_peak_bytes": transient,
+            "predicted_forward_peak_bytes": traced["weights_bytes"] + traced["inputs_bytes"] + transient}
+
+
+def _trace(model: str, width: int, height: int, batch: int = 1, dtype: str = "float16", device: str = "cuda",
+           names: list[str] | None = None, options: dict[str, dict] | None = None, moments: bool = False,
+           gpu: devices.GpuTarget | None = None, settings: tuple = (), ops: bool = False) -> dict:
     """The forward's peak memory under each backend, on `device` ('cuda' or 'cpu'; for CUDA, the kernels that the
     GPU target `gpu` runs: default devices.gpu_target()), of the model with its settings (spec.SETTINGS).
     Returns {"rows": the attention calls (recorder rows, each with traced_peak_bytes per backend and sdpa_kernel:

@@ -297,7 +297,8 @@ MODELS = {
 
 def _call(name: str, row: dict, dtype: str, options: dict) -> tuple[Model, Call]:
     """The model of the backend's calls (its own, or that of the backend it is memory_like at that one's default
-    options) and this call as the model reads it."""
+    options; a processor map's: its block's backend's) and this call as the model reads it."""
+    name, options = backends.for_call(name, options, row)
     opts, own = backends.check_options(name, options), backends.BACKENDS[name]
     b = backends.BACKENDS[own.memory_like] if own.memory_like else own
     if own.memory_like:
@@ -324,7 +325,7 @@ def predicted_peak_bytes(name: str, row: dict, dtype: str, **options) -> int:
     accumulator (head_dim > 128 in float16 / bfloat16), and the mask diffusers repeats per head."""
     model, c = _call(name, row, dtype, options)
     core, a_q, a_k = model.peak(c), c.a_q, c.a_k
-    if backends.BACKENDS[name].frees_qkv:  # attend() returns (B, Tq, C): q, k and v are gone before to_out runs
+    if backends.BACKENDS[backends.for_call(name, options, row)[0]].frees_qkv:  # attend() returns (B, Tq, C): q, k and v are gone before to_out runs
         return int(max(a_q + 2 * a_k + core, 2 * a_q))
     return int(a_q + 2 * a_k + max(core, 2 * a_q))  # every processor ends holding its merged output and to_out's
 
@@ -342,6 +343,7 @@ def bytes_moved(name: str, row: dict, dtype: str, **options) -> int:
 
 def chunks(name: str, row: dict, dtype: str, **options) -> int:
     """How many chunks a chunked backend cuts one call into (1 for the others, a plugin's memory_like included)."""
+    name, options = backends.for_call(name, options, row)
     opts, b = backends.check_options(name, options), backends.BACKENDS[name]
     return MODELS[b.model].chunks(Call(row, dtype, opts)) if b.model in MODELS else 1
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..fmt import human_bytes
+from .compare import IMPROVEMENT, REGRESSION, SAME
 from .frame import NO_SETTINGS
 
 SHAPE = ["model", "settings", "settings_label", "dtype", "batch", "width", "height"]  # settings_label: settings' words
@@ -326,6 +327,58 @@ def temporal(cells: pd.DataFrame, blocks: pd.DataFrame) -> list[str]:
     return out
 
 
+VERDICT_WORDS = {IMPROVEMENT: "faster by the noise rule", SAME: "within noise by the noise rule",
+                 REGRESSION: "slower by the noise rule"}  # NOT_JUDGED: its note says why
+
+
+def tune_line(c: dict) -> str:
+    """A tune's closing sentence (attnprof tune's last line, show's and the findings'): the map's whole forward (or
+    generation) against the best single backend's, interleaved, its speed-up with its range and the noise rule's
+    verdict, and against sdpa; or why there was nothing to prove."""
+    what = c.get("tune_what") or "forward"
+    sdpa = (f"against sdpa's {_ms(c['sdpa_ms'])} a speed-up of {c['sdpa_speedup']:.2f}x, "
+            f"{VERDICT_WORDS.get(c['sdpa_verdict'], c['sdpa_verdict'])}") if _known(c.get("sdpa_speedup")) else ""
+    if not _known(c.get("speedup")):
+        if isinstance(c.get("versus"), str) and c["versus"]:
+            return (f"tuned: {c['versus']} is the fastest in every block, so the map runs it everywhere"
+                    + (f"; its {what} took {_ms(c['proof_ms'])}, {sdpa}." if sdpa else " (nothing to prove it "
+                       "against)."))
+        return ("tuned: no single backend runs every call within tolerance: the map runs them all (not proved "
+                "against a single backend).")
+    verdict = VERDICT_WORDS.get(c["verdict"], str(c.get("verdict_note") or c["verdict"]))
+    line = (f"tuned: the mixed {what} took {_ms(c['proof_ms'])} against {c['versus']}'s {_ms(c['versus_ms'])} "
+            f"({int(c['tune_rounds'])} rounds each, interleaved): a speed-up of {c['speedup']:.2f}x "
+            f"({c['speedup_low']:.2f}x to {c['speedup_high']:.2f}x), {verdict}")
+    if sdpa and c["versus"] != "sdpa":
+        line += f"; {sdpa}"
+    if c.get("kept_single") is True:
+        line += f"; no faster, so the map keeps {c['versus']} in every block"
+    return line + "."
+
+
+def _known(v) -> bool:
+    return v is not None and v == v
+
+
+def tuned(cells: pd.DataFrame, blocks: pd.DataFrame) -> list[str]:
+    """Per processor map (a tune's cell): which backends it runs in how many blocks, its calls' kernels against the
+    best single backend's, and the proof (tune_line)."""
+    out = []
+    for c in cells[cells["status"].eq("ok") & cells["backend"].eq("tuned")].to_dict("records"):
+        mine = blocks[blocks["cell_id"] == c["cell_id"]] if len(blocks) else blocks
+        if not len(mine) or "chosen" not in mine:
+            continue
+        counts = mine["chosen"].value_counts()
+        single = cells[cells["backend_label"].eq(c.get("versus")) & cells["status"].eq("ok")]
+        versus = (f" against {c['versus']}'s {_ms(single['attention_time_ms'].iloc[0])}"
+                  if len(single) and c.get("versus") else "")
+        out.append(f"The map {c['backend_label']} for {c['model']} at {c['size']} runs "
+                   + ", ".join(f"{name} in {n} block{'s' if n != 1 else ''}" for name, n in counts.items())
+                   + f"; its calls' kernels alone take {_ms(c['attention_time_ms'])} a forward{versus}.")
+        out.append(tune_line(c)[0].upper() + tune_line(c)[1:])
+    return out
+
+
 def findings(cells: pd.DataFrame, blocks: pd.DataFrame, manifest: dict | None = None) -> list[str]:
     """The run's headline findings, each a plain sentence; none for a run with no cells. A recorded generation's
     cells (kind record) get their own sentences; the others are compared shape by shape. Where the run's own
@@ -338,6 +391,7 @@ def findings(cells: pd.DataFrame, blocks: pd.DataFrame, manifest: dict | None = 
     moved = unsteady(manifest or {})
     out = [f"Times not judged: {moved}, so no backend is named the fastest; run it again on a quiet machine."] \
         if moved else []
+    out += tuned(cells, blocks) if "backend" in cells else []
     mine = cells["kind"].eq("record") if "kind" in cells else pd.Series(False, index=cells.index)
     out += recorded(cells[mine], blocks) if mine.any() else []
     cells = cells[~mine]

@@ -184,7 +184,8 @@ def format_run(run: Run, width: int | None = None, legend: bool = False) -> str:
         shown, dropped = fitted_table(_short_models(rows), columns, width, NARROW_DROP)
         lines += [shown, ""] + ([f"(left out to fit {width} columns: {', '.join(dropped)}; --wide shows them)"]
                                if dropped else []) + [textwrap.fill(note, width)]
-    lines += _recorded_lines(cells, m) + ([""] + unfinished if unfinished else [])
+    lines += _recorded_lines(cells, m) + _tuned_lines(run, cells, blocks, width) + \
+        ([""] + unfinished if unfinished else [])
     if len(blocks) and blocks["peak_mem_bytes"].notna().any():
         lines += ["", "largest measured per-call peaks:", _largest_calls(blocks, width)]
     if width is None:
@@ -336,6 +337,49 @@ def _beside_eager(c: dict, eager: dict | None, ok: bool) -> dict:
     return out | {"eager forward": _ms(eager["forward_time_ms"]),
                   "eager attn peak": human_bytes(eager["attention_peak_mem_bytes"]),
                   "eager fwd peak": human_bytes(eager.get("forward_peak_total_bytes"))}
+
+
+def tuned_table(blocks: list[dict], width: int | None = None) -> str:
+    """A processor map per block (a tune's cell's rows): its shape, the backend chosen, its kernel's time alone, the
+    runner-up's and why."""
+    rows = [{"block": b["block"], "kind": b["kind"], "shape": f"{b['heads']}x{b['head_dim']} "
+             f"{b['tokens_q']}x{b['tokens_k']}", "backend": b["chosen"], "time": f"{b['time_ms']:.3f} ms",
+             "runner-up": b.get("runner_up") or "-",
+             "its time": f"{b['runner_up_ms']:.3f} ms" if _known(b.get("runner_up_ms")) else "-",
+             "why": str(b["why"])} for b in blocks]
+    columns = [(c, c) for c in ("block", "kind", "shape", "backend", "time", "runner-up", "its time", "why")]
+    return table(rows, columns) if width is None else fitted_table(rows, columns, width, ["its time", "kind"])[0]
+
+
+def format_tuned(cell: dict, blocks: list[dict], path=None, width: int | None = None) -> str:
+    """A tune's map (attnprof tune's output, show's section of a tune run): per block its backend, time, runner-up
+    and why; the planned forward peak; the proof's line (findings.tune_line); where the map is."""
+    from .findings import tune_line
+
+    if not cell:
+        return "no map"
+    budget = f", budget {human_bytes(cell['budget_bytes'])}" if _known(cell.get("budget_bytes")) else ""
+    lines = [f"the map for {cell['model']} at {cell['width']}x{cell['height']}, batch {cell['batch']}, "
+             f"{cell['dtype']} on {cell['device']}{budget}: per block the fastest backend of its shape alone (kernel "
+             "time, within the dtype's tolerance of the fp32 reference)", tuned_table(blocks, width)]
+    if _known(cell.get("predicted_forward_peak_bytes")):
+        lines.append(f"planned forward peak with the map: {human_bytes(cell['predicted_forward_peak_bytes'])} "
+                     "(the planner's fake-tensor forward, each block's backend)")
+    if path:
+        lines.append(f"map: {path}  (attnprof run --backend {path}; profiler.apply(pipe, \"{path}\"))")
+    return "\n".join(lines + [tune_line(cell)])
+
+
+def _tuned_lines(run: Run, cells, blocks, width: int | None) -> list[str]:
+    """A tune run's map (format_tuned), where it holds one."""
+    mine = cells[cells["backend"].eq("tuned") & cells["status"].eq("ok")] if len(cells) else cells
+    out = []
+    for c in mine.to_dict("records"):
+        rows = blocks[blocks["cell_id"] == c["cell_id"]].sort_values("call_index").to_dict("records")
+        if rows and "chosen" in rows[0]:
+            out += ["", format_tuned(c, rows, run.path / "tuned.json" if (run.path / "tuned.json").is_file()
+                                     else None, width)]
+    return out
 
 
 def format_replay(run: Run) -> str:

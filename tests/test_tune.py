@@ -1,0 +1,160 @@
+"""The processor map (a file as a backend, its cell, bad maps), profiler.apply on a real tiny-sd15 U-Net, and bad
+input to attnprof tune and profiler.tune: each refused in one line before anything is timed. The tunes themselves:
+tests/test_tune_e2e.py."""
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from profiler.attention import backends
+from profiler.cli import main
+from profiler.spec import CellSpec, InputError
+
+SIZE = "128x128"  # tiny-sd15 at 128x128: 32 calls, 8 distinct shapes (256, 64, 16 and 4 query tokens)
+
+
+def _cli(argv: list[str], code: int = 0) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(argv) == code, (argv, out.getvalue())
+    return out.getvalue()
+
+
+def _map(tmp_path: Path, blocks: dict, default=None, name="m.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps({"blocks": blocks, **({"default": default} if default else {})}))
+    return path
+
+
+def test_a_map_file_is_a_backend_whose_cell_carries_what_runs(tmp_path):
+    a = _map(tmp_path, {"down_blocks.0.attentions.0.transformer_blocks.0.attn1": {"backend": "naive"}},
+             {"backend": "split", "options": {"budget_bytes": 4096}})
+    name, options = backends.cell_backend(str(a), {})
+    assert name == "tuned" and options["file"] == "m.json"
+    assert backends.label(name, options) == "tuned (m.json)" == backends.label(str(a), {})
+    assert backends.family(name) == "mixed"
+    # per block: its entry, else the default (options checked and filled)
+    row = {"block": "down_blocks.0.attentions.0.transformer_blocks.0.attn1"}
+    assert backends.for_call(name, options, row) == ("naive", {})
+    assert backends.for_call(name, options, {"block": "mid_block.attentions.0.transformer_blocks.0.attn1"}) == \
+        ("split", {"budget_bytes": 4096})
+    # the cell's id: the same map the same id wherever the file is; another map another id
+    spec = lambda o: CellSpec("tiny-sd15", 64, 64, 1, "float32", name, "cpu", tuple(sorted(o.items())))  # noqa: E731
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    (moved / "m.json").write_text(a.read_text())
+    assert spec(backends.cell_backend(str(moved / "m.json"), {})[1]).cell_id == spec(options).cell_id
+    b = _map(tmp_path, {"down_blocks.0.attentions.0.transformer_blocks.0.attn1": {"backend": "sdpa"}},
+             {"backend": "split", "options": {"budget_bytes": 4096}}, "m2.json")
+    assert spec(backends.cell_backend(str(b), {})[1]).cell_id != spec(options).cell_id
+    # a processor made for a map is placed per block; called as one, it says how to place it
+    with pytest.raises(InputError, match="profiler.apply"):
+        backends.make_processor(name, **options)(None, None)
+
+
+@pytest.mark.parametrize("doc, says", [
+    ("not json", "not valid JSON"),
+    ({"default": {"backend": "sdpa"}}, 'no "blocks" mapping'),
+    ({"blocks": {"b": {"backend": "nope"}}}, "unknown backend 'nope'"),
+    ({"blocks": {"b": {"backend": "split", "options": {"budget_bytes": 0}}}}, "use a whole number >= 1"),
+    ({"blocks": {"b": {"backend": "other.json"}}}, "names another map"),
+    ({"blocks": {"a": {"backend": "split"}, "b": {"backend": "split", "options": {"budget_bytes": 9}}}},
+     "two sets of options"),
+    ({"blocks": {}}, "names no block and no default"),
+])
+def test_a_bad_map_is_one_line_naming_the_file(tmp_path, doc, says):
+    path = tmp_path / "bad.json"
+    path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["run", "--model", "tiny-sd15", "--size", "64x64", "--backend", str(path), "--out",
+                     str(tmp_path / "r")]) == 2
+    line = err.getvalue().strip()
+    assert "\n" not in line and "bad.json" in line and says in line, line
+    assert not (tmp_path / "r").exists()  # nothing run or written
+
+
+def test_a_missing_map_file_is_one_line(tmp_path):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["run", "--model", "tiny-sd15", "--backend", str(tmp_path / "gone.json")]) == 2
+    assert "gone.json: cannot be read" in err.getvalue() and err.getvalue().count("\n") == 1
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--size", "64x64", "--size", "128x128"], "tune takes one --size"),
+    (["--backend", "nope"], "unknown backend 'nope'"),
+    (["--backend", "tuned.json"], "tune times backends by name"),
+    (["--rounds", "1"], "--rounds 1 is too small"),
+    (["--budget", "24"], "has no unit"),
+    (["--budget", "1MiB"], "whatever the backends"),  # the weights alone: found by the planner, nothing timed
+    (["--budget", "14MiB", "--backend", "naive"], "no backend keeps the forward within the budget 14.0 MiB at"),
+])
+def test_bad_input_to_tune_is_one_line_and_stores_nothing(tmp_path, argv, says):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["tune", "--model", "tiny-sd15", "--device", "cpu", "--out", str(tmp_path / "t"), "--quiet",
+                     *(["--size", "128x128"] if "--size" not in argv else []), *argv]) == 2
+    line = err.getvalue().strip()
+    assert "\n" not in line and says in line, line
+    assert not (tmp_path / "t").exists()
+
+
+def test_a_bad_map_applied_changes_nothing_and_tune_asks_for_what_it_lacks(tmp_path, tiny_sd15):
+    import profiler
+
+    own = dict(tiny_sd15.attn_processors)
+    block = "down_blocks.0.attentions.0.transformer_blocks.0.attn1"
+    for path, says in ((_map(tmp_path, {block: {"backend": "nope"}}), "unknown backend 'nope'"),
+                       (_map(tmp_path, {block: {"backend": "naive"}}, name="p.json"),
+                        "not in it and it has no default"),
+                       (tmp_path / "gone.json", "cannot be read")):
+        with pytest.raises(InputError, match=says):
+            profiler.apply(tiny_sd15, path)
+        assert all(a is b for a, b in zip(tiny_sd15.attn_processors.values(), own.values()))
+    assert list(profiler.processors(tmp_path / "p.json")) == [f"{block}.processor"]  # the map's blocks alone
+    with pytest.raises(InputError, match="not a processor map"):
+        profiler.apply(tiny_sd15, 42)
+    with pytest.raises(InputError, match="give the module's forward inputs"):
+        profiler.tune(tiny_sd15)
+    with pytest.raises(InputError, match="attnprof tune --model NAME --size WxH --budget"):
+        profiler.tune(tiny_sd15, budget="1GiB")
+
+
+def test_each_block_says_why_its_backend_was_chosen():
+    """search.choose on figures given (its rule, not a timing): the fastest beyond noise, within noise of its
+    runner-up, the fastest that fits the budget (naming what the faster would need), the only one that runs the
+    shape within tolerance (naming the others and why), and a faster one off the fp32 reference left out."""
+    from profiler.measure.replay import SHAPE
+    from profiler.tuning import search
+
+    def row(block, tokens, kind="self"):
+        return {"block": block, "batch": 1, "heads": 8, "head_dim": 40, "tokens_q": tokens,
+                "tokens_k": tokens if kind == "self" else 77, "kind": kind, "upcast": ""}
+
+    def fig(ms, spread=0.01, ok=True):
+        return {"time_ms": ms, "iqr_ms": spread, "time_samples_ms": [ms - spread, ms, ms + spread] * 2,
+                "max_rel_err": 1e-6 if ok else 0.5, "error_ok": ok}
+
+    naive, sdpa, split = (search.key_of(n, backends.check_options(n, {})) for n in ("naive", "sdpa", "split"))
+    rows = [row("a", 4096), row("b", 1024), row("c", 256), row("d", 64), row("e", 64, "cross")]
+    figures = {"a": {naive: fig(1.0), sdpa: fig(2.0)}, "b": {naive: fig(1.0, 0.3), sdpa: fig(1.02, 0.3)},
+               "c": {naive: fig(1.0), sdpa: fig(3.0)}, "d": {sdpa: fig(2.0)}, "e": {naive: fig(0.5, ok=False),
+                                                                                   sdpa: fig(0.9)}}
+    refused = {"d": {naive: "naive cannot run this call (made up for the test)"}}
+    shapes = {tuple(r[k] for k in SHAPE): {"row": r, "figures": figures[r["block"]],
+                                           "refused": refused.get(r["block"], {})} for r in rows}
+    fits = lambda r, key: not (r["block"] == "c" and key == naive)  # noqa: E731
+    need = lambda r, key: 3 * 2**30  # noqa: E731
+    chosen = search.choose(rows, shapes, fits, need, 2 * 2**30)
+    assert {b: e["backend"] for b, e in chosen.items()} == {"a": "naive", "b": "naive", "c": "sdpa", "d": "sdpa",
+                                                            "e": "sdpa"}
+    assert chosen["a"]["why"] == "fastest" and chosen["a"]["runner_up"] == "sdpa" and chosen["a"]["runner_up_ms"] == 2
+    assert chosen["b"]["why"] == "fastest (within noise of sdpa)"
+    assert chosen["c"]["why"] == "fits the budget: naive (1.000 ms) would take the forward to 3.0 GiB, over 2.0 GiB"
+    assert chosen["d"]["why"] == ("the only one that runs this shape within tolerance (naive: naive cannot run this "
+                                  "call (made up for the test))")
+    assert chosen["e"]["why"] == "the only one that runs this shape within tolerance (naive 5.0e-01 off the fp32 " \
+                                 "reference)"
