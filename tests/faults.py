@@ -40,17 +40,19 @@ def _torch_oom():
 
 class Slow:
     """Runs SDPA, 0.3 s late on every call (a tiny-sd15 forward: about 10 s): a cell long enough to stop mid-run.
-    With $ATTNPROF_FAULT_SLOW_FROM=N, late only on calls of more than N query tokens: the cells of a shape are timed
-    together (measure/cell.measure_set), so a test that wants cells to land before a slow one gives them a smaller
-    shape of their own (at 64x64 tiny-sd15's calls have at most 64 tokens)."""
+    fault-slow-big is late only on calls of more than 64 query tokens (TRIGGER_TOKENS): the cells of a shape are
+    timed together (measure/cell.measure_set), so a test that wants cells to land before a slow one gives them a
+    shape of their own, 64x64 (tiny-sd15's calls there have 64 tokens at most), where fault-slow-big is fast."""
+
+    def __init__(self, min_tokens: int = 0):
+        self.min_tokens = min_tokens
 
     def __call__(self, attn, hidden_states, *args, **kwargs):
         import time
 
         from diffusers.models.attention_processor import AttnProcessor2_0
 
-        tokens = hidden_states.shape[1] if hidden_states.ndim == 3 else hidden_states.shape[2] * hidden_states.shape[3]
-        if tokens > int(os.environ.get("ATTNPROF_FAULT_SLOW_FROM", "0")):
+        if _tokens(hidden_states) > self.min_tokens:
             time.sleep(0.3)
         return AttnProcessor2_0()(attn, hidden_states, *args, **kwargs)
 
@@ -170,6 +172,8 @@ def register_all() -> None:
                          factory=lambda make=make: Failing(make), memory_like="sdpa"))
     register(Backend("fault-slow", "fused exact", "test: SDPA, 0.3 s late on every call", factory=Slow,
                      memory_like="sdpa"))
+    register(Backend("fault-slow-big", "fused exact", f"test: SDPA, 0.3 s late on calls over {TRIGGER_TOKENS} tokens",
+                     factory=lambda: Slow(TRIGGER_TOKENS), memory_like="sdpa"))
     register(Backend("fault-fd1", "fused exact", "test: SDPA, writing to fd 1 first", factory=NativeChatter,
                      memory_like="sdpa"))
     register(Backend("fault-die-probe", "fused exact", "test: kills its process when probed",
@@ -187,7 +191,7 @@ def register_all() -> None:
 def unregister_all() -> None:
     from profiler.attention.backends import BACKENDS
 
-    for name in [*FAULTS, "fault-slow", "fault-fd1", "fault-die-probe", "fault-abort", "fault-scaled", "fault-slow-at",
+    for name in [*FAULTS, "fault-slow", "fault-slow-big", "fault-fd1", "fault-die-probe", "fault-abort", "fault-scaled", "fault-slow-at",
                  "fault-paced"]:
         BACKENDS.pop(name, None)
 

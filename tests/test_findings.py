@@ -15,6 +15,22 @@ def _findings_block(out: str) -> str:
     return " ".join(line[2:] for line in first[1:])
 
 
+def _named_fastest(at, size: str) -> str:
+    """What the findings must say of a size's fastest backend: it, where its lead over the runner-up exceeds their
+    summed IQRs (numpy's linear quartiles: statistics' inclusive method), else that none is clearly the fastest.
+    The cells' samples are this machine's, so either may come."""
+    import numpy as np
+
+    ordered = at.sort_values("attention_time_ms")
+    if len(ordered) < 2:
+        return f"At {size} {ordered.index[0]} was the fastest: "
+    iqr = [float(np.subtract(*np.percentile(list(ordered.iloc[i]["attention_time_samples_ms"]), [75, 25])))
+           for i in (0, 1)]
+    gap = ordered.iloc[1]["attention_time_ms"] - ordered.iloc[0]["attention_time_ms"]
+    return f"At {size} {ordered.index[0]} was the fastest: " if gap > sum(iqr) else \
+        f"At {size} no backend is clearly the fastest: {ordered.index[0]} "
+
+
 def test_show_starts_with_the_fastest_backend_per_size_and_its_speedup_against_naive(dashboard_results, capsys,
                                                                                        monkeypatch):
     """Judged as a steady run (whether the machine moved while this real one ran is the next test's, injected)."""
@@ -32,9 +48,9 @@ def test_show_starts_with_the_fastest_backend_per_size_and_its_speedup_against_n
     fast = at64["attention_time_ms"].idxmin()
     naive_ms = at64.loc["naive", "attention_time_ms"]
     speedup = f", {naive_ms / at64.loc[fast, 'attention_time_ms']:.2f}x faster than naive's" if fast != "naive" else ""
-    assert f"At 64x64 {fast} was the fastest: " in text and speedup in text
+    assert _named_fastest(at64, "64x64") in text and (speedup in text or "clearly" in _named_fastest(at64, "64x64"))
     at128 = ok[ok["size"] == "128x128"].set_index("backend")
-    assert f"At 128x128 {at128['attention_time_ms'].idxmin()} was the fastest: " in text
+    assert _named_fastest(at128, "128x128") in text
     assert "(naive skipped here)" in text  # no naive to compare with at 128
     smallest = at64["attention_peak_mem_bytes"].idxmin()
     assert f"{smallest} needed the least memory" in text and "less than naive's" in text

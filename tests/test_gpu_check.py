@@ -25,10 +25,9 @@ REPO = Path(__file__).resolve().parent.parent
 DRY = ["--device", "cpu", "--models", "tiny-sd15"]
 
 
-def _start(tmp_path, *args, session: bool = False, plugins: bool = False, env: dict | None = None
-           ) -> tuple[subprocess.Popen, str]:
+def _start(tmp_path, *args, session: bool = False, plugins: bool = False) -> tuple[subprocess.Popen, str]:
     """The check as a user runs it, in a process of its own, every process it starts marked (tests/procs.py)."""
-    env = {**os.environ, **({"ATTNPROF_PLUGINS": "tests.faults"} if plugins else {}), **(env or {})}
+    env = {**os.environ, **({"ATTNPROF_PLUGINS": "tests.faults"} if plugins else {})}
     return start_marked(["profiler.gpu_check", *DRY, "--out", str(tmp_path / "gc"), *args], env, session)
 
 
@@ -156,14 +155,13 @@ def test_the_dry_run_leaves_five_files_whose_tables_hold_every_figure_of_the_rep
 @pytest.mark.parametrize("how", ["SIGTERM to the process", "SIGINT to its process group"])
 def test_a_stop_mid_run_tabulates_its_finished_cells_and_leaves_no_process(tmp_path, how):
     """SIGTERM (a `timeout`) to the process, or SIGINT to its whole process group (Ctrl-C in a terminal), once the
-    core run has recorded its first shape's cells (64x64: fault-slow is late only on calls of more tokens) and while
-    its second shape (128x128, fault-slow 0.3 s late a call) runs: the report tabulates the finished cells and says
-    where the check stopped, the exit is non-zero, the run is closed as interrupted, and no process of the check is
-    alive a second after it exits."""
+    core run has recorded its first shape's cells (64x64: fault-slow-big is late only on calls of more tokens) and
+    while its second shape (128x128, fault-slow-big 0.3 s late a call) runs: the report tabulates the finished cells
+    and says where the check stopped, the exit is non-zero, the run is closed as interrupted, and no process of the
+    check is alive a second after it exits."""
     group = how.endswith("group")
     proc, token = _start(tmp_path, "--models", "tiny-sd15", "tiny-sd15", "--sizes", "64", "128", "--backends",
-                         "naive", "fault-slow", "sdpa", "--budget-s", "300", session=group, plugins=True,
-                         env={"ATTNPROF_FAULT_SLOW_FROM": "64"})
+                         "naive", "fault-slow-big", "sdpa", "--budget-s", "300", session=group, plugins=True)
     _wait_for_cell(tmp_path / "gc", "naive")
     os.killpg(proc.pid, signal.SIGINT) if group else proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
@@ -179,7 +177,7 @@ def test_a_stop_mid_run_tabulates_its_finished_cells_and_leaves_no_process(tmp_p
     assert " | naive | ok | " in table and "128 | 128" not in table
     cells = _table(tmp_path / "gc" / "cells.csv")
     assert sorted((c["backend"], c["width"], c["status"]) for c in cells) == [
-        ("fault-slow", "64", "ok"), ("naive", "64", "ok"), ("sdpa", "64", "ok")]
+        ("fault-slow-big", "64", "ok"), ("naive", "64", "ok"), ("sdpa", "64", "ok")]
 
 
 def test_the_budgets_end_stops_the_run_in_flight(tmp_path):

@@ -24,7 +24,8 @@ COMMAND = re.compile(r"attnprof ([a-z]+)\b([^;:()`]*)")  # 'attnprof sweep CONFI
 OTHERS = {"head": "ray start --head", "probe": "execute/worker.py --probe", "limits": "execute/worker.py --limits",
           "calibrate": "execute/worker.py --calibrate", "generate": "ray get-auth-token --generate",
           "node-ip-address": "ray start --node-ip-address (attnprof serve's head)",
-          "steps": "docs/examples/generate.py --steps (a user's script that attnprof record runs)"}
+          "steps": "docs/examples/generate.py --steps (a user's script that attnprof record runs)",
+          "only": "python -m profiler.bench --only (make bench's single step)"}
 
 
 def _parsers() -> dict[str, argparse.ArgumentParser]:

@@ -127,9 +127,12 @@ def test_submit_jobs_stop_and_resume_from_the_command_line_all_on_loopback(servi
     assert pid_listening_on(int(service["ray_port"])) is not None, (service["root"] / "serve.log").read_text()
     queued = service["root"] / "queued"  # not serve's folder: each submit below lands here by its own rule
     config, with_out = service["root"] / "sweep.yaml", service["root"] / "sweep-out.yaml"
-    config.write_text(SMALL.replace("[sdpa, naive]", "[sdpa, fault-slow, naive]"))
+    # fault-slow-big: fast at 64x64, so that shape's cells land; at 256x256 0.3 s late on each of its 20 calls over 64
+    # tokens, its shape's cells about 30 s, so the stop lands mid-run
+    config.write_text(SMALL.replace("[sdpa, naive]", "[sdpa, fault-slow-big, naive]").replace(
+        "[64x64]", "[64x64, 256x256]").replace("repeats: 1", "repeats: 4"))
     with_out.write_text(config.read_text() + f"out: {os.path.relpath(queued, REPO)}\n")  # relative to submit's folder
-    slow = {"ATTNPROF_PLUGINS": "tests.faults"}  # fault-slow: its cell takes about 20 s, so the stop lands mid-run
+    slow = {"ATTNPROF_PLUGINS": "tests.faults"}
     p = _cli("submit", str(config), "--address", service["jobs"], "--results", str(queued), env=slow)
     assert p.returncode == 0 and f"its run lands in {queued}" in p.stderr, p.stderr
     sid = p.stdout.strip()
@@ -142,7 +145,7 @@ def test_submit_jobs_stop_and_resume_from_the_command_line_all_on_loopback(servi
         listed = _cli("jobs", "--address", service["jobs"])
         assert listed.returncode == 0, listed.stderr
         line = next(ln for ln in listed.stdout.splitlines() if ln.startswith(sid))
-        assert "RUNNING" in line and row["run"] in line and "/3" in line
+        assert "RUNNING" in line and row["run"] in line and "/6" in line
         assert "sweep env:ATTNPROF_SWEEP_YAML --ray auto" in _cli("jobs", "--address", service["jobs"], "--logs",
                                                                   sid).stdout
     finally:

@@ -30,5 +30,5 @@ def test_run_trace_leaves_a_trace_per_cell_with_one_range_per_call_named_by_its_
 def test_trace_is_off_by_default_and_a_sweep_key_validated_like_the_others():
     good = "models: [tiny-sd15]\nsizes: [64x64]\n"
     assert not loads(good, "s.yaml").trace and loads(good + "trace: true\n", "s.yaml").trace
-    with pytest.raises(InputError, match="^s.yaml: key 'trace' must be true or false, not 'sometimes'$"):
+    with pytest.raises(InputError, match="^s.yaml: key 'trace' must be true, kernels or false, not 'sometimes'$"):
         loads(good + "trace: sometimes\n", "s.yaml")

@@ -32,10 +32,11 @@ def _index_row(path: Path) -> dict:
         env, sweep = m.get("environment") or {}, m.get("sweep") or m.get("replay") or {}
         planned = m.get("cells") or []  # a record's (profile's) cells, where it has no sweep: their models, backends
         row.update(created=str(m.get("created_at", ""))[:16].replace("T", " "), kind=kind_of(m).name,
-                   models=", ".join(sweep.get("models") or dict.fromkeys(c["model"] for c in planned)),
+                   models=", ".join(sweep.get("models") or dict.fromkeys(c["model"] for c in planned
+                                                                          if c.get("model"))),
                    device=f"{env.get('device')} ({env.get('device_name')})",
                    backends=", ".join(dict.fromkeys([label(*b) for b in sweep.get("backends", [])] or [
-                       label(c["backend"], c.get("backend_options") or "{}") for c in planned])),
+                       label(c["backend"], c.get("backend_options") or "{}") for c in planned if c.get("backend")])),
                    cells=len(planned),
                    versions=f"torch {env.get('torch')}, diffusers {env.get('diffusers')}, python {env.get('python')}",
                    git=str(env.get("git_revision") or "")[:12])
