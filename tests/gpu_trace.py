@@ -10,6 +10,7 @@ import re
 
 from profiler import devices
 from profiler.measure import passes, replay, state, trace
+from profiler.record import session
 
 VIEWS = re.compile(r"^aten::(view|reshape|_reshape_alias|transpose|permute|expand|as_strided|empty|empty_like|"
                    r"empty_strided|t|unsqueeze|squeeze|slice|select|detach|alias|_unsafe_view|unflatten|flatten|"
@@ -67,6 +68,7 @@ def install(monkeypatch, duration) -> list:
     monkeypatch.setattr(devices, "get", get)
     monkeypatch.setattr(passes, "events", events)
     monkeypatch.setattr(replay, "events", events)
+    monkeypatch.setattr(session, "events", events)
     monkeypatch.setattr(state, "launch_us", lambda dev: LAUNCH_US)  # a steady machine: the CPU's own moves with
     monkeypatch.setattr(state, "gemm_ref_ms", lambda dev: GEMM_MS)  # its load, which no verdict may rest on
     return seen

@@ -211,3 +211,52 @@ def test_a_kept_kernel_trace_reads_again_as_the_calls_it_timed(kernel_run, tmp_p
     first = cells.sort_values("backend", key=lambda b: b != "sdpa", kind="stable")["cell_id"].iloc[0]
     assert (tmp_path / "gc" / "trace-tiny-sd15.json.gz").read_bytes() == \
         (run.path / "traces" / f"{first}.kernels.json.gz").read_bytes()
+
+
+def test_a_profiled_generation_on_a_gpu_stores_each_calls_kernels_and_its_host_time(monkeypatch, tmp_path):
+    """profiler.profile on CUDA (the synthetic GPU): the generation runs under the profiler, each call a range; its
+    time is the kernels credited to it (found independently), its host time beside it, where the kernels went
+    (its attention core's and the rest), and the stored run says cupti; the component forwards are events."""
+    import importlib.util
+
+    from profiler import profile
+
+    spec = importlib.util.spec_from_file_location("generate", H200.parent / "examples" / "generate.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    traces = gpu_trace.install(monkeypatch, _duration)
+    pipe = gen.tiny_pipeline()
+    with profile(pipe, out=tmp_path) as prof:
+        gen.generate(pipe, steps=2)
+    calls = prof.calls
+    assert len(traces) == 1 and len(calls) and calls["time_ms"].gt(0).all()
+    # each call's range as the session names it: component, block, batch x query tokens x key tokens
+    names = [f"{c}.{b}" if c in ("unet", "model") else b for c, b in zip(calls["component"], calls["block"])]
+    names = [f"{n} {b}x{q}x{k}" for n, b, q, k in zip(names, calls["batch"], calls["tokens_q"], calls["tokens_k"])]
+    # a call's range is its name, or after its first step its name and " (call N)" (probes.CallTimer): every such
+    # range in time order is a call in the order the calls ran
+    ranged = {e.name(): 0 for e in traces[0] if any(e.name() == n or e.name().startswith(f"{n} (call ")
+                                                    for n in set(names))}
+    credited = gpu_trace.credited(traces[0], {name: 0 for name in ranged})[0]
+    assert calls["time_ms"].tolist() == pytest.approx(credited)
+    unet = calls[calls["component"] == "unet"]
+    core = CORE_NS["sdpa"] / 1e6  # the pipeline's own processors: AttnProcessor2_0, SDPA's one core kernel
+    assert unet["attn_kernel_ms"].tolist() == pytest.approx([core] * len(unet))
+    assert (unet["attn_kernel_ms"] + unet["proj_kernel_ms"]).tolist() == pytest.approx(unet["time_ms"].tolist())
+    assert unet["host_ms"].gt(unet["time_ms"]).all()  # launches slow, kernels microseconds
+    cells, blocks = Run.open(prof.run_dir).read()
+    assert cells["time_source"].tolist() == ["cupti"] and set(blocks["time_source"]) == {"cupti"}
+    assert cells["attention_host_ms"].iloc[0] > cells["attention_time_ms"].iloc[0]
+
+
+def test_record_reads_the_machines_speed_on_the_device_the_generation_ran_on(tmp_path):
+    """A generation whose pipeline ran on cuda:1: record's next calibrations are taken there, not on device 0 (its
+    cell says where: pipeline_device); a start taken on another device before it is not paired with an end."""
+    from profiler.record import script
+    from profiler.store import Run
+
+    run = Run.create(tmp_path, {"kind": "record", "command": "attnprof record", "cells": [], "ended_at": None})
+    assert script.pipeline_device(run, "cuda") == "cuda"
+    run.record({"cell_id": "c1", "model": "m", "width": 64, "height": 64, "batch": 1, "dtype": "float16",
+                "backend": "loaded", "device": "cuda", "status": "ok", "pipeline_device": "cuda:1"}, [])
+    assert script.pipeline_device(run, "cuda") == "cuda:1"

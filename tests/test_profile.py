@@ -284,30 +284,29 @@ def test_a_trace_names_each_attention_call_by_its_component_block_and_shape(tmp_
     assert forwards.count("unet forward") == 2 and forwards.count("vae forward") == 1  # name gets its call's key
 
 
-def test_on_cuda_a_generations_calls_are_timed_by_events_and_synchronized_once(monkeypatch):
-    """The meter profile uses (the session's: peaks on, no synchronize per call), on a CUDA device faked call by
-    call (tests/test_devices.py): each call records its two events and reads the allocator's statistics, all on the
-    device's own index; nothing synchronizes until the end, which synchronizes once and reads every interval."""
+def test_on_cuda_a_generations_calls_are_ranged_for_their_kernels_host_timed_and_synchronized_once(monkeypatch):
+    """The meter of calls profile uses on CUDA (faked call by call: tests/test_devices.py): each call a profiler range
+    (its kernels are read from the generation's trace, as attnprof run's are) and the host's clock, no CUDA event
+    (events around a call of a host-bound forward time the host, and the kernels say what the GPU did); the
+    allocator's statistics read on the device's own index; nothing synchronizes until the end, once."""
     import itertools
-    import types
 
     from profiler.record.session import meter as profile_meter
     from tests.test_devices import _Recorder
 
     fake = _Recorder(monkeypatch, reserved=itertools.repeat(0))
-    monkeypatch.setattr(torch.cuda, "Event", lambda **kw: types.SimpleNamespace(
-        record=fake._record, elapsed_time=lambda other: 1.5))
+    monkeypatch.setattr(torch.cuda, "Event", lambda **kw: pytest.fail("a CUDA event per call"))
     meter = profile_meter("cuda:1")
     for uid in range(5):
-        meter.before({"uid": uid, "block": "b"})
-        meter.after({"uid": uid, "block": "b"})
-    assert not [c for c in fake.calls if c[0] == "synchronize"]
-    assert [c[0] for c in fake.calls].count("Event.record") == 10 and len(meter.peak) == 5
+        meter.before({"uid": uid, "block": "b", "component": "unet", "batch": 2, "tokens_q": 4096, "tokens_k": 77})
+        meter.after({"uid": uid, "block": "b", "component": "unet", "batch": 2, "tokens_q": 4096, "tokens_k": 77})
+    assert not [c for c in fake.calls if c[0] == "synchronize"] and len(meter.peak) == 5
     assert {c[1] for c in fake.calls if c[0] in ("reset_peak_memory_stats", "memory_allocated")} == \
         {torch.device("cuda", 1)}
+    assert sorted(meter.ranges.values()) == list(range(5)) and meter.meter == "host"
     meter.collect()
     assert [c for c in fake.calls if c[0] == "synchronize"] == [("synchronize", torch.device("cuda", 1))]
-    assert meter.samples == {uid: [1.5] for uid in range(5)}
+    assert sorted(meter.samples) == list(range(5)) and all(v[0] >= 0 for v in meter.samples.values())
 
 
 def test_attention_of_a_kind_the_recorder_has_no_hook_for_is_named_not_recorded():

@@ -60,8 +60,11 @@ def record(script: str | None, args: list[str], backends_: list[str], out: Path,
             cells, start = len(run.cells()), executor.calibrate(device, "start")
             done = stopped.child(argv, {**os.environ, RUN_ENV: str(run.path)})
             if len(run.cells()) > cells:
-                end = executor.calibrate(device, "end")
-                run.update_manifest(calibration=[*run.manifest().get("calibration", []), start, end])
+                ran = pipeline_device(run, device)  # the device the generation ran on: calibrate there
+                end = executor.calibrate(ran, "end")
+                pair = [start, end] if ran == device else [end]  # a start taken on another device is no pair
+                run.update_manifest(calibration=[*run.manifest().get("calibration", []), *pair])
+                device = ran
             code = code or done
     except KeyboardInterrupt:
         stopped.stopping()
@@ -73,6 +76,14 @@ def record(script: str | None, args: list[str], backends_: list[str], out: Path,
         finally:
             stopped.release()
     return result
+
+
+def pipeline_device(run, default: str) -> str:
+    """The device the last recorded generation ran on (its cell's pipeline_device: cuda:1 where the user's pipeline
+    was there), so that the machine's speed is read where the generation ran, not on device 0; else default."""
+    cells = run.cells()
+    ran = cells["pipeline_device"].dropna() if len(cells) and "pipeline_device" in cells else []
+    return str(ran.iloc[-1]) if len(ran) else default
 
 
 def _the_run(script: str | None, args: list[str], backends_: list[str], out: Path, resume: str | None):

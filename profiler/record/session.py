@@ -11,8 +11,11 @@ uses too), so whatever processor runs is recorded and left in place: the user's,
 (perturbed-attention guidance), IP-Adapter's modules; with backend=NAME that backend's processors are swapped in for
 the generation and the user's restored after. The output is the same as an unprofiled run's: nothing is changed.
 
-- time: an interval per call and per component forward on the execution device's clock (CUDA events, read once at
-  the end: no synchronize per call; a host clock on the CPU);
+- time: on the CPU a host clock per call and per component forward; on CUDA each call's time is its kernels' (the
+  profiler's CUPTI durations over the generation, credited to the call by correlation id, as attnprof run times a
+  call: no synchronize per call), with the host's time in it beside (host_ms) and where its kernels went
+  (attn_kernel_ms: its attention core's, proj_kernel_ms: the rest); a component's forward by CUDA events. The
+  profiler's own cost is in the host's times and the wall time, not in the kernels';
 - memory: on CUDA the allocator's peak per call over what it began with (its statistics, no synchronize); on the
   CPU none (that takes the profiler's allocation trace: attnprof run measures it in a probe pass), as the notes say;
 - generation: each call of the target pipeline in the block is one (its class's __call__ wrapped for the block to
@@ -44,6 +47,7 @@ from ..attention import backends
 from .. import devices
 from ..fmt import generations_text, human_bytes, table
 from ..measure.probes import CallTimer, summarize, traced
+from ..measure.trace import call_samples, events
 from ..planner.calibration import public_config
 from ..report.show import component_rows
 from ..attention.recorder import Recorder, attention_modules, clip_attention_modules, unrecorded_attention
@@ -53,7 +57,7 @@ LOOP = ("unet", "controlnet", "transformer", "prior", "model")  # components tha
 DENOISERS = ("unet", "transformer", "prior", "model")  # the one whose forwards are the steps
 CALL_COLUMNS = ["component", "block", "generation", "step", "pass_index", "call_index", "kind", "batch", "heads",
                 "head_dim", "tokens_q", "tokens_k", "ip_tokens_k", "score_elements", "score_bytes", "flops", "time_ms",
-                "peak_bytes", "faulted_bytes", "stage", "level", "upcast"]
+                "host_ms", "attn_kernel_ms", "proj_kernel_ms", "peak_bytes", "faulted_bytes", "stage", "level", "upcast"]
 
 
 def components(target) -> dict[str, torch.nn.Module]:
@@ -97,11 +101,13 @@ def _device(target, found: dict) -> torch.device:
 
 
 def meter(device, trace: bool = False) -> CallTimer:
-    """A generation's one meter: each call and component forward on the device's clock (CUDA events: read once at
-    the end, no synchronize per call), the allocator's peak per call where the device counts one, on the CPU the new
-    pages each touched (faulted_bytes: whichever of glibc's moving thresholds gave them), a named range per
-    call with trace."""
-    return CallTimer(devices.get(device), peaks=True, ranges=trace, key="uid", name=_range_name, faults=True)
+    """A generation's meter of calls: each on the host's clock (on the CPU the device's; on CUDA the host's own time in
+    the call, its kernels read from the trace by its range: rows()), the allocator's peak per call where the device
+    counts one, on the CPU the new pages each touched (faulted_bytes: whichever of glibc's moving thresholds gave
+    them), a named range per call with trace and always on CUDA. On the CPU it times the component forwards too."""
+    dev = devices.get(device)
+    return CallTimer(dev, peaks=True, ranges=trace or dev.kernel_clock, key="uid", name=_range_name, faults=True,
+                     meter="host" if dev.kernel_clock else "device")
 
 
 def _range_name(row: dict) -> str:
@@ -160,6 +166,8 @@ class Session:
             options = backends.check_options(backend, self.options)
             self.factory = lambda: backends.make_processor(backend, **options)  # noqa: E731
         self.meter = meter(self.device, trace)
+        self.kernels = self.meter.device.kernel_clock  # CUDA: calls' kernels from the trace of the generation
+        self.forward_meter = CallTimer(self.meter.device, key="uid") if self.kernels else self.meter  # by events
         self.uid = itertools.count()
         self.recorders: dict[str, Recorder] = {}
         self.modules = {name: attention_modules(m) for name, m in self.found.items()}  # each component's, by path
@@ -176,8 +184,8 @@ class Session:
             self._mark_calls()
             for name, module in self.found.items():
                 self._component(name, module)
-            if self.trace:
-                self.prof = self._stack.enter_context(traced(devices.get(self.device), memory=False))
+            if self.trace or self.kernels:
+                self.prof = self._stack.enter_context(traced(self.meter.device, memory=False, shapes=self.trace))
         except BaseException:
             self._stack.close()
             raise
@@ -271,25 +279,31 @@ class Session:
                     self.facts.update(latent=tuple(sample.shape), dtype=str(sample.dtype).removeprefix("torch."))
             self.forwards.append(row)
             self._open.append(row)
-            self.meter.before(row)
+            self.forward_meter.before(row)
         return begin
 
     def _forward_ends(self, module, args, output) -> None:
-        self.meter.after(self._open.pop())
+        self.forward_meter.after(self._open.pop())
 
     def __exit__(self, *exc) -> None:
         self._stack.close()
 
     def rows(self) -> list[dict]:
-        """Every attention call, in order, with its component, step, time and (CUDA) peak."""
+        """Every attention call, in order, with its component, step, time (on CUDA its kernels') and (CUDA) peak."""
         self.meter.collect()
+        if self.forward_meter is not self.meter:
+            self.forward_meter.collect()
+        windows = call_samples(events(self.prof), self.meter.ranges) if self.kernels else {}
         out = []
         for name, rec in self.recorders.items():
             for r in rec.rows:
+                host = self.meter.samples.get(r["uid"], [float("nan")])[0]
+                seen = (windows.get(r["uid"]) or [{}])[0]
                 out.append({**{k: v for k, v in r.items() if k != "uid"},
                             "block": r["block"] if name in ("unet", "model") else f"{name}.{r['block']}",
                             "step": r["pass_index"] if name in LOOP else None,
-                            "time_ms": self.meter.samples.get(r["uid"], [float("nan")])[0],
+                            "time_ms": (seen.get("gpu_time_ms") or 0.0) if self.kernels else host, "host_ms": host,
+                            "attn_kernel_ms": seen.get("attn_kernel_ms"), "proj_kernel_ms": seen.get("proj_kernel_ms"),
                             "peak_bytes": self.meter.peak.get(r["uid"]),
                             "faulted_bytes": self.meter.faulted.get(r["uid"]), "uid": r["uid"]})
         return sorted(out, key=lambda r: r["uid"])
@@ -310,7 +324,7 @@ def _component_table(session: Session, calls: pd.DataFrame) -> pd.DataFrame:
         own = calls[calls["component"] == name] if len(calls) else calls
         recorded = name in session.recorders or name not in session.unrecorded
         rows.append({"component": name, "class": type(session.found[name]).__name__, "forwards": len(mine),
-                     "time_ms": sum(session.meter.samples.get(f["uid"], [0.0])[0] for f in mine),
+                     "time_ms": sum(session.forward_meter.samples.get(f["uid"], [0.0])[0] for f in mine),
                      "attention_calls": len(own) if recorded else float("nan"),
                      "attention_ms": float(own["time_ms"].sum()) if recorded else float("nan"),
                      "not_recorded": session.unrecorded.get(name, "")})
@@ -334,7 +348,7 @@ def profile(target, out: str | Path | None = "results", backend: str | None = No
     calls = by_generation(pd.DataFrame(session.rows()), session.calls)
     prof.calls = calls[[c for c in CALL_COLUMNS if c in calls]] if len(calls) else pd.DataFrame(columns=CALL_COLUMNS)
     prof.generations = _generations(prof.calls, [c["wall_s"] for c in session.calls] or [prof.wall_s])
-    prof.forwards = pd.DataFrame([{"component": f["component"], "time_ms": session.meter.samples[f["uid"]][0]}
+    prof.forwards = pd.DataFrame([{"component": f["component"], "time_ms": session.forward_meter.samples[f["uid"]][0]}
                                   for f in session.forwards], columns=["component", "time_ms"])
     prof.components = _component_table(session, calls)
     prof.notes = session.notes + ([] if session.meter.peaks else [
@@ -383,6 +397,7 @@ def _facts(target, session: Session, prof: Profile) -> dict:
             "steps": int(steps), "guidance": getattr(target, "_guidance_scale", None),
             "scheduler": type(getattr(target, "scheduler", None)).__name__ if hasattr(target, "scheduler") else None,
             "device": str(session.device), "processors": session.processors, "backend": session.backend,
+            "time_source": "cupti" if session.kernels else "host clock",
             "configs": {name: {"class": type(m).__name__, "config": public_config(m)}
                         for name, m in session.found.items() if public_config(m)}}
 
@@ -400,6 +415,7 @@ def cell_rows(prof: Profile, backend: str | None) -> tuple[dict, list[dict]]:
     attention sums the samples of the noise rule); one block row per call of a forward of each component, its
     samples the forwards'."""
     f, calls = prof.facts, prof.calls
+    clock = f.get("time_source") or ("cupti" if f["device"].startswith("cuda") else "host clock")
     spec = CellSpec(f"{f['pipeline']} {f['denoiser']}", int(f["width"]), int(f["height"]), int(f["batch"]),
                     f["dtype"], backend or "loaded", "cuda" if f["device"].startswith("cuda") else "cpu")
     loop = calls[calls["component"].isin(DENOISERS)] if len(calls) else calls
@@ -416,6 +432,8 @@ def cell_rows(prof: Profile, backend: str | None) -> tuple[dict, list[dict]]:
                                                                    "tokens_k", "score_elements", "score_bytes",
                                                                    "flops", "upcast")},
                        **summarize(samples), "time_samples_ms": samples, "calls_recorded": len(same),
+                       "time_source": clock, **{k: _median(same, k) for k in ("host_ms", "attn_kernel_ms",
+                                                                              "proj_kernel_ms")},
                        "time_total_ms": float(sum(samples)),
                        "peak_mem_bytes": int(peaks.max()) if len(peaks) else None, "predicted_peak_bytes": None,
                        "faulted_bytes": int(faulted.median()) if len(faulted) else None, "kernel": "",
@@ -424,7 +442,11 @@ def cell_rows(prof: Profile, backend: str | None) -> tuple[dict, list[dict]]:
         b["call_index"] = i
     fwd, attention = summarize(forward_ms), summarize(per_forward)
     peaks = calls["peak_bytes"].dropna() if len(calls) else pd.Series(dtype=float)
-    cell = {**spec.as_row(), "status": "ok", "error": "", "kind": "record",
+    cell = {**spec.as_row(), "status": "ok", "error": "", "kind": "record", "time_source": clock,
+            "pipeline_device": f["device"],
+            **{f"attention_{k}": _per_forward(loop, v) for k, v in (("kernel_ms", "attn_kernel_ms"),
+                                                                     ("proj_ms", "proj_kernel_ms"),
+                                                                     ("host_ms", "host_ms"))},
             "forward_time_ms": fwd["time_ms"], "forward_time_samples_ms": forward_ms, "forward_iqr_ms": fwd["iqr_ms"],
             "noisy": fwd["noisy"] or attention["noisy"], "attention_time_ms": attention["time_ms"],
             "attention_time_samples_ms": per_forward,
@@ -439,6 +461,18 @@ def cell_rows(prof: Profile, backend: str | None) -> tuple[dict, list[dict]]:
             "components": json.dumps(prof.components.to_dict("records"), default=float),
             "notes": "; ".join(prof.notes), "torch_threads": torch.get_num_threads()}
     return cell, blocks
+
+
+def _median(rows: pd.DataFrame, column: str) -> float | None:
+    values = rows[column].dropna() if column in rows else []
+    return float(values.median()) if len(values) else None
+
+
+def _per_forward(loop: pd.DataFrame, column: str) -> float | None:
+    """A denoiser forward's calls' figure summed, the median over its forwards (None where no call has it)."""
+    if not len(loop) or column not in loop or loop[column].isna().all():
+        return None
+    return float(loop.groupby(["generation", "pass_index"])[column].sum().median())
 
 
 def store(prof: Profile, out: Path, command: str) -> Path:
