@@ -260,3 +260,12 @@ def test_record_reads_the_machines_speed_on_the_device_the_generation_ran_on(tmp
     run.record({"cell_id": "c1", "model": "m", "width": 64, "height": 64, "batch": 1, "dtype": "float16",
                 "backend": "loaded", "device": "cuda", "status": "ok", "pipeline_device": "cuda:1"}, [])
     assert script.pipeline_device(run, "cuda") == "cuda:1"
+
+
+def test_a_cells_expected_forwards_follow_its_devices_passes():
+    """The sweep's predicted time counts a cell's forwards as its device runs them: on the CPU warm-up, timed and
+    probe; on CUDA the passes' minimums by time as well (a short forward is repeated for a second and more)."""
+    assert passes.expected_forwards(False, 1, 3, 100.0) == 5
+    short, long_ = passes.expected_forwards(True, 1, 3, 5.0), passes.expected_forwards(True, 1, 3, 500.0)
+    assert short > long_ >= passes.MIN_PLAIN + passes.PROFILED
+    assert short * 5.0 >= (passes.WARM_S + passes.MIN_PLAIN_S) * 1e3  # the second of plain forwards and more

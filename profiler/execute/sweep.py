@@ -212,7 +212,7 @@ def _predicted_times(cells: list[CellSpec], limits: dict, sweep: Sweep, say: boo
     times = predict_cells(cells, limits, Path(sweep.out))
     if times:
         overhead = harness_overhead(Path(sweep.out), limits["device_limits"]["key"])
-        per_cell = sweep.warmup + sweep.repeats + 1
+        per_cell = forwards_per_cell(cells, times, sweep)
         if run is not None and overhead:  # a resumed run's wall time spans its attempts: nothing to set it against
             whole = "predicted_wall_s" not in run.manifest() and not any(map(too_wrong, times.values()))
             run.update_manifest(predicted_wall_s=predicted_wall_s(times, per_cell, overhead) if whole else None,
@@ -220,6 +220,18 @@ def _predicted_times(cells: list[CellSpec], limits: dict, sweep: Sweep, say: boo
         if say:
             print(f"attnprof: {sweep_text(times, per_cell, overhead, holds)}", file=sys.stderr, flush=True)
     return times
+
+
+def forwards_per_cell(cells: list[CellSpec], times: dict[str, dict], sweep: Sweep) -> float:
+    """The forwards a cell costs, in forwards of its own predicted time (measure/passes.expected_forwards: on CUDA
+    its passes' minimums by time count as forwards too), averaged over the cells by their predicted time."""
+    from .. import devices
+    from ..measure.passes import expected_forwards
+
+    kernel = devices.get(cells[0].device).kernel_clock if cells else False
+    weights = [times[c.cell_id]["predicted_forward_time_ms"] for c in cells if c.cell_id in times]
+    counts = [expected_forwards(kernel, sweep.warmup, sweep.repeats, w) for w in weights]
+    return sum(c * w for c, w in zip(counts, weights)) / sum(weights) if sum(weights) else counts[0] if counts else 0
 
 
 def _limits(manifest: dict, executor, device: str, dtypes) -> dict:

@@ -77,6 +77,23 @@ def rounds_for(repeats: int, kernel_clock: bool) -> int:
     return max(1, repeats)
 
 
+GRAPH_REPLAYS = 20
+
+
+def expected_forwards(kernel_clock: bool, warmup: int, repeats: int, forward_ms: float) -> float:
+    """How many forwards of forward_ms one cell's passes cost (the sweep's predicted time): on the CPU its warm-up,
+    timed and probe forwards; on CUDA the warm-up and the plain forwards by their minimums of count and time, the
+    profiled, host and event forwards of the rounds, the memory pass's two, and the graphs' captures and replays."""
+    if not kernel_clock:
+        return warmup + repeats + 1
+    rounds = rounds_for(repeats, True)
+    each = max(forward_ms, 1e-3)
+    warm = max(warmup, WARM_FORWARDS, WARM_S * 1e3 / each) + 2
+    plain = max(MIN_PLAIN, repeats, MIN_PLAIN_S * 1e3 / each)
+    profiled = rounds * (1 + max(1, math.ceil(PROFILED / rounds)) + 2)
+    return warm + plain + profiled + 2 + 2 * (4 + GRAPH_REPLAYS)
+
+
 def _forwards(work, unet, inputs, dev, n: int, t: Timing, timer=None) -> dict:
     timed = timed_forwards(work, unet, inputs, dev, 0, n, timer)
     t.seconds += timed["seconds"]
@@ -167,7 +184,7 @@ def _extend(into: dict, samples: dict) -> None:
         into.setdefault(key, []).extend(values)
 
 
-def graph_forward(work, unet, inputs, dev, factory, replays: int = 20) -> dict:
+def graph_forward(work, unet, inputs, dev, factory, replays: int = GRAPH_REPLAYS) -> dict:
     """CUDA: the plain forward captured into a CUDA graph (static inputs) and replayed `replays` times, each replay
     timed by events (forward_graph_ms: the forward with no host in it), and the hooked forward captured with CUDA
     events per call recorded as graph nodes (graph_time_ms per call: the call's kernels back to back). Where capture
