@@ -57,6 +57,7 @@ STEPS = [
                                   call_peaks_match_their_memory_models(CHUNKED),
                                   allocator_holds_only_the_model_and_its_forward]),
     *(Step(f.__name__.replace("_", " "), "model", f, s, None, group="last") for f, s in (
-        (new_backend_check("flex"), 90), (new_backend_check("sage"), 30), (new_backend_check("diffusers:_flash_3"), 30))),
+        (new_backend_check("flex"), 90), (new_backend_check("sage"), 30),
+        (new_backend_check("diffusers:_flash_3"), 30))),
 ]
 STEP = {s.name: s for s in STEPS}

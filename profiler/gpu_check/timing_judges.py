@@ -105,7 +105,8 @@ def chosen_and_forced_agree(cells, blocks, device) -> Verdict:
     rows, failed, judged = [], [], 0
     pairs = _pairs(ok, "sdpa", "sdpa-cudnn")
     for a, b in pairs:
-        ka, kb = (list(calls[calls["cell_id"] == r["cell_id"]].sort_values("call_index")["gpu_kernels"]) for r in (a, b))
+        ka, kb = (list(calls[calls["cell_id"] == r["cell_id"]].sort_values("call_index")["gpu_kernels"])
+                  for r in (a, b))
         if ka != kb:
             rows.append(evidence(a, "cells", "sdpa_kernel", rule="sdpa ran other kernels than sdpa-cudnn: not judged"))
             continue
@@ -149,7 +150,8 @@ def kernels_rank_the_backends(cells, blocks, device) -> Verdict:
     for key, (fast, runner, clear) in ranked(normalised(ok)).items():
         good = clear and fast["backend"] in ("sdpa", "sdpa-cudnn")
         rows.append(evidence(fast, "cells", ["backend", "attention_time_ms"], rule="the findings' fastest is sdpa or "
-                             f"sdpa-cudnn, clearly ({'clear' if clear else 'within the spread of ' + runner['backend']})",
+                             "sdpa-cudnn, clearly (" + ("clear" if clear else "within the spread of " +
+                                                         runner["backend"]) + ")",
                              ok=good))
         if not good:
             failed.append(f"{what(fast)}: the findings' fastest is {fast['backend']}{'' if clear else ' (not clear)'}")
@@ -198,7 +200,8 @@ def events_match_the_wall_clock(cells, blocks, device) -> Verdict:
                              f"{ratio:.4f})", good))
         if not good:
             failed.append(f"{what(r)}: events / wall clock {ratio:.3f}")
-    return Verdict(_judged(f"events / wall clock {span([r['forward_time_ms'] / r['forward_host_ms'] for r in records(ok) if r.get('forward_host_ms')])}", len(ok), len(ok)), rows, failed)  # noqa: E501
+    ratios = [r["forward_time_ms"] / r["forward_host_ms"] for r in records(ok) if r.get("forward_host_ms")]
+    return Verdict(_judged(f"events / wall clock {span(ratios)}", len(ok), len(ok)), rows, failed)
 
 
 def hooks_change_no_kernel(cells, blocks, device) -> Verdict:

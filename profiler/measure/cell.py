@@ -278,7 +278,9 @@ def _finish(spec, work, unet, inputs, dev, reference, weights, t, extra, trace_d
 
 def _split(blocks: list[dict]) -> dict:
     """The calls' attention cores and the rest summed (per forward): where attention's time went."""
-    total = lambda k: sum(b[k] for b in blocks) if blocks and all(b.get(k) is not None for b in blocks) else None  # noqa: E731
+    def total(k: str) -> float | None:
+        return sum(b[k] for b in blocks) if blocks and all(b.get(k) is not None for b in blocks) else None
+
     return {"attention_kernel_ms": total("attn_kernel_ms"), "attention_proj_ms": total("proj_kernel_ms"),
             "attention_host_ms": total("host_ms")}
 

@@ -125,9 +125,12 @@ def measure_compiled(spec: CellSpec, cache, repeats: int, warmup: int, dev, extr
     rows = rec.passes()[0]
     note = next((n for n in (matched(rows, ops, spec.backend) for ops in traces) if n), "")  # every traced forward
     roof = roof_of(extra)
-    blocks = [_call_row(spec, row, [] if note else [ops[i] for ops in traces], roof) for i, row in enumerate(rows)]
+    clock = {"time_source": "cupti" if dev.kernel_clock else "host clock"}  # an op's GPU kernels, or its own time
+    blocks = [{**_call_row(spec, row, [] if note else [ops[i] for ops in traces], roof), **clock}
+              for i, row in enumerate(rows)]
     cell = cell_row(spec, reference, inputs, weights, timed, None if dev.allocator else cpu_forward_peak, dev, nvml)
-    cell.update(**attention_summary(blocks, roof), **report, forwards_total_s=forwards_s, compile_s=compile_s,
+    cell.update(**attention_summary(blocks, roof), **report, **clock, forwards_total_s=forwards_s,
+                compile_s=compile_s,
                 attention_note=note, attention_timing="the attention op's time in a traced compiled forward")
     cell["attention_op_time_ms"] = cell["attention_time_ms"] if not note else None
     return cell, blocks

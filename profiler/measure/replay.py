@@ -251,4 +251,5 @@ def cell_of(spec: CellSpec, blocks: list[dict], peaks: dict, started: float) -> 
     return {**spec.as_row(), **facts_of(spec.model), "status": "ok", "error": "",
             **attention_summary(blocks, roof_of(peaks), per_forward=False),
             "noisy": any(b["noisy"] for b in blocks), "shapes": len({shape_of(b) for b in blocks}),
+            "time_source": "cupti" if dev.kernel_clock else "host clock",  # each shape's kernels, or its host time
             **peaks, **dev.identity(), "torch_threads": torch.get_num_threads(), "wall_s": time.time() - started}

@@ -145,7 +145,8 @@ def host_bound(cells: pd.DataFrame) -> list[str]:
     for key, group in hosted.groupby(SHAPE, sort=False):
         c = group.sort_values("attention_time_ms").iloc[0]
         line = (f"{_where(dict(zip(SHAPE, key)), varying)} the GPU was busy {c['gpu_busy_pct']:.0f}% of "
-                f"{c['backend_label']}'s forward ({_ms(c['forward_gpu_ms'])} of kernels in {_ms(c['forward_time_ms'])}):"
+                f"{c['backend_label']}'s forward ({_ms(c['forward_gpu_ms'])} of kernels in "
+                f"{_ms(c['forward_time_ms'])}):"
                 f" at batch {c['batch']} the host sets the pace; attention's kernels took "
                 f"{_ms(c['attention_time_ms'])} of it; CUDA graphs or torch.compile would remove the rest")
         graph = c.get("forward_graph_ms")
