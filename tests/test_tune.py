@@ -158,3 +158,46 @@ def test_each_block_says_why_its_backend_was_chosen():
                                   "call (made up for the test))")
     assert chosen["e"]["why"] == "the only one that runs this shape within tolerance (naive 5.0e-01 off the fp32 " \
                                  "reference)"
+
+
+def _figure(ms: float, spread: float = 0.01, ok: bool = True) -> dict:
+    """A shape's figures as measure_shapes gives them (time, samples, memory, kernel, error), made up for a rule's
+    test: no timing decides it."""
+    return {"time_ms": ms, "iqr_ms": spread, "noisy": False, "time_samples_ms": [ms - spread, ms, ms + spread] * 2,
+            "rounds_ms": [ms, ms], "peak_mem_bytes": 2**20, "kernel": "made up", "sdpa_kernel": "",
+            "max_rel_err": 1e-6 if ok else 0.5, "error_ok": ok}
+
+
+def test_under_a_budget_no_single_backend_over_it_is_ever_kept():
+    """No single backend keeps tiny-sd15's forward within the budget (each one's planned peak over it), the mix does
+    (naive where its tables fit, sdpa elsewhere): best_single names none, so the proof has no single backend to
+    keep where the mix is no faster than the others, and the map stays the mix, within the budget; its last line says
+    why it was not proved against a single backend."""
+    from profiler.measure.replay import shape_of
+    from profiler.planner.forward import trace
+    from profiler.tuning import search, tuner
+
+    GiB = 2**30
+    rows = trace("tiny-sd15", 128, 128, 1, "float32", "cpu", [])["rows"]
+    naive, sdpa = (search.key_of(n, backends.check_options(n, {})) for n in ("naive", "sdpa"))
+    shapes = {shape_of(r): {"row": r, "refused": {}, "figures": {naive: _figure(1.0), sdpa: _figure(2.0)}}
+              for r in rows}
+    budget, planned = 2 * GiB, {naive: 3 * GiB, sdpa: 5 * GiB // 2}
+    blocks = search.choose(rows, shapes, lambda r, k: k == sdpa or r["tokens_q"] <= 64, lambda r, k: 3 * GiB, budget)
+    single, total, note = search.best_single(rows, shapes, [naive, sdpa], planned.get, budget)
+    assert single is None and total is None
+    assert note == ("no single backend keeps the forward within the budget 2.0 GiB (naive 3.0 GiB, sdpa 2.5 GiB): the "
+                    "map is not proved against one"), note
+    base = CellSpec("tiny-sd15", 128, 128, 1, "float32", "sdpa", "cpu")
+    found = tuner.Search(base, rows, [naive, sdpa], shapes, blocks, single, {}, note, budget,
+                         {"mix": 3 * GiB // 2, "naive": planned[naive], "sdpa": planned[sdpa]})
+    contenders = tuner._contenders(found)
+    assert set(contenders) == {"mix", "sdpa"}
+    same = {"samples_ms": [10.0, 10.1, 9.9, 10.0], "max_rel_err": 1e-7, "error_ok": True}
+    tuned = tuner._finish(found, {name: dict(same) for name in contenders}, "U-Net forward", None, "", print)
+    assert {e["backend"] for e in tuned.map["blocks"].values()} == {"naive", "sdpa"}
+    assert not tuned.map["kept_single"] and tuned.map["single"] is None
+    assert tuned.map["planned_forward_peak_bytes"]["mix"] <= budget
+    last = str(tuned).strip().splitlines()[-1]
+    assert last.startswith("tuned: no single backend keeps the forward within the budget 2.0 GiB") and \
+        "against sdpa's" in last, last

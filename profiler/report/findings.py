@@ -343,8 +343,10 @@ def tune_line(c: dict) -> str:
             return (f"tuned: {c['versus']} is the fastest in every block, so the map runs it everywhere"
                     + (f"; its {what} took {_ms(c['proof_ms'])}, {sdpa}." if sdpa else " (nothing to prove it "
                        "against)."))
-        return ("tuned: no single backend runs every call within tolerance: the map runs them all (not proved "
-                "against a single backend).")
+        why = c["tune_note"] if isinstance(c.get("tune_note"), str) and c["tune_note"] else \
+            "no single backend runs every call within tolerance: the map runs them all (not proved against a single " \
+            "backend)"
+        return f"tuned: {why}" + (f"; its {what} took {_ms(c['proof_ms'])}, {sdpa}." if sdpa else ".")
     verdict = VERDICT_WORDS.get(c["verdict"], str(c.get("verdict_note") or c["verdict"]))
     line = (f"tuned: the mixed {what} took {_ms(c['proof_ms'])} against {c['versus']}'s {_ms(c['versus_ms'])} "
             f"({int(c['tune_rounds'])} rounds each, interleaved): a speed-up of {c['speedup']:.2f}x "

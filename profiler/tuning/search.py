@@ -252,8 +252,9 @@ def _why(row: dict, pick: tuple, runner, ranked: list, m: dict, need, budget) ->
 def best_single(rows: list[dict], shapes: dict[tuple, dict], keys: list[tuple], planned=None,
                 budget: int | None = None) -> tuple[tuple | None, float | None, str]:
     """(the single backend with the least summed kernel time over the forward's calls, among those that run every
-    call within tolerance and, with a budget, whose planned forward peak (planned(key)) fits; that sum; a note where
-    none fits and the fastest is given anyway, or none runs every call)."""
+    call within tolerance and, with a budget, whose planned forward peak (planned(key)) fits; that sum; why there is
+    none: none runs every call, or none that does keeps the forward within the budget). A backend over the budget is
+    never the single one: the map could fall back to it."""
     totals = {}
     for key in keys:
         figures = [shapes[shape_of(r)]["figures"].get(key) for r in rows]
@@ -262,10 +263,13 @@ def best_single(rows: list[dict], shapes: dict[tuple, dict], keys: list[tuple], 
     if not totals:
         return None, None, "no single backend runs every call within tolerance"
     fitting = {k: t for k, t in totals.items() if budget is None or (planned(k) or budget + 1) <= budget}
-    pool = fitting or totals
-    best = min(pool, key=pool.get)
-    note = "" if fitting else f"no single backend keeps the forward within the budget; the fastest is {label_of(best)}"
-    return best, pool[best], note
+    if not fitting:
+        over = ", ".join(f"{label_of(k)} {human_bytes(planned(k))}" if planned(k) else f"{label_of(k)} (no plan)"
+                         for k in sorted(totals, key=totals.get))
+        return None, None, (f"no single backend keeps the forward within the budget {human_bytes(budget)} ({over}): "
+                            "the map is not proved against one")
+    best = min(fitting, key=fitting.get)
+    return best, fitting[best], ""
 
 
 def entries_text(blocks: dict[str, dict], default: tuple | None) -> dict:

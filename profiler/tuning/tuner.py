@@ -256,7 +256,7 @@ def _map_rows(found: Search, spec: CellSpec, verdicts: dict, doc: dict) -> tuple
                 versus_ms=verdicts["contenders"].get(single.get("label"), {}).get("median_ms"),
                 sdpa_speedup=vs_sdpa.get("speedup"), sdpa_verdict=vs_sdpa.get("verdict"),
                 sdpa_ms=verdicts["contenders"].get(vs_sdpa.get("label"), {}).get("median_ms"),
-                kept_single=doc["kept_single"], max_rel_err=mixed.get("max_rel_err"), error_ok=mixed.get("error_ok"),
+                kept_single=doc["kept_single"], tune_note=found.note, max_rel_err=mixed.get("max_rel_err"), error_ok=mixed.get("error_ok"),
                 predicted_forward_peak_bytes=found.planned.get("mix"), budget_bytes=found.budget,
                 backends_used=", ".join(sorted({b["chosen"] for b in blocks})))
     return cell, blocks
