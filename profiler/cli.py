@@ -549,7 +549,7 @@ def cmd_replay(args) -> int:
 def cmd_tune(args) -> int:
     from . import devices
     from .unet import models
-    from .tuning.tuner import tune_model
+    from .tuning.tuner import check_proof_rounds, tune_model
 
     device = devices.resolve(devices.parse(args.device, "--device"))
     models.resolve(args.model)
@@ -557,9 +557,10 @@ def cmd_tune(args) -> int:
         raise InputError("tune takes one --size: a map is for the shapes of one forward")
     sizes, batch, dtype = _shape(args, device, say=True)
     budget = parse_bytes(args.budget, "--budget") if args.budget else None
-    for key, least in (("repeats", 1), ("warmup", 0), ("rounds", 2), ("proof_rounds", 2)):
+    for key, least in (("repeats", 1), ("warmup", 0), ("rounds", 2)):
         if getattr(args, key) < least:
             raise InputError(f"--{key.replace('_', '-')} {getattr(args, key)} is too small: use {least} or more")
+    check_proof_rounds(args.proof_rounds)
     for name in args.backend or []:
         if name.endswith(".json"):
             raise InputError(f"--backend {name}: tune times backends by name; run a map with attnprof run --backend")
@@ -941,7 +942,8 @@ def _add_tune(sub) -> None:
     p.add_argument("--warmup", type=int, default=1, help="warm-up calls per shape and round (default 1)")
     p.add_argument("--rounds", type=int, default=2, help="ABBA rounds of each shape's backends (default 2)")
     p.add_argument("--proof-rounds", type=int, default=6, help="whole forwards of each contender in the proof, "
-                                                               "interleaved (default 6)")
+                                                               "interleaved (default 6; at least 3, what the noise "
+                                                               "rule judges)")
     p.add_argument("--out", default="results", help="results folder for the run and its map (default results)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_tune)

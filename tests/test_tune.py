@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from profiler.attention import backends
 from profiler.cli import main
@@ -88,6 +89,7 @@ def test_a_missing_map_file_is_one_line(tmp_path):
     (["--backend", "nope"], "unknown backend 'nope'"),
     (["--backend", "tuned.json"], "tune times backends by name"),
     (["--rounds", "1"], "--rounds 1 is too small"),
+    (["--proof-rounds", "2"], "--proof-rounds 2 is too small: the noise rule judges 3 samples at least"),
     (["--budget", "24"], "has no unit"),
     (["--budget", "1MiB"], "whatever the backends"),  # the weights alone: found by the planner, nothing timed
     (["--budget", "14MiB", "--backend", "naive"], "no backend keeps the forward within the budget 14.0 MiB at"),
@@ -121,6 +123,8 @@ def test_a_bad_map_applied_changes_nothing_and_tune_asks_for_what_it_lacks(tmp_p
         profiler.tune(tiny_sd15)
     with pytest.raises(InputError, match="attnprof tune --model NAME --size WxH --budget"):
         profiler.tune(tiny_sd15, budget="1GiB")
+    with pytest.raises(InputError, match="profiler.tune: proof_rounds 2 is too small: the noise rule judges 3"):
+        profiler.tune(tiny_sd15, torch.zeros(1), proof_rounds=2)
 
 
 def test_each_block_says_why_its_backend_was_chosen():

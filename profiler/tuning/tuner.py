@@ -61,6 +61,16 @@ class Search:
     timing: tuple[int, int, int] = (3, 1, search.ROUNDS)  # repeats, warm-up and rounds of each shape's timing
 
 
+def check_proof_rounds(rounds: int, where: str = "--proof-rounds") -> None:
+    """The proof's rounds, before anything is timed: the noise rule judges no fewer than MIN_SAMPLES samples, so fewer
+    rounds would always read "not judged" and the map would be kept or dropped on nothing."""
+    from ..report.compare import MIN_SAMPLES
+
+    if rounds < MIN_SAMPLES:
+        raise InputError(f"{where} {rounds} is too small: the noise rule judges {MIN_SAMPLES} samples at least "
+                         f"(report/compare.MIN_SAMPLES); use {MIN_SAMPLES} or more")
+
+
 def tune_model(model: str, width: int, height: int, batch: int = 1, dtype: str = "float32", device: str = "cpu",
                budget: int | None = None, names: list[str] | None = None, options: dict | None = None,
                repeats: int = 3, warmup: int = 1, rounds: int = search.ROUNDS, proof_rounds: int = proof.ROUNDS,
@@ -70,6 +80,7 @@ def tune_model(model: str, width: int, height: int, batch: int = 1, dtype: str =
     map (under out; None: none)."""
     from ..planner.forward import mixed_peak, trace
 
+    check_proof_rounds(proof_rounds, "proof_rounds")
     dims = tuple(sorted({r["head_dim"] for r in trace(model, width, height, batch, dtype, "cpu", [])["rows"]}))
     keys, left = search.candidates(names, options or {}, device, dtype, dims)
     traced = trace(model, width, height, batch, dtype, devices.get(device).torch.type, [k[0] for k in keys],
@@ -105,6 +116,7 @@ def tune(target, *args, budget=None, backends: list[str] | None = None, options:
     from ..record.session import profile
 
     say = say or (lambda line: None)
+    check_proof_rounds(proof_rounds, "profiler.tune: proof_rounds")
     if budget is not None:
         raise InputError("profiler.tune: budget= needs the planner's forward of a model by name: attnprof tune "
                          "--model NAME --size WxH --budget SIZE")
