@@ -205,3 +205,46 @@ def test_under_a_budget_no_single_backend_over_it_is_ever_kept():
     last = str(tuned).strip().splitlines()[-1]
     assert last.startswith("tuned: no single backend keeps the forward within the budget 2.0 GiB") and \
         "against sdpa's" in last, last
+
+
+def _found(rows, shapes, keys, blocks, single, note="", budget=None, planned=None):
+    from profiler.tuning import tuner
+
+    base = CellSpec("tiny-sd15", 128, 128, 1, "float32", "sdpa", "cpu")
+    return tuner.Search(base, rows, keys, shapes, blocks, single, {}, note, budget, planned or {})
+
+
+def test_a_map_whose_forward_is_off_the_reference_is_not_kept_and_says_so():
+    """The mixed forward faster beyond noise but off the fp32 reference (its whole forward's error over float32's
+    tolerance) where the single backend's is not: the map keeps the single backend, each block and the last line
+    saying why. With no single backend to fall back on, the map is the mix and its last line warns."""
+    from profiler.measure.replay import shape_of
+    from profiler.planner.forward import trace
+    from profiler.tuning import proof, search, tuner
+
+    rows = trace("tiny-sd15", 128, 128, 1, "float32", "cpu", [])["rows"]
+    naive, sdpa = (search.key_of(n, backends.check_options(n, {})) for n in ("naive", "sdpa"))
+    shapes = {shape_of(r): {"row": r, "refused": {}, "figures": {
+        naive: _figure(1.0 if r["kind"] == "self" else 4.0), sdpa: _figure(2.0)}} for r in rows}
+    blocks = search.choose(rows, shapes)
+    single, _, _ = search.best_single(rows, shapes, [naive, sdpa])
+    assert single == sdpa and {e["backend"] for e in blocks.values()} == {"naive", "sdpa"}
+    fast = {"samples_ms": [10.0, 10.1, 9.9, 10.0], "max_rel_err": 0.5, "error_ok": False}
+    slow = {"samples_ms": [20.0, 20.1, 19.9, 20.0], "max_rel_err": 1e-7, "error_ok": True}
+    tuned = tuner._finish(_found(rows, shapes, [naive, sdpa], blocks, single), {proof.MIX: fast, "sdpa": slow},
+                          "U-Net forward", None, "", print)
+    assert tuned.map["kept_single"] and {e["backend"] for e in tuned.map["blocks"].values()} == {"sdpa"}
+    assert tuned.map["proof"]["single"]["faster"]  # faster, and still not kept
+    kept = next(e for e in tuned.map["blocks"].values() if e["proposed"] == "naive")
+    assert kept["why"] == ("kept sdpa: the mixed U-Net forward was 5.0e-01 off the fp32 reference, beyond the float32 "
+                           "tolerance (the mix's pick here: naive)"), kept["why"]
+    assert tuned.cell["error_ok"] is True  # what the map runs: sdpa's forward
+    last = str(tuned).strip().splitlines()[-1]
+    assert last.endswith("; 5.0e-01 off the fp32 reference, beyond the float32 tolerance, so the map keeps sdpa in "
+                         "every block."), last
+    # nothing to fall back on (no single backend runs every call): the mix, said to be off
+    tuned = tuner._finish(_found(rows, shapes, [naive, sdpa], blocks, None, "no single backend runs every call "
+                                 "within tolerance"), {proof.MIX: fast}, "U-Net forward", None, "", print)
+    assert {e["backend"] for e in tuned.map["blocks"].values()} == {"naive", "sdpa"}
+    last = str(tuned).strip().splitlines()[-1]
+    assert "BEWARE: the map's U-Net forward is 5.0e-01 off the fp32 reference, beyond the float32 tolerance" in last
