@@ -161,6 +161,7 @@ FAULTS = {
     "fault-torch-oom": _torch_oom,
     "fault-text-oom": lambda: RuntimeError("CUDA out of memory. Tried to allocate 3.16 GiB"),
     "fault-error": lambda: RuntimeError("kernel exploded"),
+    "fault-bug": lambda: TypeError("unsupported operand type(s) for +: 'Tensor' and 'NoneType'"),  # a bug, not a refusal
 }
 
 

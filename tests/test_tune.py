@@ -89,6 +89,7 @@ def test_a_missing_map_file_is_one_line(tmp_path):
     (["--backend", "nope"], "unknown backend 'nope'"),
     (["--backend", "tuned.json"], "tune times backends by name"),
     (["--rounds", "1"], "--rounds 1 is too small"),
+    (["--option", "slice_size=4"], "--option slice_size=4 needs --backend NAME"),
     (["--proof-rounds", "2"], "--proof-rounds 2 is too small: the noise rule judges 3 samples at least"),
     (["--budget", "24"], "has no unit"),
     (["--budget", "1MiB"], "whatever the backends"),  # the weights alone: found by the planner, nothing timed
@@ -248,3 +249,22 @@ def test_a_map_whose_forward_is_off_the_reference_is_not_kept_and_says_so():
     assert {e["backend"] for e in tuned.map["blocks"].values()} == {"naive", "sdpa"}
     last = str(tuned).strip().splitlines()[-1]
     assert "BEWARE: the map's U-Net forward is 5.0e-01 off the fp32 reference, beyond the float32 tolerance" in last
+
+
+def test_a_kernel_that_refuses_a_shape_is_left_out_of_it_and_a_bug_is_not(faults):
+    """search.measure_shapes on tiny-sd15's 256-token self-attention: a backend raising an allocation failure or a
+    kernel's RuntimeError there is left out of the shape with what it said; one raising a TypeError (a bug of ours,
+    not a refusal) stops the tune with its traceback rather than reading as "refused"."""
+    from profiler.planner.forward import trace
+    from profiler.tuning import search
+
+    row = next(r for r in trace("tiny-sd15", 128, 128, 1, "float32", "cpu", [])["rows"] if r["tokens_q"] == 256)
+    base = CellSpec("tiny-sd15", 128, 128, 1, "float32", "sdpa", "cpu")
+    keys = [search.key_of(n, {}) for n in ("sdpa", "fault-error", "fault-torch-oom")]
+    found = search.measure_shapes([row], keys, base, repeats=1, warmup=0)
+    m = next(iter(found.values()))
+    assert set(m["figures"]) == {keys[0]}
+    assert m["refused"][keys[1]] == "RuntimeError: kernel exploded"
+    assert m["refused"][keys[2]].startswith("OutOfMemoryError: CUDA out of memory. Tried to allocate 3.16 GiB")
+    with pytest.raises(TypeError, match="unsupported operand"):
+        search.measure_shapes([row], [keys[0], search.key_of("fault-bug", {})], base, repeats=1, warmup=0)

@@ -56,9 +56,12 @@ def candidates(names: list[str] | None, options: dict, device: str, dtype: str,
                head_dims: tuple[int, ...]) -> tuple[list[tuple], dict[str, str]]:
     """(the candidates that run here at one of the head dims at least, {label: why} of those given or registered
     under their own name that do not; a dispatcher backend that runs nowhere here is left out unsaid)."""
+    if options and not names:
+        raise InputError(f"--option {', '.join(f'{k}={v}' for k, v in options.items())} needs --backend NAME: "
+                         "options are a backend's, and tune times every backend by default")
     keys, left = [], {}
     for name in names or default_names():
-        opts = backends.check_options(name, options if names else {})
+        opts = backends.check_options(name, options)
         answers = [backends.availability(name, device, dtype, (d,)) for d in head_dims]
         if any(ok for ok, _ in answers):
             keys.append(key_of(name, opts))
@@ -97,7 +100,8 @@ def _errors(shape: dict, keys: list[tuple], base: CellSpec) -> tuple[dict, dict]
     for key in keys:
         try:
             errors[key] = float((output_of(shape, spec_of(base, key)) - reference).abs().max()) / scale
-        except Exception as e:  # a kernel that refuses the shape at run time: left out of it, with what it said
+        except backends.KERNEL_ERRORS as e:  # a kernel that refuses the shape at run time, or runs out of memory:
+            # left out of it, with what it said (anything else is a bug of ours: it propagates)
             failed[key] = _failure(e, base.device)
     return errors, failed
 
@@ -122,7 +126,7 @@ def _timed(shape: dict, keys: list[tuple], base: CellSpec, repeats: int, warmup:
             try:
                 runs[key].append(measure_shape(shape, spec_of(base, key), repeats, warmup))
                 return runs[key][-1]["time_ms"]
-            except Exception as e:  # an OOM at this shape: this backend is left out of it
+            except backends.KERNEL_ERRORS as e:  # an OOM or a refusal at this shape: left out of it (not a bug)
                 failed[key] = _failure(e, base.device)
                 return float("nan")
         return sample
