@@ -757,8 +757,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="attnprof", description="Profile the attention blocks of Stable Diffusion U-Nets.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for add in (_add_plan, _add_gpus, _add_fit, _add_models, _add_backends, _add_run, _add_sweep, _add_profile,
-                _add_replay, _add_tune, _add_record, _add_runs, _add_show, _add_serve, _add_submit, _add_jobs, _add_diff, _add_report,
-                _add_dashboard):
+                _add_replay, _add_tune, _add_record, _add_runs, _add_show, _add_serve, _add_submit, _add_jobs,
+                _add_diff, _add_report, _add_dashboard):
         add(sub)
     return parser
 

@@ -88,3 +88,17 @@ def test_plan_pipeline_sdxl_on_a_gpu_prints_its_total_bound_and_the_saving_of_cu
     assert g["total_s"] == pytest.approx(sum(p["total_s"] for p in g["parts"]))
     assert g["graph_total_s"] <= g["total_s"] and g["bound"] == unet["bound"]
     assert unet["each_ms"] == max(unet["gpu_ms"], unet["host_ms"]) and unet["graph_ms"] == unet["gpu_ms"]
+
+
+def test_the_cached_fits_are_refitted_when_a_table_they_read_is_edited(monkeypatch):
+    """The GPU factor (and the kernel fits it rests on) are cached by the content of the tables they read: with the
+    convolutions' assumed efficiency halved, the A100's factor is fitted anew, so its 16-image row is still met
+    exactly (a cache keyed on the model's version alone would hand back the old factor, and the row would miss)."""
+    a100 = gpus.get("A100-40GB")
+    row = next(r for r in published.ROWS if r.use == "gpu" and r.gpu == "A100-40GB")
+    before = published.gpu_scale(a100)[0]
+    monkeypatch.setitem(gpus.EFFICIENCY, "convolution", {"*": (0.25, "edited for the test")})
+    after = published.gpu_scale(a100)[0]
+    assert after != pytest.approx(before, rel=0.01)
+    t = published._step(row, published.published_calibration(a100, "float16", host_us=1.0))
+    assert t["predicted_gpu_time_ms"] == pytest.approx(1e3 / row.value, rel=1e-6)

@@ -210,7 +210,15 @@ def stored_rows(results: Path, arch: str | None = None, key: str | None = None) 
 
 
 FITS_FILE = "kernel-fits.json"
-MODEL_VERSION = 3  # the cache's key changes with the model's features
+MODEL_VERSION = 3  # the cache's key changes with the model's features (bump it where the features change)
+
+
+def model_key() -> list:
+    """What a cached fit depends on beyond its data: the model's version and the tables it reads, by their content
+    (gpus.digest: an edit to the GPU table, its efficiencies or its attention shares is a new key)."""
+    from .. import gpus
+
+    return [MODEL_VERSION, gpus.digest()]
 
 
 def arch_fit(arch: str, dtype: str, results: Path | None = None) -> dict:
@@ -228,7 +236,7 @@ def arch_fit(arch: str, dtype: str, results: Path | None = None) -> dict:
     of_dtype = rows[rows["dtype"] == dtype] if len(rows) else rows
     if not len(of_dtype) and dtype == "bfloat16" and len(rows):
         of_dtype = rows[rows["dtype"] == "float16"]
-    key = json.dumps([MODEL_VERSION, arch, dtype, _fingerprint(of_dtype)])
+    key = json.dumps([*model_key(), arch, dtype, _fingerprint(of_dtype)])
     path = cache_dir() / FITS_FILE
     if key in read_cache(path):
         return read_cache(path)[key]

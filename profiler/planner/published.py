@@ -97,20 +97,25 @@ def _step(row: Row, calibration: dict) -> dict:
     return predict(p, row.backend, {}, gpus.limits(gpu, "float16"), calibration, gpu)
 
 
-def gpu_scale(gpu: dict) -> tuple[float, str]:
-    """(the factor of the GPU's rest-of-forward kernels, its source): fitted to its "gpu" row (module docstring),
-    else to that of a GPU of its architecture, else to FALLBACK_GPU's; cached with the kernel fits."""
+def gpu_row(gpu: dict) -> tuple[Row, str]:
+    """(the "gpu" row whose factor the GPU takes, how): its own, else that of a GPU of its architecture, else
+    FALLBACK_GPU's (module docstring)."""
     from .. import gpus
 
-    mine = [r for r in ROWS if r.use == "gpu" and r.gpu == gpu["name"]] or \
-        [r for r in ROWS if r.use == "gpu" and gpus.get(r.gpu)["arch"] == gpu["arch"]] or \
-        [r for r in ROWS if r.use == "gpu" and r.gpu == FALLBACK_GPU]
-    row = mine[0]
-    scale = _fitted_scale(row)
-    how = "its" if row.gpu == gpu["name"] else f"assumed as the {row.gpu}'s" + \
-        (" (the same architecture)" if gpus.get(row.gpu)["arch"] == gpu["arch"] else " (no published row of its "
-                                                                                  "architecture)")
-    return scale, f"{how}: fitted to {row.source.split(' ', 1)[0]}'s {row.gpu} row at {row.images} images"
+    rows = [r for r in ROWS if r.use == "gpu"]
+    own = [r for r in rows if r.gpu == gpu["name"]]
+    same = [r for r in rows if gpus.get(r.gpu)["arch"] == gpu["arch"]]
+    row = (own or same or [r for r in rows if r.gpu == FALLBACK_GPU])[0]
+    how = "its own" if own else f"assumed as the {row.gpu}'s" + (" (the same architecture)" if same else
+                                                                 " (no published row of its architecture)")
+    return row, how
+
+
+def gpu_scale(gpu: dict) -> tuple[float, str]:
+    """(the factor of the GPU's rest-of-forward kernels, its source): fitted to the row gpu_row names; cached with the
+    kernel fits."""
+    row, how = gpu_row(gpu)
+    return _fitted_scale(row), f"{how}: fitted to {row.source.split(' ', 1)[0]}'s {row.gpu} row at {row.images} images"
 
 
 def _fitted_scale(row: Row) -> float:
@@ -119,11 +124,11 @@ def _fitted_scale(row: Row) -> float:
     from .. import gpus
     from ..env import cache_dir
     from ..store import add_to_cache, read_cache
-    from .kernels import FITS_FILE, MODEL_VERSION
+    from .kernels import FITS_FILE, model_key
 
     gpu = gpus.get(row.gpu)
     cal = published_calibration(gpu, "float16", host_us=1.0, scaled=False, naive=False)
-    key = json.dumps(["gpu-scale", MODEL_VERSION, row.gpu, row.value, cal["kernel_data"]])
+    key = json.dumps(["gpu-scale", *model_key(), repr(row), cal["kernel_data"]])
     path = cache_dir() / FITS_FILE
     if key in read_cache(path):
         return read_cache(path)[key]
@@ -143,12 +148,12 @@ def naive_factor() -> float:
     from .. import gpus
     from ..env import cache_dir
     from ..store import add_to_cache, read_cache
-    from .kernels import FITS_FILE, MODEL_VERSION
+    from .kernels import FITS_FILE, model_key
 
     row = next(r for r in ROWS if r.use == "naive")
     gpu = gpus.get(row.gpu)
     cal = published_calibration(gpu, "float16", host_us=1.0, naive=False)
-    key = json.dumps(["naive-factor", MODEL_VERSION, row.gpu, row.value, cal["kernel_data"]])
+    key = json.dumps(["naive-factor", *model_key(), repr(row), cal["kernel_data"], gpu_scale(gpu)[0]])
     path = cache_dir() / FITS_FILE
     if key in read_cache(path):
         return read_cache(path)[key]
@@ -222,10 +227,7 @@ def sources_of(gpu: dict) -> dict:
         kernels = (f"fitted on the H200 run's kernel times ({DATA_ARCH}), carried to {gpu['arch']} by "
                    + ("; ".join(carried) if len(carried) > 1 else "no published figure (assumed as sm90's)")
                    + "; naive's by [3]")
-    rest = [r for r in ROWS if r.use == "gpu" and r.gpu == gpu["name"]]
-    same = [r for r in ROWS if r.use == "gpu" and gpus.get(r.gpu)["arch"] == gpu["arch"]]
-    row = (rest or same or [r for r in ROWS if r.use == "gpu" and r.gpu == FALLBACK_GPU])[0]
-    how = "its own" if rest else f"the {row.gpu}'s" + ("" if same else " (assumed: no row of its architecture)")
+    row, how = gpu_row(gpu)
     return {"kernels": kernels, "rest": f"{how} row of {row.source.split(' ', 1)[0]} at {row.images} images",
             "host": "this machine's (planner/host.py), or --host-us-per-op"}
 
@@ -263,8 +265,9 @@ def published_calibration(gpu: dict, dtype: str, results: Path | None = None, ho
             kernel = devices.sdpa_rule(dtype, 64, 4096, devices.gpu_target(arch))
             kernel = {"cudnn": "flash", "math": "memory"}.get(kernel, kernel)
         core = efficiency(kernel, arch) or efficiency("efficient", arch) if kernel != "memory" else memory
-        said = f"{name} attention at {core[0]:.0%} of " + \
-            (f"the peak ({kernel} kernel: {core[1]})" if kernel != "memory" else "the bandwidth (unfused: memory-bound)")
+        said = f"{name} attention at {core[0]:.0%} of " + (f"the peak ({kernel} kernel: {core[1]})"
+                                                             if kernel != "memory" else
+                                                             "the bandwidth (unfused: memory-bound)")
         per_backend[name] = {"coefficients": {"core_self": 1 / core[0], "core_cross": 1 / core[0],
                                               "projections": 1 / matmul[0], "overhead": kern["overhead"]},
                              "cells": 0, "runs": 0, "loo_error_pct": None, "published": said}
