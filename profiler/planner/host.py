@@ -4,7 +4,8 @@ On a GPU the host dispatches and launches every op of an eager forward, one afte
 kernels behind it: the forward takes the longer of the two, and that one bounds it (the H200 run at batch 1: the GPU
 busy 6-42% of each forward, the host setting the pace). Replayed from a CUDA graph (torch.cuda.CUDAGraph, or
 torch.compile's reduce-overhead mode) a forward launches once: it takes its kernels' time alone. The host's time of a
-forward is its ops (the walk's, planner/forward.py: every aten op it dispatches) times the host's time per op:
+forward is its ops (forward_ops: the walk's, planner/forward.py, every aten op it dispatches that moves bytes, and
+each call's attention core under the forward's backend, which the walk leaves out) times the host's time per op:
 - given (--host-us-per-op): a figure of the user's own host;
 - else this machine's (host_us_per_op): an eager forward of tiny-sd15 (SD 1.5's topology: its modules, its ops and
   diffusers' Python around them, with few channels) at 64x64 on this CPU in one thread, the fastest of HOST_FORWARDS,
@@ -13,6 +14,7 @@ forward is its ops (the walk's, planner/forward.py: every aten op it dispatches)
 """
 from __future__ import annotations
 
+import functools
 import time
 
 HOST_FORWARDS = 20
@@ -41,7 +43,7 @@ def host_us_per_op(given: float | None = None, clock=time.perf_counter) -> tuple
 
 def measure_us_per_op(clock=time.perf_counter) -> float:
     """Host microseconds per op of tiny-sd15's eager forward at 64x64 (batch 2, as under guidance) on this CPU in
-    one thread: the fastest of HOST_FORWARDS forwards over the walk's ops."""
+    one thread: the fastest of HOST_FORWARDS forwards over its ops (forward_ops: diffusers' default processor, sdpa)."""
     import torch
 
     from ..unet import models
@@ -61,13 +63,77 @@ def measure_us_per_op(clock=time.perf_counter) -> float:
                 best = min(best, clock() - t0)
     finally:
         torch.set_num_threads(threads)
-    return best * 1e6 / forward_ops(walk("tiny-sd15", 64, 64, 2, "float32"))
+    return best * 1e6 / forward_ops(walk("tiny-sd15", 64, 64, 2, "float32"), "sdpa", {}, "float32")  # its processors
 
 
-def forward_ops(w: dict) -> int:
-    """The ops a forward dispatches (a walk's: outside its attention calls and inside them, the attention's own
-    kernels counted with the calls' other ops by the backends that run them apart)."""
-    return len(w["rest"]) + sum(len(c) for c in w["calls"])
+def forward_ops(w: dict, backend: str = "sdpa", options: dict | None = None, dtype: str = "float16") -> int:
+    """The ops an eager forward dispatches under this backend: the walk's (every op outside its attention calls, and
+    each call's own: its projections and layouts) and each call's attention core under the backend (core_ops: one
+    fused kernel's few for sdpa, a table's for naive, a Python loop of chunks' for sliced, split and subquad), which
+    the walk leaves out."""
+    cores = sum(core_ops(backend, options or {}, row, dtype) for row in w["rows"])
+    return len(w["rest"]) + sum(len(c) for c in w["calls"]) + cores
+
+
+CALL_SHAPE = ("kind", "batch", "heads", "head_dim", "tokens_q", "tokens_k", "upcast")
+
+
+def core_ops(backend: str, options: dict, row: dict, dtype: str) -> int:
+    """The ops one call's attention core dispatches under the backend (a map's: its block's): the backend's processor
+    on fake tensors of the call's shape, less the same call with its core left out (the walk's count of it)."""
+    from ..attention import backends
+
+    name, opts = backends.for_call(backend, options, row)
+    return _core_ops(name, tuple(sorted(backends.check_options(name, opts).items())),
+                     tuple(row.get(k) or "" if k == "upcast" else row[k] for k in CALL_SHAPE), dtype)
+
+
+@functools.lru_cache(maxsize=1024)
+def _core_ops(name: str, options: tuple, shape: tuple, dtype: str) -> int:
+    """core_ops of one call shape (CALL_SHAPE's values); a backend whose processor does not run on fake CPU tensors
+    (a CUDA-only kernel: xformers, flash-attn, SDPA forced to a CUDA kernel; a plugin's that refuses them) is one
+    fused kernel behind its Python, as sdpa's core is (assumed)."""
+    from ..attention.backends import KERNEL_ERRORS
+    from .forward import how_traced
+
+    if name != "sdpa" and how_traced(name, "cpu", dtype) != "processor":
+        return _core_ops("sdpa", (), shape, dtype)
+    without = _call_ops("sdpa", {}, shape, dtype, core=False)
+    try:
+        return _call_ops(name, dict(options), shape, dtype) - without
+    except KERNEL_ERRORS:  # a plugin's processor that does not run on fake tensors
+        if name == "sdpa":
+            raise
+        return _core_ops("sdpa", (), shape, dtype)
+
+
+def _call_ops(name: str, options: dict, shape: tuple, dtype: str, core: bool = True) -> int:
+    """The ops (planner/forward.OpCount's: those that move bytes) of one call of the backend's processor on fake CPU
+    tensors: a diffusers Attention of the call's heads, head dim and upcast, its inputs of its batch and tokens."""
+    from contextlib import nullcontext
+
+    import torch
+    from diffusers.models.attention_processor import Attention
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from ..attention import backends
+    from ..spec import torch_dtype
+    from .forward import OpCount, _NoCore, fake_mode
+
+    kind, batch, heads, head_dim, tokens_q, tokens_k, upcast = shape
+    dt, width = torch_dtype(dtype), heads * head_dim
+    with torch.device("meta"):
+        attn = Attention(query_dim=width, heads=heads, dim_head=head_dim, cross_attention_dim=width if kind == "cross"
+                         else None, upcast_attention=upcast == "attention", upcast_softmax=upcast == "softmax").to(dt)
+    mode, count = fake_mode(), OpCount()
+    with mode, torch.no_grad():
+        attn = attn._apply(lambda t: FakeTensor(mode, t, torch.device("cpu"))).eval()
+        x = torch.empty(batch, tokens_q, width, dtype=dt)  # (B, Tq, C)
+        context = torch.empty(batch, tokens_k, width, dtype=dt) if kind == "cross" else None  # (B, Tk, C)
+        processor = backends.make_processor(name, **options)
+        with count, (nullcontext() if core else _NoCore()):
+            processor(attn, x, context)
+    return len(count.rest)
 
 
 def bounded(gpu_ms: float, host_ms: float) -> dict:

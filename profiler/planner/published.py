@@ -175,7 +175,8 @@ def host_us(row: Row) -> tuple[float, str]:
     from .forward import walk
 
     fit = next(r for r in ROWS if r.machine == row.machine and r.use == "host")
-    ops = forward_ops(walk(PIPELINES[fit.pipeline]["unet"], fit.size, fit.size, 2 * fit.images, "float16"))
+    ops = forward_ops(walk(PIPELINES[fit.pipeline]["unet"], fit.size, fit.size, 2 * fit.images, "float16"),
+                      fit.backend)
     us = 1e6 / fit.value / ops
     return us, f"{row.machine}: {us:.1f} us an op, fitted to its {fit.gpu} {fit.what} row at {fit.images} image(s)"
 
