@@ -250,7 +250,9 @@ def cmd_gpus(args) -> int:
     found = [{"name": n, **sources_of(gpus.get(n))} for n in gpus.names()]
     print("\nwhere each GPU's time comes from (plan --gpu, planner/kernels.py and published.py):")
     print(table(found, [("name", "name"), ("attention kernels", "kernels"), ("rest of a forward", "rest")]))
-    print("the host: this machine's figure per op (planner/host.py), or --host-us-per-op")
+    from .planner.published import typical_host
+
+    print(f"the host (every GPU): {typical_host()[1]}")
     for ref in [*gpus.REFERENCES.values(), DIFFUSERS_DOC, FAL, BLOG]:
         print(f"  {ref}")
     return 0
@@ -743,9 +745,20 @@ def _add_time_args(p):
                                                  "the runs there made on a GPU of its architecture")
     g.add_argument("--results", metavar="DIR", help="calibrate on the runs under DIR made on this machine's device "
                                                     "(with --gpu: on a GPU of that GPU's architecture)")
-    g.add_argument("--host-us-per-op", type=float, metavar="US",
-                   help="with --gpu: the host's microseconds per op of an eager forward (default: this machine's, "
-                        "measured once: planner/host.py)")
+    g.add_argument("--host-us-per-op", type=_host_us, metavar="US",
+                   help="with --gpu (or --device cuda on a GPU box): the host's microseconds per op of an eager "
+                        "forward, or `here` for this machine's own, measured (default: with --gpu a typical host "
+                        "fitted to published timings; on a GPU box its stored host-bound forwards'; planner/host.py)")
+
+
+def _host_us(text: str):
+    """--host-us-per-op: a number of microseconds, or `here` (planner/host.HERE)."""
+    if text == "here":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of microseconds or `here`") from None
 
 
 GPU_ARCH_HELP = ("on cuda, the GPU whose SDPA kernel choice to follow, as a compute capability (sm80, sm89, sm90, "

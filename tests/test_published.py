@@ -102,3 +102,43 @@ def test_the_cached_fits_are_refitted_when_a_table_they_read_is_edited(monkeypat
     assert after != pytest.approx(before, rel=0.01)
     t = published._step(row, published.published_calibration(a100, "float16", host_us=1.0))
     assert t["predicted_gpu_time_ms"] == pytest.approx(1e3 / row.value, rel=1e-6)
+
+
+def test_a_dtype_without_kernel_times_says_it_takes_float16s():
+    """No kernel times are kept in bfloat16 or float32: their calls take float16's fitted efficiencies, said in the
+    source the plan prints (each part's summary and the long text), not silently."""
+    a100 = gpus.get("A100-40GB")
+    for dtype in ("bfloat16", "float32"):
+        cal = published.published_calibration(a100, dtype, host_us=10.0)
+        said = f"{dtype} calls at the efficiencies of float16's kernel times against its peak (assumed: no {dtype} " \
+               "kernel times)"
+        assert said in cal["published"] and said in cal["summary"]
+    cal = published.published_calibration(a100, "float16", host_us=10.0)
+    assert "calls at the efficiencies of" not in cal["published"] + cal["summary"]
+
+
+def test_a_gpu_you_lack_takes_a_typical_published_host_unless_told(capsys, monkeypatch, tmp_path):
+    """plan --gpu: the host is by default the median of the published machines' hosts, each fitted to its batch-1
+    loop ([1]'s cloud machine, [1]'s 4090 desktop, [2]'s A100 80G machine), said with its range; --host-us-per-op US
+    gives another; `here` this machine's own, with when it was measured (and measured again once older than a day:
+    an injected clock, a fake measurement)."""
+    from profiler.planner import host
+
+    us = sorted(published.host_us(r)[0] for r in published.ROWS if r.use == "host")
+    typical, said = published.typical_host()
+    assert len(us) == 3 and typical == us[1] and 10 < typical < 20
+    assert said.startswith(f"a typical host, {typical:.1f} us an op: the median of the published timings' machines")
+    assert main(["plan", "--model", "sd15", "--gpu", "A100-80GB", "--json"]) == 0
+    t = json.loads(capsys.readouterr().out)[0]["totals"]
+    assert t["host_source"] == said
+    measured = []
+    monkeypatch.setenv("ATTNPROF_CACHE", str(tmp_path))  # this machine's cached figure left as it is
+    monkeypatch.setattr(host, "measure_us_per_op", lambda clock=None: measured.append(1) or 30.0 + len(measured))
+    clock = [1e9]
+    first = host.host_us_per_op(host.HERE, now=lambda: clock[0])
+    clock[0] += 3600
+    again = host.host_us_per_op(host.HERE, now=lambda: clock[0])
+    assert first[0] == again[0] == 31.0 and len(measured) == 1 and "1.0 h ago" in again[1]
+    clock[0] += 24 * 3600
+    assert host.host_us_per_op(host.HERE, now=lambda: clock[0])[0] == 32.0 and len(measured) == 2
+    assert host.host_us_per_op(17.5) == (17.5, host.GIVEN)

@@ -6,11 +6,14 @@ busy 6-42% of each forward, the host setting the pace). Replayed from a CUDA gra
 torch.compile's reduce-overhead mode) a forward launches once: it takes its kernels' time alone. The host's time of a
 forward is its ops (forward_ops: the walk's, planner/forward.py, every aten op it dispatches that moves bytes, and
 each call's attention core under the forward's backend, which the walk leaves out) times the host's time per op:
-- given (--host-us-per-op): a figure of the user's own host;
-- else this machine's (host_us_per_op): an eager forward of tiny-sd15 (SD 1.5's topology: its modules, its ops and
-  diffusers' Python around them, with few channels) at 64x64 on this CPU in one thread, the fastest of HOST_FORWARDS,
-  over its ops: the host's work per op with a CPU kernel of next to nothing where a GPU's launch would be. An
-  estimate of a GPU box's host from this one, said so; cached per CPU (cache_dir()/host.json).
+- given (--host-us-per-op US): a figure of the user's own host;
+- for a GPU of the table (--gpu), by default a typical host fitted to published timings (planner/published.py,
+  typical_host: the median of the machines whose batch-1 loops were host-bound), said so with its range;
+- this machine's (--host-us-per-op here; on a GPU box, where its stored runs hold no host-bound forward): an eager
+  forward of tiny-sd15 (SD 1.5's topology: its modules, its ops and diffusers' Python around them, with few
+  channels) at 64x64 on this CPU in one thread, the fastest of HOST_FORWARDS, over its ops: the host's work per op
+  with a CPU kernel of next to nothing where a GPU's launch would be. Cached per CPU (cache_dir()/host.json) with
+  the time it was measured, said with it, and measured again after HOST_MAX_AGE_S.
 """
 from __future__ import annotations
 
@@ -19,26 +22,33 @@ import time
 
 HOST_FORWARDS = 20
 HOST_FILE = "host.json"
+HOST_VERSION = 2  # what an op is (forward_ops): a figure cached under another count is measured again
+HOST_MAX_AGE_S = 24 * 3600  # this machine's cached figure is measured again after a day (its load moves it)
 GIVEN = "given (--host-us-per-op)"
+HERE = "here"  # --host-us-per-op here: this machine's own host
 
 
-def host_us_per_op(given: float | None = None, clock=time.perf_counter) -> tuple[float, str]:
-    """(host microseconds per op of an eager diffusers forward, where the figure comes from): module docstring."""
-    if given is not None:
+def host_us_per_op(given: float | str = HERE, clock=time.perf_counter, now=time.time) -> tuple[float, str]:
+    """(host microseconds per op of an eager diffusers forward, where the figure comes from): a number given, else
+    this machine's (module docstring), measured anew where its cached figure is older than HOST_MAX_AGE_S, its
+    time and age said."""
+    if given != HERE:
         return float(given), GIVEN
     from ..env import cache_dir
     from ..measure.limits import device_key
     from ..store import add_to_cache, read_cache
 
-    key = device_key("cpu")
+    key = f"{device_key('cpu')} | ops v{HOST_VERSION}"
     path = cache_dir() / HOST_FILE
     entry = read_cache(path).get(key)
-    if not entry:
-        entry = {"us_per_op": measure_us_per_op(clock), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                                     time.gmtime())}
+    if not entry or now() - entry.get("measured_s", 0) > HOST_MAX_AGE_S:
+        entry = {"us_per_op": measure_us_per_op(clock), "measured_s": now(),
+                 "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now()))}
         add_to_cache(path, key, entry)
+    age = (now() - entry["measured_s"]) / 3600
     return entry["us_per_op"], (f"this machine's host ({entry['us_per_op']:.1f} us an op: an eager tiny-sd15 forward "
-                                 f"on its CPU, measured {entry['measured_at']}; --host-us-per-op for another)")
+                                f"on its CPU, measured {entry['measured_at']}, {age:.1f} h ago, measured again after "
+                                f"{HOST_MAX_AGE_S // 3600} h)")
 
 
 def measure_us_per_op(clock=time.perf_counter) -> float:

@@ -181,6 +181,19 @@ def host_us(row: Row) -> tuple[float, str]:
     return us, f"{row.machine}: {us:.1f} us an op, fitted to its {fit.gpu} {fit.what} row at {fit.images} image(s)"
 
 
+def typical_host() -> tuple[float, str]:
+    """(a typical host's microseconds per op, its source): the median of the published machines' hosts (host_us of
+    each machine's "host" row, the batch-1 loops where the host set the pace), the default host of a GPU one lacks."""
+    import statistics
+
+    fitted = sorted((host_us(r)[0], r) for r in ROWS if r.use == "host")
+    us = statistics.median(u for u, _ in fitted)
+    each = ", ".join(f"{r.machine} {u:.1f}" for u, r in fitted)
+    return us, (f"a typical host, {us:.1f} us an op: the median of the published timings' machines, each fitted to "
+                f"its batch-1 loop, where the host set the pace ({each}); --host-us-per-op US for yours, "
+                f"--host-us-per-op here for this machine's")
+
+
 def check() -> list[dict]:
     """Every row against the time model: {"row", "published_ms", "predicted_ms", "error" (of the time), "bound",
     "use", "host"}."""
@@ -230,7 +243,7 @@ def sources_of(gpu: dict) -> dict:
                    + "; naive's by [3]")
     row, how = gpu_row(gpu)
     return {"kernels": kernels, "rest": f"{how} row of {row.source.split(' ', 1)[0]} at {row.images} images",
-            "host": "this machine's (planner/host.py), or --host-us-per-op"}
+            "host": "a typical host fitted to published timings (typical_host), or --host-us-per-op"}
 
 
 PUBLISHED_SHORT = "published limits, kernel times of GPUs"
@@ -254,7 +267,7 @@ def published_calibration(gpu: dict, dtype: str, results: Path | None = None, ho
     from .kernels import gpu_kernels
 
     arch = gpu["arch"]
-    kern = gpu_kernels(gpu, dtype, results) or gpu_kernels(gpu, "float16", results)
+    kern = gpu_kernels(gpu, dtype, results)  # a dtype without kernel times at float16's, said in its source
     if naive and "naive" in kern["kernels"] and kern["data_arch"] != arch:
         kern = _naive_carried(kern)
     memory, matmul, conv = efficiency("memory", arch), efficiency("matmul", arch), efficiency("convolution", arch)
@@ -275,7 +288,7 @@ def published_calibration(gpu: dict, dtype: str, results: Path | None = None, ho
     m, m_source = gpu_scale(gpu) if scaled else (1.0, "not scaled")
     rest = {"coefficients": {"convolution": m / conv[0], "matmul": m / matmul[0], "norm": m / memory[0],
                              "other": m / memory[0], "ops": kern["op_ms"]}}
-    us, host_source = host_us_per_op(host_us)
+    us, host_source = typical_host() if host_us is None else host_us_per_op(host_us)
     said = "; ".join(f"{k} at {v[0]:.0%} ({v[1]})" for k, v in sources.items())
     refused = "".join(f"; {line}" for line in kern["refused"])
     text = (f"an estimate, not a measurement: the {gpu['name']}'s published figures ({gpu['source']}); its attention "
@@ -284,6 +297,7 @@ def published_calibration(gpu: dict, dtype: str, results: Path | None = None, ho
             f"fitted kernel time a call beyond its roofline, over a call's {kern['overhead'] / kern['op_ms']:.0f} ops)")
     summary = (f"{PUBLISHED_SHORT}: attention kernels fitted on {kern['data']}" +
                (f", carried to {arch}" if arch != kern["data_arch"] else "") +
+               (f" ({kern['dtype_note']})" if kern["dtype_note"] else "") +
                f"; the rest at {m:.2f}x the assumed efficiencies' time ({m_source})")
     return {"published": text, "summary": summary, "per_backend": per_backend, "kernels": kern["kernels"],
             "kernel_data": kern["data"],
