@@ -250,9 +250,24 @@ def predicted_generation(device: str) -> dict:
     return {"eager_s": g["total_s"], "graph_ms": unet["graph_ms"], "bound": g["bound"], "host": g["host"]}
 
 
+def need_transformers() -> None:
+    """The short generation's text encoder is transformers' CLIPTextModel, in its measurement (measure_generation)
+    and in its prediction (planner/pipeline.text_ops). The lent GPU machine has no transformers
+    (../shared/gpu/README.md): Skip, naming what is missing and what to carry (docs/gpu.md), rather than FAIL on a
+    ModuleNotFoundError after minutes of device time."""
+    try:
+        from transformers import CLIPTextConfig, CLIPTextModel  # noqa: F401
+    except ImportError as e:  # transformers itself, or a module it imports (regex), or one too old for it
+        missing = getattr(e, "name", None)
+        why = (f"no module {missing!r} here" if missing else " ".join(str(e).split())[:160])
+        raise Skip(f"needs transformers (the text encoder's CLIPTextModel) and what it imports: {why}; carry their "
+                   "wheels in .whl/ beside diffusers' (docs/gpu.md, carrying transformers)") from None
+
+
 def short_generation_matches_its_prediction(ctx) -> Verdict:
     """SD 1.5 at 512x512, 10 steps under guidance 7.5, sdpa, float16: the generation measured eager and the U-Net's
     forward from a CUDA graph, against the time model's prediction for this GPU, eager and graphed."""
+    need_transformers()
     ctx.need_cuda()
     predicted = predicted_generation(ctx.device)
     pipeline, size, steps = GENERATION
