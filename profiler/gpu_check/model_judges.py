@@ -231,13 +231,14 @@ def measure_generation(device: str, pipeline: str, size: int, steps: int, dtype:
 
 def predicted_generation(device: str) -> dict:
     """The time model's figures for GENERATION on the GPU of this device (the table's by its name: its published
-    figures, the kernel times of GPUs, this host's figure per op): {"eager_s", "graph_ms" (the U-Net's forward from
-    a CUDA graph), "bound", "host"}."""
+    figures, the kernel times of GPUs, this box's own host per op, measured here: host_us_per_op(HERE)): {"eager_s",
+    "graph_ms" (the U-Net's forward from a CUDA graph), "bound", "host"}."""
     import torch
 
     from .. import gpus
     from ..planner.calibration import target
     from ..planner.generation import GenerationSpec, predict_generation
+    from ..planner.host import HERE
 
     name = torch.cuda.get_device_name(torch.device(device))
     gpu = gpus.named_in(name)
@@ -245,7 +246,7 @@ def predicted_generation(device: str) -> dict:
         raise Skip(f"{name} is not a GPU of the table (attnprof gpus): no published figures to predict from")
     pipeline, size, steps = GENERATION
     spec = GenerationSpec(pipeline, size, size, steps, 7.5, backend="sdpa", dtype="float16")
-    g = predict_generation(spec, *target("cuda", "float16", gpu["name"]), "cuda")
+    g = predict_generation(spec, *target("cuda", "float16", gpu["name"], host_us=HERE), "cuda")  # this box's host
     unet = next(p for p in g["parts"] if p["part"] == "denoise")
     return {"eager_s": g["total_s"], "graph_ms": unet["graph_ms"], "bound": g["bound"], "host": g["host"]}
 
