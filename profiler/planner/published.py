@@ -21,9 +21,11 @@ What each row is used for ("use"):
   kernels fitted on the H200's, where they moved 37% of its bandwidth, carried by this one figure, never below the
   roofline): [3] says SDPA ran 20-28% faster than the vanilla attention in fp16 on the GPUs it shows in fp16 but
   the 4090 (the A100 and the 3090), so the row is [1]'s SDPA step at 4 images times 1.24 (the middle), on the A100;
-  the 3090's is predicted. On the A100 it puts naive at its roofline (factor 0: the floor, 4 passes over each score
-  table at the bandwidth).
-- "": predicted, never fitted: the check.
+  the 3090's is predicted. Both naive rows are derived, not published (Row.derived). On the A100 the fit comes out
+  at -0.01, under naive's roofline: taken at 0 (the floor, 4 passes over each score table at the bandwidth), said.
+- "": predicted, never fitted: the check. check() names each such row whose prediction is a fitted row's (copy_of:
+  host-bound on a machine whose host that row fits), and leave_one_gpu_out() predicts each GPU's rows from a fit to
+  the other GPUs' rows alone: the case of a GPU one lacks.
 [3] PyTorch blog, "Accelerated Diffusers with PyTorch 2.0" (pytorch/pytorch.github.io, 2023-03-16), "Results in
     float16": SDPA 20-28% faster than standard attention (diffusers' vanilla processor) on all GPUs tested but the
     4090.
