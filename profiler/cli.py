@@ -250,7 +250,9 @@ def cmd_gpus(args) -> int:
     found = [{"name": n, **sources_of(gpus.get(n))} for n in gpus.names()]
     print("\nwhere each GPU's time comes from (plan --gpu, planner/kernels.py and published.py):")
     print(table(found, [("name", "name"), ("attention kernels", "kernels"), ("rest of a forward", "rest")]))
-    print("the host: this machine's figure per op (planner/host.py), or --host-us-per-op")
+    from .planner.published import typical_host
+
+    print(f"the host (every GPU): {typical_host()[1]}")
     for ref in [*gpus.REFERENCES.values(), DIFFUSERS_DOC, FAL, BLOG]:
         print(f"  {ref}")
     return 0
@@ -549,7 +551,7 @@ def cmd_replay(args) -> int:
 def cmd_tune(args) -> int:
     from . import devices
     from .unet import models
-    from .tuning.tuner import tune_model
+    from .tuning.tuner import check_proof_rounds, tune_model
 
     device = devices.resolve(devices.parse(args.device, "--device"))
     models.resolve(args.model)
@@ -557,9 +559,10 @@ def cmd_tune(args) -> int:
         raise InputError("tune takes one --size: a map is for the shapes of one forward")
     sizes, batch, dtype = _shape(args, device, say=True)
     budget = parse_bytes(args.budget, "--budget") if args.budget else None
-    for key, least in (("repeats", 1), ("warmup", 0), ("rounds", 2), ("proof_rounds", 2)):
+    for key, least in (("repeats", 1), ("warmup", 0), ("rounds", 2)):
         if getattr(args, key) < least:
             raise InputError(f"--{key.replace('_', '-')} {getattr(args, key)} is too small: use {least} or more")
+    check_proof_rounds(args.proof_rounds)
     for name in args.backend or []:
         if name.endswith(".json"):
             raise InputError(f"--backend {name}: tune times backends by name; run a map with attnprof run --backend")
@@ -742,9 +745,20 @@ def _add_time_args(p):
                                                  "the runs there made on a GPU of its architecture")
     g.add_argument("--results", metavar="DIR", help="calibrate on the runs under DIR made on this machine's device "
                                                     "(with --gpu: on a GPU of that GPU's architecture)")
-    g.add_argument("--host-us-per-op", type=float, metavar="US",
-                   help="with --gpu: the host's microseconds per op of an eager forward (default: this machine's, "
-                        "measured once: planner/host.py)")
+    g.add_argument("--host-us-per-op", type=_host_us, metavar="US",
+                   help="with --gpu (or --device cuda on a GPU box): the host's microseconds per op of an eager "
+                        "forward, or `here` for this machine's own, measured (default: with --gpu a typical host "
+                        "fitted to published timings; on a GPU box its stored host-bound forwards'; planner/host.py)")
+
+
+def _host_us(text: str):
+    """--host-us-per-op: a number of microseconds, or `here` (planner/host.HERE)."""
+    if text == "here":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of microseconds or `here`") from None
 
 
 GPU_ARCH_HELP = ("on cuda, the GPU whose SDPA kernel choice to follow, as a compute capability (sm80, sm89, sm90, "
@@ -756,8 +770,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="attnprof", description="Profile the attention blocks of Stable Diffusion U-Nets.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for add in (_add_plan, _add_gpus, _add_fit, _add_models, _add_backends, _add_run, _add_sweep, _add_profile,
-                _add_replay, _add_tune, _add_record, _add_runs, _add_show, _add_serve, _add_submit, _add_jobs, _add_diff, _add_report,
-                _add_dashboard):
+                _add_replay, _add_tune, _add_record, _add_runs, _add_show, _add_serve, _add_submit, _add_jobs,
+                _add_diff, _add_report, _add_dashboard):
         add(sub)
     return parser
 
@@ -941,7 +955,8 @@ def _add_tune(sub) -> None:
     p.add_argument("--warmup", type=int, default=1, help="warm-up calls per shape and round (default 1)")
     p.add_argument("--rounds", type=int, default=2, help="ABBA rounds of each shape's backends (default 2)")
     p.add_argument("--proof-rounds", type=int, default=6, help="whole forwards of each contender in the proof, "
-                                                               "interleaved (default 6)")
+                                                               "interleaved (default 6; at least 3, what the noise "
+                                                               "rule judges)")
     p.add_argument("--out", default="results", help="results folder for the run and its map (default results)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_tune)

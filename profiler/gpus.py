@@ -11,6 +11,8 @@ ECC and the driver), so memory is read as GiB. None: the GPU has no such tensor 
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 
 from .errors import InputError
@@ -174,3 +176,10 @@ FUSED = {"sdpa": None, "sdpa-flash": "flash", "flash-attn": "flash", "flash-attn
 def efficiency(what: str, arch: str) -> tuple[float, str] | None:
     table = EFFICIENCY[what]
     return table.get(arch) or table.get("*")
+
+
+def digest() -> str:
+    """The content of the tables the time model reads (the GPUs' figures, the op classes' efficiencies, the published
+    attention shares and how kernels scale), hashed: a cached fit keyed on it is refitted after any edit to them."""
+    tables = [_ROWS, EFFICIENCY, ATTENTION, SCALES_AS, FUSED]
+    return hashlib.sha256(json.dumps(tables, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -139,6 +139,25 @@ class SlowAt:
         return out
 
 
+class NaiveSlowAt:
+    """Runs diffusers' naive attention (AttnProcessor: baddbmm, softmax, bmm), SLOW_AT_MS late on self-attention over
+    SLOW_AT_TOKENS query tokens only: beside fault-paced (SDPA, PACED_MS late on every call) a tune's map mixes two
+    kernels whatever the machine's load: naive wherever it is not slow, SDPA there. Fake tensors pass without the
+    wait."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, *args, **kwargs):
+        import time
+
+        from diffusers.models.attention_processor import AttnProcessor
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        out = AttnProcessor()(attn, hidden_states, encoder_hidden_states, *args, **kwargs)
+        if encoder_hidden_states is None and _tokens(hidden_states) == SLOW_AT_TOKENS and \
+                not isinstance(hidden_states, FakeTensor):
+            time.sleep(SLOW_AT_MS / 1e3)
+        return out
+
+
 class Paced:
     """Runs SDPA, then waits PACED_MS on every call: slower than the others everywhere by a set amount, whatever the
     machine's load (SDPA's memory: lean). Fake tensors pass without the wait."""
@@ -163,6 +182,7 @@ FAULTS = {
     "fault-torch-oom": _torch_oom,
     "fault-text-oom": lambda: RuntimeError("CUDA out of memory. Tried to allocate 3.16 GiB"),
     "fault-error": lambda: RuntimeError("kernel exploded"),
+    "fault-bug": lambda: TypeError("unsupported operand type(s) for +: 'Tensor' and 'NoneType'"),  # a bug, not a refusal
 }
 
 
@@ -186,13 +206,15 @@ def register_all() -> None:
                      f"{SLOW_AT_TOKENS} tokens only", factory=SlowAt, memory_like="sdpa"))
     register(Backend("fault-paced", "fused exact", f"test: SDPA, then {PACED_MS:g} ms on every call", factory=Paced,
                      memory_like="sdpa"))
+    register(Backend("fault-naive-slow-at", "materialised", f"test: naive attention, {SLOW_AT_MS:g} ms late on "
+                     f"self-attention over {SLOW_AT_TOKENS} tokens only", factory=NaiveSlowAt, memory_like="naive"))
 
 
 def unregister_all() -> None:
     from profiler.attention.backends import BACKENDS
 
-    for name in [*FAULTS, "fault-slow", "fault-slow-big", "fault-fd1", "fault-die-probe", "fault-abort", "fault-scaled", "fault-slow-at",
-                 "fault-paced"]:
+    for name in [*FAULTS, "fault-slow", "fault-slow-big", "fault-fd1", "fault-die-probe", "fault-abort", "fault-scaled",
+                 "fault-slow-at", "fault-paced", "fault-naive-slow-at"]:
         BACKENDS.pop(name, None)
 
 

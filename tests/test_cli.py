@@ -52,6 +52,14 @@ def test_plan_json_one_object_per_size(capsys):
     (["plan", "--model", "/no/such/folder"], "no such folder '/no/such/folder'"),
     (["plan", "--model", "./missing.yaml"], "does not exist"),
     (["plan"], "give --model NAME (one model's forward) or --pipeline NAME"),
+    (["plan", "--model", "sd15", "--gpu", "A100", "--results", "/no/such/results"],
+     "--results /no/such/results: no such folder"),  # a mistyped --results under --gpu: not ignored
+    (["plan", "--model", "sd15", "--device", "cpu", "--host-us-per-op", "20"],
+     "--host-us-per-op prices a GPU's host: give it with --gpu NAME"),  # ignored before, without --gpu
+    (["plan", "--pipeline", "sd15", "--gpu", "A100", "--host-us-per-op", "0"], "--host-us-per-op 0.0: give "
+                                                                              "microseconds above 0, or `here`"),
+    (["plan", "--model", "sd15", "--gpu", "A100", "--host-us-per-op", "fast"], "'fast' is not a number of "
+                                                                              "microseconds or `here`"),
 ])
 def test_bad_input_one_line_exit_2(capsys, argv, message):
     code, out, err = run(capsys, *argv)

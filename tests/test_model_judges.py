@@ -123,3 +123,24 @@ def test_the_short_generation_is_measured_on_the_cpu_and_skipped_without_cuda():
     assert m["eager_s"] > 0 and m["why_no_graph"] == "CUDA graphs need a GPU" and "graph_ms" not in m
     with pytest.raises(Skip, match="needs a CUDA device"):
         mj.short_generation_matches_its_prediction(Context(device="cpu"))
+
+
+def test_the_short_generation_skips_in_one_line_where_transformers_does_not_import(monkeypatch):
+    """The lent GPU machine has no transformers: the step SKIPs before any device time, naming what is missing and
+    where to read how to carry it, whether transformers itself is missing or a module it imports (regex), not a
+    ModuleNotFoundError's FAIL."""
+    import subprocess
+    import sys
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers: ModuleNotFoundError
+    with pytest.raises(Skip) as e:
+        mj.short_generation_matches_its_prediction(Context(device="cpu"))
+    assert str(e.value) == ("needs transformers (the text encoder's CLIPTextModel) and what it imports: no module "
+                            "'transformers' here; carry their wheels in .whl/ beside diffusers' (docs/gpu.md, carrying "
+                            "transformers)")
+    hidden_dependency = ("import sys; sys.modules['regex'] = None\n"
+                         "from profiler.gpu_check import model_judges as mj\n"
+                         "from profiler.gpu_check.verdicts import Skip\n"
+                         "try:\n    mj.need_transformers()\nexcept Skip as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", hidden_dependency], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "'regex'" in out.stdout and "docs/gpu.md" in out.stdout, out.stdout + out.stderr

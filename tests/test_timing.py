@@ -9,7 +9,7 @@ import pytest
 from profiler import gpus
 from profiler.cli import main
 from profiler.measure.limits import device_key
-from profiler.planner import calibration, plan, timing
+from profiler.planner import calibration, host, plan, timing
 from profiler.spec import CellSpec, InputError, parse_bytes, size_text
 from profiler.store import Run
 
@@ -185,6 +185,7 @@ def test_plan_on_a_gpu_from_the_table_prices_each_call_by_its_kernels_fit(capsys
     cal = calibration.published_calibration(h100, "float16", host_us=20.0)
     device = timing.Device(989.5e12, 3350e9)
     ops = timing.walk("sd15", 512, 512, 1, "float16")
+    hosts = {}
     for backend, coef in (("sdpa", cal["kernels"]["cudnn"]), ("sliced", cal["per_backend"]["sliced"])):
         p = plan("sd15", 512, 512)
         t = timing.predict(p, backend, {}, gpus.limits(h100, "float16"), cal, gpu=h100)
@@ -193,13 +194,32 @@ def test_plan_on_a_gpu_from_the_table_prices_each_call_by_its_kernels_fit(capsys
             f = timing.call_features(row, backend, {}, "float16", timing.roof_ms(o, device), device)
             want = sum(v * f[k] for k, v in coef["coefficients"].items())
             assert row["predicted_time_ms"] == pytest.approx(want, rel=1e-9) and want > row["roofline_time_ms"]
+        cores = sum(host.core_ops(backend, {}, row, "float16") for row in ops["rows"])
         assert t["predicted_host_time_ms"] == pytest.approx(20e-3 * (len(ops["rest"]) +
-                                                                     sum(len(c) for c in ops["calls"])))
+                                                                     sum(len(c) for c in ops["calls"]) + cores))
+        hosts[backend] = t["predicted_host_time_ms"]
         assert t["predicted_forward_time_ms"] == max(t["predicted_host_time_ms"], t["predicted_gpu_time_ms"])
         assert t["predicted_graph_time_ms"] == t["predicted_gpu_time_ms"] > t["roofline_forward_time_ms"]
     assert cal["per_backend"]["sliced"]["coefficients"]["overhead"] == cal["kernels"]["cudnn"]["coefficients"][
         "overhead"]  # the fitted kernel time a call beyond its attention, the same for every backend
     assert "naive attention at 80% of the bandwidth" in cal["per_backend"]["naive"]["published"]
+    # the host of each backend's own core: sliced's loop (a baddbmm, a softmax and a bmm per head and image at
+    # slice_size 1) dispatches far more than sdpa's one fused kernel
+    assert hosts["sliced"] > 2 * hosts["sdpa"], hosts
+
+
+def test_each_backends_host_counts_its_own_attention_core():
+    """host.core_ops on SD 1.5's calls at batch 1 (8 heads): sdpa's core is one fused kernel (with the few shape
+    queries around it); naive's a table (baddbmm, softmax, bmm and its layouts); sliced's a Python loop of 8 slices,
+    each a baddbmm, a softmax and a bmm; a CUDA-only kernel (xformers) is taken as one fused kernel, as sdpa's."""
+    ops = timing.walk("sd15", 512, 512, 1, "float16")
+    row = ops["rows"][0]  # down_blocks.0's first self-attention: 4096 tokens, 8 heads of 40
+    core = {b: host.core_ops(b, {}, row, "float16") for b in ("sdpa", "naive", "sliced", "xformers")}
+    assert 1 <= core["sdpa"] <= 10 and core["naive"] >= core["sdpa"] + 3, core
+    assert core["sliced"] >= 3 * row["batch"] * row["heads"] + core["sdpa"], core
+    assert core["xformers"] == core["sdpa"]
+    assert host.forward_ops(ops, "sliced") - host.forward_ops(ops, "sdpa") == \
+        sum(host.core_ops("sliced", {}, r, "float16") - host.core_ops("sdpa", {}, r, "float16") for r in ops["rows"])
 
 
 def test_a_gpu_of_the_table_is_calibrated_on_stored_runs_of_its_architecture(capsys, tmp_path):

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from profiler.attention import backends
 from profiler.cli import main
@@ -88,6 +89,8 @@ def test_a_missing_map_file_is_one_line(tmp_path):
     (["--backend", "nope"], "unknown backend 'nope'"),
     (["--backend", "tuned.json"], "tune times backends by name"),
     (["--rounds", "1"], "--rounds 1 is too small"),
+    (["--option", "slice_size=4"], "--option slice_size=4 needs --backend NAME"),
+    (["--proof-rounds", "2"], "--proof-rounds 2 is too small: the noise rule judges 3 samples at least"),
     (["--budget", "24"], "has no unit"),
     (["--budget", "1MiB"], "whatever the backends"),  # the weights alone: found by the planner, nothing timed
     (["--budget", "14MiB", "--backend", "naive"], "no backend keeps the forward within the budget 14.0 MiB at"),
@@ -121,6 +124,8 @@ def test_a_bad_map_applied_changes_nothing_and_tune_asks_for_what_it_lacks(tmp_p
         profiler.tune(tiny_sd15)
     with pytest.raises(InputError, match="attnprof tune --model NAME --size WxH --budget"):
         profiler.tune(tiny_sd15, budget="1GiB")
+    with pytest.raises(InputError, match="profiler.tune: proof_rounds 2 is too small: the noise rule judges 3"):
+        profiler.tune(tiny_sd15, torch.zeros(1), proof_rounds=2)
 
 
 def test_each_block_says_why_its_backend_was_chosen():
@@ -158,3 +163,108 @@ def test_each_block_says_why_its_backend_was_chosen():
                                   "call (made up for the test))")
     assert chosen["e"]["why"] == "the only one that runs this shape within tolerance (naive 5.0e-01 off the fp32 " \
                                  "reference)"
+
+
+def _figure(ms: float, spread: float = 0.01, ok: bool = True) -> dict:
+    """A shape's figures as measure_shapes gives them (time, samples, memory, kernel, error), made up for a rule's
+    test: no timing decides it."""
+    return {"time_ms": ms, "iqr_ms": spread, "noisy": False, "time_samples_ms": [ms - spread, ms, ms + spread] * 2,
+            "rounds_ms": [ms, ms], "peak_mem_bytes": 2**20, "kernel": "made up", "sdpa_kernel": "",
+            "max_rel_err": 1e-6 if ok else 0.5, "error_ok": ok}
+
+
+def test_under_a_budget_no_single_backend_over_it_is_ever_kept():
+    """No single backend keeps tiny-sd15's forward within the budget (each one's planned peak over it), the mix does
+    (naive where its tables fit, sdpa elsewhere): best_single names none, so the proof has no single backend to
+    keep where the mix is no faster than the others, and the map stays the mix, within the budget; its last line says
+    why it was not proved against a single backend."""
+    from profiler.measure.replay import shape_of
+    from profiler.planner.forward import trace
+    from profiler.tuning import search, tuner
+
+    GiB = 2**30
+    rows = trace("tiny-sd15", 128, 128, 1, "float32", "cpu", [])["rows"]
+    naive, sdpa = (search.key_of(n, backends.check_options(n, {})) for n in ("naive", "sdpa"))
+    shapes = {shape_of(r): {"row": r, "refused": {}, "figures": {naive: _figure(1.0), sdpa: _figure(2.0)}}
+              for r in rows}
+    budget, planned = 2 * GiB, {naive: 3 * GiB, sdpa: 5 * GiB // 2}
+    blocks = search.choose(rows, shapes, lambda r, k: k == sdpa or r["tokens_q"] <= 64, lambda r, k: 3 * GiB, budget)
+    single, total, note = search.best_single(rows, shapes, [naive, sdpa], planned.get, budget)
+    assert single is None and total is None
+    assert note == ("no single backend keeps the forward within the budget 2.0 GiB (naive 3.0 GiB, sdpa 2.5 GiB): the "
+                    "map is not proved against one"), note
+    base = CellSpec("tiny-sd15", 128, 128, 1, "float32", "sdpa", "cpu")
+    found = tuner.Search(base, rows, [naive, sdpa], shapes, blocks, single, {}, note, budget,
+                         {"mix": 3 * GiB // 2, "naive": planned[naive], "sdpa": planned[sdpa]})
+    contenders = tuner._contenders(found)
+    assert set(contenders) == {"mix", "sdpa"}
+    same = {"samples_ms": [10.0, 10.1, 9.9, 10.0], "max_rel_err": 1e-7, "error_ok": True}
+    tuned = tuner._finish(found, {name: dict(same) for name in contenders}, "U-Net forward", None, "", print)
+    assert {e["backend"] for e in tuned.map["blocks"].values()} == {"naive", "sdpa"}
+    assert not tuned.map["kept_single"] and tuned.map["single"] is None
+    assert tuned.map["planned_forward_peak_bytes"]["mix"] <= budget
+    last = str(tuned).strip().splitlines()[-1]
+    assert last.startswith("tuned: no single backend keeps the forward within the budget 2.0 GiB") and \
+        "against sdpa's" in last, last
+
+
+def _found(rows, shapes, keys, blocks, single, note="", budget=None, planned=None):
+    from profiler.tuning import tuner
+
+    base = CellSpec("tiny-sd15", 128, 128, 1, "float32", "sdpa", "cpu")
+    return tuner.Search(base, rows, keys, shapes, blocks, single, {}, note, budget, planned or {})
+
+
+def test_a_map_whose_forward_is_off_the_reference_is_not_kept_and_says_so():
+    """The mixed forward faster beyond noise but off the fp32 reference (its whole forward's error over float32's
+    tolerance) where the single backend's is not: the map keeps the single backend, each block and the last line
+    saying why. With no single backend to fall back on, the map is the mix and its last line warns."""
+    from profiler.measure.replay import shape_of
+    from profiler.planner.forward import trace
+    from profiler.tuning import proof, search, tuner
+
+    rows = trace("tiny-sd15", 128, 128, 1, "float32", "cpu", [])["rows"]
+    naive, sdpa = (search.key_of(n, backends.check_options(n, {})) for n in ("naive", "sdpa"))
+    shapes = {shape_of(r): {"row": r, "refused": {}, "figures": {
+        naive: _figure(1.0 if r["kind"] == "self" else 4.0), sdpa: _figure(2.0)}} for r in rows}
+    blocks = search.choose(rows, shapes)
+    single, _, _ = search.best_single(rows, shapes, [naive, sdpa])
+    assert single == sdpa and {e["backend"] for e in blocks.values()} == {"naive", "sdpa"}
+    fast = {"samples_ms": [10.0, 10.1, 9.9, 10.0], "max_rel_err": 0.5, "error_ok": False}
+    slow = {"samples_ms": [20.0, 20.1, 19.9, 20.0], "max_rel_err": 1e-7, "error_ok": True}
+    tuned = tuner._finish(_found(rows, shapes, [naive, sdpa], blocks, single), {proof.MIX: fast, "sdpa": slow},
+                          "U-Net forward", None, "", print)
+    assert tuned.map["kept_single"] and {e["backend"] for e in tuned.map["blocks"].values()} == {"sdpa"}
+    assert tuned.map["proof"]["single"]["faster"]  # faster, and still not kept
+    kept = next(e for e in tuned.map["blocks"].values() if e["proposed"] == "naive")
+    assert kept["why"] == ("kept sdpa: the mixed U-Net forward was 5.0e-01 off the fp32 reference, beyond the float32 "
+                           "tolerance (the mix's pick here: naive)"), kept["why"]
+    assert tuned.cell["error_ok"] is True  # what the map runs: sdpa's forward
+    last = str(tuned).strip().splitlines()[-1]
+    assert last.endswith("; 5.0e-01 off the fp32 reference, beyond the float32 tolerance, so the map keeps sdpa in "
+                         "every block."), last
+    # nothing to fall back on (no single backend runs every call): the mix, said to be off
+    tuned = tuner._finish(_found(rows, shapes, [naive, sdpa], blocks, None, "no single backend runs every call "
+                                 "within tolerance"), {proof.MIX: fast}, "U-Net forward", None, "", print)
+    assert {e["backend"] for e in tuned.map["blocks"].values()} == {"naive", "sdpa"}
+    last = str(tuned).strip().splitlines()[-1]
+    assert "BEWARE: the map's U-Net forward is 5.0e-01 off the fp32 reference, beyond the float32 tolerance" in last
+
+
+def test_a_kernel_that_refuses_a_shape_is_left_out_of_it_and_a_bug_is_not(faults):
+    """search.measure_shapes on tiny-sd15's 256-token self-attention: a backend raising an allocation failure or a
+    kernel's RuntimeError there is left out of the shape with what it said; one raising a TypeError (a bug of ours,
+    not a refusal) stops the tune with its traceback rather than reading as "refused"."""
+    from profiler.planner.forward import trace
+    from profiler.tuning import search
+
+    row = next(r for r in trace("tiny-sd15", 128, 128, 1, "float32", "cpu", [])["rows"] if r["tokens_q"] == 256)
+    base = CellSpec("tiny-sd15", 128, 128, 1, "float32", "sdpa", "cpu")
+    keys = [search.key_of(n, {}) for n in ("sdpa", "fault-error", "fault-torch-oom")]
+    found = search.measure_shapes([row], keys, base, repeats=1, warmup=0)
+    m = next(iter(found.values()))
+    assert set(m["figures"]) == {keys[0]}
+    assert m["refused"][keys[1]] == "RuntimeError: kernel exploded"
+    assert m["refused"][keys[2]].startswith("OutOfMemoryError: CUDA out of memory. Tried to allocate 3.16 GiB")
+    with pytest.raises(TypeError, match="unsupported operand"):
+        search.measure_shapes([row], [keys[0], search.key_of("fault-bug", {})], base, repeats=1, warmup=0)

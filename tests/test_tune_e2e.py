@@ -78,11 +78,13 @@ def test_under_a_budget_the_map_mixes_and_its_planned_peak_is_the_measured_one(t
         (cell["forward_peak_total_bytes"], cell["predicted_forward_peak_bytes"])
 
 
-def test_profiler_tune_of_the_tiny_pipeline_applies_and_gives_the_users_processors_back(tmp_path):
+def test_profiler_tune_of_the_tiny_pipeline_applies_and_gives_the_users_processors_back(tmp_path, faults):
     """profiler.tune(pipe) on docs/examples/generate.py's tiny SD 1.5 pipeline: its U-Net's calls from one
     generation, a map that profiler.apply puts in place (every block its backend), images within the tolerance of
     the untuned ones, the user's own processor objects back on apply(pipe, None); pipe.unet.set_attn_processor takes
-    profiler.processors(map) too."""
+    profiler.processors(map) too. The map mixes two kernels whatever the machine's load (faults.py: naive attention
+    late at one shape only, SDPA late everywhere), so the images are those of a mixed map: naive's in most blocks,
+    SDPA's in the slow shape's."""
     import profiler
     from profiler.measure.rows import TOLERANCE
     from tests.test_profile import gen
@@ -90,10 +92,13 @@ def test_profiler_tune_of_the_tiny_pipeline_applies_and_gives_the_users_processo
     pipe = gen.tiny_pipeline()
     own = dict(pipe.unet.attn_processors)
     before = gen.generate(pipe, steps=2, size=64)
-    tuned = profiler.tune(pipe, height=64, width=64, num_inference_steps=2, backends=["naive", "sdpa", "split"],
-                          proof_rounds=3, out=tmp_path)
+    tuned = profiler.tune(pipe, height=64, width=64, num_inference_steps=2,
+                          backends=["fault-naive-slow-at", "fault-paced"], proof_rounds=3, out=tmp_path)
     assert all(a is b for a, b in zip(pipe.unet.attn_processors.values(), own.values()))  # tune left them as they were
     assert len(tuned.map["blocks"]) == 32 and tuned.path.is_file() and tuned.map["proof"]["what"] == "generation"
+    slow = {b for b, e in tuned.map["blocks"].items() if e["kind"] == "self" and e["tokens_q"] == faults.SLOW_AT_TOKENS}
+    assert len(slow) == 5 and not tuned.map["kept_single"], tuned.map["proof"]
+    assert {b for b, e in tuned.map["blocks"].items() if e["backend"] == "fault-paced"} == slow
     assert str(tuned).strip().splitlines()[-1].startswith("tuned:")
     profiler.apply(pipe, tuned.path)
     made = {block.removesuffix(".processor"): type(p).__name__ for block, p in pipe.unet.attn_processors.items()}

@@ -501,6 +501,11 @@ def _static_reason(name: str, device: torch.device, dtype: str, head_dims: tuple
 PROBE_TOKENS = 64  # query tokens of the availability probe (cross-attention: 77 keys, as the text encoder gives)
 
 
+KERNEL_ERRORS = (RuntimeError, ValueError, ImportError, OSError)  # what a kernel raises where it refuses a call
+# (torch's "No available kernel", flash-attn's and xformers' checks, NotImplementedError) or runs out of memory
+# (torch.OutOfMemoryError, cuBLAS's and cuDNN's texts): a TypeError, KeyError or AttributeError is a bug of ours
+
+
 @functools.lru_cache(maxsize=None)
 def _probe(name: str, device: str, dtype: str, head_dim: int = 64) -> tuple[bool, str]:
     """Run the backend on a diffusers Attention with the model's head_dim, as self- and as cross-attention; the
@@ -519,7 +524,7 @@ def _probe(name: str, device: str, dtype: str, head_dim: int = 64) -> tuple[bool
         try:
             make_processor(name)(self_attn, x)
             make_processor(name)(cross_attn, x, text)
-        except (RuntimeError, ValueError, ImportError, OSError) as e:  # unsupported-kernel errors subclass these
+        except KERNEL_ERRORS as e:  # unsupported-kernel errors subclass these
             why = "; ".join(dict.fromkeys(str(w.message).strip().splitlines()[0] for w in caught))
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             return False, (f"{name} does not run on {device} in {dtype} at head_dim {head_dim}: {first}"

@@ -231,13 +231,14 @@ def measure_generation(device: str, pipeline: str, size: int, steps: int, dtype:
 
 def predicted_generation(device: str) -> dict:
     """The time model's figures for GENERATION on the GPU of this device (the table's by its name: its published
-    figures, the kernel times of GPUs, this host's figure per op): {"eager_s", "graph_ms" (the U-Net's forward from
-    a CUDA graph), "bound", "host"}."""
+    figures, the kernel times of GPUs, this box's own host per op, measured here: host_us_per_op(HERE)): {"eager_s",
+    "graph_ms" (the U-Net's forward from a CUDA graph), "bound", "host"}."""
     import torch
 
     from .. import gpus
     from ..planner.calibration import target
     from ..planner.generation import GenerationSpec, predict_generation
+    from ..planner.host import HERE
 
     name = torch.cuda.get_device_name(torch.device(device))
     gpu = gpus.named_in(name)
@@ -245,14 +246,29 @@ def predicted_generation(device: str) -> dict:
         raise Skip(f"{name} is not a GPU of the table (attnprof gpus): no published figures to predict from")
     pipeline, size, steps = GENERATION
     spec = GenerationSpec(pipeline, size, size, steps, 7.5, backend="sdpa", dtype="float16")
-    g = predict_generation(spec, *target("cuda", "float16", gpu["name"]), "cuda")
+    g = predict_generation(spec, *target("cuda", "float16", gpu["name"], host_us=HERE), "cuda")  # this box's host
     unet = next(p for p in g["parts"] if p["part"] == "denoise")
     return {"eager_s": g["total_s"], "graph_ms": unet["graph_ms"], "bound": g["bound"], "host": g["host"]}
+
+
+def need_transformers() -> None:
+    """The short generation's text encoder is transformers' CLIPTextModel, in its measurement (measure_generation)
+    and in its prediction (planner/pipeline.text_ops). The lent GPU machine has no transformers
+    (../shared/gpu/README.md): Skip, naming what is missing and what to carry (docs/gpu.md), rather than FAIL on a
+    ModuleNotFoundError after minutes of device time."""
+    try:
+        from transformers import CLIPTextConfig, CLIPTextModel  # noqa: F401
+    except ImportError as e:  # transformers itself, or a module it imports (regex), or one too old for it
+        missing = getattr(e, "name", None)
+        why = (f"no module {missing!r} here" if missing else " ".join(str(e).split())[:160])
+        raise Skip(f"needs transformers (the text encoder's CLIPTextModel) and what it imports: {why}; carry their "
+                   "wheels in .whl/ beside diffusers' (docs/gpu.md, carrying transformers)") from None
 
 
 def short_generation_matches_its_prediction(ctx) -> Verdict:
     """SD 1.5 at 512x512, 10 steps under guidance 7.5, sdpa, float16: the generation measured eager and the U-Net's
     forward from a CUDA graph, against the time model's prediction for this GPU, eager and graphed."""
+    need_transformers()
     ctx.need_cuda()
     predicted = predicted_generation(ctx.device)
     pipeline, size, steps = GENERATION

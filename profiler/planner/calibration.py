@@ -217,13 +217,13 @@ def _sweep_samples(run, manifest: dict, keep=None) -> tuple[list[dict], list[dic
     return calls, rests
 
 
-def calibrate(results: Path, key: str, write: bool = True, keep=None) -> dict | None:
+def calibrate(results: Path, key: str, write: bool = True, keep=None, host_us=None) -> dict | None:
     """The time model of the device of this limits key, fitted to its stored runs under results (None where it has
     none): {"key", "runs", "limits", "backends": {group: fit}, "rest": {dtype: fit}, "generation": fit or None,
     "passed_over": {run: why}}, each backend's fit with its leave-one-out error of the forward too. Written to the
     calibration file under the key."""
     passed: dict[str, str] = {}
-    cuda = kernel_calibration(results, key)
+    cuda = kernel_calibration(results, key, host_us)
     if cuda is not None:
         return cuda
     calls, rests, limits, runs = samples(results, key, passed, keep)
@@ -247,10 +247,12 @@ def calibrate(results: Path, key: str, write: bool = True, keep=None) -> dict | 
     return out
 
 
-def kernel_calibration(results: Path, key: str) -> dict | None:
+def kernel_calibration(results: Path, key: str, host_us=None) -> dict | None:
     """The time model of a CUDA device of this limits key (planner/kernels.py): each attention kernel fitted to the
-    kernel times its stored runs under results hold (never their event times), on its measured limits; the cells
-    refused and a fit resting on one cell named in passed_over. None where no CUDA run has the key."""
+    kernel times its stored runs under results hold (never their event times), on its measured limits; the rest of a
+    forward fitted to its forwards' kernels less their attention calls' (cuda_forwards); the host's time per op
+    (box_host). The cells refused and a fit resting on one cell named in passed_over. None where no CUDA run has the
+    key."""
     from ..store import readable_runs
     from . import kernels
 
@@ -263,6 +265,10 @@ def kernel_calibration(results: Path, key: str) -> dict | None:
     out = {"key": key, "results": str(results), "runs": sorted(set(rows["run_id"])), "limits": limits,
            "backends": {}, "rest": {}, "generation": None, "kernels": {}, "kernel_source": "",
            "passed_over": {line.split(": ", 1)[0]: line.split(": ", 1)[-1] for line in passed + refused}}
+    rests, hosts = cuda_forwards(results, key, set(zip(admitted["run_id"], admitted["cell_id"])))
+    for dtype in sorted({r["dtype"] for r in rests}):
+        out["rest"][dtype] = fit_model([r for r in rests if r["dtype"] == dtype], REST_FEATURES, "rest_ms")
+    out["host"] = box_host(hosts, host_us, results)
     s = []
     for dtype, mine in admitted.groupby("dtype") if len(admitted) else []:
         s += kernels.samples(mine, Device.of(limits, dtype))
@@ -273,9 +279,68 @@ def kernel_calibration(results: Path, key: str) -> dict | None:
         out["kernel_source"] = "roofline bound on this device's measured limits (no admitted fit)"
         return out
     out["kernels"] = {k: kernels.coefficients(fitted, k) for k in fitted["kernels"]}
+    rest = "; the rest of a forward fitted to " + ", ".join(f"{f['cells']} forwards' kernels ({d})"
+                                                            for d, f in out["rest"].items()) if out["rest"] else \
+        "; the rest of a forward at its roofline (no stored forward with its kernels' time, forward_gpu_ms)"
     out["kernel_source"] = (f"kernel times of {fitted['cells']} cells ({fitted['calls']} calls) in "
-                            f"{len(out['runs'])} runs of this device")
+                            f"{len(out['runs'])} runs of this device{rest}")
     return out
+
+
+def cuda_forwards(results: Path, key: str, admitted: set) -> tuple[list[dict], list[dict]]:
+    """From the admitted cells ((run id, cell id)) of the CUDA runs under results of this limits key, timed by their
+    kernels (time_source cupti) with their forward's kernels (forward_gpu_ms): (one sample per forward's rest, its
+    rest_ms the forward's kernels less its attention calls' (attention_time_ms: each call's kernels, projections
+    included), the walk's features on the device's limits; one per host-bound forward (bound "host": the GPU busy
+    under passes.BUSY_SHARE of it), its host's us an op: its plain forward's time over its ops (host.forward_ops))."""
+    from ..store import kind_of, readable_runs
+    from .forward import walk
+    from .host import forward_ops
+
+    rests, hosts = [], []
+    for run, m in readable_runs(Path(results)):
+        if (m.get("device_limits") or {}).get("key") != key or not kind_of(m).calibrates or \
+                kind_of(m).name == "record":
+            continue
+        cells, blocks = run.read()
+        for cell in cells.to_dict("records"):
+            if (run.id, cell["cell_id"]) not in admitted or cell.get("time_source") != "cupti" or \
+                    not _known(cell.get("forward_gpu_ms")) or not _known(cell.get("attention_time_ms")):
+                continue
+            mine = blocks[blocks["cell_id"] == cell["cell_id"]].sort_values("call_index").to_dict("records")
+            try:
+                _, rest = forward_samples(cell["model"], {**cell, "forward_time_ms": cell["forward_gpu_ms"]}, mine,
+                                          m, _settings(cell))
+            except InputError:  # its model no longer resolves here, or its calls are not the walk's
+                continue
+            rests.append({**rest, "cell_id": f"{run.id} {cell['cell_id']}"})
+            if cell.get("bound") == "host" and _known(cell.get("forward_time_ms")):
+                w = walk(cell["model"], int(cell["width"]), int(cell["height"]), int(cell["batch"]), cell["dtype"],
+                         _settings(cell))
+                ops = forward_ops(w, cell["backend"], json.loads(cell["backend_options"] or "{}"), cell["dtype"])
+                hosts.append({"cell": f"{run.id} {cell['cell_id']}", "us_per_op": cell["forward_time_ms"] * 1e3 / ops})
+    return rests, hosts
+
+
+def _known(v) -> bool:
+    return v is not None and v == v
+
+
+def box_host(hosts: list[dict], given, results: Path) -> dict:
+    """A GPU box's host, in us an op: given (--host-us-per-op), else the median over its stored host-bound forwards
+    (cuda_forwards), else this machine's own (host.host_us_per_op: the box's CPU), each said."""
+    import statistics
+
+    from .host import HERE, host_us_per_op
+
+    if given is None and hosts:
+        us = statistics.median(h["us_per_op"] for h in hosts)
+        return {"us_per_op": us, "source": f"this GPU box's host, {us:.1f} us an op: the median over its {len(hosts)} "
+                                           f"host-bound forwards under {results} (each plain forward's time over its "
+                                           "ops)"}
+    us, source = host_us_per_op(HERE if given is None else given)
+    return {"us_per_op": us, "source": source + ("" if given is not None else
+                                                 " (no host-bound forward stored under the results)")}
 
 
 def _lean(out: dict) -> dict:
@@ -319,18 +384,18 @@ def target(device: str, dtype: str, gpu_name: str | None = None, results: str | 
     stored runs under results made on it); None for CUDA on a machine without a GPU and no gpu_name. kept
     (measure/limits.device_key): True for a cell of ours (its runs, attnprof run and sweep), False for a user's own
     generation (attnprof record's runs), None for this process as it is. host_us: the host's microseconds per op
-    (--host-us-per-op; else this machine's, planner/host.py)."""
+    (--host-us-per-op: a number, or host.HERE for this machine's; None: on a GPU of the table a typical host fitted to
+    published timings, on a GPU box its stored host-bound forwards', planner/host.py)."""
     from .. import gpus
     from ..measure.limits import device_key, device_limits
 
-    if host_us is not None and not host_us > 0:
-        raise InputError(f"--host-us-per-op {host_us:g}: a host takes some time per op; give microseconds above 0")
+    check_target(device, gpu_name, results, host_us)
     if gpu_name:
         gpu = gpus.get(gpu_name)
         return gpus.limits(gpu, dtype), published_calibration(gpu, dtype, results and Path(results), host_us), gpu
     if device == "cuda" and not torch.cuda.is_available():
         return None
-    calibration = calibrate(Path(results), device_key(device, kept)) if results else None
+    calibration = calibrate(Path(results), device_key(device, kept), host_us=host_us) if results else None
     if calibration and dtype in calibration["limits"]["device_peak_flops"] and \
             "device_memory" in calibration["limits"]:
         return calibration["limits"], calibration, None
@@ -339,6 +404,25 @@ def target(device: str, dtype: str, gpu_name: str | None = None, results: str | 
 
         devices.keep_memory()  # the limits measured as a cell's process has them
     return device_limits(device, [dtype]), calibration, None
+
+
+def check_target(device: str, gpu_name: str | None, results, host_us) -> None:
+    """--results and --host-us-per-op before any work, each refused in one line where it would be ignored: a
+    --results that is not a folder; a host figure that is not a positive number or `here`, or given where no host is
+    priced apart (this machine's CPU, whose ops run on its host: their time is the measured one)."""
+    from .host import HERE
+
+    if results is not None and not Path(results).is_dir():
+        raise InputError(f"--results {results}: no such folder (the stored runs to calibrate on); give the folder "
+                         "runs were written to (attnprof runs --results DIR lists them)")
+    if host_us is None:
+        return
+    if host_us != HERE and not (isinstance(host_us, (int, float)) and host_us > 0):
+        raise InputError(f"--host-us-per-op {host_us}: give microseconds above 0, or `here` for this machine's")
+    if not gpu_name and (device != "cuda" or not torch.cuda.is_available()):
+        raise InputError("--host-us-per-op prices a GPU's host: give it with --gpu NAME (a GPU you lack) or --device "
+                         "cuda on a GPU box; on this machine's CPU the ops run on the host and their time is measured"
+                         + ("" if device != "cuda" else " (and there is no GPU here)"))
 
 
 def predict_cells(cells: list, limits: dict, results: Path) -> dict[str, dict]:

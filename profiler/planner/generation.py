@@ -199,9 +199,10 @@ def format_generation(g: dict) -> str:
     share = f" ({100 * g['attention_share']:.1f}% of it attention)" if g["attention_share"] is not None else ""
     total = f"predicted total: {g['total_s']:,.2f} s{share}"
     if gpu:
+        saves = "" if g["bound"] == "host" else ", nothing saved: its kernels set the pace"
         total += (f"\n  eager {g['total_s']:,.2f} s, {g['bound']}-bound at batch {s['step_batch']} (the U-Net); with "
-                  f"CUDA graphs on the U-Net about {g['graph_total_s']:,.2f} s (torch.compile mode=reduce-overhead, "
-                  f"or torch.cuda.CUDAGraph: the host's launches gone, its kernels as they are)")
+                  f"CUDA graphs on the U-Net about {g['graph_total_s']:,.2f} s{saves} (torch.compile "
+                  f"mode=reduce-overhead, or torch.cuda.CUDAGraph: the host's launches gone, its kernels as they are)")
     return "\n".join([how, "", table(rows, cols), "", total, "", "largest attention calls of the U-Net:",
                       table(top, [(c, c) for c in top[0]]) if top else "-", "", "each figure from:", *sources])
 

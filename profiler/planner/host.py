@@ -4,44 +4,56 @@ On a GPU the host dispatches and launches every op of an eager forward, one afte
 kernels behind it: the forward takes the longer of the two, and that one bounds it (the H200 run at batch 1: the GPU
 busy 6-42% of each forward, the host setting the pace). Replayed from a CUDA graph (torch.cuda.CUDAGraph, or
 torch.compile's reduce-overhead mode) a forward launches once: it takes its kernels' time alone. The host's time of a
-forward is its ops (the walk's, planner/forward.py: every aten op it dispatches) times the host's time per op:
-- given (--host-us-per-op): a figure of the user's own host;
-- else this machine's (host_us_per_op): an eager forward of tiny-sd15 (SD 1.5's topology: its modules, its ops and
-  diffusers' Python around them, with few channels) at 64x64 on this CPU in one thread, the fastest of HOST_FORWARDS,
-  over its ops: the host's work per op with a CPU kernel of next to nothing where a GPU's launch would be. An
-  estimate of a GPU box's host from this one, said so; cached per CPU (cache_dir()/host.json).
+forward is its ops (forward_ops: the walk's, planner/forward.py, every aten op it dispatches that moves bytes, and
+each call's attention core under the forward's backend, which the walk leaves out) times the host's time per op:
+- given (--host-us-per-op US): a figure of the user's own host;
+- for a GPU of the table (--gpu), by default a typical host fitted to published timings (planner/published.py,
+  typical_host: the median of the machines whose batch-1 loops were host-bound), said so with its range;
+- this machine's (--host-us-per-op here; on a GPU box, where its stored runs hold no host-bound forward): an eager
+  forward of tiny-sd15 (SD 1.5's topology: its modules, its ops and diffusers' Python around them, with few
+  channels) at 64x64 on this CPU in one thread, the fastest of HOST_FORWARDS, over its ops: the host's work per op
+  with a CPU kernel of next to nothing where a GPU's launch would be. Cached per CPU (cache_dir()/host.json) with
+  the time it was measured, said with it, and measured again after HOST_MAX_AGE_S.
 """
 from __future__ import annotations
 
+import functools
 import time
 
 HOST_FORWARDS = 20
 HOST_FILE = "host.json"
+HOST_VERSION = 2  # what an op is (forward_ops): a figure cached under another count is measured again
+HOST_MAX_AGE_S = 24 * 3600  # this machine's cached figure is measured again after a day (its load moves it)
 GIVEN = "given (--host-us-per-op)"
+HERE = "here"  # --host-us-per-op here: this machine's own host
 
 
-def host_us_per_op(given: float | None = None, clock=time.perf_counter) -> tuple[float, str]:
-    """(host microseconds per op of an eager diffusers forward, where the figure comes from): module docstring."""
-    if given is not None:
+def host_us_per_op(given: float | str = HERE, clock=time.perf_counter, now=time.time) -> tuple[float, str]:
+    """(host microseconds per op of an eager diffusers forward, where the figure comes from): a number given, else
+    this machine's (module docstring), measured anew where its cached figure is older than HOST_MAX_AGE_S, its
+    time and age said."""
+    if given != HERE:
         return float(given), GIVEN
     from ..env import cache_dir
     from ..measure.limits import device_key
     from ..store import add_to_cache, read_cache
 
-    key = device_key("cpu")
+    key = f"{device_key('cpu')} | ops v{HOST_VERSION}"
     path = cache_dir() / HOST_FILE
     entry = read_cache(path).get(key)
-    if not entry:
-        entry = {"us_per_op": measure_us_per_op(clock), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                                     time.gmtime())}
+    if not entry or now() - entry.get("measured_s", 0) > HOST_MAX_AGE_S:
+        entry = {"us_per_op": measure_us_per_op(clock), "measured_s": now(),
+                 "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now()))}
         add_to_cache(path, key, entry)
+    age = (now() - entry["measured_s"]) / 3600
     return entry["us_per_op"], (f"this machine's host ({entry['us_per_op']:.1f} us an op: an eager tiny-sd15 forward "
-                                 f"on its CPU, measured {entry['measured_at']}; --host-us-per-op for another)")
+                                f"on its CPU, measured {entry['measured_at']}, {age:.1f} h ago, measured again after "
+                                f"{HOST_MAX_AGE_S // 3600} h)")
 
 
 def measure_us_per_op(clock=time.perf_counter) -> float:
     """Host microseconds per op of tiny-sd15's eager forward at 64x64 (batch 2, as under guidance) on this CPU in
-    one thread: the fastest of HOST_FORWARDS forwards over the walk's ops."""
+    one thread: the fastest of HOST_FORWARDS forwards over its ops (forward_ops: diffusers' default processor, sdpa)."""
     import torch
 
     from ..unet import models
@@ -61,13 +73,77 @@ def measure_us_per_op(clock=time.perf_counter) -> float:
                 best = min(best, clock() - t0)
     finally:
         torch.set_num_threads(threads)
-    return best * 1e6 / forward_ops(walk("tiny-sd15", 64, 64, 2, "float32"))
+    return best * 1e6 / forward_ops(walk("tiny-sd15", 64, 64, 2, "float32"), "sdpa", {}, "float32")  # its processors
 
 
-def forward_ops(w: dict) -> int:
-    """The ops a forward dispatches (a walk's: outside its attention calls and inside them, the attention's own
-    kernels counted with the calls' other ops by the backends that run them apart)."""
-    return len(w["rest"]) + sum(len(c) for c in w["calls"])
+def forward_ops(w: dict, backend: str = "sdpa", options: dict | None = None, dtype: str = "float16") -> int:
+    """The ops an eager forward dispatches under this backend: the walk's (every op outside its attention calls, and
+    each call's own: its projections and layouts) and each call's attention core under the backend (core_ops: one
+    fused kernel's few for sdpa, a table's for naive, a Python loop of chunks' for sliced, split and subquad), which
+    the walk leaves out."""
+    cores = sum(core_ops(backend, options or {}, row, dtype) for row in w["rows"])
+    return len(w["rest"]) + sum(len(c) for c in w["calls"]) + cores
+
+
+CALL_SHAPE = ("kind", "batch", "heads", "head_dim", "tokens_q", "tokens_k", "upcast")
+
+
+def core_ops(backend: str, options: dict, row: dict, dtype: str) -> int:
+    """The ops one call's attention core dispatches under the backend (a map's: its block's): the backend's processor
+    on fake tensors of the call's shape, less the same call with its core left out (the walk's count of it)."""
+    from ..attention import backends
+
+    name, opts = backends.for_call(backend, options, row)
+    return _core_ops(name, tuple(sorted(backends.check_options(name, opts).items())),
+                     tuple(row.get(k) or "" if k == "upcast" else row[k] for k in CALL_SHAPE), dtype)
+
+
+@functools.lru_cache(maxsize=1024)
+def _core_ops(name: str, options: tuple, shape: tuple, dtype: str) -> int:
+    """core_ops of one call shape (CALL_SHAPE's values); a backend whose processor does not run on fake CPU tensors
+    (a CUDA-only kernel: xformers, flash-attn, SDPA forced to a CUDA kernel; a plugin's that refuses them) is one
+    fused kernel behind its Python, as sdpa's core is (assumed)."""
+    from ..attention.backends import KERNEL_ERRORS
+    from .forward import how_traced
+
+    if name != "sdpa" and how_traced(name, "cpu", dtype) != "processor":
+        return _core_ops("sdpa", (), shape, dtype)
+    without = _call_ops("sdpa", {}, shape, dtype, core=False)
+    try:
+        return _call_ops(name, dict(options), shape, dtype) - without
+    except KERNEL_ERRORS:  # a plugin's processor that does not run on fake tensors
+        if name == "sdpa":
+            raise
+        return _core_ops("sdpa", (), shape, dtype)
+
+
+def _call_ops(name: str, options: dict, shape: tuple, dtype: str, core: bool = True) -> int:
+    """The ops (planner/forward.OpCount's: those that move bytes) of one call of the backend's processor on fake CPU
+    tensors: a diffusers Attention of the call's heads, head dim and upcast, its inputs of its batch and tokens."""
+    from contextlib import nullcontext
+
+    import torch
+    from diffusers.models.attention_processor import Attention
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from ..attention import backends
+    from ..spec import torch_dtype
+    from .forward import OpCount, _NoCore, fake_mode
+
+    kind, batch, heads, head_dim, tokens_q, tokens_k, upcast = shape
+    dt, width = torch_dtype(dtype), heads * head_dim
+    with torch.device("meta"):
+        attn = Attention(query_dim=width, heads=heads, dim_head=head_dim, cross_attention_dim=width if kind == "cross"
+                         else None, upcast_attention=upcast == "attention", upcast_softmax=upcast == "softmax").to(dt)
+    mode, count = fake_mode(), OpCount()
+    with mode, torch.no_grad():
+        attn = attn._apply(lambda t: FakeTensor(mode, t, torch.device("cpu"))).eval()
+        x = torch.empty(batch, tokens_q, width, dtype=dt)  # (B, Tq, C)
+        context = torch.empty(batch, tokens_k, width, dtype=dt) if kind == "cross" else None  # (B, Tk, C)
+        processor = backends.make_processor(name, **options)
+        with count, (nullcontext() if core else _NoCore()):
+            processor(attn, x, context)
+    return len(count.rest)
 
 
 def bounded(gpu_ms: float, host_ms: float) -> dict:

@@ -210,14 +210,24 @@ def stored_rows(results: Path, arch: str | None = None, key: str | None = None) 
 
 
 FITS_FILE = "kernel-fits.json"
-MODEL_VERSION = 3  # the cache's key changes with the model's features
+MODEL_VERSION = 3  # the cache's key changes with the model's features (bump it where the features change)
+
+
+def model_key() -> list:
+    """What a cached fit depends on beyond its data: the model's version and the tables it reads, by their content
+    (gpus.digest: an edit to the GPU table, its efficiencies or its attention shares is a new key)."""
+    from .. import gpus
+
+    return [MODEL_VERSION, gpus.digest()]
 
 
 def arch_fit(arch: str, dtype: str, results: Path | None = None) -> dict:
-    """The kernel model of one architecture in one dtype (bfloat16 taking float16's kernels where it has no data of
-    its own: assumed), fitted to its data kept with the project and its CUDA runs under results, each call's features
-    on the published figures of the GPU that ran it: {"fit" (None where nothing is admitted or the fit rests on one
-    cell), "refused": [lines], "data": what it was fitted on}. Cached by its data (cache_dir()/kernel-fits.json)."""
+    """The kernel model of one architecture in one dtype (a dtype with no data of its own, bfloat16 or float32,
+    taking float16's kernels: its efficiencies against float16's peak carried to the dtype's, assumed and said),
+    fitted to its data kept with the project and its CUDA runs under results, each call's features on the published
+    figures of the GPU that ran it: {"fit" (None where nothing is admitted or the fit rests on one cell), "refused":
+    [lines], "data": what it was fitted on, "dtype": the dtype of that data}. Cached by its data
+    (cache_dir()/kernel-fits.json)."""
     from .. import gpus
     from ..env import cache_dir
     from ..store import add_to_cache, read_cache
@@ -225,10 +235,10 @@ def arch_fit(arch: str, dtype: str, results: Path | None = None) -> dict:
     rows = kept_rows(arch)
     stored, passed = stored_rows(results, arch) if results and Path(results).is_dir() else (pd.DataFrame(), [])
     rows = pd.concat([rows, stored], ignore_index=True) if len(stored) else rows
-    of_dtype = rows[rows["dtype"] == dtype] if len(rows) else rows
-    if not len(of_dtype) and dtype == "bfloat16" and len(rows):
-        of_dtype = rows[rows["dtype"] == "float16"]
-    key = json.dumps([MODEL_VERSION, arch, dtype, _fingerprint(of_dtype)])
+    of_dtype, used = (rows[rows["dtype"] == dtype] if len(rows) else rows), dtype
+    if not len(of_dtype) and dtype != "float16" and len(rows):
+        of_dtype, used = rows[rows["dtype"] == "float16"], "float16"
+    key = json.dumps([*model_key(), arch, dtype, used, _fingerprint(of_dtype)])
     path = cache_dir() / FITS_FILE
     if key in read_cache(path):
         return read_cache(path)[key]
@@ -239,15 +249,14 @@ def arch_fit(arch: str, dtype: str, results: Path | None = None) -> dict:
         if gpu is None:
             refused.append(f"passed over the calls of {name}: not a GPU of the table (attnprof gpus)")
             continue
-        s += samples(mine, Device(gpu["tflops"]["float16" if dtype == "bfloat16" else dtype] * 1e12,
-                                  gpu["bytes_per_s"]))
+        s += samples(mine, Device(gpu["tflops"][used] * 1e12, gpu["bytes_per_s"]))
     try:
         fitted = fit(s) if s else None
     except InputError as e:
         fitted, refused = None, refused + [str(e)]
     data = ", ".join(f"{n} ({len(g.groupby(list(CELL_KEYS)))} cells)" for n, g in admitted_rows.groupby("gpu")) \
         if len(admitted_rows) else "none"
-    out = {"fit": fitted, "refused": passed + refused, "data": data}
+    out = {"fit": fitted, "refused": passed + refused, "data": data, "dtype": used}
     add_to_cache(path, key, out)
     return out
 
@@ -285,9 +294,12 @@ def gpu_kernels(gpu: dict, dtype: str, results: Path | None = None) -> dict | No
         out[k] = {**c, "scaled": how}
         why.setdefault((round(scale, 3), how), []).append(k)
     carried = "; ".join(f"{', '.join(ks)} x{scale:.2f}: {how}" for (scale, how), ks in why.items())
+    dtype_note = "" if base["dtype"] == dtype else (f"{dtype} calls at the efficiencies of {base['dtype']}'s kernel "
+                                                    f"times against its peak (assumed: no {dtype} kernel times)")
     source = (f"kernel times fitted on {base['data']}, {base['fit']['calls']} calls" +
-              ("" if data_arch == arch else f", carried from {data_arch} to {arch} ({carried})"))
+              ("" if data_arch == arch else f", carried from {data_arch} to {arch} ({carried})") +
+              (f"; {dtype_note}" if dtype_note else ""))
     refused = found["refused"] + ([] if found is base else base["refused"])
     return {"kernels": out, "source": source, "refused": refused, "overhead": base["fit"]["overhead"],
-            "data": f"{base['data']}, {base['fit']['calls']} calls", "data_arch": data_arch,
+            "data": f"{base['data']}, {base['fit']['calls']} calls", "data_arch": data_arch, "dtype_note": dtype_note,
             "op_ms": base["fit"]["overhead"] / base["fit"]["ops_per_call"], "projections": base["fit"]["projections"]}

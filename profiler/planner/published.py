@@ -21,9 +21,11 @@ What each row is used for ("use"):
   kernels fitted on the H200's, where they moved 37% of its bandwidth, carried by this one figure, never below the
   roofline): [3] says SDPA ran 20-28% faster than the vanilla attention in fp16 on the GPUs it shows in fp16 but
   the 4090 (the A100 and the 3090), so the row is [1]'s SDPA step at 4 images times 1.24 (the middle), on the A100;
-  the 3090's is predicted. On the A100 it puts naive at its roofline (factor 0: the floor, 4 passes over each score
-  table at the bandwidth).
-- "": predicted, never fitted: the check.
+  the 3090's is predicted. Both naive rows are derived, not published (Row.derived). On the A100 the fit comes out
+  at -0.01, under naive's roofline: taken at 0 (the floor, 4 passes over each score table at the bandwidth), said.
+- "": predicted, never fitted: the check. check() names each such row whose prediction is a fitted row's (copy_of:
+  host-bound on a machine whose host that row fits), and leave_one_gpu_out() predicts each GPU's rows from a fit to
+  the other GPUs' rows alone: the case of a GPU one lacks.
 [3] PyTorch blog, "Accelerated Diffusers with PyTorch 2.0" (pytorch/pytorch.github.io, 2023-03-16), "Results in
     float16": SDPA 20-28% faster than standard attention (diffusers' vanilla processor) on all GPUs tested but the
     4090.
@@ -53,6 +55,7 @@ class Row:
     gpu: str
     value: float  # steps a second
     use: str = ""
+    derived: str = ""  # how the row was made from published figures, where no source printed it as such
 
     @property
     def what(self) -> str:
@@ -60,6 +63,7 @@ class Row:
 
 
 _CLOUD, _DESK = "[1]'s machine", "[1]'s 4090 machine"
+_DERIVED = "naive's rows: [1]'s SDPA rate at 4 images over 1.24 ([3]: SDPA 20-28% faster than vanilla attention)"
 ROWS = (
     Row(DIFFUSERS_DOC, _CLOUD, "sd15", 512, 1, 7.5, "sdpa", "A100-40GB", 21.66, "host"),
     Row(DIFFUSERS_DOC, _CLOUD, "sd15", 512, 4, 7.5, "sdpa", "A100-40GB", 11.6),
@@ -76,8 +80,8 @@ ROWS = (
     Row(DIFFUSERS_DOC, _DESK, "sd15", 512, 1, 7.5, "sdpa", "RTX-4090", 40.5, "host"),
     Row(DIFFUSERS_DOC, _DESK, "sd15", 512, 4, 7.5, "sdpa", "RTX-4090", 12.62),
     Row(DIFFUSERS_DOC, _DESK, "sd15", 512, 16, 7.5, "sdpa", "RTX-4090", 3.17, "gpu"),
-    Row(BLOG, _CLOUD, "sd15", 512, 4, 7.5, "naive", "A100-40GB", 11.6 / VANILLA, "naive"),
-    Row(BLOG, _CLOUD, "sd15", 512, 4, 7.5, "naive", "RTX-3090", 6.46 / VANILLA),
+    Row(BLOG, _CLOUD, "sd15", 512, 4, 7.5, "naive", "A100-40GB", 11.6 / VANILLA, "naive", _DERIVED),
+    Row(BLOG, _CLOUD, "sd15", 512, 4, 7.5, "naive", "RTX-3090", 6.46 / VANILLA, derived=_DERIVED),
     Row(FAL, "[2]'s machine", "sd15", 512, 1, 7.5, "sdpa", "A100-80GB", 31.44, "host"),
     Row(FAL, "[2]'s machine", "sd15", 512, 1, 7.5, "xformers", "A100-80GB", 28.43),
     Row(FAL, "[2]'s machine", "sdxl", 1024, 1, 5.0, "sdpa", "A100-80GB", 8.43),
@@ -97,20 +101,33 @@ def _step(row: Row, calibration: dict) -> dict:
     return predict(p, row.backend, {}, gpus.limits(gpu, "float16"), calibration, gpu)
 
 
-def gpu_scale(gpu: dict) -> tuple[float, str]:
-    """(the factor of the GPU's rest-of-forward kernels, its source): fitted to its "gpu" row (module docstring),
-    else to that of a GPU of its architecture, else to FALLBACK_GPU's; cached with the kernel fits."""
+def gpu_row(gpu: dict, rows: tuple = ROWS) -> tuple[Row | None, str]:
+    """(the "gpu" row of rows whose factor the GPU takes, how): its own, else that of a GPU of its architecture, else
+    FALLBACK_GPU's (module docstring); None where rows hold none of these (a fit that leaves the A100 out)."""
     from .. import gpus
 
-    mine = [r for r in ROWS if r.use == "gpu" and r.gpu == gpu["name"]] or \
-        [r for r in ROWS if r.use == "gpu" and gpus.get(r.gpu)["arch"] == gpu["arch"]] or \
-        [r for r in ROWS if r.use == "gpu" and r.gpu == FALLBACK_GPU]
-    row = mine[0]
-    scale = _fitted_scale(row)
-    how = "its" if row.gpu == gpu["name"] else f"assumed as the {row.gpu}'s" + \
-        (" (the same architecture)" if gpus.get(row.gpu)["arch"] == gpu["arch"] else " (no published row of its "
-                                                                                  "architecture)")
-    return scale, f"{how}: fitted to {row.source.split(' ', 1)[0]}'s {row.gpu} row at {row.images} images"
+    fits = [r for r in rows if r.use == "gpu"]
+    own = [r for r in fits if r.gpu == gpu["name"]]
+    same = [r for r in fits if gpus.get(r.gpu)["arch"] == gpu["arch"]]
+    found = own or same or [r for r in fits if r.gpu == FALLBACK_GPU]
+    if not found:
+        return None, f"no published row of its own, its architecture's or the {FALLBACK_GPU}'s"
+    row = found[0]
+    how = "its own" if own else f"assumed as the {row.gpu}'s" + (" (the same architecture)" if same else
+                                                                 " (no published row of its architecture)")
+    return row, how
+
+
+def gpu_scale(gpu: dict, rows: tuple = ROWS) -> tuple[float, str]:
+    """(the factor of the GPU's rest-of-forward kernels, its source): fitted to the row gpu_row names, else the median
+    of the factors of rows' GPUs; cached with the kernel fits."""
+    import statistics
+
+    row, how = gpu_row(gpu, rows)
+    if row is None:
+        scales = [_fitted_scale(r) for r in rows if r.use == "gpu"]
+        return statistics.median(scales), f"{how}: the median of {len(scales)} GPUs' factors"
+    return _fitted_scale(row), f"{how}: fitted to {row.source.split(' ', 1)[0]}'s {row.gpu} row at {row.images} images"
 
 
 def _fitted_scale(row: Row) -> float:
@@ -119,11 +136,11 @@ def _fitted_scale(row: Row) -> float:
     from .. import gpus
     from ..env import cache_dir
     from ..store import add_to_cache, read_cache
-    from .kernels import FITS_FILE, MODEL_VERSION
+    from .kernels import FITS_FILE, model_key
 
     gpu = gpus.get(row.gpu)
     cal = published_calibration(gpu, "float16", host_us=1.0, scaled=False, naive=False)
-    key = json.dumps(["gpu-scale", MODEL_VERSION, row.gpu, row.value, cal["kernel_data"]])
+    key = json.dumps(["gpu-scale", *model_key(), repr(row), cal["kernel_data"]])
     path = cache_dir() / FITS_FILE
     if key in read_cache(path):
         return read_cache(path)[key]
@@ -135,20 +152,25 @@ def _fitted_scale(row: Row) -> float:
     return scale
 
 
-def naive_factor() -> float:
-    """The unfused attention's factor off the H200's architecture (module docstring, "naive"): its calls' cores scaled
-    so that the model's step of the "naive" row takes what the row says (the step is linear in it: two predictions)."""
-    from dataclasses import replace
+def naive_row(rows: tuple = ROWS) -> Row:
+    """The row naive's factor is fitted to: the "naive" row of rows, else another naive row of rows (a fit that leaves
+    the A100 out)."""
+    return next(r for r in sorted(rows, key=lambda r: r.use != "naive") if r.backend == "naive")
 
+
+def naive_factor(rows: tuple = ROWS) -> float:
+    """The unfused attention's factor off the H200's architecture (module docstring, "naive"): its calls' cores scaled
+    so that the model's step of naive_row takes what the row says (the step is linear in it: two predictions). Not
+    clamped: a factor below 0 would mean the row is faster than naive's roofline, which naive_floor_said reports."""
     from .. import gpus
     from ..env import cache_dir
     from ..store import add_to_cache, read_cache
-    from .kernels import FITS_FILE, MODEL_VERSION
+    from .kernels import FITS_FILE, model_key
 
-    row = next(r for r in ROWS if r.use == "naive")
+    row = naive_row(rows)
     gpu = gpus.get(row.gpu)
-    cal = published_calibration(gpu, "float16", host_us=1.0, naive=False)
-    key = json.dumps(["naive-factor", MODEL_VERSION, row.gpu, row.value, cal["kernel_data"]])
+    cal = published_calibration(gpu, "float16", host_us=1.0, naive=False, rows=rows)
+    key = json.dumps(["naive-factor", *model_key(), repr(row), cal["kernel_data"], gpu_scale(gpu, rows)[0]])
     path = cache_dir() / FITS_FILE
     if key in read_cache(path):
         return read_cache(path)[key]
@@ -157,55 +179,127 @@ def naive_factor() -> float:
         c = dict(cal["kernels"]["naive"]["coefficients"], core_self=0.0, core_cross=0.0) if not f else \
             cal["kernels"]["naive"]["coefficients"]
         mine = {**cal, "kernels": {**cal["kernels"], "naive": {**cal["kernels"]["naive"], "coefficients": c}}}
-        steps.append(_step(replace(row), mine)["predicted_gpu_time_ms"])
-    factor = max(0.0, (1e3 / row.value - steps[0]) / (steps[1] - steps[0]))  # the floor below it
+        steps.append(_step(row, mine)["predicted_gpu_time_ms"])
+    factor = (1e3 / row.value - steps[0]) / (steps[1] - steps[0])
     add_to_cache(path, key, factor)
     return factor
 
 
-def host_us(row: Row) -> tuple[float, str]:
-    """The host of the row's machine, in us an op: fitted to that machine's "host" row (its step all host)."""
+def host_us(row: Row, rows: tuple = ROWS) -> tuple[float, str]:
+    """The host of the row's machine, in us an op: fitted to that machine's "host" row in rows (its step all host),
+    else to another 1-image SDPA row of that machine in rows, else the median of rows' other machines' (a fit that
+    leaves the machine's only GPU out)."""
+    import statistics
+
+    from .forward import walk
     from .host import forward_ops
     from .pipeline import PIPELINES
-    from .forward import walk
 
-    fit = next(r for r in ROWS if r.machine == row.machine and r.use == "host")
-    ops = forward_ops(walk(PIPELINES[fit.pipeline]["unet"], fit.size, fit.size, 2 * fit.images, "float16"))
+    mine = sorted((r for r in rows if r.machine == row.machine and r.images == 1 and r.backend == "sdpa"),
+                  key=lambda r: r.use != "host")
+    if not mine:
+        others = {r.machine: host_us(r, rows)[0] for r in rows if r.use == "host"}
+        us = statistics.median(others.values())
+        return us, f"{row.machine}: {us:.1f} us an op, the median of {len(others)} other machines' (none of its rows)"
+    fit = mine[0]
+    ops = forward_ops(walk(PIPELINES[fit.pipeline]["unet"], fit.size, fit.size, 2 * fit.images, "float16"),
+                      fit.backend)
     us = 1e6 / fit.value / ops
     return us, f"{row.machine}: {us:.1f} us an op, fitted to its {fit.gpu} {fit.what} row at {fit.images} image(s)"
 
 
-def check() -> list[dict]:
-    """Every row against the time model: {"row", "published_ms", "predicted_ms", "error" (of the time), "bound",
-    "use", "host"}."""
+def typical_host() -> tuple[float, str]:
+    """(a typical host's microseconds per op, its source): the median of the published machines' hosts (host_us of
+    each machine's "host" row, the batch-1 loops where the host set the pace), the default host of a GPU one lacks."""
+    import statistics
+
+    fitted = sorted((host_us(r)[0], r) for r in ROWS if r.use == "host")
+    us = statistics.median(u for u, _ in fitted)
+    each = ", ".join(f"{r.machine} {u:.1f}" for u, r in fitted)
+    return us, (f"a typical host, {us:.1f} us an op: the median of the published timings' machines, each fitted to "
+                f"its batch-1 loop, where the host set the pace ({each}); --host-us-per-op US for yours, "
+                f"--host-us-per-op here for this machine's")
+
+
+def predicted(row: Row, rows: tuple = ROWS) -> dict:
+    """The row against the time model fitted to rows: {"row", "published_ms", "predicted_ms", "error" (of the time),
+    "bound", "use", "host"}."""
     from .. import gpus
 
-    out = []
-    for row in ROWS:
-        us, host = host_us(row)
-        t = _step(row, published_calibration(gpus.get(row.gpu), "float16", host_us=us))
-        published = 1e3 / row.value
-        out.append({"row": row, "published_ms": published, "predicted_ms": t["predicted_forward_time_ms"],
-                    "error": t["predicted_forward_time_ms"] / published - 1, "bound": t["bound"],
-                    "use": row.use, "host": host})
+    us, host = host_us(row, rows)
+    t = _step(row, published_calibration(gpus.get(row.gpu), "float16", host_us=us, rows=rows))
+    published = 1e3 / row.value
+    return {"row": row, "published_ms": published, "predicted_ms": t["predicted_forward_time_ms"],
+            "error": t["predicted_forward_time_ms"] / published - 1, "bound": t["bound"], "use": row.use,
+            "host": host}
+
+
+def check() -> list[dict]:
+    """Every row against the time model fitted to them all (predicted), each row not used to fit said to be a copy of
+    a fitted one where it is (copy_of: host-bound on a machine whose host a row of the same step fits, so that its
+    prediction is that row's, whatever its GPU)."""
+    out = [predicted(row) for row in ROWS]
+    for f in out:
+        r = f["row"]
+        fitted = next((g for g in out if g["use"] == "host" and g["row"].machine == r.machine and
+                       g["row"].pipeline == r.pipeline and g["row"].images == r.images), None)
+        f["copy_of"] = None if f["use"] or f["bound"] != "host" or fitted is None or \
+            abs(f["predicted_ms"] / fitted["predicted_ms"] - 1) > 1e-9 else fitted["row"]
     return out
 
 
-def format_check(found: list[dict]) -> str:
+def leave_one_gpu_out() -> list[dict]:
+    """Each GPU's rows predicted from a fit to every other GPU's rows alone (its factor, its machine's host where its
+    rows fitted it, naive's factor where its naive row fitted it, each from the others: gpu_scale, host_us,
+    naive_row): predicted() per row, with "left_out" the GPU."""
+    out = []
+    for gpu in dict.fromkeys(r.gpu for r in ROWS):
+        others = tuple(r for r in ROWS if r.gpu != gpu)
+        out += [{**predicted(row, others), "left_out": gpu} for row in ROWS if row.gpu == gpu]
+    return out
+
+
+def format_check(found: list[dict], logo: list[dict] | None = None) -> str:
+    """The table of docs/timing.md (python -m profiler.bench --only published): each row's figures fitted to all
+    rows, what it was used for or what it copies, and with logo the same row predicted with its GPU left out."""
     lines = ["published timings against the time model (a U-Net step, ms; error: of the time, predicted over "
-             "published):",
-             f"  {'what':22s} {'GPU':10s} {'images':>6s} {'published':>10s} {'predicted':>10s} {'error':>7s}  "
-             f"{'bound':5s}  used to fit"]
+             "published; without its GPU: the row predicted from a fit to the other GPUs' rows alone):",
+             f"  {'what':30s} {'GPU':10s} {'images':>6s} {'published':>9s} {'predicted':>9s} {'error':>6s}  "
+             f"{'bound':5s} {'without its GPU':>15s}  used to fit"]
+    away = {id(f["row"]): f for f in logo or []}
     for f in found:
-        r = f["row"]
+        r, held = f["row"], away.get(id(f["row"]))
         use = {"gpu": "yes: the GPU's factor", "host": "yes: the machine's host",
                "naive": "yes: naive's factor"}.get(f["use"], "no")
-        lines.append(f"  {r.what:22s} {r.gpu:10s} {r.images:6d} {f['published_ms']:10.1f} {f['predicted_ms']:10.1f} "
-                     f"{100 * f['error']:+6.0f}%  {f['bound']:5s}  {use}")
-    held = [abs(f["error"]) for f in found if not f["use"]]
-    lines.append(f"  not used to fit: {len(held)} rows, worst {100 * max(held):.0f}%; sources: "
-                 f"{DIFFUSERS_DOC}; {FAL}; {BLOG}")
-    return "\n".join(lines)
+        if f["use"] == "naive" and naive_factor() < 0:
+            use += f" (fitted x{naive_factor():.2f}, taken at 0: its roofline)"
+        if f.get("copy_of"):
+            use += f" (not independent: host-bound, its prediction the {f['copy_of'].gpu} host row's)"
+        what, without = r.what + (" (derived)" if r.derived else ""), f"{100 * held['error']:+.0f}%" if held else "-"
+        lines.append(f"  {what:30s} {r.gpu:10s} {r.images:6d} {f['published_ms']:9.1f} {f['predicted_ms']:9.1f} "
+                     f"{100 * f['error']:+5.0f}%  {f['bound']:5s} {without:>15s}  {use}")
+    return "\n".join(lines + _summary_lines(found, logo))
+
+
+def _summary_lines(found: list[dict], logo: list[dict] | None) -> list[str]:
+    """The table's last lines: the rows not used to fit (and of those the independent ones: no copy of a fitted row,
+    not derived), the worst error each; with its GPU left out, every row's worst; the derived rows and the sources."""
+    held = [f for f in found if not f["use"]]
+    independent = [f for f in held if not f.get("copy_of") and not f["row"].derived]
+    worst = lambda rows: max(abs(f["error"]) for f in rows)  # noqa: E731
+    lines = [f"  not used to fit: {len(held)} rows, worst {100 * worst(held):.0f}%; of them independent (no copy of a "
+             f"fitted row, not derived): {len(independent)} rows, worst {100 * worst(independent):.0f}%"]
+    if logo:
+        lines.append(f"  each GPU's rows predicted without any of its rows (leave one GPU out): {len(logo)} rows, "
+                     f"worst {100 * worst(logo):.0f}% ({_worst_text(logo)})")
+    derived = sorted({f["row"].derived for f in found if f["row"].derived})
+    return lines + [f"  derived, not published as such: {d}" for d in derived] + \
+        [f"  sources: {DIFFUSERS_DOC}; {FAL}; {BLOG}"]
+
+
+def _worst_text(rows: list[dict]) -> str:
+    f = max(rows, key=lambda f: abs(f["error"]))
+    return f"{f['row'].what}, {f['row'].gpu}, {f['row'].images} image(s)"
 
 
 def sources_of(gpu: dict) -> dict:
@@ -222,19 +316,16 @@ def sources_of(gpu: dict) -> dict:
         kernels = (f"fitted on the H200 run's kernel times ({DATA_ARCH}), carried to {gpu['arch']} by "
                    + ("; ".join(carried) if len(carried) > 1 else "no published figure (assumed as sm90's)")
                    + "; naive's by [3]")
-    rest = [r for r in ROWS if r.use == "gpu" and r.gpu == gpu["name"]]
-    same = [r for r in ROWS if r.use == "gpu" and gpus.get(r.gpu)["arch"] == gpu["arch"]]
-    row = (rest or same or [r for r in ROWS if r.use == "gpu" and r.gpu == FALLBACK_GPU])[0]
-    how = "its own" if rest else f"the {row.gpu}'s" + ("" if same else " (assumed: no row of its architecture)")
+    row, how = gpu_row(gpu)
     return {"kernels": kernels, "rest": f"{how} row of {row.source.split(' ', 1)[0]} at {row.images} images",
-            "host": "this machine's (planner/host.py), or --host-us-per-op"}
+            "host": "a typical host fitted to published timings (typical_host), or --host-us-per-op"}
 
 
 PUBLISHED_SHORT = "published limits, kernel times of GPUs"
 
 
 def published_calibration(gpu: dict, dtype: str, results: Path | None = None, host_us: float | None = None,
-                          scaled: bool = True, naive: bool = True) -> dict:
+                          scaled: bool = True, naive: bool = True, rows: tuple = ROWS) -> dict:
     """The time model of a GPU of the table, in the shape of a calibration (planner/timing.py): "kernels" each
     attention kernel's coefficients fitted to the kernel times of the GPU's architecture, or carried over from the
     data's by published efficiencies (planner/kernels.py); "per_backend" a backend whose kernel has no such data at
@@ -243,7 +334,8 @@ def published_calibration(gpu: dict, dtype: str, results: Path | None = None, ho
     efficiencies and the fitted kernel time an op; "host" the host's time per op (planner/host.py); "published" where
     each figure came from. scaled: the rest's kernels at the GPU's factor fitted to published timings
     (planner/published.py; False: at the assumed efficiencies, as that fit needs them); naive: naive's kernels
-    carried off the data's architecture by published.naive_factor (False: as that fit needs)."""
+    carried off the data's architecture by published.naive_factor (False: as that fit needs); rows: the published
+    rows the factors are fitted to (leave_one_gpu_out leaves some out)."""
     from .. import devices
     from ..attention import backends
     from ..gpus import FUSED, efficiency
@@ -251,9 +343,9 @@ def published_calibration(gpu: dict, dtype: str, results: Path | None = None, ho
     from .kernels import gpu_kernels
 
     arch = gpu["arch"]
-    kern = gpu_kernels(gpu, dtype, results) or gpu_kernels(gpu, "float16", results)
+    kern = gpu_kernels(gpu, dtype, results)  # a dtype without kernel times at float16's, said in its source
     if naive and "naive" in kern["kernels"] and kern["data_arch"] != arch:
-        kern = _naive_carried(kern)
+        kern = _naive_carried(kern, rows)
     memory, matmul, conv = efficiency("memory", arch), efficiency("matmul", arch), efficiency("convolution", arch)
     sources = {"memory-bound ops": memory, "matmul": matmul, "convolution": conv}
     per_backend = {}
@@ -263,15 +355,16 @@ def published_calibration(gpu: dict, dtype: str, results: Path | None = None, ho
             kernel = devices.sdpa_rule(dtype, 64, 4096, devices.gpu_target(arch))
             kernel = {"cudnn": "flash", "math": "memory"}.get(kernel, kernel)
         core = efficiency(kernel, arch) or efficiency("efficient", arch) if kernel != "memory" else memory
-        said = f"{name} attention at {core[0]:.0%} of " + \
-            (f"the peak ({kernel} kernel: {core[1]})" if kernel != "memory" else "the bandwidth (unfused: memory-bound)")
+        said = f"{name} attention at {core[0]:.0%} of " + (f"the peak ({kernel} kernel: {core[1]})"
+                                                             if kernel != "memory" else
+                                                             "the bandwidth (unfused: memory-bound)")
         per_backend[name] = {"coefficients": {"core_self": 1 / core[0], "core_cross": 1 / core[0],
                                               "projections": 1 / matmul[0], "overhead": kern["overhead"]},
                              "cells": 0, "runs": 0, "loo_error_pct": None, "published": said}
-    m, m_source = gpu_scale(gpu) if scaled else (1.0, "not scaled")
+    m, m_source = gpu_scale(gpu, rows) if scaled else (1.0, "not scaled")
     rest = {"coefficients": {"convolution": m / conv[0], "matmul": m / matmul[0], "norm": m / memory[0],
                              "other": m / memory[0], "ops": kern["op_ms"]}}
-    us, host_source = host_us_per_op(host_us)
+    us, host_source = typical_host() if host_us is None else host_us_per_op(host_us)
     said = "; ".join(f"{k} at {v[0]:.0%} ({v[1]})" for k, v in sources.items())
     refused = "".join(f"; {line}" for line in kern["refused"])
     text = (f"an estimate, not a measurement: the {gpu['name']}'s published figures ({gpu['source']}); its attention "
@@ -280,6 +373,7 @@ def published_calibration(gpu: dict, dtype: str, results: Path | None = None, ho
             f"fitted kernel time a call beyond its roofline, over a call's {kern['overhead'] / kern['op_ms']:.0f} ops)")
     summary = (f"{PUBLISHED_SHORT}: attention kernels fitted on {kern['data']}" +
                (f", carried to {arch}" if arch != kern["data_arch"] else "") +
+               (f" ({kern['dtype_note']})" if kern["dtype_note"] else "") +
                f"; the rest at {m:.2f}x the assumed efficiencies' time ({m_source})")
     return {"published": text, "summary": summary, "per_backend": per_backend, "kernels": kern["kernels"],
             "kernel_data": kern["data"],
@@ -287,12 +381,16 @@ def published_calibration(gpu: dict, dtype: str, results: Path | None = None, ho
             "rest": {dtype: rest}, "generation": None, "host": {"us_per_op": us, "source": host_source}}
 
 
-def _naive_carried(kern: dict) -> dict:
-    """The kernel fit with naive's cores at naive_factor() (module docstring, "naive")."""
-    f = naive_factor()
+def _naive_carried(kern: dict, rows: tuple = ROWS) -> dict:
+    """The kernel fit with naive's cores at naive_factor (module docstring, "naive"), never below 0 (a factor below 0
+    would put naive's calls under their roofline: they are taken at it, said)."""
+    raw, row = naive_factor(rows), naive_row(rows)
+    f = max(0.0, raw)
+    said = f"x{f:.2f}" if raw >= 0 else f"x0 (fitted {raw:.2f}: the row is under naive's roofline, taken at it)"
     c = kern["kernels"]["naive"]["coefficients"]
     naive = {**kern["kernels"]["naive"], "coefficients": {**c, "core_self": c["core_self"] * f,
                                                          "core_cross": c["core_cross"] * f},
-             "scaled": f"x{f:.2f}: fitted to [3]'s SDPA over vanilla attention in fp16 on the A100"}
+             "scaled": f"{said}: fitted to the {row.gpu}'s derived naive row ([3]'s SDPA over vanilla attention)"}
     return {**kern, "kernels": {**kern["kernels"], "naive": naive},
-            "source": kern["source"] + f"; naive x{f:.2f} beyond that, fitted to [3] on the A100 (0: its roofline)"}
+            "source": kern["source"] + f"; naive {said} beyond that, fitted to the {row.gpu}'s derived naive row "
+                                       "([3]; 0: its roofline)"}

@@ -306,20 +306,21 @@ def predict(p: dict, backend: str, options: dict, limits: dict, calibration: dic
              **time_kind(fitted, cal, calibrated),
              "time_limits": {"peak_flops_per_s": dev.flops, "peak_bytes_per_s": dev.bandwidth,
                              "key": limits.get("device_limits", {}).get("key")}, "rest_ops": len(w["rest"]),
-             **host_times(cal.get("host"), attention + rest, w)}
+             **host_times(cal.get("host"), attention + rest, w, backend, options, dtype)}
     p["totals"].update(times)
     return times
 
 
-def host_times(host: dict | None, gpu_ms: float, w: dict) -> dict:
-    """A GPU forward's host time (its ops at the host's time per op), its kernels' (gpu_ms), the eager forward (the
-    longer: predicted_forward_time_ms), its bound and its time from a CUDA graph (planner/host.py); {} without a
-    host figure (a CPU, whose ops run on the host)."""
+def host_times(host: dict | None, gpu_ms: float, w: dict, backend: str = "sdpa", options: dict | None = None,
+               dtype: str = "float16") -> dict:
+    """A GPU forward's host time (its ops under the backend at the host's time per op), its kernels' (gpu_ms), the
+    eager forward (the longer: predicted_forward_time_ms), its bound and its time from a CUDA graph
+    (planner/host.py); {} without a host figure (a CPU, whose ops run on the host)."""
     if not host:
         return {}
     from .host import bounded, forward_ops
 
-    b = bounded(gpu_ms, forward_ops(w) * host["us_per_op"] / 1e3)
+    b = bounded(gpu_ms, forward_ops(w, backend, options, dtype) * host["us_per_op"] / 1e3)
     return {"predicted_forward_time_ms": b["eager_ms"], "predicted_gpu_time_ms": b["gpu_ms"],
             "predicted_host_time_ms": b["host_ms"], "predicted_graph_time_ms": b["graph_ms"], "bound": b["bound"],
             "host_source": host["source"]}

@@ -342,10 +342,13 @@ def tune_line(c: dict) -> str:
     if not _known(c.get("speedup")):
         if isinstance(c.get("versus"), str) and c["versus"]:
             return (f"tuned: {c['versus']} is the fastest in every block, so the map runs it everywhere"
-                    + (f"; its {what} took {_ms(c['proof_ms'])}, {sdpa}." if sdpa else " (nothing to prove it "
-                       "against)."))
-        return ("tuned: no single backend runs every call within tolerance: the map runs them all (not proved "
-                "against a single backend).")
+                    + (f"; its {what} took {_ms(c['proof_ms'])}, {sdpa}" if sdpa else " (nothing to prove it "
+                       "against)") + _off_reference(c) + ".")
+        why = c["tune_note"] if isinstance(c.get("tune_note"), str) and c["tune_note"] else \
+            "no single backend runs every call within tolerance: the map runs them all (not proved against a single " \
+            "backend)"
+        return f"tuned: {why}" + (f"; its {what} took {_ms(c['proof_ms'])}, {sdpa}" if sdpa else "") + \
+            _off_reference(c) + "."
     verdict = VERDICT_WORDS.get(c["verdict"], str(c.get("verdict_note") or c["verdict"]))
     line = (f"tuned: the mixed {what} took {_ms(c['proof_ms'])} against {c['versus']}'s {_ms(c['versus_ms'])} "
             f"({int(c['tune_rounds'])} rounds each, interleaved): a speed-up of {c['speedup']:.2f}x "
@@ -353,8 +356,19 @@ def tune_line(c: dict) -> str:
     if sdpa and c["versus"] != "sdpa":
         line += f"; {sdpa}"
     if c.get("kept_single") is True:
-        line += f"; no faster, so the map keeps {c['versus']} in every block"
-    return line + "."
+        why = c["kept_why"] if isinstance(c.get("kept_why"), str) and c["kept_why"] else "no faster"
+        line += f"; {why}, so the map keeps {c['versus']} in every block"
+    return line + _off_reference(c) + "."
+
+
+def _off_reference(c: dict) -> str:
+    """'; BEWARE: the map's U-Net forward is 5.0e-01 off the fp32 reference, beyond the float16 tolerance' where the
+    forward the map runs was held to the reference and missed it."""
+    ok = c.get("error_ok")
+    if ok is None or ok != ok or bool(ok):  # within tolerance, or not held to the reference (a pipeline's)
+        return ""
+    return (f"; BEWARE: the map's {c.get('tune_what') or 'forward'} is {c['max_rel_err']:.1e} off the fp32 reference, "
+            f"beyond the {c['dtype']} tolerance")
 
 
 def _known(v) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ..gpu_check.verdicts import Context, Verdict, said
+from ..report.compare import REGRESSION
 from .tuner import tune_model
 
 CUDA_BACKENDS = ("naive", "sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "xformers", "flash-attn")
@@ -50,7 +51,7 @@ def judge_maps(cells: list[dict]) -> Verdict:
             "sdpa everywhere" if everywhere else "sdpa not timed"
         problems = ([f"{what}: the map's forward is {c['max_rel_err']:.1e} off the fp32 reference"]
                     if c.get("error_ok") is False else []) + \
-            ([f"{what}: the map is slower than sdpa ({speedup:.2f}x)"] if verdict == "regression" else []) + \
+            ([f"{what}: the map is slower than sdpa ({speedup:.2f}x)"] if verdict == REGRESSION else []) + \
             ([f"{what}: sdpa was not timed against the map"] if vs == "sdpa not timed" else [])
         figures.append(f"{what}: {counts}; {vs}")
         evidence.append(said(f"{what}: map {c.get('map_path')} ({counts}); whole forward {c.get('proof_ms')} ms "

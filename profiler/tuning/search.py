@@ -56,9 +56,12 @@ def candidates(names: list[str] | None, options: dict, device: str, dtype: str,
                head_dims: tuple[int, ...]) -> tuple[list[tuple], dict[str, str]]:
     """(the candidates that run here at one of the head dims at least, {label: why} of those given or registered
     under their own name that do not; a dispatcher backend that runs nowhere here is left out unsaid)."""
+    if options and not names:
+        raise InputError(f"--option {', '.join(f'{k}={v}' for k, v in options.items())} needs --backend NAME: "
+                         "options are a backend's, and tune times every backend by default")
     keys, left = [], {}
     for name in names or default_names():
-        opts = backends.check_options(name, options if names else {})
+        opts = backends.check_options(name, options)
         answers = [backends.availability(name, device, dtype, (d,)) for d in head_dims]
         if any(ok for ok, _ in answers):
             keys.append(key_of(name, opts))
@@ -97,7 +100,8 @@ def _errors(shape: dict, keys: list[tuple], base: CellSpec) -> tuple[dict, dict]
     for key in keys:
         try:
             errors[key] = float((output_of(shape, spec_of(base, key)) - reference).abs().max()) / scale
-        except Exception as e:  # a kernel that refuses the shape at run time: left out of it, with what it said
+        except backends.KERNEL_ERRORS as e:  # a kernel that refuses the shape at run time, or runs out of memory:
+            # left out of it, with what it said (anything else is a bug of ours: it propagates)
             failed[key] = _failure(e, base.device)
     return errors, failed
 
@@ -122,7 +126,7 @@ def _timed(shape: dict, keys: list[tuple], base: CellSpec, repeats: int, warmup:
             try:
                 runs[key].append(measure_shape(shape, spec_of(base, key), repeats, warmup))
                 return runs[key][-1]["time_ms"]
-            except Exception as e:  # an OOM at this shape: this backend is left out of it
+            except backends.KERNEL_ERRORS as e:  # an OOM or a refusal at this shape: left out of it (not a bug)
                 failed[key] = _failure(e, base.device)
                 return float("nan")
         return sample
@@ -252,8 +256,9 @@ def _why(row: dict, pick: tuple, runner, ranked: list, m: dict, need, budget) ->
 def best_single(rows: list[dict], shapes: dict[tuple, dict], keys: list[tuple], planned=None,
                 budget: int | None = None) -> tuple[tuple | None, float | None, str]:
     """(the single backend with the least summed kernel time over the forward's calls, among those that run every
-    call within tolerance and, with a budget, whose planned forward peak (planned(key)) fits; that sum; a note where
-    none fits and the fastest is given anyway, or none runs every call)."""
+    call within tolerance and, with a budget, whose planned forward peak (planned(key)) fits; that sum; why there is
+    none: none runs every call, or none that does keeps the forward within the budget). A backend over the budget is
+    never the single one: the map could fall back to it."""
     totals = {}
     for key in keys:
         figures = [shapes[shape_of(r)]["figures"].get(key) for r in rows]
@@ -262,10 +267,13 @@ def best_single(rows: list[dict], shapes: dict[tuple, dict], keys: list[tuple], 
     if not totals:
         return None, None, "no single backend runs every call within tolerance"
     fitting = {k: t for k, t in totals.items() if budget is None or (planned(k) or budget + 1) <= budget}
-    pool = fitting or totals
-    best = min(pool, key=pool.get)
-    note = "" if fitting else f"no single backend keeps the forward within the budget; the fastest is {label_of(best)}"
-    return best, pool[best], note
+    if not fitting:
+        over = ", ".join(f"{label_of(k)} {human_bytes(planned(k))}" if planned(k) else f"{label_of(k)} (no plan)"
+                         for k in sorted(totals, key=totals.get))
+        return None, None, (f"no single backend keeps the forward within the budget {human_bytes(budget)} ({over}): "
+                            "the map is not proved against one")
+    best = min(fitting, key=fitting.get)
+    return best, fitting[best], ""
 
 
 def entries_text(blocks: dict[str, dict], default: tuple | None) -> dict:

@@ -61,6 +61,16 @@ class Search:
     timing: tuple[int, int, int] = (3, 1, search.ROUNDS)  # repeats, warm-up and rounds of each shape's timing
 
 
+def check_proof_rounds(rounds: int, where: str = "--proof-rounds") -> None:
+    """The proof's rounds, before anything is timed: the noise rule judges no fewer than MIN_SAMPLES samples, so fewer
+    rounds would always read "not judged" and the map would be kept or dropped on nothing."""
+    from ..report.compare import MIN_SAMPLES
+
+    if rounds < MIN_SAMPLES:
+        raise InputError(f"{where} {rounds} is too small: the noise rule judges {MIN_SAMPLES} samples at least "
+                         f"(report/compare.MIN_SAMPLES); use {MIN_SAMPLES} or more")
+
+
 def tune_model(model: str, width: int, height: int, batch: int = 1, dtype: str = "float32", device: str = "cpu",
                budget: int | None = None, names: list[str] | None = None, options: dict | None = None,
                repeats: int = 3, warmup: int = 1, rounds: int = search.ROUNDS, proof_rounds: int = proof.ROUNDS,
@@ -70,6 +80,7 @@ def tune_model(model: str, width: int, height: int, batch: int = 1, dtype: str =
     map (under out; None: none)."""
     from ..planner.forward import mixed_peak, trace
 
+    check_proof_rounds(proof_rounds, "proof_rounds")
     dims = tuple(sorted({r["head_dim"] for r in trace(model, width, height, batch, dtype, "cpu", [])["rows"]}))
     keys, left = search.candidates(names, options or {}, device, dtype, dims)
     traced = trace(model, width, height, batch, dtype, devices.get(device).torch.type, [k[0] for k in keys],
@@ -105,6 +116,7 @@ def tune(target, *args, budget=None, backends: list[str] | None = None, options:
     from ..record.session import profile
 
     say = say or (lambda line: None)
+    check_proof_rounds(proof_rounds, "profiler.tune: proof_rounds")
     if budget is not None:
         raise InputError("profiler.tune: budget= needs the planner's forward of a model by name: attnprof tune "
                          "--model NAME --size WxH --budget SIZE")
@@ -171,10 +183,11 @@ def _finish(found: Search, timed: dict, what: str, out, command: str, say) -> Tu
     """The proof judged, the map decided (the single backend everywhere where the mix was no faster), the map's
     document and rows, stored under out (None: not stored)."""
     verdicts = _judge(found, timed, what)
-    kept = found.single if verdicts.get("single") and not verdicts["single"]["faster"] else None
+    verdicts["kept_why"] = _kept_why(found, verdicts)
+    kept, why = (found.single if verdicts["kept_why"] else None), verdicts["kept_why"]
     if kept:
         shapes = {r["block"]: shape_of(r) for r in found.rows}
-        found = replace(found, blocks={b: _kept(e, kept, found.shapes[shapes[b]]["figures"], what)
+        found = replace(found, blocks={b: _kept(e, kept, found.shapes[shapes[b]]["figures"], what, why)
                                        for b, e in found.blocks.items()},
                         planned={**found.planned, "mix": found.planned.get(search.label_of(kept))})
     doc = _document(found, verdicts, kept)
@@ -187,17 +200,33 @@ def _finish(found: Search, timed: dict, what: str, out, command: str, say) -> Tu
     return Tuned(doc, *store(found, doc, cell, blocks, Path(out), command, say), cell, blocks)
 
 
-def _kept(entry: dict, kept: tuple, figures: dict, what: str) -> dict:
-    """A block's entry where the mix was no faster: the single backend and its figures at the block's shape; the
-    mix's pick as its runner-up (`proposed`)."""
+def _kept_why(found: Search, verdicts: dict) -> str:
+    """Why the map keeps the single backend in every block, or "" where it keeps the mix: the mixed forward "no
+    faster" than it by the noise rule, or off the fp32 reference beyond the dtype's tolerance where the single one is
+    not."""
+    single = verdicts.get("single")
+    if not single:
+        return ""
+    contenders = verdicts["contenders"]
+    mixed, alone = contenders.get(proof.MIX, {}), contenders.get(single["label"], {})
+    if mixed.get("error_ok") is False and alone.get("error_ok") is not False:
+        return f"{mixed['max_rel_err']:.1e} off the fp32 reference, beyond the {found.base.dtype} tolerance"
+    return "" if single["faster"] else "no faster"
+
+
+def _kept(entry: dict, kept: tuple, figures: dict, what: str, why: str) -> dict:
+    """A block's entry where the map keeps the single backend (why: _kept_why's): the single backend and its figures
+    at the block's shape; the mix's pick as its runner-up (`proposed`)."""
     proposed = search.key_of(entry["backend"], entry["options"])
     if proposed == kept:
         return {**entry, "proposed": search.label_of(proposed)}
     return {**entry, "backend": kept[0], "options": dict(kept[1]), "time_ms": figures[kept]["time_ms"],
             "iqr_ms": figures[kept]["iqr_ms"], "max_rel_err": figures[kept]["max_rel_err"],
             "proposed": search.label_of(proposed), "runner_up": search.label_of(proposed),
-            "runner_up_ms": entry["time_ms"], "why": f"kept {search.label_of(kept)}: the mixed {what} was no faster "
-                                                     f"than it (the mix's pick here: {search.label_of(proposed)})"}
+            "runner_up_ms": entry["time_ms"],
+            "why": f"kept {search.label_of(kept)}: the mixed {what} was {why}" + (" than it" if why == "no faster"
+                                                                                 else "")
+                   + f" (the mix's pick here: {search.label_of(proposed)})"}
 
 
 def _judge(found: Search, timed: dict, what: str) -> dict:
@@ -248,6 +277,7 @@ def _map_rows(found: Search, spec: CellSpec, verdicts: dict, doc: dict) -> tuple
     cell = cell_of(spec, blocks, peaks, time.time())
     mixed = verdicts["contenders"].get(proof.MIX, {})
     single, vs_sdpa = verdicts.get("single") or {}, verdicts.get("sdpa") or {}
+    runs = verdicts["contenders"].get(single.get("label"), {}) if doc["kept_single"] else mixed  # what the map runs
     cell.update(kind="tune", tune_what=verdicts["what"], tune_rounds=verdicts["rounds"],
                 proof_ms=mixed.get("median_ms"), proof_samples_ms=mixed.get("samples_ms"),
                 versus=single.get("label") or doc["single"], speedup=single.get("speedup"),
@@ -256,7 +286,8 @@ def _map_rows(found: Search, spec: CellSpec, verdicts: dict, doc: dict) -> tuple
                 versus_ms=verdicts["contenders"].get(single.get("label"), {}).get("median_ms"),
                 sdpa_speedup=vs_sdpa.get("speedup"), sdpa_verdict=vs_sdpa.get("verdict"),
                 sdpa_ms=verdicts["contenders"].get(vs_sdpa.get("label"), {}).get("median_ms"),
-                kept_single=doc["kept_single"], max_rel_err=mixed.get("max_rel_err"), error_ok=mixed.get("error_ok"),
+                kept_single=doc["kept_single"], kept_why=verdicts["kept_why"], tune_note=found.note,
+                max_rel_err=runs.get("max_rel_err"), error_ok=runs.get("error_ok"),
                 predicted_forward_peak_bytes=found.planned.get("mix"), budget_bytes=found.budget,
                 backends_used=", ".join(sorted({b["chosen"] for b in blocks})))
     return cell, blocks
