@@ -50,6 +50,39 @@ def test_record_runs_the_script_once_per_backend_into_one_run(tmp_path):
                              "64x64, 3 steps, ") == 2 and done.stderr.count("that floor)") == 2
 
 
+def test_a_scripts_pipelines_and_sizes_are_cells_of_their_own(tmp_path):
+    """A script that runs a txt2img pipeline at 64x64 and 48x48 and then an InstructPix2Pix one (another U-Net, as
+    an SDXL refiner beside its base) at 64x64: three cells, each with its own calls and forwards, named apart by
+    show."""
+    script = tmp_path / "two.py"
+    script.write_text("import importlib.util\n"
+                      f"spec = importlib.util.spec_from_file_location('g', {str(SCRIPT)!r})\n"
+                      "g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g)\n"
+                      "pipe = g.tiny_pipeline()\n"
+                      "g.generate(pipe, steps=2)\ng.generate(pipe, steps=3, size=48)\n"
+                      "g.generate(g.tiny_pipeline('pix2pix'), steps=2)\n")
+    done = attnprof("record", "--out", str(tmp_path), "--quiet", "--", str(script), env=STEADY)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (path,) = list_runs(tmp_path)
+    run = Run.open(path)
+    cells = run.cells()
+    got = sorted((c["pipeline"], c["size"], c["steps"], len(c["forward_time_samples_ms"]))
+                 for c in cells.to_dict("records"))
+    assert got == [("StableDiffusionInstructPix2PixPipeline", "64x64", 2, 2), ("StableDiffusionPipeline", "48x48", 3, 3),
+                   ("StableDiffusionPipeline", "64x64", 2, 2)]
+    assert cells["cell_id"].nunique() == 3 and cells["denoiser"].nunique() == 2  # the U-Nets' configs apart
+    for c in cells.to_dict("records"):
+        calls = run.read_frame(f"calls-{c['cell_id']}")
+        unet = calls[calls["component"] == "unet"]
+        assert len(unet) == 32 * c["steps"] and set(unet["batch"]) == {3 if "Pix2Pix" in c["pipeline"] else 2}
+    facts = run.manifest()["record"]["cells"]
+    assert {k: (v["pipeline"], v["width"]) for k, v in facts.items()} == {
+        c["cell_id"]: (c["pipeline"], c["width"]) for c in cells.to_dict("records")}
+    shown = attnprof("show", path.name, "--results", str(tmp_path), "--wide")
+    assert "StableDiffusionPipeline (loaded, 3 steps at 48x48, batch 2) took" in shown.stdout
+    assert "StableDiffusionInstructPix2PixPipeline (loaded, 2 steps at 64x64, batch 3) took" in shown.stdout
+
+
 def test_the_exit_status_is_the_scripts(tmp_path):
     """A script that generates and then exits 3: record exits 3 with its cell stored; one that never calls a
     pipeline: its own status, nothing stored, and a line that says so; record's own option after the script goes

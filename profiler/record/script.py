@@ -302,7 +302,7 @@ def child(argv: list[str]) -> int:
     """One run of the script in this process: the script with its pipeline calls profiled, its cell recorded into
     the run that $ATTNPROF_RECORD_RUN names. The script's exit status."""
     from ..store import Run
-    from .session import merged, store_cell
+    from .session import cells_of, store_cell
 
     backend = argv[argv.index("--backend") + 1] if "--backend" in argv else None
     trace, quiet = "--trace" in argv[:argv.index("--")], "--quiet" in argv[:argv.index("--")]
@@ -322,7 +322,8 @@ def child(argv: list[str]) -> int:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             return 130
     if watch.profiles:
-        store_cell(run, merged(watch.profiles), backend)
+        for part in cells_of(watch.profiles):
+            store_cell(run, part, backend)
         run.update_manifest(notes=sorted({*run.manifest().get("notes", []), *(n for p in watch.profiles
                                                                               for n in p.notes)}))
     return code
