@@ -237,8 +237,8 @@ def step_table(calls: pd.DataFrame, label: str) -> pd.DataFrame:
 def generations_table(calls: pd.DataFrame, cell: dict) -> pd.DataFrame:
     """Per pipeline call (generation) of a recorded cell: its steps, its attention calls and their time, per
     component and in all; its wall time where the run recorded one per generation."""
-    if not len(calls):
-        return pd.DataFrame()
+    if not len(calls):  # none recorded (a compiled component): no row, the columns a reader asks for
+        return pd.DataFrame(columns=["generation", "steps", "calls", "attention_ms", "cell"])
     per = calls.groupby(["generation", "component"])["time_ms"].sum().unstack("component").add_suffix("_attention_ms")
     out = calls.groupby("generation").agg(steps=("step", "nunique"), calls=("time_ms", "size"),
                                           attention_ms=("time_ms", "sum")).join(per).reset_index()
@@ -253,7 +253,8 @@ def costliest_blocks(calls: pd.DataFrame, label: str, top: int = 10, among=None)
     shape, calls, the total and the median call, and the share of all the generation's attention time. among:
     those blocks only, however many (a second generation's figures for the first one's costliest)."""
     if not len(calls):
-        return pd.DataFrame()
+        return pd.DataFrame(columns=["component", "block", "kind", "heads", "head_dim", "calls", "total_ms",
+                                     "median_ms", "share_of_attention_pct", "cell", "tokens"])
     total = calls["time_ms"].sum()
     if among is not None:
         calls, top = calls[calls["block"].isin(among)], len(among)

@@ -244,34 +244,68 @@ def test_a_backend_is_swapped_in_for_the_generation_and_the_users_processors_com
     assert all(type(p).__name__ != "SlicedAttnProcessor" for p in ip.unet.attn_processors.values())
 
 
-def test_a_bare_unet_and_a_compiled_one():
+def test_a_bare_unet_and_a_compiled_one(tmp_path, capsys):
     """A module rather than a pipeline is the component `model`, its forwards the steps. A compiled U-Net keeps its
     graph: torch.compile's wrapper gets its forwards timed, module.compile() (its hooks would run inside the graph)
-    nothing, and the notes say why no call is recorded one by one; no hook of ours breaks either graph."""
+    nothing, and the notes say why no call is recorded one by one; no hook of ours breaks either graph. The first's
+    stored run, with no attention call recorded, is read by show, diff (the forwards' times where a side has no
+    attention time; 'not judged (no samples ...)' where one has none at all), the report and the time model's
+    reader, as a user runs them; the second's size is unknown (no forward seen): nothing stored, a note says so."""
+    import pandas as pd
     from torch._dynamo.utils import counters
+
+    from profiler.cli import main
+    from profiler.planner import calibration
+    from profiler.report import compare
+    from profiler.store import Run
 
     pipe = gen.tiny_pipeline()
     unet = pipe.unet
     inputs = {"sample": torch.randn(2, 4, 8, 8), "timestep": 10, "encoder_hidden_states": torch.randn(2, 77, 32)}
-    with torch.no_grad(), profile(unet, out=None) as prof:
+    with torch.no_grad(), profile(unet, out=tmp_path) as eager:
         plain = [unet(**inputs).sample for _ in range(2)]
-    assert prof.calls.groupby("step").size().to_dict() == {0: CALLS, 1: CALLS}
-    assert prof.facts["width"] == 64 and prof.facts["batch"] == 2
+    assert eager.calls.groupby("step").size().to_dict() == {0: CALLS, 1: CALLS}
+    assert eager.facts["width"] == 64 and eager.facts["batch"] == 2
+    small = {**inputs, "sample": torch.randn(1, 4, 6, 6), "encoder_hidden_states": torch.randn(1, 77, 32)}
+    with torch.no_grad(), profile(unet, out=None) as prof:  # a module's forwards at another shape: a generation
+        unet(**inputs), unet(**small), unet(**small)
+    g = prof.generations
+    assert g[["steps", "width", "batch"]].values.tolist() == [[1, 64, 2], [2, 48, 1]] and g["wall_s"].gt(0).all()
+    assert prof.calls.groupby("generation")["step"].agg(lambda s: sorted(set(s))).to_dict() == {0: [0], 1: [0, 1]}
     counters.clear()
     wrapped = torch.compile(unet, backend="eager")  # Dynamo's graph capture, without Inductor's compile time
-    with torch.no_grad(), profile(wrapped, out=None) as prof:
+    with torch.no_grad(), profile(wrapped, out=tmp_path) as prof:
         out = wrapped(**inputs).sample
     assert torch.allclose(out, plain[0]) and not len(prof.calls)
     comp = prof.components.set_index("component").loc["model"]
     assert comp["forwards"] == 1 and math.isnan(comp["attention_calls"]) and math.isnan(comp["attention_ms"])
     assert comp["not_recorded"] == "Attention x32" and any("runs compiled" in n for n in prof.notes)
     assert re.search(r"model +1 .* not recorded \(Attention x32\) +- +-", str(prof))  # never "0 calls, 0.0 ms"
+    assert prof.facts["pipeline"] == "UNet2DConditionModel" and prof.facts["steps"] == 1  # by its forwards
+    compiled_run = prof.run_dir
     unet.compile(backend="eager")
-    with torch.no_grad(), profile(unet, out=None) as prof:
+    with torch.no_grad(), profile(unet, out=tmp_path) as prof:
         assert torch.allclose(unet(**inputs).sample, plain[0])
     assert not len(prof.calls) and prof.components.set_index("component").loc["model", "forwards"] == 0
     assert prof.components.set_index("component").loc["model", "not_recorded"] == "Attention x32"
     assert any("module.compile()" in n for n in prof.notes) and not counters["graph_break"]
+    assert prof.run_dir is None and any(n.startswith("nothing stored: no forward of the denoiser") for n in
+                                        prof.notes)  # its size unknown: no 0x0 cell for every reader to trip on
+    runs = [eager.run_dir.name, compiled_run.name]
+    assert main(["show", runs[1], "--results", str(tmp_path)]) == 0
+    assert "their attention not recorded (compiled" in " ".join(capsys.readouterr().out.split())
+    assert main(["diff", *runs, "--results", str(tmp_path)]) == 3  # not judged: one forward in B
+    assert "the forwards' times: a side's attention has no time of its own" in capsys.readouterr().out
+    html = tmp_path / "r.html"
+    assert main(["report", *runs, "--results", str(tmp_path), "--html", str(html)]) == 0
+    assert html.read_text().count("No attention call of this generation was recorded") == 1
+    compiled = Run.open(compiled_run)
+    calls, rests = calibration.record_samples(compiled, compiled.manifest())
+    assert not calls and [(r["component"], r["steps"]) for r in rests] == [("generation", 1.0)]
+    cell = compiled.cells().iloc[0].to_dict()  # a cell with no sample at all (a run of before): not judged, no error
+    bare = {**cell, "forward_time_samples_ms": []}
+    row = compare.compare(pd.DataFrame([cell]), pd.DataFrame([bare]))["matched"].iloc[0]
+    assert (row["time_verdict"], row["time_note"]) == ("not judged", "not judged (no samples in B)")
 
 
 def test_not_a_pipeline_is_one_line():

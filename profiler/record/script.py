@@ -123,7 +123,8 @@ def _finish(run, code: int, stopped: bool, device: str, say) -> tuple[int, Path 
     cells, m = run.cells(), run.manifest()
     if not len(cells) and not stopped and not m.get("resumed_at"):
         shutil.rmtree(run.path, ignore_errors=True)
-        say("the script made no diffusers pipeline call: nothing stored")
+        say(next((n for n in m.get("notes") or [] if n.startswith("nothing stored")),
+                 "the script made no diffusers pipeline call: nothing stored"))
         return code, None
     run.update_manifest(ended_at=now(), interrupted=stopped or code != 0,
                         environment=m.get("environment") or {**environment(device), "executor": "record"},
@@ -302,7 +303,7 @@ def child(argv: list[str]) -> int:
     """One run of the script in this process: the script with its pipeline calls profiled, its cell recorded into
     the run that $ATTNPROF_RECORD_RUN names. The script's exit status."""
     from ..store import Run
-    from .session import cells_of, store_cell
+    from .session import UNSIZED, cells_of, store_cell
 
     backend = argv[argv.index("--backend") + 1] if "--backend" in argv else None
     trace, quiet = "--trace" in argv[:argv.index("--")], "--quiet" in argv[:argv.index("--")]
@@ -322,10 +323,12 @@ def child(argv: list[str]) -> int:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             return 130
     if watch.profiles:
-        for part in cells_of(watch.profiles):
+        parts = cells_of(watch.profiles)
+        for part in parts:
             store_cell(run, part, backend)
         run.update_manifest(notes=sorted({*run.manifest().get("notes", []), *(n for p in watch.profiles
-                                                                              for n in p.notes)}))
+                                                                              for n in p.notes),
+                                          *([] if parts else [UNSIZED])}))
     return code
 
 

@@ -385,12 +385,12 @@ def profile(target, out: str | Path | None = "results", backend: str | None = No
         session.processors = _processors(session)  # while a backend's are still in
     calls = by_generation(pd.DataFrame(session.rows()), session.calls)
     prof.calls = calls[[c for c in CALL_COLUMNS if c in calls]] if len(calls) else pd.DataFrame(columns=CALL_COLUMNS)
-    prof.generations = _generations(session, prof.calls, prof.wall_s)
     forwards = pd.DataFrame([{"component": f["component"], "uid": f["uid"],
                               "time_ms": session.forward_meter.samples[f["uid"]][0]} for f in session.forwards],
                             columns=["component", "uid", "time_ms"])
     prof.forwards = forwards.assign(generation=generation_of(forwards["uid"], session.calls))[
         ["component", "generation", "time_ms"]]
+    prof.generations = _generations(session, prof.calls, prof.forwards, prof.wall_s)
     prof.components = components_of(_component_table(session), prof.calls, prof.forwards)
     prof.notes = session.notes + ([] if session.meter.peaks else [
         f"no per-call peak memory on {session.device.type}: only a CUDA allocator counts one without changing the "
@@ -418,12 +418,14 @@ def by_generation(calls: pd.DataFrame, marks: list[dict]) -> pd.DataFrame:
     return calls.assign(step=(calls["step"] - first).astype("Int64"))
 
 
-def _generations(session: Session, calls: pd.DataFrame, wall_s: float) -> pd.DataFrame:
-    """One row per generation: its wall time, its steps (the denoiser's forwards in it) and its size (its latent
-    shape: batch, and height and width times the VAE's scale; 0x0 where no denoiser forward ran in it)."""
+def _generations(session: Session, calls: pd.DataFrame, forwards: pd.DataFrame, wall_s: float) -> pd.DataFrame:
+    """One row per generation: its wall time, its steps (the denoiser's forwards in it: by their attention calls, or
+    where none was recorded by the forwards timed) and its size (its latent shape: batch, and height and width times
+    the VAE's scale; 0x0 where no denoiser forward ran in it)."""
     walls = [c["wall_s"] for c in session.calls] or [wall_s]
     loop = calls[calls["component"].isin(DENOISERS)] if len(calls) else calls
-    steps = loop.groupby("generation")["step"].nunique() if len(loop) else pd.Series(dtype=int)
+    steps = loop.groupby("generation")["step"].nunique() if len(loop) else \
+        forwards[forwards["component"].isin(DENOISERS)].groupby("generation").size()
     scale = getattr(session.target, "vae_scale_factor", 8)
     rows = []
     for i, wall in enumerate(walls):
@@ -439,10 +441,11 @@ def _facts(target, session: Session, prof: Profile) -> dict:
     such as _use_default_values, come in another order in each process), its size and steps (the first
     generation's: cells_of gives each size its own), guidance, scheduler."""
     denoiser = next((session.found[n] for n in DENOISERS if n in session.found), None)
+    denoiser = getattr(denoiser, "_orig_mod", denoiser)  # torch.compile's wrapper: the module it compiled
     config = {k: v for k, v in dict(getattr(denoiser, "config", {}) or {}).items() if not k.startswith("_")}
     digest = hashlib.sha1(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:8]
     first = prof.generations.iloc[0] if len(prof.generations) else {"batch": 1, "width": 0, "height": 0, "steps": 0}
-    return {"generations": len(prof.generations), "pipeline": type(target).__name__,
+    return {"generations": len(prof.generations), "pipeline": type(getattr(target, "_orig_mod", target)).__name__,
             "denoiser": f"{type(denoiser).__name__} {digest}" if denoiser is not None else None,
             "source": getattr(getattr(denoiser, "config", None), "_name_or_path", None) or None,
             **{k: int(first[k]) for k in ("batch", "width", "height", "steps")},
@@ -527,13 +530,21 @@ def _per_forward(loop: pd.DataFrame, column: str) -> float | None:
     return float(loop.groupby(["generation", "pass_index"])[column].sum().median())
 
 
-def store(prof: Profile, out: Path, command: str) -> Path:
+UNSIZED = ("nothing stored: no forward of the denoiser was seen (compiled with module.compile(): no hook of ours runs "
+           "there), so the generation's size is unknown; torch.compile(module) leaves its forwards timeable")
+
+
+def store(prof: Profile, out: Path, command: str) -> Path | None:
     """The generation(s) as a new run of kind `record` under out: a cell per size (cells_of), its block rows, every
-    call with its step."""
+    call with its step; None (and a note) where no generation's size is known."""
     from ..store import Run, now
 
+    parts = cells_of([prof])
+    if not parts:
+        prof.notes.append(UNSIZED)
+        return None
     run = Run.create(out, {"kind": "record", "command": command, "cells": [], "ended_at": None})
-    cells = [store_cell(run, part, prof.facts.get("backend")) for part in cells_of([prof])]
+    cells = [store_cell(run, part, prof.facts.get("backend")) for part in parts]
     run.update_manifest(ended_at=now(), interrupted=False, notes=prof.notes,
                         cells=[{k: cell[k] for k in CellSpec("", 0, 0, 0, "", "", "").as_row()} for cell in cells])
     return run.path
@@ -579,7 +590,7 @@ def cells_of(profiles: list[Profile]) -> list[Profile]:
     parts: dict[tuple, list[Profile]] = {}
     for p in profiles:
         keys = [cell_key(p, g) for g in p.generations.to_dict("records")] or [cell_key(p, {**p.facts})]
-        for key in dict.fromkeys(keys):
+        for key in dict.fromkeys(k for k in keys if k[3]):  # no size: no denoiser forward seen (UNSIZED)
             mine = [i for i, k in enumerate(keys) if k == key]
             parts.setdefault(key, []).append(p if len(mine) == len(keys) else _part(p, mine))
     return [merged(ps) for ps in parts.values()]
