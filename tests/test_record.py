@@ -208,7 +208,7 @@ def test_records_prediction_is_said_as_far_as_its_evidence_goes(monkeypatch, cap
     floor as 'at least'. The model's answers are given here (planner/generation.py is tested on its own)."""
     import importlib.util
 
-    from profiler.planner import calibration, generation
+    from profiler.planner import calibration, generation, timing
     from profiler.record import script
 
     spec = importlib.util.spec_from_file_location("generate", SCRIPT)
@@ -220,10 +220,14 @@ def test_records_prediction_is_said_as_far_as_its_evidence_goes(monkeypatch, cap
     for kind, error, said in (
             ("calibrated", 7.54, "predicted 2.57 s (expected error 8%, leave-one-out) for this generation"),
             ("calibrated", None, "predicted 2.57 s (expected error unknown: one cell to calibrate on) for this"),
+            ("kernels", None, "predicted 2.57 s (expected error unknown: the kernel fits carry no held-out error) "
+                              "for this generation"),
             ("floor", None, "at least 2.57 s predicted (the roofline floor, a lower bound) for this generation"),
             ("calibrated", 993.0, "no prediction for this generation (tiny-sd15, 64x64, 50 steps, sdpa): the "
                                   "calibration's leave-one-out error is 993%, over 50% (calibrated on 5 cells)")):
-        unet = {"part": "denoise", "time_kind": kind, "time_error_pct": error, "source": "calibrated on 5 cells"}
+        unet = {"part": "denoise", "time_kind": "calibrated" if kind == "kernels" else kind, "time_error_pct": error,
+                "source": "calibrated on 5 cells", "time_error_why": timing.NO_HELD_OUT if kind == "kernels" else
+                "one cell to calibrate on" if kind == "calibrated" and error is None else None}
         monkeypatch.setattr(generation, "predict_generation", lambda *a, unet=unet: {"total_ms": 2570.0,
                                                                                      "parts": [unet]})
         eta = watch.predicted(pipe, (), {"height": 64, "width": 64})

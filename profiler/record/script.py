@@ -282,16 +282,14 @@ def _floor(g: dict) -> bool:
 def _eta_text(g: dict, error: bool = True) -> str:
     """'predicted 2.57 s (expected error 8%, leave-one-out)' (error=False: without the error), or 'at least 0.01 s
     predicted (the roofline floor, a lower bound)' where the U-Net's time is its floor (no stored run of this device
-    to calibrate on; error=False: 'at least 0.01 s predicted')."""
-    seconds, unet = g["total_ms"] / 1e3, _denoise(g)
+    to calibrate on; error=False: 'at least 0.01 s predicted'): the U-Net's evidence, in timing.said_time's words."""
+    from ..planner.timing import said_time
+
+    seconds, unet = f"{g['total_ms'] / 1e3:.2f} s", _denoise(g)
     if _floor(g):
-        return f"at least {seconds:.2f} s predicted" + (" (the roofline floor, a lower bound)" if error else "")
-    pct = unet["time_error_pct"]
-    if unet["time_kind"] != "calibrated" or not error:
-        return f"predicted {seconds:.2f} s"
-    known = f"expected error {pct:.0f}%, leave-one-out" if pct is not None else \
-        "expected error unknown: one cell to calibrate on"
-    return f"predicted {seconds:.2f} s ({known})"
+        return said_time(seconds, unet, floor_note=False) + " predicted" + \
+            (" (the roofline floor, a lower bound)" if error else "")
+    return f"predicted {said_time(seconds, unet) if error and unet['time_kind'] == 'calibrated' else seconds}"
 
 
 def _short(source: str) -> str:
