@@ -84,21 +84,30 @@ def test_a_scripts_pipelines_and_sizes_are_cells_of_their_own(tmp_path):
 
 
 def test_the_exit_status_is_the_scripts(tmp_path):
-    """A script that generates and then exits 3: record exits 3 with its cell stored; one that never calls a
-    pipeline: its own status, nothing stored, and a line that says so; record's own option after the script goes
-    to the script, with a line that says so."""
+    """A script that generates and then exits 3: record exits 3 with its cell stored, whole though a SIGINT landed
+    in its process as it stored it, the machine's speed taken as its pipeline call began and after it ended; one that
+    never calls a pipeline: its own status, nothing stored, no calibration taken, and a line that says so;
+    record's own option after the script goes to the script, with a line that says so."""
     script = tmp_path / "exits.py"
     script.write_text("import sys, importlib.util\n"
                       f"spec = importlib.util.spec_from_file_location('g', {str(SCRIPT)!r})\n"
                       "g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g)\n"
                       "if '--generate' in sys.argv: g.generate(g.tiny_pipeline(), steps=3)\n"
                       "sys.exit(3)\n")
-    done = attnprof("record", "--out", str(tmp_path / "a"), "--", str(script), "--generate")
-    assert done.returncode == 3, done.stderr[-2000:]
+    taken = tmp_path / "calibrations.txt"  # a line per calibration (tests/faults.py)
+    env = {**STEADY, "ATTNPROF_FAULT_CALIBRATIONS": str(taken), "ATTNPROF_FAULT_SIGINT_STORE": "1"}
+    done = attnprof("record", "--out", str(tmp_path / "a"), "--", str(script), "--generate", env=env)
+    assert done.returncode == 3, done.stderr[-2000:]  # a SIGINT as its process stored the cell: ignored (not 130)
     (path,) = list_runs(tmp_path / "a")
-    assert len(Run.open(path).cells()) == 1 and Run.open(path).manifest()["interrupted"] is True
-    done = attnprof("record", "--out", str(tmp_path / "b"), "--", str(script), "--out", "x")
-    assert done.returncode == 3 and "the script made no diffusers pipeline call: nothing stored" in done.stderr
+    run = Run.open(path)
+    assert len(run.cells()) == 1 and run.manifest()["interrupted"] is True
+    calls = run.read_frame(f"calls-{run.cells()['cell_id'].iloc[0]}")  # the cell whole: its calls, its facts
+    assert len(calls) == 3 * 32 + 1 + 4 and list(run.manifest()["record"]["cells"]) == list(run.cells()["cell_id"])
+    assert taken.read_text().split("\n")[:-1] == ["start cpu", "end cpu"]  # taken as its first pipeline call began
+    taken.unlink()
+    done = attnprof("record", "--out", str(tmp_path / "b"), "--", str(script), "--out", "x", env=env)
+    assert done.returncode == 3 and "the script made no diffusers pipeline call: nothing stored (and no " \
+        "calibration taken)" in done.stderr and not taken.exists()  # no pipeline call: no calibration
     assert not list_runs(tmp_path / "b") and f"running {script} --out x with the processors" in done.stderr
     assert "attnprof record: --out after the script goes to the script, not to record: put record's options " \
            "before the script (attnprof record --out DIR -- SCRIPT.py ARGS)" in done.stderr  # said, then passed on
@@ -200,6 +209,83 @@ def test_ctrl_c_leaves_an_interrupted_run_that_names_what_is_left_and_resumes(tm
     done = attnprof(*finish.split()[1:], env={**env, "ATTNPROF_FAULT_FACTOR": "0"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert list(run.cells()["backend"]) == ["fault-scaled"] and run.manifest()["interrupted"] is False
+
+
+def _recording(args: list[str], env: dict, cwd) -> tuple[subprocess.Popen, list, list]:
+    """attnprof record started in a process group of its own (as a terminal's Ctrl-C reaches it), its stdout and
+    stderr read line by line as it runs."""
+    proc = subprocess.Popen([sys.executable, "-m", "profiler", "record", *args], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    out, err = [], []
+    for stream, into in ((proc.stdout, out), (proc.stderr, err)):
+        threading.Thread(target=_lines, args=(stream, into), daemon=True).start()
+    return proc, out, err
+
+
+def test_a_ctrl_c_after_a_generation_keeps_it_as_a_partial_cell_that_resume_runs_again(tmp_path):
+    """SIGINT to record mid-way through a script's second generation (the script lets it end it): the first
+    generation is kept as a cell marked partial, the run interrupted; show names it partial and how to finish,
+    attnprof runs flags the run; --resume from another folder (the script was given by a relative path) runs the
+    backend again and its complete cell replaces the partial one."""
+    work, results = tmp_path / "work", tmp_path / "results"
+    work.mkdir()
+    (work / "gen.py").write_text("import importlib.util\n"
+                                 f"spec = importlib.util.spec_from_file_location('g', {str(SCRIPT)!r})\n"
+                                 "g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g)\n"
+                                 "pipe = g.tiny_pipeline()\n"
+                                 "g.generate(pipe, steps=2)\nprint('first done', flush=True)\n"
+                                 "g.generate(pipe, steps=2)\n")
+    env = {**STEADY, "ATTNPROF_FAULT_FACTOR": "2", "PYTHONPATH": str(REPO)}  # 80 ms a call: 5 s a generation
+    proc, out, err = _recording(["--out", str(results), "--backend", "fault-scaled", "--", "gen.py"], env, work)
+    try:
+        _wait_for(out, "first done")
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    time.sleep(0.2)
+    stderr = "".join(err)
+    assert "Traceback" not in stderr and "finish it with: attnprof record --out" in stderr, stderr[-3000:]
+    (path,) = list_runs(results)
+    run = Run.open(path)
+    cell = run.cells().iloc[0]
+    assert run.manifest()["interrupted"] is True and bool(cell["partial"]) and cell["generations"] == 1
+    assert len(run.read_frame(f"calls-{cell['cell_id']}").query("component == 'unet'")) == 2 * 32
+    shown = attnprof("show", path.name, "--results", str(results), "--wide")
+    assert "interrupted: no complete cell of fault-scaled (its cells partial: the generations that ended before " \
+           "the stop)" in " ".join(shown.stdout.split()) and "partial: the script was stopped" in shown.stdout
+    listed = attnprof("runs", "--results", str(results))
+    assert "interrupted: no complete cell of fault-scaled (attnprof record --resume finishes it)" in \
+        " ".join(listed.stdout.split())
+    done = attnprof("record", "--out", str(results), "--resume", path.name, env={**env, "ATTNPROF_FAULT_FACTOR": "0"},
+                    cwd=tmp_path)  # another folder than the script's
+    assert done.returncode == 0, done.stderr[-2000:]
+    cells = run.cells()
+    assert len(cells) == 1 and not cells["partial"].iloc[0] and cells["generations"].iloc[0] == 2
+    assert run.manifest()["interrupted"] is False
+
+
+def test_a_ctrl_c_after_every_script_ended_leaves_the_run_whole(tmp_path):
+    """A Ctrl-C while record writes the run's end (every run of the script ended, its cells stored: a fault holds
+    record there 5 s): one line says so, the run is not marked interrupted, no resume is suggested, and record exits
+    with the script's status."""
+    env = {**STEADY, "ATTNPROF_FAULT_SLOW_END_S": "5", "PYTHONPATH": str(REPO)}
+    proc, out, err = _recording(["--out", str(tmp_path), "--", str(SCRIPT), "--steps", "1"], env, REPO)
+    try:
+        _wait_for(err, "fault: finishing")
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    time.sleep(0.2)
+    stderr = "".join(err)
+    assert "every run of the script has ended: writing the run's manifest, a moment" in stderr, stderr[-3000:]
+    assert "interrupted" not in stderr and "--resume" not in stderr and "Traceback" not in stderr
+    (path,) = list_runs(tmp_path)
+    assert Run.open(path).manifest()["interrupted"] is False and len(Run.open(path).cells()) == 1
 
 
 def test_records_prediction_is_said_as_far_as_its_evidence_goes(monkeypatch, capsys):
