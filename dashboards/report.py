@@ -131,6 +131,10 @@ def _generations(charts: _Charts, cells: pd.DataFrame, runs: list[Run]) -> str:
         steps = T.step_table(calls, label)
         out.append(f"<h3>{html.escape(label)}</h3><p>{html.escape(T.generation_line(cell))}</p>"
                    f"<h4>Per component</h4>{_table(T.display(T.component_table(cell).drop(columns=['cell'])))}")
+        if not len(calls):
+            out.append("<p>No attention call of this generation was recorded (its components' calls say why: "
+                       "compiled, or a kind of module attnprof has no hook for); its forwards' times stand.</p>")
+            continue
         if len(steps):
             steps, legend = T.labelled(steps, ("component", "generation"))
             out.append(charts.add("Per step: each denoising step's attention time",

@@ -192,12 +192,16 @@ def load_calls(path: Path, cell_id: str) -> pd.DataFrame:
 
 def generation_line(cell: dict) -> str:
     """One line of what the generation was: 'StableDiffusionPipeline, loaded (AttnProcessor2_0 x34): 3 steps at 64x64,
-    batch 2, DDIMScheduler, guidance 7.5; 0.62 s of wall time'."""
-    times = cell.get("generation_times_s")
-    calls = f"{len(times)} generations, " if hasattr(times, "__len__") and len(times) > 1 else ""
-    return (f"{cell['pipeline']}, {cell['backend_label']} ({cell['processors']}): {calls}{cell['steps']} steps at "
-            f"{cell['size']}, batch {cell['batch']}, {cell['scheduler']}, guidance {cell['guidance']}; "
-            f"{cell['generation_s']:.2f} s of wall time")
+    batch 2, DDIMScheduler, guidance 7.5; 0.62 s of wall time'; its pipeline calls as fmt.generations_text says
+    them where it holds several ('2 generations (3 and 2 steps), 0.22 s and 0.19 s at 64x64, ...')."""
+    from profiler.fmt import generations_text
+    from profiler.report.findings import listed
+
+    times, steps = listed(cell.get("generation_times_s")), listed(cell.get("generation_steps"))
+    calls = generations_text(steps, times) if len(times) > 1 else f"{cell['steps']} steps"
+    return (f"{cell['pipeline']}, {cell['backend_label']} ({cell['processors']}): {calls} at {cell['size']}, batch "
+            f"{cell['batch']}, {cell['scheduler']}, guidance {cell['guidance']}; {cell['generation_s']:.2f} s of wall "
+            "time")
 
 
 def component_table(cell: dict) -> pd.DataFrame:
@@ -237,8 +241,8 @@ def step_table(calls: pd.DataFrame, label: str) -> pd.DataFrame:
 def generations_table(calls: pd.DataFrame, cell: dict) -> pd.DataFrame:
     """Per pipeline call (generation) of a recorded cell: its steps, its attention calls and their time, per
     component and in all; its wall time where the run recorded one per generation."""
-    if not len(calls):
-        return pd.DataFrame()
+    if not len(calls):  # none recorded (a compiled component): no row, the columns a reader asks for
+        return pd.DataFrame(columns=["generation", "steps", "calls", "attention_ms", "cell"])
     per = calls.groupby(["generation", "component"])["time_ms"].sum().unstack("component").add_suffix("_attention_ms")
     out = calls.groupby("generation").agg(steps=("step", "nunique"), calls=("time_ms", "size"),
                                           attention_ms=("time_ms", "sum")).join(per).reset_index()
@@ -253,7 +257,8 @@ def costliest_blocks(calls: pd.DataFrame, label: str, top: int = 10, among=None)
     shape, calls, the total and the median call, and the share of all the generation's attention time. among:
     those blocks only, however many (a second generation's figures for the first one's costliest)."""
     if not len(calls):
-        return pd.DataFrame()
+        return pd.DataFrame(columns=["component", "block", "kind", "heads", "head_dim", "calls", "total_ms",
+                                     "median_ms", "share_of_attention_pct", "cell", "tokens"])
     total = calls["time_ms"].sum()
     if among is not None:
         calls, top = calls[calls["block"].isin(among)], len(among)

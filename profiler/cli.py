@@ -584,7 +584,7 @@ def cmd_runs(args) -> int:
 
 def cmd_record(args) -> int:
     from .record.script import record
-    from .report.show import format_run, resume_record
+    from .report.show import format_run, left_backends, resume_record
     from .store import Run
 
     from .fmt import terminal_width
@@ -601,9 +601,12 @@ def cmd_record(args) -> int:
         return code
     run = Run.open(path)
     print(format_run(run, terminal_width()))
-    if code == 130:
+    if code == 130 and left_backends(run.manifest(), run.cells()):
         print(f"attnprof record: interrupted: the cells recorded so far are kept; finish it with: "
               f"{resume_record(run)}", file=sys.stderr)
+    elif code == 130:
+        print("attnprof record: interrupted after every backend's cells were stored: the run is whole",
+              file=sys.stderr)
     return code
 
 

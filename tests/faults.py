@@ -235,6 +235,9 @@ def _steady_machine() -> None:
         from profiler import devices
         from profiler.store import now  # here: the plugin loads while profiler.store is being imported
 
+        if os.environ.get("ATTNPROF_FAULT_CALIBRATIONS"):  # a line per calibration taken, to count them
+            with open(os.environ["ATTNPROF_FAULT_CALIBRATIONS"], "a") as f:
+                f.write(f"{when} {device}\n")
         return {"when": when, "at": now(), "median_ms": STEADY_MS, "samples_ms": [STEADY_MS] * calibrate.ROUNDS,
                 "workload": f"{calibrate.WORKLOAD} (injected: tests/faults.py)",
                 "memory_kept": devices.get(device).memory_kept}  # where it ran: a process of ours, or the user's
@@ -244,6 +247,42 @@ def _steady_machine() -> None:
 
 if os.environ.get("ATTNPROF_FAULT_STEADY"):
     _steady_machine()
+
+
+def _record_faults() -> None:
+    """In attnprof record's processes: with $ATTNPROF_FAULT_SIGINT_STORE, the script's process sends itself SIGINT
+    as it begins to write a cell's rows (its cells folder made: an audit hook, since profiler.store may be importing
+    as this loads), a Ctrl-C landing while it stores; with $ATTNPROF_FAULT_SLOW_END_S=S, record's own process says
+    'fault: finishing' and waits S seconds before it writes the run's end (record's _finish: every script ended),
+    for a Ctrl-C to land there."""
+    import signal
+    import time
+
+    if os.environ.get("ATTNPROF_RECORD_RUN") and os.environ.get("ATTNPROF_FAULT_SIGINT_STORE"):
+        def hook(event, args):
+            if event == "os.mkdir" and str(args[0]).endswith("/cells") and not _interrupted:
+                _interrupted.append(True)
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)  # delivered by now, where a handler would raise
+
+        sys.addaudithook(hook)
+    script = sys.modules.get("profiler.record.script")  # record's own process (the script's runs it as __main__)
+    if script is not None and os.environ.get("ATTNPROF_FAULT_SLOW_END_S"):
+        finish = script._finish
+
+        def slow(*args, **kwargs):
+            print("fault: finishing", file=sys.stderr, flush=True)
+            time.sleep(float(os.environ["ATTNPROF_FAULT_SLOW_END_S"]))
+            return finish(*args, **kwargs)
+
+        script._finish = slow
+
+
+_interrupted: list = []
+
+
+if os.environ.get("ATTNPROF_FAULT_SIGINT_STORE") or os.environ.get("ATTNPROF_FAULT_SLOW_END_S"):
+    _record_faults()
 
 
 _recorded_in: list[Path] = []  # the run this worker records into

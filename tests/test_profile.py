@@ -92,38 +92,74 @@ def test_a_generation_is_recorded_call_by_call_and_its_images_do_not_change(tmp_
     assert re.search(r"text_encoder +CLIPTextModel +2 +[\d.]+ ms +[\d.]+% +4 +[\d.]+ ms", shown), shown
 
 
-def test_each_pipeline_call_in_one_block_is_a_generation_with_its_own_steps_and_time(tmp_path, capsys):
-    """Two pipeline calls in one `profile` block (3 steps at 64x64, then 2 at 48x48): generations 0 and 1, the
-    U-Net's steps 0..2 and 0..1, each call's own wall time; the run's header, show and the findings name two
-    generations with those times, and the denoiser's 5 forwards; show's legend only with --legend."""
+def test_each_pipeline_call_in_one_block_is_a_generation_with_its_own_steps_time_and_size(tmp_path, capsys):
+    """Three pipeline calls in one `profile` block (3 then 2 steps at 64x64, 2 at 48x48): generations 0, 1 and 2,
+    the U-Net's steps 0..N-1 each, each call's own wall time and size; stored as a cell per size (the 64x64 one with
+    its two generations and 5 denoiser forwards, the 48x48 one with its own calls only), which show, the findings,
+    diff (each size against its own) and the time model's reader (calibration.record_samples) read apart; show's
+    legend only with --legend."""
+    import json
+
+    import pandas as pd
+
     from profiler.cli import main
     from profiler.fmt import generations_text
+    from profiler.planner import calibration
     from profiler.store import Run
 
     pipe = gen.tiny_pipeline()
-    with profile(pipe, out=tmp_path) as prof:
-        gen.generate(pipe, steps=3)
-        gen.generate(pipe, steps=2, size=48)
+    runs = []
+    for _ in range(2):  # a second run to diff the first against
+        with profile(pipe, out=tmp_path) as prof:
+            gen.generate(pipe, steps=3)
+            gen.generate(pipe, steps=2)
+            gen.generate(pipe, steps=2, size=48)
+        runs.append(prof)
     unet = prof.calls[prof.calls["component"] == "unet"]
-    assert unet.groupby("generation")["step"].agg(lambda s: sorted(set(s))).to_dict() == {0: [0, 1, 2], 1: [0, 1]}
-    assert unet.groupby("generation").size().to_dict() == {0: 3 * CALLS, 1: 2 * CALLS}
-    vae = prof.calls[prof.calls["component"] == "vae"]
-    assert vae["generation"].tolist() == [0, 1] and vae["tokens_q"].tolist() == [64, 36]
-    walls = prof.generations["wall_s"].tolist()
-    assert prof.generations["steps"].tolist() == [3, 2] and all(w > 0 for w in walls)
-    assert sum(walls) <= prof.wall_s and prof.facts["steps"] == 3 and prof.facts["generations"] == 2
-    said = generations_text([3, 2], walls)
-    assert said.startswith("2 generations (3 and 2 steps), ") and f"{walls[0]:.2f} s and {walls[1]:.2f} s" in said
-    assert said in str(prof)
-    cell = Run.open(prof.run_dir).cells().iloc[0]
-    assert list(cell["generation_times_s"]) == walls and cell["generations"] == 2
+    assert unet.groupby("generation")["step"].agg(lambda s: sorted(set(s))).to_dict() == \
+        {0: [0, 1, 2], 1: [0, 1], 2: [0, 1]}
+    assert unet.groupby("generation").size().to_dict() == {0: 3 * CALLS, 1: 2 * CALLS, 2: 2 * CALLS}
+    g = prof.generations
+    assert g["steps"].tolist() == [3, 2, 2] and g["width"].tolist() == [64, 64, 48] and set(g["batch"]) == {2}
+    walls = g["wall_s"].tolist()
+    assert all(w > 0 for w in walls) and sum(walls) <= prof.wall_s and prof.facts["generations"] == 3
+    assert "64x64, batch 2 and 48x48, batch 2 (a cell each)" in str(prof)
+    run = Run.open(prof.run_dir)
+    cells = run.cells().set_index("size")
+    assert sorted(cells.index) == ["48x48", "64x64"]
+    big, small = cells.loc["64x64"], cells.loc["48x48"]
+    assert list(big["generation_times_s"]) == walls[:2] and list(big["generation_steps"]) == [3, 2]
+    assert list(small["generation_times_s"]) == walls[2:] and small["steps"] == 2 and small["generations"] == 1
+    assert len(big["forward_time_samples_ms"]) == 5 and len(small["forward_time_samples_ms"]) == 2
+    assert big["generation_s"] == pytest.approx(sum(walls[:2])) and small["generation_s"] == pytest.approx(walls[2])
+    for cell, tokens, n in ((big, 64, 2), (small, 36, 1)):
+        calls = run.read_frame(f"calls-{cell['cell_id']}")
+        vae = calls[calls["component"] == "vae"]
+        assert vae["tokens_q"].tolist() == [tokens] * n and sorted(set(calls["generation"])) == list(range(n))
+        comps = {c["component"]: c for c in json.loads(cell["components"])}
+        assert comps["unet"]["forwards"] == (5 if n == 2 else 2) and comps["vae"]["attention_calls"] == n
+    _, blocks = run.read()
+    finest = blocks[blocks["block"] == "down_blocks.0.attentions.0.transformer_blocks.0.attn1"].set_index("size")
+    assert finest.loc["64x64", "tokens_q"] == 64 and finest.loc["48x48", "tokens_q"] == 36
+    said = generations_text([3, 2], walls[:2])
     assert main(["show", str(prof.run_dir), "--results", str(tmp_path)]) == 0
     shown = " ".join(capsys.readouterr().out.split())  # unwrapped
-    assert f"StableDiffusionPipeline (loaded at 64x64, batch 2): {said} ({prof.wall_s:.2f} s in all); 5 denoiser " \
-           "forwards of" in shown  # the findings
+    assert f"StableDiffusionPipeline (loaded at 64x64, batch 2): {said} ({sum(walls[:2]):.2f} s in all); 5 " \
+           "denoiser forwards of" in shown  # the findings
+    assert f"StableDiffusionPipeline (loaded, 2 steps at 48x48, batch 2) took {walls[2]:.2f} s; 2 denoiser " \
+           "forwards of" in shown
     assert f"StableDiffusionPipeline, loaded (AttnProcessor2_0 x34): {said}, scheduler DDIMScheduler" in shown
     assert "(attnprof show --legend says what each column is)" in shown and "Rows by family" not in shown
     assert main(["show", str(prof.run_dir), "--legend"]) == 0 and "Rows by family" in capsys.readouterr().out
+    main(["diff", runs[0].run_dir.name, prof.run_dir.name, "--results", str(tmp_path), "--json"])
+    matched = json.loads(capsys.readouterr().out)["matched"]
+    assert sorted(m["width"] for m in matched) == [48, 64]  # each size against its own
+    assert next(m for m in matched if m["width"] == 48)["time_note"] == "too few samples: 2 in A, 2 in B"
+    calls, rests = calibration.record_samples(run, run.manifest())  # two samples of the pipeline's own work
+    overheads = sorted((r["pixels"], r["steps"]) for r in rests if r["component"] == "generation")
+    assert overheads == [(48.0 * 48, 2.0), (64.0 * 64, 3.0)]
+    per_cell = pd.Series([c["cell_id"] for c in calls if c["component"] == "unet"]).value_counts().to_dict()
+    assert per_cell == {big["cell_id"]: CALLS, small["cell_id"]: CALLS}  # each held against the walk at its size
 
 
 @pytest.mark.parametrize("kind", ["pag", "pix2pix"])
@@ -208,34 +244,68 @@ def test_a_backend_is_swapped_in_for_the_generation_and_the_users_processors_com
     assert all(type(p).__name__ != "SlicedAttnProcessor" for p in ip.unet.attn_processors.values())
 
 
-def test_a_bare_unet_and_a_compiled_one():
+def test_a_bare_unet_and_a_compiled_one(tmp_path, capsys):
     """A module rather than a pipeline is the component `model`, its forwards the steps. A compiled U-Net keeps its
     graph: torch.compile's wrapper gets its forwards timed, module.compile() (its hooks would run inside the graph)
-    nothing, and the notes say why no call is recorded one by one; no hook of ours breaks either graph."""
+    nothing, and the notes say why no call is recorded one by one; no hook of ours breaks either graph. The first's
+    stored run, with no attention call recorded, is read by show, diff (the forwards' times where a side has no
+    attention time; 'not judged (no samples ...)' where one has none at all), the report and the time model's
+    reader, as a user runs them; the second's size is unknown (no forward seen): nothing stored, a note says so."""
+    import pandas as pd
     from torch._dynamo.utils import counters
+
+    from profiler.cli import main
+    from profiler.planner import calibration
+    from profiler.report import compare
+    from profiler.store import Run
 
     pipe = gen.tiny_pipeline()
     unet = pipe.unet
     inputs = {"sample": torch.randn(2, 4, 8, 8), "timestep": 10, "encoder_hidden_states": torch.randn(2, 77, 32)}
-    with torch.no_grad(), profile(unet, out=None) as prof:
+    with torch.no_grad(), profile(unet, out=tmp_path) as eager:
         plain = [unet(**inputs).sample for _ in range(2)]
-    assert prof.calls.groupby("step").size().to_dict() == {0: CALLS, 1: CALLS}
-    assert prof.facts["width"] == 64 and prof.facts["batch"] == 2
+    assert eager.calls.groupby("step").size().to_dict() == {0: CALLS, 1: CALLS}
+    assert eager.facts["width"] == 64 and eager.facts["batch"] == 2
+    small = {**inputs, "sample": torch.randn(1, 4, 6, 6), "encoder_hidden_states": torch.randn(1, 77, 32)}
+    with torch.no_grad(), profile(unet, out=None) as prof:  # a module's forwards at another shape: a generation
+        unet(**inputs), unet(**small), unet(**small)
+    g = prof.generations
+    assert g[["steps", "width", "batch"]].values.tolist() == [[1, 64, 2], [2, 48, 1]] and g["wall_s"].gt(0).all()
+    assert prof.calls.groupby("generation")["step"].agg(lambda s: sorted(set(s))).to_dict() == {0: [0], 1: [0, 1]}
     counters.clear()
     wrapped = torch.compile(unet, backend="eager")  # Dynamo's graph capture, without Inductor's compile time
-    with torch.no_grad(), profile(wrapped, out=None) as prof:
+    with torch.no_grad(), profile(wrapped, out=tmp_path) as prof:
         out = wrapped(**inputs).sample
     assert torch.allclose(out, plain[0]) and not len(prof.calls)
     comp = prof.components.set_index("component").loc["model"]
     assert comp["forwards"] == 1 and math.isnan(comp["attention_calls"]) and math.isnan(comp["attention_ms"])
     assert comp["not_recorded"] == "Attention x32" and any("runs compiled" in n for n in prof.notes)
     assert re.search(r"model +1 .* not recorded \(Attention x32\) +- +-", str(prof))  # never "0 calls, 0.0 ms"
+    assert prof.facts["pipeline"] == "UNet2DConditionModel" and prof.facts["steps"] == 1  # by its forwards
+    compiled_run = prof.run_dir
     unet.compile(backend="eager")
-    with torch.no_grad(), profile(unet, out=None) as prof:
+    with torch.no_grad(), profile(unet, out=tmp_path) as prof:
         assert torch.allclose(unet(**inputs).sample, plain[0])
     assert not len(prof.calls) and prof.components.set_index("component").loc["model", "forwards"] == 0
     assert prof.components.set_index("component").loc["model", "not_recorded"] == "Attention x32"
     assert any("module.compile()" in n for n in prof.notes) and not counters["graph_break"]
+    assert prof.run_dir is None and any(n.startswith("nothing stored: no forward of the denoiser") for n in
+                                        prof.notes)  # its size unknown: no 0x0 cell for every reader to trip on
+    runs = [eager.run_dir.name, compiled_run.name]
+    assert main(["show", runs[1], "--results", str(tmp_path)]) == 0
+    assert "their attention not recorded (compiled" in " ".join(capsys.readouterr().out.split())
+    assert main(["diff", *runs, "--results", str(tmp_path)]) == 3  # not judged: one forward in B
+    assert "the forwards' times: a side's attention has no time of its own" in capsys.readouterr().out
+    html = tmp_path / "r.html"
+    assert main(["report", *runs, "--results", str(tmp_path), "--html", str(html)]) == 0
+    assert html.read_text().count("No attention call of this generation was recorded") == 1
+    compiled = Run.open(compiled_run)
+    calls, rests = calibration.record_samples(compiled, compiled.manifest())
+    assert not calls and [(r["component"], r["steps"]) for r in rests] == [("generation", 1.0)]
+    cell = compiled.cells().iloc[0].to_dict()  # a cell with no sample at all (a run of before): not judged, no error
+    bare = {**cell, "forward_time_samples_ms": []}
+    row = compare.compare(pd.DataFrame([cell]), pd.DataFrame([bare]))["matched"].iloc[0]
+    assert (row["time_verdict"], row["time_note"]) == ("not judged", "not judged (no samples in B)")
 
 
 def test_not_a_pipeline_is_one_line():

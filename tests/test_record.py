@@ -50,22 +50,64 @@ def test_record_runs_the_script_once_per_backend_into_one_run(tmp_path):
                              "64x64, 3 steps, ") == 2 and done.stderr.count("that floor)") == 2
 
 
+def test_a_scripts_pipelines_and_sizes_are_cells_of_their_own(tmp_path):
+    """A script that runs a txt2img pipeline at 64x64 and 48x48 and then an InstructPix2Pix one (another U-Net, as
+    an SDXL refiner beside its base) at 64x64: three cells, each with its own calls and forwards, named apart by
+    show."""
+    script = tmp_path / "two.py"
+    script.write_text("import importlib.util\n"
+                      f"spec = importlib.util.spec_from_file_location('g', {str(SCRIPT)!r})\n"
+                      "g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g)\n"
+                      "pipe = g.tiny_pipeline()\n"
+                      "g.generate(pipe, steps=2)\ng.generate(pipe, steps=3, size=48)\n"
+                      "g.generate(g.tiny_pipeline('pix2pix'), steps=2)\n")
+    done = attnprof("record", "--out", str(tmp_path), "--quiet", "--", str(script), env=STEADY)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (path,) = list_runs(tmp_path)
+    run = Run.open(path)
+    cells = run.cells()
+    got = sorted((c["pipeline"], c["size"], c["steps"], len(c["forward_time_samples_ms"]))
+                 for c in cells.to_dict("records"))
+    assert got == [("StableDiffusionInstructPix2PixPipeline", "64x64", 2, 2), ("StableDiffusionPipeline", "48x48", 3, 3),
+                   ("StableDiffusionPipeline", "64x64", 2, 2)]
+    assert cells["cell_id"].nunique() == 3 and cells["denoiser"].nunique() == 2  # the U-Nets' configs apart
+    for c in cells.to_dict("records"):
+        calls = run.read_frame(f"calls-{c['cell_id']}")
+        unet = calls[calls["component"] == "unet"]
+        assert len(unet) == 32 * c["steps"] and set(unet["batch"]) == {3 if "Pix2Pix" in c["pipeline"] else 2}
+    facts = run.manifest()["record"]["cells"]
+    assert {k: (v["pipeline"], v["width"]) for k, v in facts.items()} == {
+        c["cell_id"]: (c["pipeline"], c["width"]) for c in cells.to_dict("records")}
+    shown = attnprof("show", path.name, "--results", str(tmp_path), "--wide")
+    assert "StableDiffusionPipeline (loaded, 3 steps at 48x48, batch 2) took" in shown.stdout
+    assert "StableDiffusionInstructPix2PixPipeline (loaded, 2 steps at 64x64, batch 3) took" in shown.stdout
+
+
 def test_the_exit_status_is_the_scripts(tmp_path):
-    """A script that generates and then exits 3: record exits 3 with its cell stored; one that never calls a
-    pipeline: its own status, nothing stored, and a line that says so; record's own option after the script goes
-    to the script, with a line that says so."""
+    """A script that generates and then exits 3: record exits 3 with its cell stored, whole though a SIGINT landed
+    in its process as it stored it, the machine's speed taken as its pipeline call began and after it ended; one that
+    never calls a pipeline: its own status, nothing stored, no calibration taken, and a line that says so;
+    record's own option after the script goes to the script, with a line that says so."""
     script = tmp_path / "exits.py"
     script.write_text("import sys, importlib.util\n"
                       f"spec = importlib.util.spec_from_file_location('g', {str(SCRIPT)!r})\n"
                       "g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g)\n"
                       "if '--generate' in sys.argv: g.generate(g.tiny_pipeline(), steps=3)\n"
                       "sys.exit(3)\n")
-    done = attnprof("record", "--out", str(tmp_path / "a"), "--", str(script), "--generate")
-    assert done.returncode == 3, done.stderr[-2000:]
+    taken = tmp_path / "calibrations.txt"  # a line per calibration (tests/faults.py)
+    env = {**STEADY, "ATTNPROF_FAULT_CALIBRATIONS": str(taken), "ATTNPROF_FAULT_SIGINT_STORE": "1"}
+    done = attnprof("record", "--out", str(tmp_path / "a"), "--", str(script), "--generate", env=env)
+    assert done.returncode == 3, done.stderr[-2000:]  # a SIGINT as its process stored the cell: ignored (not 130)
     (path,) = list_runs(tmp_path / "a")
-    assert len(Run.open(path).cells()) == 1 and Run.open(path).manifest()["interrupted"] is True
-    done = attnprof("record", "--out", str(tmp_path / "b"), "--", str(script), "--out", "x")
-    assert done.returncode == 3 and "the script made no diffusers pipeline call: nothing stored" in done.stderr
+    run = Run.open(path)
+    assert len(run.cells()) == 1 and run.manifest()["interrupted"] is True
+    calls = run.read_frame(f"calls-{run.cells()['cell_id'].iloc[0]}")  # the cell whole: its calls, its facts
+    assert len(calls) == 3 * 32 + 1 + 4 and list(run.manifest()["record"]["cells"]) == list(run.cells()["cell_id"])
+    assert taken.read_text().split("\n")[:-1] == ["start cpu", "end cpu"]  # taken as its first pipeline call began
+    taken.unlink()
+    done = attnprof("record", "--out", str(tmp_path / "b"), "--", str(script), "--out", "x", env=env)
+    assert done.returncode == 3 and "the script made no diffusers pipeline call: nothing stored (and no " \
+        "calibration taken)" in done.stderr and not taken.exists()  # no pipeline call: no calibration
     assert not list_runs(tmp_path / "b") and f"running {script} --out x with the processors" in done.stderr
     assert "attnprof record: --out after the script goes to the script, not to record: put record's options " \
            "before the script (attnprof record --out DIR -- SCRIPT.py ARGS)" in done.stderr  # said, then passed on
@@ -169,13 +211,90 @@ def test_ctrl_c_leaves_an_interrupted_run_that_names_what_is_left_and_resumes(tm
     assert list(run.cells()["backend"]) == ["fault-scaled"] and run.manifest()["interrupted"] is False
 
 
+def _recording(args: list[str], env: dict, cwd) -> tuple[subprocess.Popen, list, list]:
+    """attnprof record started in a process group of its own (as a terminal's Ctrl-C reaches it), its stdout and
+    stderr read line by line as it runs."""
+    proc = subprocess.Popen([sys.executable, "-m", "profiler", "record", *args], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    out, err = [], []
+    for stream, into in ((proc.stdout, out), (proc.stderr, err)):
+        threading.Thread(target=_lines, args=(stream, into), daemon=True).start()
+    return proc, out, err
+
+
+def test_a_ctrl_c_after_a_generation_keeps_it_as_a_partial_cell_that_resume_runs_again(tmp_path):
+    """SIGINT to record mid-way through a script's second generation (the script lets it end it): the first
+    generation is kept as a cell marked partial, the run interrupted; show names it partial and how to finish,
+    attnprof runs flags the run; --resume from another folder (the script was given by a relative path) runs the
+    backend again and its complete cell replaces the partial one."""
+    work, results = tmp_path / "work", tmp_path / "results"
+    work.mkdir()
+    (work / "gen.py").write_text("import importlib.util\n"
+                                 f"spec = importlib.util.spec_from_file_location('g', {str(SCRIPT)!r})\n"
+                                 "g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g)\n"
+                                 "pipe = g.tiny_pipeline()\n"
+                                 "g.generate(pipe, steps=2)\nprint('first done', flush=True)\n"
+                                 "g.generate(pipe, steps=2)\n")
+    env = {**STEADY, "ATTNPROF_FAULT_FACTOR": "2", "PYTHONPATH": str(REPO)}  # 80 ms a call: 5 s a generation
+    proc, out, err = _recording(["--out", str(results), "--backend", "fault-scaled", "--", "gen.py"], env, work)
+    try:
+        _wait_for(out, "first done")
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    time.sleep(0.2)
+    stderr = "".join(err)
+    assert "Traceback" not in stderr and "finish it with: attnprof record --out" in stderr, stderr[-3000:]
+    (path,) = list_runs(results)
+    run = Run.open(path)
+    cell = run.cells().iloc[0]
+    assert run.manifest()["interrupted"] is True and bool(cell["partial"]) and cell["generations"] == 1
+    assert len(run.read_frame(f"calls-{cell['cell_id']}").query("component == 'unet'")) == 2 * 32
+    shown = attnprof("show", path.name, "--results", str(results), "--wide")
+    assert "interrupted: no complete cell of fault-scaled (its cells partial: the generations that ended before " \
+           "the stop)" in " ".join(shown.stdout.split()) and "partial: the script was stopped" in shown.stdout
+    listed = attnprof("runs", "--results", str(results))
+    assert "interrupted: no complete cell of fault-scaled (attnprof record --resume finishes it)" in \
+        " ".join(listed.stdout.split())
+    done = attnprof("record", "--out", str(results), "--resume", path.name, env={**env, "ATTNPROF_FAULT_FACTOR": "0"},
+                    cwd=tmp_path)  # another folder than the script's
+    assert done.returncode == 0, done.stderr[-2000:]
+    cells = run.cells()
+    assert len(cells) == 1 and not cells["partial"].iloc[0] and cells["generations"].iloc[0] == 2
+    assert run.manifest()["interrupted"] is False
+
+
+def test_a_ctrl_c_after_every_script_ended_leaves_the_run_whole(tmp_path):
+    """A Ctrl-C while record writes the run's end (every run of the script ended, its cells stored: a fault holds
+    record there 5 s): one line says so, the run is not marked interrupted, no resume is suggested, and record exits
+    with the script's status."""
+    env = {**STEADY, "ATTNPROF_FAULT_SLOW_END_S": "5", "PYTHONPATH": str(REPO)}
+    proc, out, err = _recording(["--out", str(tmp_path), "--", str(SCRIPT), "--steps", "1"], env, REPO)
+    try:
+        _wait_for(err, "fault: finishing")
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    time.sleep(0.2)
+    stderr = "".join(err)
+    assert "every run of the script has ended: writing the run's manifest, a moment" in stderr, stderr[-3000:]
+    assert "interrupted" not in stderr and "--resume" not in stderr and "Traceback" not in stderr
+    (path,) = list_runs(tmp_path)
+    assert Run.open(path).manifest()["interrupted"] is False and len(Run.open(path).cells()) == 1
+
+
 def test_records_prediction_is_said_as_far_as_its_evidence_goes(monkeypatch, capsys):
     """Before a generation record says what the time model predicts: a calibrated time with its expected
     (leave-one-out) error; nothing but why where that error is over 50% (and no comparison after); the roofline
     floor as 'at least'. The model's answers are given here (planner/generation.py is tested on its own)."""
     import importlib.util
 
-    from profiler.planner import calibration, generation
+    from profiler.planner import calibration, generation, timing
     from profiler.record import script
 
     spec = importlib.util.spec_from_file_location("generate", SCRIPT)
@@ -187,10 +306,14 @@ def test_records_prediction_is_said_as_far_as_its_evidence_goes(monkeypatch, cap
     for kind, error, said in (
             ("calibrated", 7.54, "predicted 2.57 s (expected error 8%, leave-one-out) for this generation"),
             ("calibrated", None, "predicted 2.57 s (expected error unknown: one cell to calibrate on) for this"),
+            ("kernels", None, "predicted 2.57 s (expected error unknown: the kernel fits carry no held-out error) "
+                              "for this generation"),
             ("floor", None, "at least 2.57 s predicted (the roofline floor, a lower bound) for this generation"),
             ("calibrated", 993.0, "no prediction for this generation (tiny-sd15, 64x64, 50 steps, sdpa): the "
                                   "calibration's leave-one-out error is 993%, over 50% (calibrated on 5 cells)")):
-        unet = {"part": "denoise", "time_kind": kind, "time_error_pct": error, "source": "calibrated on 5 cells"}
+        unet = {"part": "denoise", "time_kind": "calibrated" if kind == "kernels" else kind, "time_error_pct": error,
+                "source": "calibrated on 5 cells", "time_error_why": timing.NO_HELD_OUT if kind == "kernels" else
+                "one cell to calibrate on" if kind == "calibrated" and error is None else None}
         monkeypatch.setattr(generation, "predict_generation", lambda *a, unet=unet: {"total_ms": 2570.0,
                                                                                      "parts": [unet]})
         eta = watch.predicted(pipe, (), {"height": 64, "width": 64})

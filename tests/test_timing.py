@@ -420,3 +420,69 @@ def test_a_sweeps_preflight_and_time_prediction_share_one_fake_forward_per_shape
         assert ops["blocks"] == alone["blocks"] and ops["rows"] == alone["rows"]
         assert all(np.array_equal(a, b) for a, b in zip(ops["calls"], alone["calls"]))
         assert np.array_equal(ops["rest"], alone["rest"]) and len(ops["calls"]) == 32
+
+
+def test_a_prediction_on_kernel_fits_alone_says_why_its_error_is_unknown(tmp_path):
+    """A GPU's prediction fitted on its kernel times (planner/kernels.py) with no fit of stored forwards: its error
+    is unknown because the kernel fits carry no held-out error, never 'one cell' (it rests on two): plan's time
+    lines, plan --pipeline's total, record's line before a generation, the sweep's start line and a run's end table
+    say so."""
+    import pandas as pd
+
+    from profiler.planner.generation import GenerationSpec, format_generation, predict_generation
+    from profiler.record.script import _eta_text
+    from tests.test_kernels import _cuda_run
+
+    _cuda_run(tmp_path, [("04ef5bee2e18", 1, 3), ("44683f4ae2f0", 1, 3)])
+    c = calibration.calibrate(tmp_path, "NVIDIA H200 | synthetic", write=False)
+    t = timing.predict(timing.walked_plan("sdxl-base", 1024, 1024, 1, "float16"), "naive", {}, c["limits"], c,
+                       device="cuda")
+    assert (t["time_kind"], t["time_error_pct"], t["time_error_why"]) == ("calibrated", None, timing.NO_HELD_OUT)
+    said = "expected error unknown: the kernel fits carry no held-out error"
+    assert dict(timing.format_times(t))["predicted time"].endswith(f"; {said}")
+    g = predict_generation(GenerationSpec("sdxl", 1024, 1024, 4, backend="naive"), c["limits"], c, None, "cuda")
+    assert f"predicted total: {g['total_s']:,.2f} s ({said}) (" in format_generation(g)
+    assert _eta_text(g) == f"predicted {g['total_ms'] / 1e3:.2f} s ({said})"
+    kind = {k: t[k] for k in ("time_kind", "time_error_pct", "time_error_why")}
+    line = timing.sweep_text({"a": {"predicted_forward_time_ms": 100.0, "time_source": "naive: kernel times",
+                                    **kind}}, 5)
+    assert "expected error unknown (the kernel fits carry no held-out error)" in line and "one cell" not in line
+    cells = pd.DataFrame([{"status": "ok", "backend": "naive", "width": 64, "height": 64, "attention_time_ms": 30.0,
+                           "forward_time_ms": 90.0, "predicted_attention_time_ms": 20.0,
+                           "predicted_forward_time_ms": 60.0, **kind}])
+    assert timing.format_versus(cells).splitlines()[1].endswith(f"forward 60 vs 90 (1.50x); {said}")
+
+
+def test_plan_prints_its_times_as_far_as_their_evidence_goes(tmp_path, capsys):
+    """attnprof plan (--model and --pipeline) on a machine with no stored run to calibrate on: its forward and its
+    generation's total are roofline floors, said 'at least'; a calibration whose leave-one-out error is over 50%
+    prints no time, only why (the rule of record's and the sweep's lines: timing.said_time)."""
+    from profiler.planner.generation import format_generation
+
+    empty = tmp_path / "results"
+    empty.mkdir()
+    assert main(["plan", "--model", "tiny-sd15", "--size", "64x64", "--device", "cpu", "--dtype", "float32",
+                 "--results", str(empty)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "= forward at least " in out and "; the roofline floor, a lower bound" in out
+    assert main(["plan", "--pipeline", "tiny-sd15", "--size", "64x64", "--steps", "2", "--device", "cpu",
+                 "--dtype", "float32", "--results", str(empty)]) == 0
+    out = capsys.readouterr().out
+    assert "predicted total: at least " in out and "the U-Net's time is its roofline floor, a lower bound" in out
+    assert [ln for ln in out.splitlines() if ln.startswith("denoise")][0].count("at least") >= 2  # each and total
+    t = {"predicted_forward_time_ms": 5.0, "predicted_attention_time_ms": 2.0, "predicted_rest_time_ms": 3.0,
+         "time_backend": "sdpa", "time_calibrated": True, "time_source": "calibrated on 3 cells",
+         "time_kind": "calibrated", "time_error_pct": 993.0}
+    assert dict(timing.format_times(t))["predicted time"] == ("sdpa (calibrated): none: its calibration's "
+                                                              "leave-one-out error 993% is over 50%")
+    assert dict(timing.format_times({**t, "time_error_pct": 8.2}))["predicted time"].endswith(
+        "= forward 5 ms; expected error 8%, leave-one-out")
+    denoise = {"part": "denoise", "model": "tiny-sd15", "batch": 2, "forwards": 2, "each_ms": 5.0, "total_ms": 10.0,
+               "attention_ms": 4.0, "source": "calibrated on 3 cells", "time_kind": "calibrated",
+               "time_error_pct": 993.0, "total_s": 0.01}
+    g = {"spec": {"pipeline": "tiny-sd15", "width": 64, "height": 64, "steps": 2, "guidance": 7.5, "cfg": True,
+                  "step_batch": 2, "dtype": "float32", "backend": "sdpa"}, "parts": [denoise], "total_ms": 10.0,
+         "total_s": 0.01, "attention_ms": 4.0, "attention_share": 0.4, "largest_blocks": [], "device": "cpu"}
+    text = format_generation(g)
+    assert "predicted total: none: the U-Net's time has no evidence to print it by: its calibration's " \
+           "leave-one-out error 993% is over 50%" in text and "10.0 ms" not in text

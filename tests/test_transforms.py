@@ -398,7 +398,14 @@ def test_a_recorded_generation_per_component_step_and_generation(record_results)
     """Two pipeline calls of 3 steps: per component its forwards (the U-Net's 6, the text encoder's 4: the prompt's
     and the negative one's in each), attention's share of it; per step the U-Net's 32 calls; per generation 101
     calls (32 x 3, CLIP's 2 layers x 2, the VAE's 1); the costliest blocks in order, their shares of every call."""
+    from profiler.fmt import generations_text
+
     cell, _, calls = _recorded(record_results, "loaded")
+    said = generations_text([3, 3], list(cell["generation_times_s"]))
+    assert T.generation_line(cell).startswith(f"StableDiffusionPipeline, loaded (AttnProcessor2_0 x34): {said} at "
+                                              "64x64, batch 2, DDIMScheduler")
+    other = {**cell, "generation_steps": [3, 2]}  # fmt's words, never '2 generations, 3 steps' for 3 and 2
+    assert "2 generations (3 and 2 steps), " in T.generation_line(other)
     comps = T.component_table(cell).set_index("component")
     assert comps["forwards"].to_dict() == {"vae": 2, "text_encoder": 4, "unet": 6}
     assert comps["attention_calls"].to_dict() == {"vae": 2, "text_encoder": 8, "unet": 192}

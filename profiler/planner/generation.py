@@ -113,7 +113,8 @@ def _forward_part(part: str, model: str, spec: GenerationSpec, batch: int, setti
            "each_ms": t["predicted_forward_time_ms"], "total_ms": t["predicted_forward_time_ms"] * forwards,
            "attention_ms": t["predicted_attention_time_ms"] * forwards,
            "source": calibration["summary"] if t["time_published"] else t["time_source"],
-           "time_kind": t["time_kind"], "time_error_pct": t["time_error_pct"], "blocks": p["blocks"]}
+           "time_kind": t["time_kind"], "time_error_pct": t["time_error_pct"],
+           "time_error_why": t.get("time_error_why"), "blocks": p["blocks"]}
     if "bound" in t:
         out.update(gpu_ms=t["predicted_gpu_time_ms"], host_ms=t["predicted_host_time_ms"],
                    graph_ms=t["predicted_graph_time_ms"], bound=t["bound"])
@@ -182,23 +183,24 @@ def format_generation(g: dict) -> str:
            + (f" (classifier-free: the U-Net at batch {s['step_batch']})" if s["cfg"] else " (no classifier-free "
               "guidance)") + (f", {s['frames']} frames" if s.get("frames") else "")
            + f", {s['dtype']}, {s['backend']} attention on {g['device']}")
-    ms = lambda v: "-" if v is None else f"{v:,.1f} ms" if v < 1e4 else f"{v / 1e3:,.2f} s"  # noqa: E731
     gpu = "bound" in g
-    rows = [{"part": x["part"], "model": x["model"], "runs": f"{x['forwards']} x batch {x['batch']}",
-             "each": ms(x["each_ms"]), "total": ms(x["total_ms"]), "attention": ms(x["attention_ms"]),
-             "share": f"{100 * x['total_ms'] / g['total_ms']:.1f}%" if g["total_ms"] else "-",
-             **({"GPU": ms(x.get("gpu_ms")), "host": ms(x.get("host_ms")), "bound": x.get("bound", "-")} if gpu
-                else {})} for x in g["parts"]]
+    rows = [_part_row(x, g, gpu) for x in g["parts"]]
     cols = [(c, c) for c in ("part", "model", "runs", "each", "total", "attention", "share")] + \
         ([("GPU each", "GPU"), ("host each", "host"), ("bound", "bound")] if gpu else [])
     top = [{"block": b["block"], "kind": b["kind"], "tokens": f"{b['tokens_q']} x {b['tokens_k']}",
-            "each step": ms(b["each_ms"]), "all steps": ms(b["total_ms"])} for b in g["largest_blocks"]]
+            "each step": _ms(b["each_ms"]), "all steps": _ms(b["total_ms"])} for b in g["largest_blocks"]]
     sources = [f"  {x['part']} ({x['model']}): {x['source']}" for x in g["parts"]]
     sources += [f"  host: {g['host']}"] if gpu else []
     sources += [f"  {PUBLISHED}: {g['published']}"] if g.get("published") else []
     share = f" ({100 * g['attention_share']:.1f}% of it attention)" if g["attention_share"] is not None else ""
-    total = f"predicted total: {g['total_s']:,.2f} s{share}"
-    if gpu:
+    denoise = next(x for x in g["parts"] if x["part"] == "denoise")  # its evidence is the total's (timing.said_time)
+    said = timing.said_time(f"{g['total_s']:,.2f} s", denoise, floor_note=False)
+    total = (f"predicted total: {said}{share}" + ("; the U-Net's time is its roofline floor, a lower bound (no "
+                                                  "stored run of this device and backend to calibrate on)"
+                                                  if denoise["time_kind"] == "floor" else "")
+             if said else f"predicted total: none: the U-Net's time has no evidence to print it by: "
+                          f"{timing.wrong_text(denoise)}")
+    if gpu and said:
         saves = "" if g["bound"] == "host" else ", nothing saved: its kernels set the pace"
         total += (f"\n  eager {g['total_s']:,.2f} s, {g['bound']}-bound at batch {s['step_batch']} (the U-Net); with "
                   f"CUDA graphs on the U-Net about {g['graph_total_s']:,.2f} s{saves} (torch.compile "
@@ -207,12 +209,29 @@ def format_generation(g: dict) -> str:
                       table(top, [(c, c) for c in top[0]]) if top else "-", "", "each figure from:", *sources])
 
 
+def _ms(v) -> str:
+    return "-" if v is None else f"{v:,.1f} ms" if v < 1e4 else f"{v / 1e3:,.2f} s"
+
+
+def _part_row(x: dict, g: dict, gpu: bool) -> dict:
+    """A part's row: its forwards, each one's time and all of them, as far as its evidence goes (a roofline floor
+    'at least', none where its calibration's error is over timing.MAX_ERROR_PCT)."""
+    wrong, floor = timing.too_wrong(x), "at least " if x.get("time_kind") == "floor" else ""
+    ms = lambda v: "-" if wrong else floor + _ms(v) if v is not None else "-"  # noqa: E731
+    return {"part": x["part"], "model": x["model"], "runs": f"{x['forwards']} x batch {x['batch']}",
+            "each": ms(x["each_ms"]), "total": ms(x["total_ms"]), "attention": ms(x["attention_ms"]),
+            "share": f"{100 * x['total_ms'] / g['total_ms']:.1f}%" if g["total_ms"] and not wrong else "-",
+            **({"GPU": ms(x.get("gpu_ms")), "host": ms(x.get("host_ms")), "bound": x.get("bound", "-")} if gpu
+               else {})}
+
+
 def generation_spec(run, manifest: dict, cell: dict):
     """The GenerationSpec (planner/generation.py) a recorded generation ran: its pipeline the registry's whose U-Net
     its denoiser is, its size, steps, guidance, backend, dtype and images; None where its pipeline is not one the
     planner knows."""
 
-    configs = (manifest.get("record") or {}).get("configs") or {}
+    facts = manifest.get("record") or {}
+    configs = ((facts.get("cells") or {}).get(cell["cell_id"]) or facts).get("configs") or {}  # the cell's own
     unet = named(configs["unet"]["class"], configs["unet"]["config"]) if "unet" in configs else None
     name = next((n for n, p in PIPELINES.items() if p["unet"] == unet), None)
     backend = record_backend(cell)

@@ -329,40 +329,80 @@ def host_times(host: dict | None, gpu_ms: float, w: dict, backend: str = "sdpa",
 MAX_ERROR_PCT = 50.0  # a calibrated prediction whose expected (leave-one-out) error is over this is not printed
 
 
+NO_HELD_OUT = "the kernel fits carry no held-out error"  # a GPU's prediction fitted on kernel times alone
+
+
 def time_kind(fitted: dict | None, calibration: dict, calibrated: bool | None = None) -> dict:
     """What a predicted time is, for printing it: time_kind "floor" (the roofline bound: a lower bound, no
     evidence of the real time), "calibrated" (fitted on stored runs; time_error_pct its expected error, the
-    leave-one-out error of the forward where known, else of the attention; None with one cell) or "published"
-    (a GPU's published figures and efficiencies). calibrated: whether anything fitted the prediction (a GPU's kernel
-    fits count), where that is more than `fitted`."""
+    leave-one-out error of the forward where known, else of the attention) or "published" (a GPU's published
+    figures and efficiencies). Where a calibrated error is unknown, time_error_why says why: one cell to calibrate
+    on, or (no fit of stored forwards, a GPU's kernel fits only) NO_HELD_OUT. calibrated: whether anything fitted the
+    prediction (a GPU's kernel fits count), where that is more than `fitted`."""
     if not (fitted if calibrated is None else calibrated):
-        return {"time_kind": "floor", "time_error_pct": None}
+        return {"time_kind": "floor", "time_error_pct": None, "time_error_why": None}
     if calibration.get("published"):
-        return {"time_kind": "published", "time_error_pct": None}
+        return {"time_kind": "published", "time_error_pct": None, "time_error_why": None}
     error = fitted.get("loo_forward_error_pct") if isinstance(fitted, dict) else None
     fallback = fitted.get("loo_error_pct") if isinstance(fitted, dict) else None
-    return {"time_kind": "calibrated", "time_error_pct": fallback if error is None else error}
+    pct = fallback if error is None else error
+    why = None if pct is not None else "one cell to calibrate on" if isinstance(fitted, dict) else NO_HELD_OUT
+    return {"time_kind": "calibrated", "time_error_pct": pct, "time_error_why": why}
+
+
+def error_words(t: dict) -> str:
+    """A calibrated prediction's expected error in words: 'expected error 8%, leave-one-out', or where it is unknown
+    why, as far as t says ('expected error unknown: one cell to calibrate on', '... : the kernel fits carry no
+    held-out error')."""
+    pct = t.get("time_error_pct")
+    if pct is not None and pct == pct:
+        return f"expected error {pct:.0f}%, leave-one-out"
+    why = t.get("time_error_why")
+    return "expected error unknown" + (f": {why}" if isinstance(why, str) and why else "")
+
+
+def said_time(value: str, t: dict, floor_note: bool = True) -> str | None:
+    """A predicted figure as far as its evidence goes (t: its time_kind, time_error_pct, time_error_why): 'at least
+    VALUE (the roofline floor, a lower bound)' for a floor, 'VALUE (expected error 8%, leave-one-out)' for a
+    calibrated one, VALUE for published figures; None where its expected error is over MAX_ERROR_PCT (too_wrong)."""
+    if too_wrong(t):
+        return None
+    if t.get("time_kind") == "floor":
+        return f"at least {value}" + (" (the roofline floor, a lower bound)" if floor_note else "")
+    return f"{value} ({error_words(t)})" if t.get("time_kind") == "calibrated" else value
+
+
+def wrong_text(t: dict) -> str:
+    """Why a prediction is not printed: 'its calibration's leave-one-out error 993% is over 50%'."""
+    return f"its calibration's leave-one-out error {t['time_error_pct']:.0f}% is over {MAX_ERROR_PCT:.0f}%"
 
 
 def format_times(t: dict) -> list[tuple[str, str]]:
-    """The plan's time lines (facts) from its totals."""
+    """The plan's time lines (facts) from its totals, as far as their evidence goes (said_time): a roofline floor
+    'at least', a calibrated time with its expected error, none where that error is over MAX_ERROR_PCT."""
     if "predicted_forward_time_ms" not in t:
         return []
     what = "published efficiencies" if t.get("time_published") else "calibrated" if t["time_calibrated"] else \
         "roofline bound"
+    source = [("time from", t["time_source"])] + ([("GPU figures", t["gpu_figures"])] if t.get("gpu_figures") else [])
+    if too_wrong(t):
+        return [("predicted time", f"{t['time_backend']} ({what}): none: {wrong_text(t)}")] + source
+    floor = "at least " if t.get("time_kind") == "floor" else ""
+    how = f"; {error_words(t)}" if t.get("time_kind") == "calibrated" else \
+        "; the roofline floor, a lower bound" if floor else ""
     if "bound" in t:  # a GPU: the kernels, the host, the eager forward (the longer) and the graph's
-        lines = [("predicted time", f"{t['time_backend']} ({what}): GPU kernels {t['predicted_gpu_time_ms']:.3g} ms "
-                                    f"(attention {t['predicted_attention_time_ms']:.3g} + the rest "
-                                    f"{t['predicted_rest_time_ms']:.3g}), host {t['predicted_host_time_ms']:.3g} ms: "
-                                    f"eager {t['predicted_forward_time_ms']:.3g} ms, {t['bound']}-bound; with CUDA "
-                                    f"graphs about {t['predicted_graph_time_ms']:.3g} ms"),
+        lines = [("predicted time", f"{t['time_backend']} ({what}): GPU kernels {floor}"
+                                    f"{t['predicted_gpu_time_ms']:.3g} ms (attention {t['predicted_attention_time_ms']:.3g}"
+                                    f" + the rest {t['predicted_rest_time_ms']:.3g}), host "
+                                    f"{t['predicted_host_time_ms']:.3g} ms: eager {floor}"
+                                    f"{t['predicted_forward_time_ms']:.3g} ms, {t['bound']}-bound; with CUDA graphs "
+                                    f"about {t['predicted_graph_time_ms']:.3g} ms{how}"),
                  ("host from", t["host_source"])]
     else:
         lines = [("predicted time", f"{t['time_backend']} ({what}): attention {t['predicted_attention_time_ms']:.3g} "
                                     f"ms + the rest of the forward {t['predicted_rest_time_ms']:.3g} ms = forward "
-                                    f"{t['predicted_forward_time_ms']:.3g} ms")]
-    return lines + [("time from", t["time_source"])] + \
-        ([("GPU figures", t["gpu_figures"])] if t.get("gpu_figures") else [])
+                                    f"{floor}{t['predicted_forward_time_ms']:.3g} ms{how}")]
+    return lines + source
 
 
 def walked_plan(model: str, width: int, height: int, batch: int, dtype: str, settings: tuple = ()) -> dict:
@@ -411,8 +451,9 @@ def _total_text(kept: dict[str, dict], forwards_per_cell: int, overhead: dict | 
     elif floors:
         note = f"{len(floors)} of the {len(kept)} cells' forwards by the roofline floor alone, a lower bound"
     else:
+        whys = sorted({v.get("time_error_why") or "" for v in kept.values() if v.get("time_error_pct") is None})
         note = f"expected error up to {max(errors):.0f}% (leave-one-out)" if errors else \
-            "expected error unknown (calibrated on one cell)"
+            "expected error unknown" + (f" ({'; '.join(w for w in whys if w)})" if any(whys) else "")
     how = "at least" if floors else "about"
     if overhead:
         total = predicted_wall_s(kept, forwards_per_cell, overhead)
@@ -525,5 +566,6 @@ def _versus(r: dict) -> str:
         out.append(f"{what} {'at least ' if floor else ''}{predicted:.4g} vs {measured:.4g} "
                    f"({measured / predicted:.2f}x{' the floor' if floor else ''})")
     if kind == "calibrated":
-        out[-1] += f"; expected error {error:.0f}%" if error is not None else "; expected error unknown (one cell)"
+        out[-1] += f"; expected error {error:.0f}%" if error is not None else \
+            f"; {error_words({'time_error_why': r.get('time_error_why')})}"
     return ", ".join(out)

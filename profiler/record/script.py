@@ -26,6 +26,7 @@ from pathlib import Path
 from ..spec import InputError
 
 RUN_ENV = "ATTNPROF_RECORD_RUN"
+ASK_ENV = "ATTNPROF_RECORD_ASK"  # the child's pipes to attnprof record: its first pipeline call asks, record answers
 
 
 GRACE_S = 10.0  # after a Ctrl-C, how long the script has to end by itself before it is stopped
@@ -33,10 +34,12 @@ GRACE_S = 10.0  # after a Ctrl-C, how long the script has to end by itself befor
 
 def record(script: str | None, args: list[str], backends_: list[str], out: Path, trace: bool = False,
            say=None, resume: str | None = None) -> tuple[int, Path | None]:
-    """Run the script once per backend (or once as it is), each in a child process that records its cell into one
-    run under out: a new one, or with resume (a run id) that interrupted run, for the backends it has no cell of.
-    (the script's exit status, the first non-zero of its runs, 130 when stopped; the run's folder, None where the
-    script made no pipeline call: nothing is stored then)."""
+    """Run the script once per backend (or once as it is), each in a child process that records its cells into one
+    run under out: a new one, or with resume (a run id) that interrupted run, for the backends it has no complete
+    cell of. The machine's speed is taken where a generation will be stored: as the child's first pipeline call
+    begins (on the device it runs on), and after the child ended where it stored a cell; a script that makes no
+    pipeline call costs none. (the script's exit status, the first non-zero of its runs, 130 when stopped; the run's
+    folder, None where the script made no pipeline call: nothing is stored then)."""
     import torch
 
     from .. import devices
@@ -49,7 +52,7 @@ def record(script: str | None, args: list[str], backends_: list[str], out: Path,
         if name:
             backends.check_backend_name(name)
     code, stopped, executor = 0, _Stop(), LocalExecutor(workers=True)  # on CUDA each calibration in a subprocess
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the run's device until a generation names its own
     devices.keep_memory()  # this process is ours: it times the machine as a sweep's do
     try:
         for backend in backends_:
@@ -57,19 +60,20 @@ def record(script: str | None, args: list[str], backends_: list[str], out: Path,
                                                         " with the processors it loads"))
             argv = [sys.executable, "-m", "profiler.record.script", *(["--backend", backend] if backend else []),
                     *(["--trace"] if trace else []), *(["--quiet"] if quiet else []), "--", script, *args]
-            cells, start = len(run.cells()), executor.calibrate(device, "start")
-            done = stopped.child(argv, {**os.environ, RUN_ENV: str(run.path)})
+            cells, start = len(run.cells()), {}
+            done = stopped.child(argv, {**os.environ, RUN_ENV: str(run.path)},
+                                 lambda where: start.update(device=where, at=executor.calibrate(where, "start")))
             if len(run.cells()) > cells:
-                ran = pipeline_device(run, device)  # the device the generation ran on: calibrate there
+                ran = pipeline_device(run, start.get("device", device))  # the device the generation ran on
                 end = executor.calibrate(ran, "end")
-                pair = [start, end] if ran == device else [end]  # a start taken on another device is no pair
+                pair = [start["at"], end] if start.get("device") == ran else [end]  # another device's: no pair
                 run.update_manifest(calibration=[*run.manifest().get("calibration", []), *pair])
                 device = ran
             code = code or done
     except KeyboardInterrupt:
         stopped.stopping()
     finally:
-        stopped.hold()  # a Ctrl-C from here on: one line, the script stopped now, the manifest still written
+        stopped.hold()  # from here a Ctrl-C: one line; after a first, the script stopped now; the manifest written
         try:
             stopped.wait()
             result = _finish(run, code, stopped.asked, device, say)
@@ -89,17 +93,21 @@ def pipeline_device(run, default: str) -> str:
 def _the_run(script: str | None, args: list[str], backends_: list[str], out: Path, resume: str | None):
     """(the run to record into, the script, its arguments, the backends to run: None for the loaded processors):
     a new run, or an interrupted one to finish (its own script, arguments and the backends it has no cell of)."""
+    from ..report.show import left_backends
     from ..store import Run, find_run, now
 
     if resume:
         run = find_run(out, resume)
-        facts = run.manifest().get("record") if run.kind.name == "record" else None
+        m = run.manifest()
+        facts = m.get("record") if run.kind.name == "record" else None
         if not facts or "script" not in facts:
             raise InputError(f"run {run.id} is not a run of attnprof record: --resume finishes one of those")
-        done = set(run.cells()["backend"]) if len(run.cells()) else set()
-        left = [b for b in facts["backends"] if (b or "loaded") not in done]
+        left = left_backends(m, run.cells())
         if not left:
-            raise InputError(f"run {run.id} has a cell for every backend it was given: nothing to finish")
+            raise InputError(f"run {run.id} has a complete cell for every backend it was given: nothing to finish")
+        if not Path(facts["script"]).is_file():
+            raise InputError(f"run {run.id}'s script {facts['script']} is not there any more: put it back there to "
+                             "finish the run, or record it anew")
         run.update_manifest(resumed_at=now(), ended_at=None)
         return run, facts["script"], facts["args"], left
     path = Path(script)
@@ -108,24 +116,30 @@ def _the_run(script: str | None, args: list[str], backends_: list[str], out: Pat
                          "generate.py --steps 30")
     command = " ".join(["attnprof record", *(f"--backend {b}" for b in backends_), "--", script, *args])
     run = Run.create(out, {"kind": "record", "command": command, "cells": [], "ended_at": None,
-                           "record": {"script": str(path), "args": args, "backends": backends_ or [None]}})
+                           "record": {"script": str(path.resolve()), "args": args,  # --resume from anywhere
+                                      "backends": backends_ or [None]}})
     return run, str(path), args, backends_ or [None]
 
 
 def _finish(run, code: int, stopped: bool, device: str, say) -> tuple[int, Path | None]:
-    """The run's manifest as it ended: interrupted where stopped or the script failed, its cells listed; a run
-    whose script made no pipeline call (and was not stopped) removed, since it holds nothing."""
+    """The run's manifest as it ended: interrupted where the script failed, or where it was stopped before every
+    backend had a complete cell; its cells listed; a run whose script made no pipeline call (and was not stopped)
+    removed, since it holds nothing."""
     import shutil
 
     from ..env import environment
     from ..store import now
 
+    from ..report.show import left_backends
+
     cells, m = run.cells(), run.manifest()
     if not len(cells) and not stopped and not m.get("resumed_at"):
         shutil.rmtree(run.path, ignore_errors=True)
-        say("the script made no diffusers pipeline call: nothing stored")
+        say(next((n for n in m.get("notes") or [] if n.startswith("nothing stored")),
+                 "the script made no diffusers pipeline call: nothing stored (and no calibration taken)"))
         return code, None
-    run.update_manifest(ended_at=now(), interrupted=stopped or code != 0,
+    left = left_backends(m, cells)  # a stop after every backend's cell was stored leaves nothing to finish
+    run.update_manifest(ended_at=now(), interrupted=code != 0 or (stopped and bool(left)),
                         environment=m.get("environment") or {**environment(device), "executor": "record"},
                         cells=[{k: c[k] for k in ("model", "width", "height", "batch", "dtype", "backend", "device",
                                                   "backend_options", "settings", "cell_id")}
@@ -136,33 +150,59 @@ def _finish(run, code: int, stopped: bool, device: str, say) -> tuple[int, Path 
 class _Stop:
     """A Ctrl-C during a record: the first raises KeyboardInterrupt where it lands (the script, in the same process
     group, gets its own and ends as it would; it is given GRACE_S, then SIGINT of its own, then killed); each one
-    after, while the run is finished, prints one line and stops the script now."""
+    after, while the run is finished, prints one line and stops the script now. A Ctrl-C while a run that was not
+    stopped is finished (every script ended) says so and changes nothing."""
 
     def __init__(self):
         self.proc, self.asked, self.old = None, False, None
 
-    def child(self, argv: list[str], env: dict) -> int:
-        """The script's run in a child process: its exit status."""
-        self.proc = subprocess.Popen(argv, env=env)
+    def child(self, argv: list[str], env: dict, on_start) -> int:
+        """The script's run in a child process: its exit status. As its first pipeline call begins the child asks
+        (a line on a pipe: its device) and waits: on_start(device) runs here first (the start calibration)."""
+        import select
+
+        ask_r, ask_w = os.pipe()
+        go_r, go_w = os.pipe()
+        try:
+            self.proc = subprocess.Popen(argv, env={**env, ASK_ENV: f"{ask_w},{go_r}"}, pass_fds=(ask_w, go_r))
+        finally:
+            os.close(ask_w)
+            os.close(go_r)
+        with os.fdopen(ask_r, "rb", buffering=0) as asks, os.fdopen(go_w, "wb", buffering=0) as go:
+            while self.proc.poll() is None:
+                if select.select([asks], [], [], 0.25)[0]:
+                    line = asks.readline().decode().strip()
+                    if not line:  # the child closed its end: it is ending
+                        break
+                    on_start(line)
+                    try:
+                        go.write(b"go\n")
+                    except BrokenPipeError:  # it ended meanwhile
+                        pass
         return self.proc.wait()
 
     def stopping(self) -> None:
         """The first Ctrl-C: the next ones held from now, then one line said."""
-        self.hold()
         self.asked = True
-        print("attnprof record: interrupted: waiting for the script to end (Ctrl-C again stops it now)",
+        self.hold()
+        ending = self.proc is not None and self.proc.poll() is None
+        print("attnprof record: interrupted: " + ("waiting for the script to end (Ctrl-C again stops it now)" if
+                                                  ending else "the run is kept as it stands"),
               file=sys.stderr, flush=True)
 
     def hold(self) -> None:
         if self.old is None and threading.current_thread() is threading.main_thread():
-            self.old = signal.signal(signal.SIGINT, self._again)
+            self.old = signal.signal(signal.SIGINT, self._again if self.asked else self._finishing)
 
     def _again(self, signum, frame) -> None:
         print("attnprof record: interrupted again: stopping the script now; the run is kept, marked interrupted",
               file=sys.stderr, flush=True)
-        self.asked = True
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
+
+    def _finishing(self, signum, frame) -> None:
+        print("attnprof record: every run of the script has ended: writing the run's manifest, a moment",
+              file=sys.stderr, flush=True)
 
     def wait(self) -> None:
         """The script's process ended: by itself within GRACE_S, else on a SIGINT of its own, else killed."""
@@ -188,7 +228,7 @@ class _Watch:
 
     def __init__(self, backend: str | None, trace: bool, results: Path | None = None, quiet: bool = True):
         self.backend, self.trace, self.profiles, self.results, self.quiet = backend, trace, [], results, quiet
-        self.local, self.wrapped = threading.local(), {}
+        self.local, self.wrapped, self.asked = threading.local(), {}, False
 
     def __enter__(self) -> "_Watch":
         from diffusers import DiffusionPipeline
@@ -217,6 +257,7 @@ class _Watch:
 
             watch.local.active = True
             try:
+                watch.started(pipe)
                 eta = watch.predicted(pipe, args, kwargs)
                 with profile(pipe, out=None, backend=watch.backend, trace=watch.trace) as prof:
                     result = original(pipe, *args, **kwargs)
@@ -258,6 +299,18 @@ class _Watch:
         self._say(f"{_eta_text(g)} for this generation ({what}; the U-Net's time from: {_short(unet['source'])})")
         return g
 
+    def started(self, pipe) -> None:
+        """The first pipeline call of this process begins: attnprof record ($ASK_ENV: its pipes) is told the device
+        it runs on and takes the machine's speed there (the start calibration) before the call goes on."""
+        pipes, self.asked = (None if self.asked else os.environ.get(ASK_ENV)), True
+        if not pipes:
+            return
+        from .session import _device, components
+
+        ask, go = (int(fd) for fd in pipes.split(","))
+        os.write(ask, f"{_device(pipe, components(pipe))}\n".encode())
+        os.read(go, 16)  # record's answer (or its end: nothing to wait for)
+
     def _say(self, line: str) -> None:
         if not self.quiet:
             print(f"attnprof record: {line}", file=sys.stderr)
@@ -281,16 +334,14 @@ def _floor(g: dict) -> bool:
 def _eta_text(g: dict, error: bool = True) -> str:
     """'predicted 2.57 s (expected error 8%, leave-one-out)' (error=False: without the error), or 'at least 0.01 s
     predicted (the roofline floor, a lower bound)' where the U-Net's time is its floor (no stored run of this device
-    to calibrate on; error=False: 'at least 0.01 s predicted')."""
-    seconds, unet = g["total_ms"] / 1e3, _denoise(g)
+    to calibrate on; error=False: 'at least 0.01 s predicted'): the U-Net's evidence, in timing.said_time's words."""
+    from ..planner.timing import said_time
+
+    seconds, unet = f"{g['total_ms'] / 1e3:.2f} s", _denoise(g)
     if _floor(g):
-        return f"at least {seconds:.2f} s predicted" + (" (the roofline floor, a lower bound)" if error else "")
-    pct = unet["time_error_pct"]
-    if unet["time_kind"] != "calibrated" or not error:
-        return f"predicted {seconds:.2f} s"
-    known = f"expected error {pct:.0f}%, leave-one-out" if pct is not None else \
-        "expected error unknown: one cell to calibrate on"
-    return f"predicted {seconds:.2f} s ({known})"
+        return said_time(seconds, unet, floor_note=False) + " predicted" + \
+            (" (the roofline floor, a lower bound)" if error else "")
+    return f"predicted {said_time(seconds, unet) if error and unet['time_kind'] == 'calibrated' else seconds}"
 
 
 def _short(source: str) -> str:
@@ -299,16 +350,19 @@ def _short(source: str) -> str:
 
 
 def child(argv: list[str]) -> int:
-    """One run of the script in this process: the script with its pipeline calls profiled, its cell recorded into
-    the run that $ATTNPROF_RECORD_RUN names. The script's exit status."""
+    """One run of the script in this process: the script with its pipeline calls profiled, its cells recorded into
+    the run that $ATTNPROF_RECORD_RUN names (a Ctrl-C: the generations that ended before it, each cell marked
+    partial; no Ctrl-C lands while they are stored, which would leave a cell half-written). The script's exit
+    status (130 where a Ctrl-C stopped it)."""
     from ..store import Run
-    from .session import merged, store_cell
 
     backend = argv[argv.index("--backend") + 1] if "--backend" in argv else None
     trace, quiet = "--trace" in argv[:argv.index("--")], "--quiet" in argv[:argv.index("--")]
     script, args = argv[argv.index("--") + 1], argv[argv.index("--") + 2:]
     run = Run.open(Path(os.environ[RUN_ENV]))
-    code = 0
+    for fd in os.environ.get(ASK_ENV, "").split(",") if os.environ.get(ASK_ENV) else []:
+        os.set_inheritable(int(fd), False)  # the script's own subprocesses never hold record's pipes
+    code, stopped = 0, False
     sys.argv = [script, *args]
     sys.path.insert(0, str(Path(script).resolve().parent))
     with _Watch(backend, trace, run.path.parent, quiet) as watch:
@@ -319,13 +373,27 @@ def child(argv: list[str]) -> int:
             if not isinstance(e.code, int) and e.code is not None:
                 print(e.code, file=sys.stderr)
         except KeyboardInterrupt:  # a Ctrl-C: attnprof record says so; a generation cut short is not stored
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            return 130
-    if watch.profiles:
-        store_cell(run, merged(watch.profiles), backend)
-        run.update_manifest(notes=sorted({*run.manifest().get("notes", []), *(n for p in watch.profiles
-                                                                              for n in p.notes)}))
+            code, stopped = 130, True
+    held = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _store(run, watch.profiles, backend, stopped)
+    finally:
+        signal.signal(signal.SIGINT, held)
     return code
+
+
+def _store(run, profiles: list, backend: str | None, partial: bool) -> None:
+    """The script's generations as cells of the run (session.cells_of: a cell per pipeline, size and batch), partial
+    where the script was stopped; its notes in the manifest."""
+    from .session import UNSIZED, cells_of, store_cell
+
+    if not profiles:
+        return
+    parts = cells_of(profiles)
+    for part in parts:
+        store_cell(run, part, backend, partial)
+    run.update_manifest(notes=sorted({*run.manifest().get("notes", []), *(n for p in profiles for n in p.notes),
+                                      *([] if parts else [UNSIZED])}))
 
 
 if __name__ == "__main__":

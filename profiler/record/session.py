@@ -19,15 +19,18 @@ the generation and the user's restored after. The output is the same as an unpro
 - memory: on CUDA the allocator's peak per call over what it began with (its statistics, no synchronize); on the
   CPU none (that takes the profiler's allocation trace: attnprof run measures it in a probe pass), as the notes say;
 - generation: each call of the target pipeline in the block is one (its class's __call__ wrapped for the block to
-  note where each begins and its wall time); step: the index of the denoiser's forward (the U-Net's, a
-  ControlNet's) the call ran in, from 0 in each generation; empty outside the loop;
+  note where each begins and its wall time; a module target's forwards at one shape are one); step: the index of
+  the denoiser's forward (the U-Net's, a ControlNet's) the call ran in, from 0 in each generation; empty outside the
+  loop;
 - a compiled component (torch.compile, compile_repeated_blocks) keeps its compiled graph: its forwards are timed, its
   attention calls are not recorded one by one (hooks inside it would change what is compiled), and a note says so;
 - trace=True: a Chrome / Perfetto trace of the generation in the run, each attention call a range named by its
   component, block and shape.
 
-The run it stores (out=None: none) is a run of kind `record` (store.RUN_KINDS): one cell, one block row per call of
-a forward with the per-forward times as its samples, and every call with its step in calls.parquet.
+The run it stores (out=None: none) is a run of kind `record` (store.RUN_KINDS): a cell per distinct pipeline,
+denoiser, dtype, size and batch (cell_key: generations at two sizes are never samples of one another), one block row
+per call of a forward with the per-forward times as its samples, and every call with its step in
+calls-<cell_id>.parquet.
 """
 from __future__ import annotations
 
@@ -176,11 +179,15 @@ class Session:
         self.notes: list[str] = []
         self.facts: dict = {}
         self._open: list[dict] = []
-        self.calls: list[dict] = []  # each call of the target pipeline: the first uid in it, its wall time
+        self.calls: list[dict] = []  # each generation: the first uid in it, when it began, its wall time
+        self.latents: dict[int, tuple] = {}  # each generation's latent shape: its denoiser's first sample's
+        self.module = isinstance(target, torch.nn.Module)  # a module target: a generation per run of one shape
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> "Session":
         try:
+            if self.module:
+                self._begin_generation()
             self._mark_calls()
             for name, module in self.found.items():
                 self._component(name, module)
@@ -203,13 +210,12 @@ class Session:
         def __call__(pipe, *args, **kwargs):
             if pipe is not session.target or getattr(session, "_inside", False):
                 return original(pipe, *args, **kwargs)
-            session._inside, t0 = True, time.perf_counter()
-            session.calls.append({"uid": next(session.uid), "wall_s": None})
+            session._inside = True
+            session._begin_generation()
             try:
                 return original(pipe, *args, **kwargs)
             finally:
-                session.meter.device.synchronize()
-                session.calls[-1]["wall_s"] = time.perf_counter() - t0
+                session._end_generation()
                 session._inside = False
 
         owner.__call__ = __call__
@@ -270,13 +276,33 @@ class Session:
         if counts:
             self.unrecorded[name] = _counted(counts)
 
+    def _begin_generation(self, uid: int | None = None) -> None:
+        """A generation begins: a call of the target pipeline, or (a module target) the block, and each forward of
+        its denoiser at a shape other than the last one's. uid: the first row in it (default: the next)."""
+        if self.module and self.calls:
+            self._end_generation()
+        self.calls.append({"uid": next(self.uid) if uid is None else uid, "t0": time.perf_counter(), "wall_s": None})
+
+    def _end_generation(self) -> None:
+        self.meter.device.synchronize()
+        self.calls[-1]["wall_s"] = time.perf_counter() - self.calls[-1]["t0"]
+
+    def _latent(self, sample, uid: int) -> None:
+        """A denoiser forward's sample: its generation's latent shape where it has none yet (a module target's next
+        forward at another shape begins a generation of its own)."""
+        if not (isinstance(sample, torch.Tensor) and sample.ndim >= 4):
+            return
+        shape = tuple(sample.shape)
+        if self.module and self.latents and self.latents[len(self.calls) - 1] != shape:
+            self._begin_generation(uid)
+        self.latents.setdefault(max(0, len(self.calls) - 1), shape)
+        self.facts.setdefault("dtype", str(sample.dtype).removeprefix("torch."))
+
     def _forward_begins(self, name: str):
         def begin(module, args, kwargs) -> None:
             row = {"component": name, "uid": next(self.uid), "block": "forward"}
-            if name in DENOISERS and "latent" not in self.facts:
-                sample = kwargs.get("sample", args[0] if args else None)
-                if isinstance(sample, torch.Tensor) and sample.ndim == 4:
-                    self.facts.update(latent=tuple(sample.shape), dtype=str(sample.dtype).removeprefix("torch."))
+            if name in DENOISERS:
+                self._latent(kwargs.get("sample", args[0] if args else None), row["uid"])
             self.forwards.append(row)
             self._open.append(row)
             self.forward_meter.before(row)
@@ -314,21 +340,31 @@ def _counted(classes: dict[str, int]) -> str:
     return ", ".join(f"{k} x{v}" for k, v in sorted(classes.items()))
 
 
-def _component_table(session: Session, calls: pd.DataFrame) -> pd.DataFrame:
-    """Per component: its forwards and their time, its recorded attention calls and theirs; NaN calls and time
-    where its attention is not recorded (compiled, or modules of a kind the recorder has no hook for:
-    `not_recorded` names them), 0 where it has none."""
+def _component_table(session: Session) -> pd.DataFrame:
+    """Per component what it is: its class, whether its attention is recorded (`recorded`) and the modules of it
+    that are not (`not_recorded`: compiled, or of a kind the recorder has no hook for); its figures come from the
+    calls and forwards (components_of)."""
+    return pd.DataFrame([{"component": name, "class": type(m).__name__,
+                          "recorded": name in session.recorders or name not in session.unrecorded,
+                          "not_recorded": session.unrecorded.get(name, "")} for name, m in session.found.items()])
+
+
+def components_of(kinds: pd.DataFrame, calls: pd.DataFrame, forwards: pd.DataFrame) -> pd.DataFrame:
+    """Per component: its forwards and their time, its recorded attention calls and theirs (of the calls and
+    forwards given: a whole block's, or one cell's generations); NaN calls and time where its attention is not
+    recorded (`not_recorded` names its modules), 0 where it has none."""
     rows = []
-    for name in session.found:
-        mine = [f for f in session.forwards if f["component"] == name]
-        own = calls[calls["component"] == name] if len(calls) else calls
-        recorded = name in session.recorders or name not in session.unrecorded
-        rows.append({"component": name, "class": type(session.found[name]).__name__, "forwards": len(mine),
-                     "time_ms": sum(session.forward_meter.samples.get(f["uid"], [0.0])[0] for f in mine),
+    for k in kinds.to_dict("records"):
+        mine = forwards[forwards["component"] == k["component"]] if len(forwards) else forwards
+        own = calls[calls["component"] == k["component"]] if len(calls) else calls
+        recorded = bool(k.get("recorded", k.get("attention_calls") == k.get("attention_calls")))
+        rows.append({"component": k["component"], "class": k["class"], "forwards": len(mine),
+                     "time_ms": float(mine["time_ms"].sum()) if len(mine) else 0.0,
                      "attention_calls": len(own) if recorded else float("nan"),
-                     "attention_ms": float(own["time_ms"].sum()) if recorded else float("nan"),
-                     "not_recorded": session.unrecorded.get(name, "")})
-    return pd.DataFrame(rows)
+                     "attention_ms": float(own["time_ms"].sum()) if recorded and len(own) else
+                     0.0 if recorded else float("nan"), "not_recorded": k["not_recorded"]})
+    return pd.DataFrame(rows, columns=["component", "class", "forwards", "time_ms", "attention_calls", "attention_ms",
+                                       "not_recorded"])
 
 
 @contextlib.contextmanager
@@ -344,13 +380,18 @@ def profile(target, out: str | Path | None = "results", backend: str | None = No
         yield prof
         session.meter.device.synchronize()
         prof.wall_s = time.perf_counter() - t0
+        if session.module:
+            session._end_generation()
         session.processors = _processors(session)  # while a backend's are still in
     calls = by_generation(pd.DataFrame(session.rows()), session.calls)
     prof.calls = calls[[c for c in CALL_COLUMNS if c in calls]] if len(calls) else pd.DataFrame(columns=CALL_COLUMNS)
-    prof.generations = _generations(prof.calls, [c["wall_s"] for c in session.calls] or [prof.wall_s])
-    prof.forwards = pd.DataFrame([{"component": f["component"], "time_ms": session.forward_meter.samples[f["uid"]][0]}
-                                  for f in session.forwards], columns=["component", "time_ms"])
-    prof.components = _component_table(session, calls)
+    forwards = pd.DataFrame([{"component": f["component"], "uid": f["uid"],
+                              "time_ms": session.forward_meter.samples[f["uid"]][0]} for f in session.forwards],
+                            columns=["component", "uid", "time_ms"])
+    prof.forwards = forwards.assign(generation=generation_of(forwards["uid"], session.calls))[
+        ["component", "generation", "time_ms"]]
+    prof.generations = _generations(session, prof.calls, prof.forwards, prof.wall_s)
+    prof.components = components_of(_component_table(session), prof.calls, prof.forwards)
     prof.notes = session.notes + ([] if session.meter.peaks else [
         f"no per-call peak memory on {session.device.type}: only a CUDA allocator counts one without changing the "
         "run (attnprof run measures the CPU's in a probe pass)"])
@@ -360,41 +401,55 @@ def profile(target, out: str | Path | None = "results", backend: str | None = No
         prof.run_dir = store(prof, Path(out), command)
 
 
+def generation_of(uids, marks: list[dict]) -> list[int]:
+    """The generation each row (by its uid) ran in: where it began among the generations' first uids (a row before
+    the first in the first)."""
+    starts = [m["uid"] for m in marks]
+    return [max(0, bisect.bisect_right(starts, uid) - 1) for uid in uids] if starts else [0] * len(uids)
+
+
 def by_generation(calls: pd.DataFrame, marks: list[dict]) -> pd.DataFrame:
-    """The calls with their generation (the pipeline call each ran in, by where each call began: a call before the
-    first in the first's) and their step counted within it (0..N-1: the denoiser's forward of that generation)."""
+    """The calls with their generation (generation_of) and their step counted within it (0..N-1: the denoiser's
+    forward of that generation)."""
     if not len(calls):
         return calls
-    starts = [m["uid"] for m in marks]
-    generation = [max(0, bisect.bisect_right(starts, uid) - 1) for uid in calls["uid"]] if starts else 0
-    calls = calls.assign(generation=generation)
+    calls = calls.assign(generation=generation_of(calls["uid"], marks))
     first = calls.groupby(["generation", "component"])["step"].transform("min")
     return calls.assign(step=(calls["step"] - first).astype("Int64"))
 
 
-def _generations(calls: pd.DataFrame, walls: list[float]) -> pd.DataFrame:
-    """One row per generation: its wall time and its steps (the denoiser's forwards in it)."""
+def _generations(session: Session, calls: pd.DataFrame, forwards: pd.DataFrame, wall_s: float) -> pd.DataFrame:
+    """One row per generation: its wall time, its steps (the denoiser's forwards in it: by their attention calls, or
+    where none was recorded by the forwards timed) and its size (its latent shape: batch, and height and width times
+    the VAE's scale; 0x0 where no denoiser forward ran in it)."""
+    walls = [c["wall_s"] for c in session.calls] or [wall_s]
     loop = calls[calls["component"].isin(DENOISERS)] if len(calls) else calls
-    steps = loop.groupby("generation")["step"].nunique() if len(loop) else pd.Series(dtype=int)
-    return pd.DataFrame({"generation": range(len(walls)), "wall_s": walls,
-                         "steps": [int(steps.get(i, 0)) for i in range(len(walls))]})
+    steps = loop.groupby("generation")["step"].nunique() if len(loop) else \
+        forwards[forwards["component"].isin(DENOISERS)].groupby("generation").size()
+    scale = getattr(session.target, "vae_scale_factor", 8)
+    rows = []
+    for i, wall in enumerate(walls):
+        latent = session.latents.get(i)
+        rows.append({"generation": i, "wall_s": wall, "steps": int(steps.get(i, 0)),
+                     "batch": int(latent[0]) if latent else 1, "height": int(latent[-2]) * scale if latent else 0,
+                     "width": int(latent[-1]) * scale if latent else 0})
+    return pd.DataFrame(rows, columns=["generation", "wall_s", "steps", "batch", "height", "width"])
 
 
 def _facts(target, session: Session, prof: Profile) -> dict:
     """What the generation was: the pipeline, the denoiser's config hash (its public keys: diffusers' private ones,
-    such as _use_default_values, come in another order in each process), its size, steps, guidance, scheduler."""
+    such as _use_default_values, come in another order in each process), its size and steps (the first
+    generation's: cells_of gives each size its own), guidance, scheduler."""
     denoiser = next((session.found[n] for n in DENOISERS if n in session.found), None)
+    denoiser = getattr(denoiser, "_orig_mod", denoiser)  # torch.compile's wrapper: the module it compiled
     config = {k: v for k, v in dict(getattr(denoiser, "config", {}) or {}).items() if not k.startswith("_")}
     digest = hashlib.sha1(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:8]
-    latent = session.facts.get("latent")
-    scale = getattr(target, "vae_scale_factor", 8)
-    steps = prof.generations["steps"].iloc[0] if len(prof.generations) else 0
-    return {"generations": len(prof.generations), "pipeline": type(target).__name__,
+    first = prof.generations.iloc[0] if len(prof.generations) else {"batch": 1, "width": 0, "height": 0, "steps": 0}
+    return {"generations": len(prof.generations), "pipeline": type(getattr(target, "_orig_mod", target)).__name__,
             "denoiser": f"{type(denoiser).__name__} {digest}" if denoiser is not None else None,
             "source": getattr(getattr(denoiser, "config", None), "_name_or_path", None) or None,
-            "batch": latent[0] if latent else 1, "width": latent[3] * scale if latent else 0,
-            "height": latent[2] * scale if latent else 0, "dtype": session.facts.get("dtype", "float32"),
-            "steps": int(steps), "guidance": getattr(target, "_guidance_scale", None),
+            **{k: int(first[k]) for k in ("batch", "width", "height", "steps")},
+            "dtype": session.facts.get("dtype", "float32"), "guidance": getattr(target, "_guidance_scale", None),
             "scheduler": type(getattr(target, "scheduler", None)).__name__ if hasattr(target, "scheduler") else None,
             "device": str(session.device), "processors": session.processors, "backend": session.backend,
             "time_source": "cupti" if session.kernels else "host clock",
@@ -475,24 +530,35 @@ def _per_forward(loop: pd.DataFrame, column: str) -> float | None:
     return float(loop.groupby(["generation", "pass_index"])[column].sum().median())
 
 
-def store(prof: Profile, out: Path, command: str) -> Path:
-    """The generation as a new run of kind `record` under out: one cell, its block rows, every call with its
-    step."""
+UNSIZED = ("nothing stored: no forward of the denoiser was seen (compiled with module.compile(): no hook of ours runs "
+           "there), so the generation's size is unknown; torch.compile(module) leaves its forwards timeable")
+
+
+def store(prof: Profile, out: Path, command: str) -> Path | None:
+    """The generation(s) as a new run of kind `record` under out: a cell per size (cells_of), its block rows, every
+    call with its step; None (and a note) where no generation's size is known."""
     from ..store import Run, now
 
+    parts = cells_of([prof])
+    if not parts:
+        prof.notes.append(UNSIZED)
+        return None
     run = Run.create(out, {"kind": "record", "command": command, "cells": [], "ended_at": None})
-    cell = store_cell(run, prof, prof.facts.get("backend"))
+    cells = [store_cell(run, part, prof.facts.get("backend")) for part in parts]
     run.update_manifest(ended_at=now(), interrupted=False, notes=prof.notes,
-                        cells=[{k: cell[k] for k in CellSpec("", 0, 0, 0, "", "", "").as_row()}])
+                        cells=[{k: cell[k] for k in CellSpec("", 0, 0, 0, "", "", "").as_row()} for cell in cells])
     return run.path
 
 
-def store_cell(run, prof: Profile, backend: str | None) -> dict:
-    """Record the profiled generation(s) as a cell of the run (its blocks, its calls as calls-<cell_id>.parquet, its
-    traces), the run's environment and the generation's facts added to its manifest where it has none."""
+def store_cell(run, prof: Profile, backend: str | None, partial: bool = False) -> dict:
+    """Record the profiled generation(s) of one cell (cells_of) as a cell of the run (its blocks, its calls as
+    calls-<cell_id>.parquet, its traces), the run's environment added to its manifest where it has none, and the
+    generations' facts: per cell (the manifest's record.cells[cell_id]) and, for readers of one cell, at the top.
+    partial: the generations of a script stopped before it ended (attnprof record --resume runs it again)."""
     from ..env import environment
 
     cell, blocks = cell_rows(prof, backend)
+    cell["partial"] = partial
     files = {f"{cell['cell_id']}.generation-{i}.trace.json": t for i, t in enumerate(prof.traces)}
     run.record(cell, blocks, files or None)
     run.write_frame(f"calls-{cell['cell_id']}", prof.calls)
@@ -501,27 +567,65 @@ def store_cell(run, prof: Profile, backend: str | None) -> dict:
         from ..measure.limits import device_limits
 
         run.update_manifest(**device_limits(prof.facts["device"], [prof.facts["dtype"]]))
+    facts = {k: v for k, v in prof.facts.items() if k != "backend"}
+    record = m.get("record") or {}
     run.update_manifest(environment=m.get("environment") or {**environment(prof.facts["device"]),
                                                             "executor": "record"},
-                        record={**(m.get("record") or {}), **{k: v for k, v in prof.facts.items()
-                                                              if k not in ("backend",)}})
+                        record={**record, **facts, "cells": {**(record.get("cells") or {}), cell["cell_id"]: facts}})
     return cell
 
 
+def cell_key(prof: Profile, generation: dict) -> tuple:
+    """What makes a recorded generation's cell: its pipeline's class, its denoiser's class and config hash, its dtype,
+    its size and batch (its latent shape). Generations of one key are samples of one another; of two, never."""
+    f = prof.facts
+    return (f.get("pipeline"), f.get("denoiser"), f.get("dtype"), int(generation["width"]), int(generation["height"]),
+            int(generation["batch"]))
+
+
+def cells_of(profiles: list[Profile]) -> list[Profile]:
+    """The generations of these profiles (one profile block's, or each pipeline call of a script's) as a Profile per
+    cell (cell_key), in the order each first ran: a block that ran 64x64 then 48x48 gives two, an SDXL base and its
+    refiner two; each with its own calls, forwards, wall time, components and facts."""
+    parts: dict[tuple, list[Profile]] = {}
+    for p in profiles:
+        keys = [cell_key(p, g) for g in p.generations.to_dict("records")] or [cell_key(p, {**p.facts})]
+        for key in dict.fromkeys(k for k in keys if k[3]):  # no size: no denoiser forward seen (UNSIZED)
+            mine = [i for i, k in enumerate(keys) if k == key]
+            parts.setdefault(key, []).append(p if len(mine) == len(keys) else _part(p, mine))
+    return [merged(ps) for ps in parts.values()]
+
+
+def _part(p: Profile, generations: list[int]) -> Profile:
+    """The profile of some of p's generations only, numbered from 0; its wall time theirs."""
+    number = {g: i for i, g in enumerate(generations)}
+    pick = lambda df: df[df["generation"].isin(generations)].assign(  # noqa: E731
+        generation=lambda d: d["generation"].map(number)).reset_index(drop=True)
+    calls, forwards, gens = pick(p.calls), pick(p.forwards), pick(p.generations)
+    first = gens.iloc[0]
+    return Profile(target=p.target, calls=calls, components=components_of(p.components, calls, forwards),
+                   forwards=forwards, generations=gens, wall_s=float(gens["wall_s"].sum()), notes=p.notes,
+                   facts={**p.facts, "generations": len(gens), **{k: int(first[k]) for k in ("batch", "width",
+                                                                                              "height", "steps")}},
+                   traces=p.traces if 0 in generations else [])
+
+
 def merged(profiles: list[Profile]) -> Profile:
-    """The profiles of several pipeline calls of one process (attnprof record) as one: their calls and generations
-    numbered on, one after another, their forwards and wall time together, the first one's facts."""
+    """Profiles of one cell (several pipeline calls of one process: attnprof record) as one: their calls, forwards
+    and generations numbered on, one after another, their wall time together, the first one's facts."""
     if len(profiles) == 1:
         return profiles[0]
-    calls, generations, offset = [], [], 0
+    calls, forwards, generations, offset = [], [], [], 0
     for p in profiles:
-        calls.append(p.calls.assign(generation=p.calls["generation"] + offset) if len(p.calls) else p.calls)
-        generations.append(p.generations.assign(generation=p.generations["generation"] + offset))
+        on = lambda df: df.assign(generation=df["generation"] + offset) if len(df) else df  # noqa: E731
+        calls.append(on(p.calls))
+        forwards.append(on(p.forwards))
+        generations.append(on(p.generations))
         offset += len(p.generations)
     comps = pd.concat([p.components for p in profiles]).groupby(["component", "class", "not_recorded"], sort=False,
                                                                  as_index=False).sum(min_count=1)  # NaN: not recorded
     return Profile(target=profiles[0].target, calls=pd.concat(calls, ignore_index=True), components=comps,
-                   forwards=pd.concat([p.forwards for p in profiles], ignore_index=True),
+                   forwards=pd.concat(forwards, ignore_index=True),
                    generations=pd.concat(generations, ignore_index=True),
                    wall_s=sum(p.wall_s for p in profiles), notes=sorted({n for p in profiles for n in p.notes}),
                    facts={**profiles[0].facts, "generations": offset},
@@ -544,19 +648,21 @@ def summary(prof: Profile) -> str:
     f = prof.facts
     g = prof.generations
     calls = generations_text(g["steps"].tolist(), g["wall_s"].tolist()) if len(g) > 1 else f"{f.get('steps')} steps"
-    head = (f"profile of {f.get('pipeline') or prof.target}: {calls}; {f.get('width')}x{f.get('height')}, batch "
-            f"{f.get('batch')}, {f.get('dtype')} on {f.get('device')}; {prof.wall_s:.3f} s of wall time; processors "
-            f"{f.get('processors') or '-'}")
+    sizes = list(dict.fromkeys(f"{r['width']}x{r['height']}, batch {r['batch']}" for r in g.to_dict("records"))) \
+        or [f"{f.get('width')}x{f.get('height')}, batch {f.get('batch')}"]
+    head = (f"profile of {f.get('pipeline') or prof.target}: {calls}; "
+            f"{' and '.join(sizes) + (' (a cell each)' if len(sizes) > 1 else '')}, {f.get('dtype')} on "
+            f"{f.get('device')}; {prof.wall_s:.3f} s of wall time; processors {f.get('processors') or '-'}")
     rows = component_rows(prof.components.to_dict("records"), wall_ms)
     lines = [head, "", table(rows, [(c, c) for c in ("component", "forwards", "time", "share", "calls", "attention",
                                                       "attention share")])]
     if len(prof.calls):
-        by = prof.calls.groupby("block").agg(calls=("time_ms", "size"), time_ms=("time_ms", "sum"),
-                                             tokens_q=("tokens_q", "first"), tokens_k=("tokens_k", "first"),
-                                             peak=("peak_bytes", "max")).sort_values("time_ms", ascending=False)
+        by = prof.calls.groupby(["block", "tokens_q", "tokens_k"]).agg(  # a block at each size apart
+            calls=("time_ms", "size"), time_ms=("time_ms", "sum"), peak=("peak_bytes", "max")).sort_values(
+            "time_ms", ascending=False)
         top = [{"block": b, "calls": str(r.calls), "time": f"{r.time_ms:.1f} ms",
-                "share": f"{100 * r.time_ms / wall_ms:.1f}%", "tokens": f"{r.tokens_q} x {r.tokens_k}",
-                "peak": human_bytes(r.peak)} for b, r in by.head(5).iterrows()]
+                "share": f"{100 * r.time_ms / wall_ms:.1f}%", "tokens": f"{q} x {k}",
+                "peak": human_bytes(r.peak)} for (b, q, k), r in by.head(5).iterrows()]
         lines += ["", "blocks that took most (all their calls):",
                   table(top, [(c, c) for c in ("block", "calls", "time", "share", "tokens", "peak")])]
     lines += [f"note: {n}" for n in prof.notes]

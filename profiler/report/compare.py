@@ -73,6 +73,12 @@ def time_samples(cell: dict, forward: bool = False) -> list[float]:
     return []
 
 
+def _own(cell: dict) -> bool:
+    """Whether the cell has attention time samples of its own."""
+    value = cell.get("attention_time_samples_ms")
+    return value is not None and not isinstance(value, float) and len(value) > 0
+
+
 def compile_of(settings) -> str:
     """The cell's compile setting from its stored settings: none, regional or full."""
     return json.loads(settings).get("compile", "none")
@@ -253,9 +259,16 @@ def _matched_row(ca: dict, cb: dict, threshold: float, machine: tuple[float, flo
     if not (ok_a and ok_b):
         verdict = REGRESSION if ok_a else IMPROVEMENT if ok_b else SAME
         return row | {"verdict": verdict, "environment": "; ".join(changed) if verdict != SAME else ""}
-    sa, sb = time_samples(ca, forward=cross), time_samples(cb, forward=cross)
-    row.update(time_a_ms=statistics.median(sa), time_b_ms=statistics.median(sb))
-    row["time_ratio"], row["time_verdict"], row["time_note"] = time_verdict(sa, sb, threshold, machine)
+    forward = cross or not (_own(ca) and _own(cb))  # like with like: the forwards where a side has no attention
+    sa, sb = time_samples(ca, forward=forward), time_samples(cb, forward=forward)
+    if not (sa and sb):  # nothing timed (a module compiled whole: neither its calls nor its forwards)
+        none = " and ".join(run for run, s in (("A", sa), ("B", sb)) if not s)
+        row.update(time_ratio=float("nan"), time_verdict=NOT_JUDGED, time_note=f"not judged (no samples in {none})")
+    else:
+        row.update(time_a_ms=statistics.median(sa), time_b_ms=statistics.median(sb))
+        row["time_ratio"], row["time_verdict"], row["time_note"] = time_verdict(sa, sb, threshold, machine)
+    if forward and not cross:
+        row["note"] = "the forwards' times: a side's attention has no time of its own (compiled, or not recorded)"
     peak = "forward_peak_mem_bytes" if cross else "attention_peak_mem_bytes"
     row.update(peak_a_bytes=ca.get(peak), peak_b_bytes=cb.get(peak))
     row["peak_ratio"], row["peak_verdict"] = peak_verdict(row["peak_a_bytes"], row["peak_b_bytes"], threshold)
@@ -348,6 +361,10 @@ def _settings(r: dict) -> str:
     return f" ({settings_label(r['settings'])})" if settings_label(r["settings"]) else ""
 
 
+def _time(ms) -> str:
+    return f"{ms:.2f} ms" if ms is not None and ms == ms else "-"
+
+
 def _diff_row(r: dict) -> dict:
     from ..attention.backends import label
     from ..spec import settings_label
@@ -359,9 +376,9 @@ def _diff_row(r: dict) -> dict:
             "compile": r["compile_a"] if r["compile_a"] == r["compile_b"] else f"{r['compile_a']} / {r['compile_b']}",
             "size": f"{r['width']}x{r['height']}", "batch": r["batch"],
             "dtype": r["dtype"], "backend": label(r["backend"], r["backend_options"]),
-            "time A": f"{r['time_a_ms']:.2f} ms" if ran else r["status_a"],
-            "time B": f"{r['time_b_ms']:.2f} ms" if ran else r["status_b"],
-            "time": f"{r['time_ratio']:.3f}x" if ran else "-",
+            "time A": _time(r["time_a_ms"]) if ran else r["status_a"],
+            "time B": _time(r["time_b_ms"]) if ran else r["status_b"],
+            "time": f"{r['time_ratio']:.3f}x" if ran and r["time_ratio"] == r["time_ratio"] else "-",
             "peak A": human_bytes(r["peak_a_bytes"]) if ran else "-",
             "peak B": human_bytes(r["peak_b_bytes"]) if ran else "-",
             "peak": f"{r['peak_ratio']:.3f}x" if ran and r["peak_ratio"] == r["peak_ratio"] else "-",

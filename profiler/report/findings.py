@@ -293,10 +293,11 @@ def recorded(cells: pd.DataFrame, blocks: pd.DataFrame) -> list[str]:
                f"{c['generation_s']:.2f} s" if len(times) < 2 else \
             f"{c['pipeline']} ({c['backend_label']} at {c['size']}, batch {c['batch']}): " \
             f"{generations_text(steps, times)} ({c['generation_s']:.2f} s in all)"
-        line = (f"{what}; {forwards} denoiser forwards of {_ms(c['forward_time_ms'])} (median), "
-                f"their attention {_ms(c['attention_time_ms'])} each; every attention call together "
-                f"{_ms(total)}, {100 * total / 1e3 / c['generation_s']:.1f}% of the "
-                f"{'generation' if len(times) < 2 else 'wall time'}")
+        line = f"{what}; {forwards} denoiser forwards of {_ms(c['forward_time_ms'])} (median), " + (
+            f"their attention {_ms(c['attention_time_ms'])} each; every attention call together {_ms(total)}, "
+            f"{100 * total / 1e3 / c['generation_s']:.1f}% of the {'generation' if len(times) < 2 else 'wall time'}"
+            if _known(c.get("attention_time_ms")) else "their attention not recorded (compiled, or modules of a "
+            "kind attnprof has no hook for: the notes say)")
         if len(mine):
             top = mine.sort_values("time_total_ms").iloc[-1]
             line += (f"; the most, {top['block']} ({top['tokens_q']} x {top['tokens_k']} tokens): "

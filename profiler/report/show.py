@@ -51,7 +51,13 @@ def _index_row(path: Path) -> dict:
         return row
     row.update({s: int(counts.get(s, 0)) for s in DONE_STATUSES}, readable=True)
     row["pending"] = max(0, row["cells"] - int(counts.sum()))
-    if row["pending"] and not m.get("ended_at"):
+    left = left_backends(m, cells) if m.get("interrupted") else []
+    if left:  # an interrupted record run: what it lacks
+        row["warning"] = (f"interrupted: no complete cell of {', '.join(b or 'loaded' for b in left)} "
+                          "(attnprof record --resume finishes it)")
+    elif m.get("interrupted") and m.get("ended_at"):
+        row["warning"] = "interrupted"
+    elif row["pending"] and not m.get("ended_at"):
         row["warning"] = f"unfinished: {int(counts.sum())} of {row['cells']} cells recorded (running, or stopped)"
     elif row["pending"]:
         row["warning"] = f"incomplete: {row['pending']} of {row['cells']} cells never recorded"
@@ -200,18 +206,34 @@ def resume_record(run: Run) -> str:
     return f"attnprof record --out {run.path.parent} --resume {run.id}"
 
 
+def _partial(cells) -> set:
+    """The backends of a record run's partial cells (the generations of a script stopped before it ended)."""
+    return set(cells[cells["partial"].eq(True)]["backend"]) if len(cells) and "partial" in cells else set()
+
+
+def left_backends(m: dict, cells) -> list:
+    """The backends of a record run (as record names them: None, the script's own processors) with no complete cell:
+    none at all, or only the partial cells of a script stopped before it ended; what --resume runs again."""
+    partial = _partial(cells)
+    done = {b for b in cells["backend"] if b not in partial} if len(cells) else set()
+    return [b for b in (m.get("record") or {}).get("backends") or [] if (b or "loaded") not in done]
+
+
 def _unfinished(run: Run, m: dict, cells) -> list[str]:
-    """An interrupted record run: the backends it has no cell of, and the command that finishes it."""
-    facts = m.get("record") or {}
-    if not m.get("interrupted") or not facts.get("backends"):
-        return []
-    done = set(cells["backend"]) if len(cells) else set()
-    left = [b or "loaded" for b in facts["backends"] if (b or "loaded") not in done]
+    """An interrupted record run: the backends it has no complete cell of, and the command that finishes it."""
+    left = left_backends(m, cells) if m.get("interrupted") else []
     if not left:
         return []
-    names = ", ".join("the script's own processors (loaded)" if b == "loaded" else b for b in left)
-    return [f"interrupted: no cell of {names}: its run of {facts.get('script')} was stopped or made no pipeline "
-            f"call; finish it with: {resume_record(run)}"]
+    partial = _partial(cells)
+    names = ", ".join(("the script's own processors (loaded)" if b is None else b) +
+                      (" (its cells partial: the generations that ended before the stop)"
+                       if (b or "loaded") in partial else "") for b in left)
+    return [f"interrupted: no {'complete ' if partial else ''}cell of {names}: its run of "
+            f"{(m.get('record') or {}).get('script')} was stopped or made no pipeline call; finish it with: "
+            f"{resume_record(run)}"]
+
+
+PARTIAL = "partial: the script was stopped; its generations that ended (attnprof record --resume runs it again)"
 
 
 def _short_models(rows: list[dict]) -> list[dict]:
@@ -252,7 +274,8 @@ def _recorded_lines(cells, m: dict) -> list[str]:
         times, steps = listed(c.get("generation_times_s")), listed(c.get("generation_steps"))
         calls = generations_text(steps, times) if len(times) > 1 else f"{c['steps']} steps"
         out += ["", f"{c['pipeline']}, {c['backend_label']} ({c['processors']}): {calls}, scheduler "
-                    f"{c['scheduler']}, guidance {c['guidance']}; {c['generation_s']:.3f} s of wall time",
+                    f"{c['scheduler']}, guidance {c['guidance']}; {c['generation_s']:.3f} s of wall time"
+                    + (f" ({PARTIAL})" if _known(c.get("partial")) and c["partial"] else ""),
                 table(rows, [(k, k) for k in ("component", "class", "forwards", "time", "share", "calls",
                                               "attention", "attention share")])]
     return out + [f"note: {n}" for n in m.get("notes") or []]
@@ -279,7 +302,8 @@ def _cell_rows(cells, twins: dict) -> list[dict]:
             "of peak": _of_peak(c.get("attention_pct_of_peak"), c.get("attention_roofline_bound")) if ok else "-",
             "rel err": _rel_err(c) if ok and _known(c.get("max_rel_err")) else "-",
             "noisy": "noisy" if ok and c["noisy"] else "",
-            "note": str(c.get("attention_note") or "")[:90] if ok else str(c["error"])[:90],
+            "note": (PARTIAL if _known(c.get("partial")) and c["partial"] else str(c.get("attention_note") or "")[:90]) if ok else
+            str(c["error"])[:90],
         })
     return rows
 
