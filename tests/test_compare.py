@@ -1,6 +1,7 @@
 """Run against run: the matching and the noise rule on constructed tables whose verdicts are worked out by hand;
 attnprof diff's exit codes."""
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -250,7 +251,8 @@ def test_report_bad_input_gets_one_line_and_no_traceback(dashboard_results, tmp_
     assert 'data-charts="7"' in text  # the U-Net, Compare, the roofline, Scaling's tokens, score tables, time, peaks
     assert text.count('<table class="cells">') == 1 and run_id in text
     assert "<h3>Roofline: each call against the device&#x27;s measured limits</h3>" in text
-    assert "<h2>Findings</h2>" in text and "was the fastest" in text  # the run's findings, as attnprof show states
+    # the run's findings, as attnprof show states them: a fastest, or none clearly (as the machine's load left the gap)
+    assert "<h2>Findings</h2>" in text and re.search(r"was the fastest|no backend is clearly the fastest", text)
     assert "<script src" not in text and "<link" not in text  # nothing to fetch
     assert not [p for p in tmp_path.rglob(".*.part")]  # no partial file left
 

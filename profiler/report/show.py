@@ -55,12 +55,12 @@ def _index_row(path: Path) -> dict:
     if left:  # an interrupted record run: what it lacks
         row["warning"] = (f"interrupted: no complete cell of {', '.join(b or 'loaded' for b in left)} "
                           "(attnprof record --resume finishes it)")
-    elif m.get("interrupted") and m.get("ended_at"):
-        row["warning"] = "interrupted"
     elif row["pending"] and not m.get("ended_at"):
         row["warning"] = f"unfinished: {int(counts.sum())} of {row['cells']} cells recorded (running, or stopped)"
     elif row["pending"]:
         row["warning"] = f"incomplete: {row['pending']} of {row['cells']} cells never recorded"
+    elif m.get("interrupted") and m.get("ended_at"):  # stopped with every planned cell stored: nothing left
+        row["warning"] = "interrupted"
     return row
 
 
