@@ -1053,8 +1053,8 @@ def _add_diff(sub) -> None:
                                    "is within noise. "
                                    "Exit code 1 when any regression is found, else "
                                    f"{NOT_JUDGED_EXIT} when any cell's time is not judged (too few samples, too "
-                                   "noisy, or the machine moved: a CI gate must not pass it silently), else 0; 2 on "
-                                   "bad input.")
+                                   "noisy, timed by different clocks, or the machine moved: a CI gate must not pass "
+                                   "it silently), else 0; 2 on bad input.")
     p.add_argument("run_a", metavar="RUN_A", help="the baseline: run id, unique prefix, 'latest' or a folder")
     p.add_argument("run_b", metavar="RUN_B", help="the run judged against it")
     p.add_argument("--results", default="results", help="results folder (default results)")

@@ -283,3 +283,31 @@ def test_the_reports_vega_bundle_is_built_once_per_vl_convert_version(tmp_path, 
     monkeypatch.setattr(vl_convert, "javascript_bundle", lambda: "another version's bundle")
     assert _bundle() == "another version's bundle"
     assert {p.name for p in kept.parent.iterdir()} == {kept.name, "vega-bundle-vl-convert-0.0.1.js"}
+
+
+def test_cells_timed_by_different_clocks_are_not_judged_and_two_kernel_timed_runs_are(tmp_path, capsys):
+    """The first H200 run's sdxl sdpa cell as stored (CUDA events around each call: 67.4 ms of attention a forward,
+    the host's time) against the same cell timed by its kernels (CUPTI: 7.51 ms). The 9x drop is the clock's, not
+    the code's: not judged, said in the row, the summary and --json, exit 3 as for any time not judged. Two
+    kernel-timed runs are judged on kernel time: 10% slower kernels are a regression."""
+    events = dict(cell("sdpa", [66.9, 67.4, 68.0]), device="cuda")  # stored before time_source: normalised says so
+    kernels = dict(cell("sdpa", [7.49, 7.51, 7.53]), device="cuda", time_source="cupti")
+    slower = dict(cell("sdpa", [8.24, 8.26, 8.28]), device="cuda", time_source="cupti")
+    for run_id, c in (("old", events), ("new", kernels), ("slower", slower)):
+        _run(tmp_path, run_id, [c])
+    assert main(["diff", "old", "new", "--results", str(tmp_path)]) == 3
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("sd15 "))
+    assert "not judged (A timed by cuda events: the host's time on a host-bound GPU; B by cupti kernel time)" in row
+    assert "improvement" not in row and "0 improvements" in out and "1 not judged" in out
+    assert main(["diff", "old", "new", "--results", str(tmp_path), "--json"]) == 3
+    matched = json.loads(capsys.readouterr().out)["matched"][0]
+    assert (matched["time_verdict"], matched["verdict"]) == (NOT_JUDGED, NOT_JUDGED)
+    assert matched["time_note"].startswith("not judged (A timed by cuda events")
+    assert matched["time_ratio"] == pytest.approx(7.51 / 67.4)  # the ratio is shown, not judged
+    assert main(["diff", "new", "slower", "--results", str(tmp_path), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["matched"][0]["time_verdict"] == REGRESSION
+    assert main(["diff", "old", "old", "--results", str(tmp_path)]) == 0  # one clock: the plain rule
+    host = time_verdict(SLOWER[0], SLOWER[1], 0.05, clocks=("host clock", "cupti"))
+    assert host[1:] == (NOT_JUDGED, "not judged (A timed by the host clock; B by cupti kernel time)")
+    assert time_verdict(*SLOWER, 0.05, clocks=("cupti", "cupti"))[1] == REGRESSION

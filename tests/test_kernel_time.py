@@ -142,6 +142,63 @@ def test_the_h200s_event_timed_cells_are_labelled_and_not_ranked_by_their_events
     assert not any("was the fastest" in s for s in said), said
 
 
+def test_show_says_each_cuda_cells_clock_and_bound(kernel_run):
+    """attnprof show of a kernel-timed run: each cell's clock (cupti), its forward's bound with the GPU's busy share
+    and its attention calls' host time, as stored; the legend says what they are; no event-timed note."""
+    from profiler.report.show import format_run
+
+    run, _ = kernel_run
+    cells, _ = run.read()
+    out = format_run(run, None, legend=True)
+    table = out.split("\n\n")[[i for i, part in enumerate(out.split("\n\n")) if part.startswith("model")][0]]
+    header, _, *rows = table.splitlines()
+    assert header.split()[header.split().index("attention"):][:5] == ["attention", "clock", "bound", "attn", "host"]
+    for c in cells.to_dict("records"):
+        row = next(r for r in rows if f" {c['backend_label']} " in r)
+        assert "cupti" in row and f"host, GPU {c['gpu_busy_pct']:.0f}% busy" in row, row
+        assert f"{c['attention_host_ms']:.1f} ms" in row, row
+    assert "clock: what timed the attention (time_source: cupti" in out and "busy under 70% of it" in out
+    assert "not kernel time" not in out
+
+
+def _stored_h200(root) -> Run:
+    """The first H200 run's sd15 cudnn and efficient cells stored as that run stored them: no time_source (read
+    back, normalised says cuda events)."""
+    cells, blocks = _h200(("sdpa-cudnn", "sdpa-efficient"))
+    run = Run.create(root, {"command": "gpu-check core run", "cells": [], "environment": {"device": "cuda"}})
+    for c in cells.drop(columns=["time_source"]).to_dict("records"):
+        run.record(c, blocks[blocks["cell_id"] == c["cell_id"]].drop(columns=["time_source"]).to_dict("records"))
+    return Run.open(run.path)
+
+
+def test_show_notes_an_event_timed_cuda_run(tmp_path):
+    """show names the clock of each of the H200's event-timed cells and says under the table that the times are
+    the host's."""
+    from profiler.report.show import format_run
+
+    out = format_run(_stored_h200(tmp_path), 118)
+    rows = [line for line in out.splitlines() if line.startswith("sd15 ")]
+    assert len(rows) == 2 and all("cuda events" in r for r in rows), out
+    assert "note: this run's CUDA times are cuda events around each call in a hooked forward (recorded before " \
+           "attnprof timed\n  kernels): the host's time on a host-bound GPU, not kernel time" in out, out
+
+
+def test_the_report_labels_an_event_timed_cuda_run(tmp_path):
+    """attnprof report of the H200's event-timed cells: its findings open with the event-timed label and name no
+    fastest; its cells table gives each cell's clock."""
+    import html
+
+    pytest.importorskip("vl_convert", reason="the report embeds vl-convert-python's Vega bundle")
+    from dashboards.report import render
+
+    page = html.unescape(render([_stored_h200(tmp_path).path]))
+    found = page.split("<h2>Findings</h2>")[1].split("<h2>")[0]
+    assert "<li>Times not judged: this run's CUDA times are events around each call" in found, found
+    assert "was the fastest" not in found
+    cells = page.split("<h2>Cells</h2>")[1]
+    assert "<th>time_source</th>" in cells and cells.count("<td>cuda events</td>") == 2
+
+
 def test_the_h200s_kernels_rank_cudnn_ahead_of_efficient():
     """The same cells with each call's kernels (gpu_time_ms, CUPTI's) as its time, as a kernel-timed run stores
     them: cuDNN 1.31 ms against mem-efficient's 2.53 ms a forward, so cuDNN is the fastest."""

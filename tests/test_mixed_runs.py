@@ -70,8 +70,8 @@ def test_diff_of_two_one_repeat_runs_judges_nothing_and_says_why(mixed_results, 
     rows = [line for line in out.splitlines() if line.startswith("tiny-sd15")]
     assert len(rows) == 2 and all(line.endswith("not judged  too few samples: 1 in A, 1 in B") for line in rows)
     assert out.rstrip().endswith("2 cells matched: 0 regressions, 0 improvements, 0 within noise, 2 not judged (too "
-                                 "noisy, too few samples, or the machine's own speed moved as much: see their "
-                                 "notes); 2 with too few samples (a verdict needs 3 per cell in each run: repeats 3 "
+                                 "noisy, too few samples, timed by different clocks, or the machine's own speed "
+                                 "moved as much: see their notes); 2 with too few samples (a verdict needs 3 per cell in each run: repeats 3 "
                                  "or more)")
     assert "a time is not judged where a run holds fewer than 3 samples of the cell" in out.splitlines()[0]
     assert main(["diff", a, b, "--results", root, "--json"]) == 3

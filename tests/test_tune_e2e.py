@@ -137,6 +137,11 @@ def test_show_findings_and_the_report_show_the_map(tune_run, tmp_path):
     assert "The map tuned (tuned.json) for tiny-sd15 at 64x64 runs" in shown  # the findings' sentence
     cells = run.cells()
     assert set(cells["backend_label"]) == {"naive", "sdpa", "split", "tuned (tuned.json)"}
+    import pandas as pd  # as stored, before a reader fills what old runs lack: each row says its clock, as a sweep's
+
+    stored = {f: pd.read_parquet(tune_run / f"{f}.parquet") for f in ("cells", "blocks")}
+    assert len(stored["cells"]) == 4 and stored["cells"]["time_source"].tolist() == ["host clock"] * 4
+    assert set(stored["blocks"]["time_source"]) == {"host clock"}
     html = tmp_path / "r.html"
     _cli(["report", tune_run.name, "--out", str(html), "--results", str(tune_run.parent)])
     text = html.read_text()

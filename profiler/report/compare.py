@@ -12,6 +12,9 @@ over its calls; the forward's samples for runs recorded before those were kept):
   (3) samples in either run (one sample has no spread, so any change would count; two have too little to judge
   by), or whose interquartile range in either run is over NOISY_LIMIT (50%) of its median (samples that swung 30 ms
   to 1.4 s overlap whatever the change: a 10x slowdown read "within noise" once), is "not judged", with the reason.
+  So is a cell the two runs timed by different clocks (time_source, frame.CLOCKS): a CUDA run stored before kernel
+  timing holds CUDA events around each call, the host's time on a host-bound GPU, and a 9x "improvement" against
+  its CUPTI kernel time would be the clock's, not the code's. Both kernel-timed: judged on kernel time.
 - the machine's own state: each run holds calibrations (measure/calibrate.py: a fixed small workload timed at its
   start and its end). Where B's machine was up to k times slower than A's (B's calibration over A's at the start,
   and at the end: the larger), a regression must also clear k: B's median over (1 + threshold) k times A's and
@@ -36,6 +39,7 @@ import statistics
 import pandas as pd
 
 from ..fmt import human_bytes, table
+from .frame import CLOCKS
 
 KEY = ["model", "settings", "width", "height", "batch", "dtype", "backend", "backend_options"]
 REGRESSION, IMPROVEMENT, SAME, NOT_JUDGED = "regression", "improvement", "within noise", "not judged"
@@ -60,8 +64,9 @@ def rule_text(threshold: float | str = "--threshold") -> str:
             f"not overlap, and beyond what the machine's own speed explains (each run's calibrations at its start "
             f"and end, B's over A's); a time is not judged where a run holds fewer than {MIN_SAMPLES} samples of the "
             f"cell (repeats {MIN_SAMPLES} or more), where its IQR is over {100 * NOISY_LIMIT:g}% of its median, or "
-            f"where B's machine was over {100 * MACHINE_LIMIT:g}% slower or faster than A's; a peak change counts "
-            f"past {past} and {human_bytes(PEAK_FLOOR)}")
+            f"where B's machine was over {100 * MACHINE_LIMIT:g}% slower or faster than A's, or where the runs timed it "
+            f"by different clocks (time_source: CUDA events before kernel timing, CUPTI kernels since); a peak "
+            f"change counts past {past} and {human_bytes(PEAK_FLOOR)}")
 
 
 def time_samples(cell: dict, forward: bool = False) -> list[float]:
@@ -109,13 +114,14 @@ def quartiles(samples: list[float]) -> tuple[float, float, float]:
     return q1, med, q3
 
 
-def time_verdict(a: list[float], b: list[float], threshold: float,
-                 machine: tuple[float, float] = STEADY) -> tuple[float, str, str]:
+def time_verdict(a: list[float], b: list[float], threshold: float, machine: tuple[float, float] = STEADY,
+                 clocks: tuple = (None, None)) -> tuple[float, str, str]:
     """(B's median / A's, the verdict by the noise rule, why it could not judge: '' where it could). machine: (how
-    many times slower B's machine was at most, how many times faster at most), from the runs' calibrations."""
+    many times slower B's machine was at most, how many times faster at most), from the runs' calibrations; clocks:
+    each side's time_source, where known."""
     (a1, am, a3), (b1, bm, b3) = quartiles(a), quartiles(b)
     ratio = bm / am
-    unjudged = _unjudged(a, b, (a1, am, a3), (b1, bm, b3), machine)
+    unjudged = _unjudged(a, b, (a1, am, a3), (b1, bm, b3), machine, clocks)
     if unjudged:
         return ratio, NOT_JUDGED, unjudged
     slower, faster = max(machine[0], 1.0), min(machine[1], 1.0)
@@ -130,10 +136,13 @@ def time_verdict(a: list[float], b: list[float], threshold: float,
     return ratio, SAME, ""
 
 
-def _unjudged(a: list[float], b: list[float], qa: tuple, qb: tuple, machine: tuple[float, float]) -> str:
-    """Why two cells' samples cannot be judged at all, whatever their change: too few of them, spread too wide
-    (the runs named, the wider one's IQR over its median said), or a machine that moved past MACHINE_LIMIT either
-    way; '' where they can be."""
+def _unjudged(a: list[float], b: list[float], qa: tuple, qb: tuple, machine: tuple[float, float],
+              clocks: tuple = (None, None)) -> str:
+    """Why two cells' samples cannot be judged at all, whatever their change: timed by different clocks (each
+    side's time_source, where both are known), too few of them, spread too wide (the runs named, the wider one's IQR
+    over its median said), or a machine that moved past MACHINE_LIMIT either way; '' where they can be."""
+    if all(c in CLOCKS for c in clocks) and clocks[0] != clocks[1]:
+        return f"not judged (A timed by {CLOCKS[clocks[0]]}; B by {CLOCKS[clocks[1]]})"
     if min(len(a), len(b)) < MIN_SAMPLES:
         return f"too few samples: {len(a)} in A, {len(b)} in B"
     spread = {run: (q3 - q1) / med if med else float("inf") for run, (q1, med, q3) in (("A", qa), ("B", qb))}
@@ -266,7 +275,8 @@ def _matched_row(ca: dict, cb: dict, threshold: float, machine: tuple[float, flo
         row.update(time_ratio=float("nan"), time_verdict=NOT_JUDGED, time_note=f"not judged (no samples in {none})")
     else:
         row.update(time_a_ms=statistics.median(sa), time_b_ms=statistics.median(sb))
-        row["time_ratio"], row["time_verdict"], row["time_note"] = time_verdict(sa, sb, threshold, machine)
+        row["time_ratio"], row["time_verdict"], row["time_note"] = time_verdict(
+            sa, sb, threshold, machine, (ca.get("time_source"), cb.get("time_source")))
     if forward and not cross:
         row["note"] = "the forwards' times: a side's attention has no time of its own (compiled, or not recorded)"
     peak = "forward_peak_mem_bytes" if cross else "attention_peak_mem_bytes"
@@ -312,8 +322,8 @@ def summary_text(s: dict) -> str:
     """The summary line of attnprof diff and of the dashboard's comparison."""
     few = (f"; {s['too_few_samples']} with too few samples (a verdict needs {MIN_SAMPLES} per cell in each run: "
            f"repeats {MIN_SAMPLES} or more)") if s["too_few_samples"] else ""
-    unjudged = (f", {s['not_judged']} not judged (too noisy, too few samples, or the machine's own speed moved as "
-                f"much: see their notes)" if s.get("not_judged") else "")
+    unjudged = (f", {s['not_judged']} not judged (too noisy, too few samples, timed by different clocks, or the "
+                f"machine's own speed moved as much: see their notes)" if s.get("not_judged") else "")
     return (f"{s['matched']} cells matched: {s['regressions']} regressions, {s['improvements']} improvements, "
             f"{s['within_noise']} within noise{unjudged}{few}")
 

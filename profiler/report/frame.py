@@ -49,7 +49,8 @@ def normalised(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(**_derived(df))
 
 
-CLOCKS = ("cupti", "host clock", "cuda events")  # what a stored time_source may say of its times
+CLOCKS = {"cupti": "cupti kernel time", "host clock": "the host clock",  # what a stored time_source may say of
+          "cuda events": "cuda events: the host's time on a host-bound GPU"}  # its times, and what that means
 
 
 def clocks(df: pd.DataFrame) -> dict[str, pd.Series]:
@@ -57,9 +58,9 @@ def clocks(df: pd.DataFrame) -> dict[str, pd.Series]:
     a prediction's source text once stored under that name, as predicted_time_source."""
     implied = df["device"].astype(str).str.startswith("cuda").map({True: "cuda events", False: "host clock"})
     stored = df["time_source"] if "time_source" in df else pd.Series(None, index=df.index, dtype=object)
-    clock = stored.where(stored.isin(CLOCKS), implied)
+    clock = stored.where(stored.isin(list(CLOCKS)), implied)
     out = {"time_source": clock}
-    moved = stored.notna() & ~stored.isin(CLOCKS)
+    moved = stored.notna() & ~stored.isin(list(CLOCKS))
     if moved.any():
         kept = df["predicted_time_source"] if "predicted_time_source" in df else stored.where(~moved)
         out["predicted_time_source"] = kept.where(kept.notna(), stored.where(moved))

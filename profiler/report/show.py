@@ -152,9 +152,9 @@ def _references(cells) -> str:
 
 
 # what show leaves out first to fit a terminal, in order (--wide: none)
-NARROW_DROP = ["eager fwd peak", "eager attn peak", "eager forward", "note", "fwd predicted", "ratio", "predicted",
-               "family", "dtype", "batch", "fwd peak", "settings", "compile", "graph breaks", "noisy", "of peak",
-               "rel err"]
+NARROW_DROP = ["eager fwd peak", "eager attn peak", "eager forward", "note", "fwd predicted", "attn host", "ratio",
+               "predicted", "family", "dtype", "batch", "fwd peak", "bound", "settings", "compile", "graph breaks",
+               "noisy", "of peak", "clock", "rel err"]
 
 
 LEGEND_HINT = "(attnprof show --legend says what each column is)"
@@ -191,6 +191,7 @@ def format_run(run: Run, width: int | None = None, legend: bool = False) -> str:
         shown, dropped = fitted_table(_short_models(rows), columns, width, NARROW_DROP)
         lines += [shown, ""] + ([f"(left out to fit {width} columns: {', '.join(dropped)}; --wide shows them)"]
                                if dropped else []) + [textwrap.fill(note, width)]
+    lines += _events_line(cells)
     lines += _recorded_lines(cells, m) + _tuned_lines(run, cells, blocks, width) + \
         ([""] + unfinished if unfinished else [])
     if len(blocks) and blocks["peak_mem_bytes"].notna().any():
@@ -294,6 +295,7 @@ def _cell_rows(cells, twins: dict) -> list[dict]:
             "forward": _ms(c.get("forward_time_ms")) if ok else "-",  # a replay has no forward
             "compile": _compile(c) if ok and _known(c.get("compile_s")) else "",
             "attention": _ms(c["attention_time_ms"]) if ok else "-",
+            **_clock(c, ok),
             "attn peak": human_bytes(c["attention_peak_mem_bytes"]) if ok else "-",
             "predicted": human_bytes(c.get("predicted_peak_bytes")),
             "fwd peak": human_bytes(c.get("forward_peak_total_bytes")) if ok else "-",
@@ -315,8 +317,29 @@ def _cell_columns(rows: list[dict], twins: dict) -> list[str]:
             "size", "batch", "dtype", "family", "backend", "status", "forward"] + (
             ["compile"] if any(r["compile"] for r in rows) else []) + (
             ["graph breaks"] if any(r["graph breaks"] for r in rows) else []) + [
-            "attention", "rel err", "attn peak", "predicted", "fwd peak", "fwd predicted", "ratio", "of peak", "noisy",
+            "attention", *[k for k in ("clock", "bound", "attn host") if any(r[k] for r in rows)], "rel err",
+            "attn peak", "predicted", "fwd peak", "fwd predicted", "ratio", "of peak", "noisy",
             *eager, "note"]
+
+
+def _clock(c: dict, ok: bool) -> dict:
+    """A CUDA cell's clock (its time_source), the bound of its plain forward with the GPU's busy share, and its
+    attention calls' host time; blank on the CPU, whose one clock is the host's."""
+    clock = c.get("time_source")
+    if clock in (None, "host clock") or clock != clock:
+        return {"clock": "", "bound": "", "attn host": ""}
+    busy, bound = c.get("gpu_busy_pct"), c.get("bound")
+    return {"clock": clock, "bound": f"{bound}, GPU {busy:.0f}% busy" if ok and isinstance(bound, str) and
+            _known(busy) else "", "attn host": _ms(c.get("attention_host_ms")) if ok and _known(
+                c.get("attention_host_ms")) else ""}
+
+
+def _events_line(cells) -> list[str]:
+    """The note under an event-timed CUDA run's table (frame.normalised's time_source "cuda events")."""
+    if "time_source" not in cells or not cells["time_source"].eq("cuda events").any():
+        return []
+    return ["note: this run's CUDA times are cuda events around each call in a hooked forward (recorded before "
+            "attnprof timed kernels): the host's time on a host-bound GPU, not kernel time; measure again for it."]
 
 
 def _footnote(cells) -> str:
@@ -331,7 +354,19 @@ def _footnote(cells) -> str:
             "its memory model. fwd peak: the forward's peak counted as the planner counts it (weights + inputs + "
             "the forward's transient), beside the planner's prediction from fake tensors (attnprof plan), and their "
             "ratio. of peak: the attention's achieved FLOP/s against the roofline bound that applies (the device's "
-            "measured compute peak, or its bandwidth x the calls' FLOPs per byte moved).")
+            "measured compute peak, or its bandwidth x the calls' FLOPs per byte moved)." + _clock_legend(cells))
+
+
+def _clock_legend(cells) -> str:
+    """The CUDA columns' legend, where the run has them (_clock)."""
+    if "time_source" not in cells or cells["time_source"].fillna("host clock").eq("host clock").all():
+        return ""
+    from ..measure.passes import BUSY_SHARE  # torch: only for a CUDA run's legend
+
+    return (" clock: what timed the attention (time_source: cupti, each call's GPU kernels; cuda events, for CUDA "
+            "runs recorded before kernel timing: the host's time on a host-bound GPU). bound: what set the plain "
+            f"forward's pace (host where the GPU was busy under {100 * BUSY_SHARE:.0f}% of it), with the GPU's "
+            "busy share. attn host: the attention calls' host time (Python, launches) summed.")
 
 
 def _largest_calls(blocks, width: int | None = None) -> str:
