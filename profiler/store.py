@@ -135,6 +135,24 @@ def add_to_cache(path: Path, key: str, entry) -> None:
     write_cache(path, _json_text({**read_cache(path), key: entry}))
 
 
+@contextmanager
+def cache_lock(path: Path):
+    """The cache file at path held by one process at a time while it measures what the file lacks: a second waits,
+    then reads what the first stored (two measuring at once would each time a machine the other keeps busy). Where
+    the lock file cannot be made (a read-only cache folder), no lock."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
 def _write_rows(path: Path, rows: list[dict]) -> None:
     table = pa.Table.from_pylist(rows)
     _atomic_write(path, lambda tmp: pq.write_table(table, tmp))

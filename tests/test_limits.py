@@ -245,6 +245,32 @@ def test_softmax_score_gemms_and_the_caches_copy_go_through_the_devices_replay(m
     assert len(seen) == 3 and min(seen) >= limits.LAUNCHES
 
 
+def test_a_process_that_lacks_the_limits_waits_for_the_one_measuring_them_and_reads_what_it_stored(tmp_path,
+                                                                                                    monkeypatch):
+    """Two processes (two sweeps, or a suite's workers) asking at once for limits the cache lacks: the second waits on
+    the cache's lock while the first measures, then reads the figures the first stored and measures nothing (two
+    measuring at once would each time a machine the other keeps busy)."""
+    import threading
+
+    from profiler.store import cache_lock
+
+    monkeypatch.setenv("ATTNPROF_CACHE", str(tmp_path))
+    path, key = limits.cache_path(), limits.device_key("cpu")
+    stored = {"flops": {"float32": 1.5e9}, "softmax_per_s": {"float32": 2.5e8}, "score_gemm_per_s": {"float32": 3.5e8},
+              "bytes_per_s": 4.5e9, "cache_bytes": 0, "cache_bytes_per_s": None, "fresh_bytes_per_s": None,
+              "launch_us": 5.5, "replayed": True, "measured_at": "2026-12-05T12:00:00+00:00"}
+    got = {}
+    with cache_lock(path):  # the first process, measuring
+        second = threading.Thread(target=lambda: got.update(limits.device_limits("cpu", ["float32"])))
+        second.start()
+        second.join(1.0)
+        assert second.is_alive() and not got  # waiting on the lock
+        path.write_text(json.dumps({key: stored}))  # what the first stored as it ended
+    second.join(120)
+    assert got["device_peak_flops"] == {"float32": 1.5e9} and got["device_launch_us"] == 5.5
+    assert json.loads(path.read_text()) == {key: stored}  # nothing measured, nothing added
+
+
 def test_a_cache_bandwidth_below_the_memorys_is_refused_in_one_line(tmp_path, monkeypatch):
     """The H200 run's limits (its manifest: memory 4.24e12 B/s, its 60 MiB L2's copy 1.35e12 B/s, a cost per launch):
     the cache figure is refused with one line, and the time model prices every op at the memory's bandwidth."""

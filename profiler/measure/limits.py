@@ -92,20 +92,20 @@ def device_limits(device: str, dtypes) -> dict:
     "device_score_gemm_per_s": {dtype: score elements/s}, "device_launch_us": the host's microseconds per launch,
     "device_limits": {key, cache, measured_at, method, refused}}: from the cache, measuring what it lacks (a dtype
     not yet measured, a figure an older version did not measure) and adding it."""
-    from ..store import add_to_cache, read_cache
+    from ..store import add_to_cache, cache_lock, read_cache
 
     dev = devices.get(device)
     path = cache_path()
-    with dev.guard():
+    with dev.guard(), cache_lock(path):  # another process measuring: wait, then read what it stored
         key = _key(dev)
         entry = dict(read_cache(path).get(key) or {})
         before = json.dumps(entry, sort_keys=True)
         with torch.no_grad():
             _measure_missing(dev, entry, dtypes)
         dev.release()
-    if json.dumps(entry, sort_keys=True) != before:
-        entry["measured_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-        add_to_cache(path, key, entry)  # one that cannot be written is measured again next time
+        if json.dumps(entry, sort_keys=True) != before:
+            entry["measured_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+            add_to_cache(path, key, entry)  # one that cannot be written is measured again next time
     memory = {k: entry.get(k) for k in ("cache_bytes", "cache_bytes_per_s", "fresh_bytes_per_s")}
     return {"device_peak_flops": {d: entry["flops"][d] for d in dtypes}, "device_peak_bytes_per_s": entry["bytes_per_s"],
             "device_memory": {**memory, "fresh_min_bytes": dev.fresh_min_bytes},
