@@ -20,6 +20,7 @@ import streamlit as st  # noqa: E402
 
 from dashboards import charts as C  # noqa: E402
 from dashboards import transforms as T  # noqa: E402
+from profiler.report.compare import ATTENTION_SPLIT  # noqa: E402
 from profiler.store import list_runs  # noqa: E402
 
 PAGES = ("Runs", "Run", "Generation", "Compare", "Scaling", "Planner", "Queue")
@@ -259,11 +260,12 @@ def run_page(cells: pd.DataFrame, blocks: pd.DataFrame, cell: str | None, colour
                 st.info(f"{empty}.")
             else:
                 chart(layout, C.call_bars(f"peak_mem_{unit}", f"peak memory per call ({unit})", unit, len(layout)))
-        table(layout[[c for c in ("call_index", "block", "stage", "level", "kind", "heads", "head_dim", "tokens_q",
-                                  "tokens_k", "score_elements", "score_bytes", "flops", "time_ms", "iqr_ms", "noisy",
-                                  "peak_mem_bytes", "predicted_peak_bytes", "bytes_moved", "arithmetic_intensity",
-                                  "achieved_flops_per_s", "pct_of_peak", "roofline_bound", "kernel") if c in layout]],
-              "blocks")
+        shown = [c for c in ("call_index", "block", "stage", "level", "kind", "heads", "head_dim", "tokens_q",
+                             "tokens_k", "score_elements", "score_bytes", "flops", "time_ms", "attn_kernel_ms",
+                             "proj_kernel_ms", "iqr_ms", "noisy", "peak_mem_bytes", "predicted_peak_bytes",
+                             "bytes_moved", "arithmetic_intensity", "achieved_flops_per_s", "pct_of_peak",
+                             "roofline_bound", "kernel") if c in layout]
+        table(layout[shown].rename(columns=T.SPLIT_NAMES), "blocks")
         traces_ui(cells, run_id, cell_id, root)
     else:
         st.info("No cell of the chosen runs and filters ended ok: nothing to draw. The cells and their errors:")
@@ -272,7 +274,7 @@ def run_page(cells: pd.DataFrame, blocks: pd.DataFrame, cell: str | None, colour
     st.subheader("Cells")
     st.caption("forward peak total: measured, counted as the planner counts it (weights + inputs + the forward's "
                "transient); predicted forward peak: the planner's, from fake tensors; ratio: measured / predicted.")
-    table(cells[[c for c in T.CELL_COLUMNS if c in cells]], "cells")
+    table(T.cells_table(cells), "cells")
 
 
 def component_maps(blocks: pd.DataFrame, colour: str, empty: str) -> str:
@@ -354,8 +356,9 @@ def generation_page(cells: pd.DataFrame, chosen: list[str], root: Path) -> None:
     comps = [T.component_table(c) for c in rows]
     st.subheader("Per component: its forwards' time and attention's share of it")
     st.caption("Pale: the component's forwards in the generation; solid: their attention calls (the attention "
-               "processor's whole call, q/k/v and output projections included). 'not recorded': no hook of ours "
-               "reached its attention (compiled, or a kind of module attnprof does not record), never 0.")
+               "processor's whole call, q/k/v and output projections included; attention core and attention "
+               f"projections split it: {ATTENTION_SPLIT}). 'not recorded': no hook of ours reached its attention "
+               "(compiled, or a kind of module attnprof does not record), never 0.")
     both, legend = T.labelled(pd.concat(comps, ignore_index=True), ("cell",))
     chart(both, C.component_time(legend, len(both)))
     table(both.drop(columns=["label", "variant"]), "components")

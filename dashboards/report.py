@@ -14,7 +14,7 @@ import pandas as pd
 from dashboards import charts as C
 from dashboards import transforms as T
 from profiler.env import cache_dir
-from profiler.report.compare import ATTENTION_TIME
+from profiler.report.compare import ATTENTION_SPLIT, ATTENTION_TIME
 from profiler.store import Run, write_cache
 
 
@@ -179,7 +179,7 @@ def render(paths: list[Path]) -> str:
                     for run, sentences in T.run_findings(cells, blocks).items() if sentences)
     if len(cells):
         cells = cells.assign(_family=T.family_order(cells)).sort_values(["run_id", "_family"], kind="stable")
-    shown = T.display(cells[[c for c in T.CELL_COLUMNS if c in cells]]) if len(cells) else pd.DataFrame()
+    shown = T.display(T.cells_table(cells)) if len(cells) else pd.DataFrame()
     families = T.display(T.family_table(cells)) if len(cells) else pd.DataFrame()
     maps = _maps_section(cells, blocks)
     names = ", ".join(r.id for r in runs)
@@ -197,7 +197,8 @@ th {{ background: #f3f3f3; }} p {{ color: #555; max-width: 60rem; }}
 <body data-charts="{len(specs)}" data-rendered="0">
 <h1>attnprof report</h1>
 <p>Runs {html.escape(names)}; written {dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")} by attnprof
-report. Times: {html.escape(ATTENTION_TIME)} (a call's time: the median of its timed calls); peaks are each call's
+report. Times: {html.escape(ATTENTION_TIME)} (a call's time: the median of its timed calls);
+{html.escape(ATTENTION_SPLIT)}; peaks are each call's
 transient peak over what was held when it began. Everything, the chart library included, is in this file: it needs no server and no network.</p>
 <h2>Findings</h2>{found or "<p>No cells recorded.</p>"}
 <h2>Runs and environment</h2>{_table(meta)}{_table(env, "env")}

@@ -206,9 +206,9 @@ def generation_line(cell: dict) -> str:
 
 def component_table(cell: dict) -> pd.DataFrame:
     """Per component of a recorded generation: its forwards and their time with its share of the wall time, its
-    attention calls, their time, and attention's share of the component's time and of the generation's. Where a
-    component's attention was not recorded (compiled, or a kind of module with no hook) its calls say 'not recorded
-    (...)' and its attention figures are NaN, never 0."""
+    attention calls, their time (its core and projections apart: _split), and attention's share of the component's
+    time and of the generation's. Where a component's attention was not recorded (compiled, or a kind of module with
+    no hook) its calls say 'not recorded (...)' and its attention figures are NaN, never 0."""
     import json
 
     wall_ms = cell["generation_s"] * 1e3
@@ -221,10 +221,26 @@ def component_table(cell: dict) -> pd.DataFrame:
                      "forwards": r["forwards"], "time_ms": r["time_ms"], "time_share_pct": 100 * r["time_ms"] / wall_ms,
                      "attention_calls": int(r["attention_calls"]) if recorded else
                      f"not recorded ({missing})" if missing else "not recorded",
-                     "attention_ms": attention, "rest_ms": r["time_ms"] - attention if recorded else float("nan"),
+                     "attention_ms": attention, **_split(r, recorded),
+                     "rest_ms": r["time_ms"] - attention if recorded else float("nan"),
                      "attention_of_component_pct": 100 * attention / r["time_ms"] if r["time_ms"] else float("nan"),
                      "attention_share_pct": 100 * attention / wall_ms})
     return pd.DataFrame(rows)
+
+
+def _split(component: dict, recorded: bool) -> dict:
+    """A component's attention time split (report.compare.ATTENTION_SPLIT): attention_core_ms and
+    attention_projections_ms; NaN where its attention is not recorded or its run stored no split."""
+    nan = float("nan")
+    return {"attention_core_ms": component.get("attention_core_ms", nan) if recorded else nan,
+            "attention_projections_ms": component.get("attention_proj_ms", nan) if recorded else nan}
+
+
+def _split_sums(calls: pd.DataFrame) -> dict:
+    """Aggregations (groupby.agg) of calls' time split: core_ms, projections_ms (NaN where no call has it)."""
+    some = lambda v: v.sum(min_count=1)  # noqa: E731
+    return {name: (column, some) if column in calls else ("time_ms", lambda v: float("nan"))
+            for name, column in (("core_ms", "attn_kernel_ms"), ("projections_ms", "proj_kernel_ms"))}
 
 
 def step_table(calls: pd.DataFrame, label: str) -> pd.DataFrame:
@@ -242,10 +258,11 @@ def generations_table(calls: pd.DataFrame, cell: dict) -> pd.DataFrame:
     """Per pipeline call (generation) of a recorded cell: its steps, its attention calls and their time, per
     component and in all; its wall time where the run recorded one per generation."""
     if not len(calls):  # none recorded (a compiled component): no row, the columns a reader asks for
-        return pd.DataFrame(columns=["generation", "steps", "calls", "attention_ms", "cell"])
+        return pd.DataFrame(columns=["generation", "steps", "calls", "attention_ms", "core_ms", "projections_ms",
+                                     "cell"])
     per = calls.groupby(["generation", "component"])["time_ms"].sum().unstack("component").add_suffix("_attention_ms")
     out = calls.groupby("generation").agg(steps=("step", "nunique"), calls=("time_ms", "size"),
-                                          attention_ms=("time_ms", "sum")).join(per).reset_index()
+                                          attention_ms=("time_ms", "sum"), **_split_sums(calls)).join(per).reset_index()
     times = cell.get("generation_times_s")
     if hasattr(times, "__len__") and len(times) == len(out):
         out.insert(2, "wall_s", list(times))
@@ -254,18 +271,20 @@ def generations_table(calls: pd.DataFrame, cell: dict) -> pd.DataFrame:
 
 def costliest_blocks(calls: pd.DataFrame, label: str, top: int = 10, among=None) -> pd.DataFrame:
     """The blocks whose calls took the most, all their calls in every generation summed: component, block, kind,
-    shape, calls, the total and the median call, and the share of all the generation's attention time. among:
-    those blocks only, however many (a second generation's figures for the first one's costliest)."""
+    shape, calls, the total (its core and projections apart: core_ms, projections_ms) and the median call, and the
+    share of all the generation's attention time. among: those blocks only, however many (a second generation's
+    figures for the first one's costliest)."""
     if not len(calls):
         return pd.DataFrame(columns=["component", "block", "kind", "heads", "head_dim", "calls", "total_ms",
-                                     "median_ms", "share_of_attention_pct", "cell", "tokens"])
+                                     "core_ms", "projections_ms", "median_ms", "share_of_attention_pct", "cell",
+                                     "tokens"])
     total = calls["time_ms"].sum()
     if among is not None:
         calls, top = calls[calls["block"].isin(among)], len(among)
     out = calls.groupby(["component", "block"], as_index=False, sort=False).agg(
         kind=("kind", "first"), heads=("heads", "first"), head_dim=("head_dim", "first"),
         tokens_q=("tokens_q", "first"), tokens_k=("tokens_k", "first"), calls=("time_ms", "size"),
-        total_ms=("time_ms", "sum"), median_ms=("time_ms", "median"))
+        total_ms=("time_ms", "sum"), **_split_sums(calls), median_ms=("time_ms", "median"))
     out = out.assign(share_of_attention_pct=100 * out["total_ms"] / total, cell=label,
                      tokens=out["tokens_q"].astype(str) + " x " + out["tokens_k"].astype(str)).drop(
         columns=["tokens_q", "tokens_k"])
@@ -395,14 +414,29 @@ def roofline_lines(cells: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
 # The cells table of the Run page and of the report: what a cell is, how it ended, its figures beside the planner's.
 # time_source says what the times are: kernel time (cupti) on CUDA, the host clock on the CPU, CUDA events (the host's
 # time on a host-bound GPU) for CUDA runs recorded before kernel timing; bound and gpu_busy_pct say what set a CUDA
-# forward's pace, attention_kernel_ms the attention cores' share of the calls, attention_host_ms their host time.
+# forward's pace, attention_kernel_ms and attention_proj_ms where the calls' time went (shown as attention core and
+# attention projections: SPLIT_NAMES), attention_host_ms their host time.
 CELL_COLUMNS = ("run_id", "model", "settings_label", "size", "batch", "dtype", "family", "backend_label", "status",
-                "error", "attention_time_ms", "time_source", "attention_kernel_ms", "attention_host_ms", "bound",
+                "error", "attention_time_ms", "time_source", "attention_kernel_ms", "attention_proj_ms",
+                "attention_host_ms", "bound",
                 "gpu_busy_pct", "forward_gpu_ms", "forward_graph_ms", "unsteady", "max_rel_err", "iqr_ms",
                 "attention_peak_mem_bytes",
                 "predicted_peak_bytes", "forward_peak_total_bytes", "predicted_forward_peak_bytes",
                 "forward_peak_ratio", "forward_time_ms", "compile_s", "attention_achieved_flops_per_s",
                 "attention_pct_of_peak", "attention_roofline_bound", "noisy", "kernel", "trace_files")
+
+
+# Where an attention call's time went (report.compare.ATTENTION_SPLIT), stored in one pair of columns on both devices
+# (kernel time on CUDA, host time on the CPU), as the tables name it
+SPLIT_NAMES = {"attention_kernel_ms": "attention_core_ms", "attention_proj_ms": "attention_projections_ms",
+               "attn_kernel_ms": "core_ms", "proj_kernel_ms": "projections_ms"}
+
+
+def cells_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """The cells table of the Run page and of the report: CELL_COLUMNS that the cells hold, the attention split
+    always (NaN, shown '-', for a run stored without it) and named as SPLIT_NAMES says."""
+    columns = [c for c in CELL_COLUMNS if c in cells or c in SPLIT_NAMES]
+    return cells.reindex(columns=columns).rename(columns=SPLIT_NAMES)
 
 
 def run_findings(cells: pd.DataFrame, blocks: pd.DataFrame) -> dict[str, list[str]]:

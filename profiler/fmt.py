@@ -13,6 +13,11 @@ def human_bytes(n) -> str:
     return f"{n:.1f} TiB"
 
 
+def ms_text(value) -> str:
+    """A time in milliseconds as a person reads it in a table: '12.3 ms'; '-' where it is unknown (None, NaN)."""
+    return f"{value:.1f} ms" if value is not None and value == value else "-"
+
+
 def human_count(n) -> str:
     if n is None or n != n:
         return "-"

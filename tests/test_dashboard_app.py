@@ -463,8 +463,12 @@ def test_the_generation_page_per_component_step_and_generation(record_results, m
     table = _table(at, 0).set_index("component")  # shown in units: ms, %; calls as counts
     assert table.loc["text_encoder", "class"] == "CLIPTextModel" and table.loc["text_encoder", "attention_calls"] == 4
     assert table.loc["unet", "time share"].endswith("%") and table.loc["unet", "attention"].endswith(" ms")
+    for part in ("attention core", "attention projections"):  # the attention's split (profile: on the CPU too)
+        assert table.loc["unet", part].endswith(" ms")
     generations = _table(at, 1)
     assert generations[["generation", "steps", "calls"]].values.tolist() == [[0, 2, 69]]  # 32 x 2 + 2 x 2 + 1
+    assert generations["core"].iloc[0].endswith(" ms") and generations["projections"].iloc[0].endswith(" ms")
+    assert any("q/k/v and output projections" in c.value for c in at.caption)
     assert any(m.value.startswith(f"**sliced 96x64 ({record_results['sliced']})**: StableDiffusionPipeline, sliced")
                for m in at.markdown)
 

@@ -2,9 +2,11 @@
 synthetic GPU (tests/gpu_trace.py: each compute op's kernel written into the profiled forwards' traces, a few
 microseconds each, while the host takes milliseconds: a host-bound forward, as an eager U-Net at batch 1 is on an
 H200). What is stored, read back from the run, is held against the kernels credited to each call independently."""
+import re
 import statistics
 
 import pytest
+import torch
 
 from profiler.execute.grid import Sweep
 from profiler.execute.sweep import execute
@@ -270,13 +272,15 @@ def test_a_kept_kernel_trace_reads_again_as_the_calls_it_timed(kernel_run, tmp_p
         (run.path / "traces" / f"{first}.kernels.json.gz").read_bytes()
 
 
-def test_a_profiled_generation_on_a_gpu_stores_each_calls_kernels_and_its_host_time(monkeypatch, tmp_path):
+def test_a_profiled_generation_on_a_gpu_stores_each_calls_kernels_and_its_host_time(monkeypatch, tmp_path, capsys):
     """profiler.profile on CUDA (the synthetic GPU): the generation runs under the profiler, each call a range; its
     time is the kernels credited to it (found independently), its host time beside it, where the kernels went
-    (its attention core's and the rest), and the stored run says cupti; the component forwards are events."""
+    (its attention core's and the rest: no projection hook of the CPU's), and the stored run says cupti; the component
+    forwards are events; print(prof) and attnprof show tell the core from the projections."""
     import importlib.util
 
     from profiler import profile
+    from profiler.cli import main
 
     spec = importlib.util.spec_from_file_location("generate", H200.parent / "examples" / "generate.py")
     gen = importlib.util.module_from_spec(spec)
@@ -285,7 +289,9 @@ def test_a_profiled_generation_on_a_gpu_stores_each_calls_kernels_and_its_host_t
     pipe = gen.tiny_pipeline()
     with profile(pipe, out=tmp_path) as prof:
         gen.generate(pipe, steps=2)
+        hooked = [m for m in pipe.unet.modules() if isinstance(m, torch.nn.Linear) and m._forward_hooks]
     calls = prof.calls
+    assert not hooked  # the projections' own hooks are the CPU's: here the trace splits each call
     assert len(traces) == 1 and len(calls) and calls["time_ms"].gt(0).all()
     # each call's range as the session names it: component, block, batch x query tokens x key tokens
     names = [f"{c}.{b}" if c in ("unet", "model") else b for c, b in zip(calls["component"], calls["block"])]
@@ -304,6 +310,18 @@ def test_a_profiled_generation_on_a_gpu_stores_each_calls_kernels_and_its_host_t
     cells, blocks = Run.open(prof.run_dir).read()
     assert cells["time_source"].tolist() == ["cupti"] and set(blocks["time_source"]) == {"cupti"}
     assert cells["attention_host_ms"].iloc[0] > cells["attention_time_ms"].iloc[0]
+    # every reader tells the core from the projections: print(prof) per component, show per cell and component
+    comps = prof.components.set_index("component")
+    core, proj = unet["attn_kernel_ms"].sum(), unet["proj_kernel_ms"].sum()
+    assert comps.loc["unet", ["attention_core_ms", "attention_proj_ms"]].tolist() == pytest.approx([core, proj])
+    assert re.search(rf"unet +2 +[\d.]+ ms +[\d.]+% +{len(unet)} +[\d.]+ ms +{core:.1f} ms +{proj:.1f} ms", str(prof))
+    assert main(["show", str(prof.run_dir), "--wide"]) == 0
+    shown = capsys.readouterr().out
+    cell = cells.iloc[0]
+    assert re.search(rf" {cell['attention_time_ms']:.1f} ms +{cell['attention_kernel_ms']:.1f} ms +"
+                     rf"{cell['attention_proj_ms']:.1f} ms ", shown), shown
+    assert re.search(rf"unet +UNet2DConditionModel +2 +[\d.]+ ms +[\d.]+% +{len(unet)} +[\d.]+ ms +{core:.1f} ms +"
+                     rf"{proj:.1f} ms", shown), shown
 
 
 def test_record_reads_the_machines_speed_on_the_device_the_generation_ran_on(tmp_path):

@@ -4,6 +4,7 @@ diffusers' own loaders. Every call recorded with its true batch and step, the ou
 user's processors the same objects after (IP-Adapter's still registered modules during), the stored run read by
 attnprof show; a compiled U-Net named in the notes rather than left out silently; a backend swapped in and out."""
 import importlib.util
+import itertools
 import math
 import re
 import tempfile
@@ -401,3 +402,48 @@ def test_attention_of_a_kind_the_recorder_has_no_hook_for_is_named_not_recorded(
     assert math.isnan(comp["attention_calls"]) and comp["not_recorded"] == "T5Attention x2"
     assert re.search(r"model +1 .* not recorded \(T5Attention x2\) +- +-", str(prof)), str(prof)
     assert any(n.startswith("model's attention modules T5Attention x2 are not recorded") for n in prof.notes)
+
+
+def test_on_the_cpu_each_calls_time_is_its_attention_core_and_its_projections(tmp_path, capsys, monkeypatch):
+    """On the CPU each call's host time is split: proj_kernel_ms its projection modules' own time (hooks on to_q,
+    to_k, to_v, to_out[0]; CLIP's q_proj, k_proj, v_proj, out_proj), attn_kernel_ms the rest (its core). With the
+    meter's clock injected (a tick of 1 ms at every read) every call reads it 10 times: at its start, before and
+    after each of its 4 projections, at its end: 9 ms, 4 of them projections, 5 core. print(prof) and attnprof show
+    name both per component and per cell; with the real clock the two add up to the call's time, both > 0."""
+    from profiler.cli import main
+    from profiler.record import session
+
+    ticks, real_meter = itertools.count(), session.meter
+
+    def ticking(device, trace=False):
+        m = real_meter(device, trace)
+        m.clock = lambda: next(ticks) / 1e3  # seconds, as time.perf_counter's
+        return m
+
+    pipe = gen.tiny_pipeline()
+    monkeypatch.setattr(session, "meter", ticking)
+    with profile(pipe, out=tmp_path) as prof:
+        gen.generate(pipe, steps=2)
+    monkeypatch.setattr(session, "meter", real_meter)
+    calls = prof.calls
+    assert len(calls) == 2 * CALLS + 4 + 1 and set(calls["component"]) == {"unet", "text_encoder", "vae"}
+    for column, ms in (("time_ms", 9.0), ("proj_kernel_ms", 4.0), ("attn_kernel_ms", 5.0)):
+        assert calls[column].tolist() == pytest.approx([ms] * len(calls)), column
+    text = str(prof)
+    assert re.search(r"unet +2 +[\d.]+ ms +[\d.]+% +64 +576\.0 ms +320\.0 ms +256\.0 ms", text), text
+    assert re.search(r"\nblock +calls +time +core +projections", text) and "q/k/v and output projections" in text
+    assert len(re.findall(r"\n\S+attn\S* +2 +18\.0 ms +10\.0 ms +8\.0 ms ", text)) == 5, text  # 2 calls each
+    assert main(["show", str(prof.run_dir), "--wide"]) == 0
+    shown = capsys.readouterr().out
+    assert re.search(r"attention +core +projections", shown) and re.search(r" 288\.0 ms +160\.0 ms +128\.0 ms", shown)
+    assert re.search(r"unet +UNet2DConditionModel +2 +[\d.]+ ms +[\d.]+% +64 +576\.0 ms +320\.0 ms +256\.0 ms", shown)
+
+    with profile(pipe, out=None) as prof:  # the real clock: the projections' time, less than the call's
+        gen.generate(pipe, steps=2)
+        hooked = [m for m in pipe.unet.modules() if isinstance(m, torch.nn.Linear) and m._forward_hooks]
+    calls = prof.calls
+    assert len(hooked) == 4 * 16 * 2  # to_q, to_k, to_v, to_out[0] of each of the U-Net's 32 attention modules
+    assert calls["attn_kernel_ms"].gt(0).all() and calls["proj_kernel_ms"].gt(0).all()
+    assert (calls["proj_kernel_ms"] < calls["time_ms"]).all()
+    assert (calls["attn_kernel_ms"] + calls["proj_kernel_ms"]).tolist() == pytest.approx(calls["time_ms"].tolist())
+    assert not [m for m in pipe.unet.modules() if m._forward_hooks or m._forward_pre_hooks]  # all removed

@@ -485,3 +485,41 @@ def test_a_diffs_verdict_comes_first():
                              "time_verdict": "within noise", "verdict": "within noise", "note": ""}])
     assert list(T.verdicts_first(matched).columns)[:3] == ["verdict", "backend", "width"]
     assert set(T.verdicts_first(matched).columns) == set(matched.columns)
+
+
+def test_a_recorded_generations_attention_is_told_as_its_core_and_its_projections(record_results):
+    """profile on the CPU splits each call's time into its attention core's and its projections' (the hooks on
+    to_q, to_k, to_v, to_out[0], CLIP's q/k/v/out_proj): the Generation page's and the report's component,
+    per-generation and costliest-block tables and the cells table show the two, adding up to the attention time; a
+    run stored before the split shows '-' in their place, never 0."""
+    from dashboards.report import render
+
+    cell, _, calls = _recorded(record_results, "loaded")
+    comps = T.component_table(cell).set_index("component")
+    for name in ("unet", "text_encoder", "vae"):
+        core, proj = comps.loc[name, "attention_core_ms"], comps.loc[name, "attention_projections_ms"]
+        assert core > 0 and proj > 0 and core + proj == pytest.approx(comps.loc[name, "attention_ms"])
+    per = T.generations_table(calls, cell)
+    assert (per["core_ms"] + per["projections_ms"]).tolist() == pytest.approx(per["attention_ms"].tolist())
+    top = T.costliest_blocks(calls, "a", top=5)
+    assert (top["core_ms"] + top["projections_ms"]).tolist() == pytest.approx(top["total_ms"].tolist())
+    assert top["projections_ms"].gt(0).all() and (top["projections_ms"] < top["total_ms"]).all()
+    cells = T.load_run(record_results["root"] / record_results["loaded"])[0]
+    table = T.cells_table(cells)
+    assert table["attention_core_ms"].tolist() == cells["attention_kernel_ms"].tolist()
+    assert table["attention_projections_ms"].tolist() == cells["attention_proj_ms"].tolist()
+    assert table["attention_core_ms"].iloc[0] > 0 and table["attention_projections_ms"].iloc[0] > 0
+    shown = T.display(table)
+    assert {"attention core", "attention projections"} <= set(shown.columns)
+    old = T.display(T.cells_table(cells.drop(columns=["attention_kernel_ms", "attention_proj_ms"])))
+    assert old[["attention core", "attention projections"]].values.tolist() == [["-", "-"]]
+    unsplit = json.dumps([{k: v for k, v in r.items() if k not in ("attention_core_ms", "attention_proj_ms")}
+                          for r in json.loads(cell["components"])])
+    before = T.display(T.component_table({**cell, "components": unsplit})).set_index("component")
+    assert before.loc["unet", "attention core"] == before.loc["unet", "attention projections"] == "-"
+    assert before.loc["unet", "attention"] != "-"
+    gone = calls.drop(columns=["attn_kernel_ms", "proj_kernel_ms"])
+    assert T.display(T.costliest_blocks(gone, "a"))[["core", "projections"]].eq("-").all().all()
+    html = render([record_results["root"] / record_results["loaded"]])
+    assert "<th>attention core</th>" in html and "<th>attention projections</th>" in html
+    assert "<th>core</th>" in html and "<th>projections</th>" in html and "q/k/v and output projections" in html

@@ -60,6 +60,21 @@ def clip_attention_modules(model: torch.nn.Module) -> dict[str, torch.nn.Module]
             if any(k.__name__ == CLIP_ATTENTION for k in type(m).__mro__)}
 
 
+# An attention module's projections, by attribute: diffusers' Attention (q, k, v; the added-KV / joint ones; fused
+# q/k/v where fuse_projections made them), transformers' CLIP attention; the output's (to_out[0]) apart: a ModuleList
+PROJECTIONS = ("to_q", "to_k", "to_v", "to_qkv", "to_kv", "add_q_proj", "add_k_proj", "add_v_proj", "to_added_qkv",
+               "to_add_out", "q_proj", "k_proj", "v_proj", "out_proj")
+
+
+def projection_modules(attn: torch.nn.Module) -> list[torch.nn.Module]:
+    """The projection modules an attention call runs around its core (PROJECTIONS and to_out[0]: nn.Linear, or a
+    LoRA layer wrapping one), those the module has."""
+    named = [getattr(attn, n, None) for n in PROJECTIONS]
+    out = getattr(attn, "to_out", None)
+    named.append(out[0] if isinstance(out, torch.nn.ModuleList) and len(out) else out)
+    return [m for m in named if isinstance(m, torch.nn.Module)]
+
+
 def unrecorded_attention(model: torch.nn.Module) -> dict[str, int]:
     """The attention modules of the model that no hook here records, counted by class: the innermost modules whose
     class is named '...Attention' (T5's T5Attention, not its T5LayerSelfAttention around it; FLUX's; torch's

@@ -127,6 +127,41 @@ class CallTimer:
             self.samples.setdefault(key, []).append(interval.ms())
 
 
+class ProjectionClock:
+    """Each attention call's projections timed on the host clock its own time is on (the CPU's: a call's time and
+    its projections' on one clock): a forward pre-hook and hook on each projection module of its attention modules
+    (recorder.projection_modules: to_q, to_k, to_v, to_out[0], the added-KV ones, CLIP's q/k/v/out_proj), their
+    time added to the call open around them: `ms`, by the call's key. The call's meter says which call is open
+    (opened(key) as it begins, closed() as it ends). The hooks' own cost (a clock read each side) falls in the call's
+    time outside its projections: 2-3% of a tiny-sd15 forward on the CPU (docs/measuring.md says how measured)."""
+
+    def __init__(self, clock=time.perf_counter):
+        self.clock, self.ms = clock, {}
+        self._open: list = []
+        self._started: list[float] = []
+
+    def hook(self, projections, stack) -> None:
+        """Hooks on each of these projection modules, each removed when the ExitStack closes."""
+        for proj in projections:
+            stack.callback(proj.register_forward_pre_hook(self._begin).remove)
+            stack.callback(proj.register_forward_hook(self._end, always_call=True).remove)
+
+    def opened(self, key) -> None:
+        self._open.append(key)
+        self.ms.setdefault(key, 0.0)
+
+    def closed(self) -> None:
+        self._open.pop()
+
+    def _begin(self, module, args) -> None:
+        self._started.append(self.clock())
+
+    def _end(self, module, args, output) -> None:
+        took = self.clock() - self._started.pop()
+        if self._open:  # a projection module run outside any recorded call: none of theirs
+            self.ms[self._open[-1]] += 1e3 * took
+
+
 def CallProbe(device: devices.Cpu | devices.Cuda) -> CallTimer:  # noqa: N802 (the probe pass's meter)
     """The probe pass's meter (the memory pass): each call a named range of the trace, started on an idle device,
     with its allocator peak where the device counts one. No clock: a synchronize per call serialises the host into

@@ -13,9 +13,15 @@ the generation and the user's restored after. The output is the same as an unpro
 
 - time: on the CPU a host clock per call and per component forward; on CUDA each call's time is its kernels' (the
   profiler's CUPTI durations over the generation, credited to the call by correlation id, as attnprof run times a
-  call: no synchronize per call), with the host's time in it beside (host_ms) and where its kernels went
-  (attn_kernel_ms: its attention core's, proj_kernel_ms: the rest); a component's forward by CUDA events. The
-  profiler's own cost is in the host's times and the wall time, not in the kernels';
+  call: no synchronize per call), with the host's time in it beside (host_ms); a component's forward by CUDA
+  events. The profiler's own cost is in the host's times and the wall time, not in the kernels';
+- where a call's time went, its attention core apart from its projections, in one pair of columns on both devices:
+  on CUDA attn_kernel_ms, the kernels of its core (trace.py), and proj_kernel_ms, its other kernels (to_q, to_k,
+  to_v, to_out, layout copies); on the CPU proj_kernel_ms, its projection modules' own time (to_q, to_k, to_v,
+  to_out[0], the added-KV ones, CLIP's q/k/v/out_proj: probes.ProjectionClock, hooks on the CPU only), and
+  attn_kernel_ms the rest of its host time (the core, with the reshapes and norms around it): the two sum to
+  time_ms. The hooks cost a forward of tiny-sd15 on the CPU 2-3% (0.5-0.6 ms of 24 ms: profile()
+  runs with them and without, interleaved);
 - memory: on CUDA the allocator's peak per call over what it began with (its statistics, no synchronize); on the
   CPU none (that takes the profiler's allocation trace: attnprof run measures it in a probe pass), as the notes say;
 - generation: each call of the target pipeline in the block is one (its class's __call__ wrapped for the block to
@@ -48,12 +54,14 @@ import torch
 
 from ..attention import backends
 from .. import devices
-from ..fmt import generations_text, human_bytes, table
-from ..measure.probes import CallTimer, summarize, traced
+from ..fmt import generations_text, human_bytes, ms_text, table
+from ..measure.probes import CallTimer, ProjectionClock, summarize, traced
 from ..measure.trace import call_samples, events
 from ..planner.calibration import public_config
-from ..report.show import component_rows
-from ..attention.recorder import Recorder, attention_modules, clip_attention_modules, unrecorded_attention
+from ..report.compare import ATTENTION_SPLIT
+from ..report.show import COMPONENT_COLUMNS, component_rows
+from ..attention.recorder import (Recorder, attention_modules, clip_attention_modules, projection_modules,
+                                  unrecorded_attention)
 from ..spec import CellSpec, InputError
 
 LOOP = ("unet", "controlnet", "transformer", "prior", "model")  # components that run once per denoising step
@@ -123,17 +131,21 @@ def _range_name(row: dict) -> str:
 
 class _Tagged:
     """The meter of one component: each row tagged with the component and a key unique in the session, then told
-    to the session's one CallTimer."""
+    to the session's one CallTimer (and, on the CPU, to its ProjectionClock: the call open around its projections)."""
 
-    def __init__(self, meter: CallTimer, component: str, uid):
-        self.meter, self.component, self.uid = meter, component, uid
+    def __init__(self, meter: CallTimer, component: str, uid, projections: ProjectionClock | None = None):
+        self.meter, self.component, self.uid, self.projections = meter, component, uid, projections
 
     def before(self, row: dict) -> None:
         row["component"], row["uid"] = self.component, next(self.uid)
+        if self.projections:
+            self.projections.opened(row["uid"])
         self.meter.before(row)
 
     def after(self, row: dict) -> None:
         self.meter.after(row)
+        if self.projections:
+            self.projections.closed()
 
 
 @dataclass
@@ -170,6 +182,7 @@ class Session:
             self.factory = lambda: backends.make_processor(backend, **options)  # noqa: E731
         self.meter = meter(self.device, trace)
         self.kernels = self.meter.device.kernel_clock  # CUDA: calls' kernels from the trace of the generation
+        self.projections = None if self.kernels else ProjectionClock(self.meter.clock)  # the CPU: hooks time them
         self.forward_meter = CallTimer(self.meter.device, key="uid") if self.kernels else self.meter  # by events
         self.uid = itertools.count()
         self.recorders: dict[str, Recorder] = {}
@@ -250,8 +263,10 @@ class Session:
                                  "processors, and with them what they add: profile with backend=None (the loaded "
                                  "processors)")
         rec = Recorder(module, processor=self.factory if self.backend else None,
-                       around=_Tagged(self.meter, name, self.uid), passes=passes, modules=modules)
+                       around=_Tagged(self.meter, name, self.uid, self.projections), passes=passes, modules=modules)
         self.recorders[name] = self._stack.enter_context(rec)
+        if self.projections:
+            self.projections.hook([p for m in modules.values() for p in projection_modules(m)], self._stack)
 
     def _recordable(self, name: str, module: torch.nn.Module) -> dict:
         """The component's attention modules that the recorder's hooks record (diffusers' Attention, transformers'
@@ -315,7 +330,8 @@ class Session:
         self._stack.close()
 
     def rows(self) -> list[dict]:
-        """Every attention call, in order, with its component, step, time (on CUDA its kernels') and (CUDA) peak."""
+        """Every attention call, in order, with its component, step, time (on CUDA its kernels') and (CUDA) peak;
+        where its time went (split()): attn_kernel_ms, its attention core's, and proj_kernel_ms, its projections'."""
         self.meter.collect()
         if self.forward_meter is not self.meter:
             self.forward_meter.collect()
@@ -324,7 +340,7 @@ class Session:
         for name, rec in self.recorders.items():
             for r in rec.rows:
                 host = self.meter.samples.get(r["uid"], [float("nan")])[0]
-                seen = (windows.get(r["uid"]) or [{}])[0]
+                seen = (windows.get(r["uid"]) or [{}])[0] if self.kernels else self.split(r["uid"], host)
                 out.append({**{k: v for k, v in r.items() if k != "uid"},
                             "block": r["block"] if name in ("unet", "model") else f"{name}.{r['block']}",
                             "step": r["pass_index"] if name in LOOP else None,
@@ -333,6 +349,15 @@ class Session:
                             "peak_bytes": self.meter.peak.get(r["uid"]),
                             "faulted_bytes": self.meter.faulted.get(r["uid"]), "uid": r["uid"]})
         return sorted(out, key=lambda r: r["uid"])
+
+    def split(self, uid: int, host_ms: float) -> dict:
+        """On the CPU, where a call's host time went: proj_kernel_ms, its projections' (ProjectionClock: to_q, to_k,
+        to_v, to_out[0], ..., on the clock of its own time), and attn_kernel_ms, the rest (its attention core, with
+        the reshapes and norms around it); None where none of its projections ran (a module without any)."""
+        proj = self.projections.ms.get(uid) if self.projections else None
+        if not proj or host_ms != host_ms:
+            return {}
+        return {"attn_kernel_ms": max(0.0, host_ms - proj), "proj_kernel_ms": proj}
 
 
 def _counted(classes: dict[str, int]) -> str:
@@ -351,8 +376,10 @@ def _component_table(session: Session) -> pd.DataFrame:
 
 def components_of(kinds: pd.DataFrame, calls: pd.DataFrame, forwards: pd.DataFrame) -> pd.DataFrame:
     """Per component: its forwards and their time, its recorded attention calls and theirs (of the calls and
-    forwards given: a whole block's, or one cell's generations); NaN calls and time where its attention is not
-    recorded (`not_recorded` names its modules), 0 where it has none."""
+    forwards given: a whole block's, or one cell's generations), that time's attention core and projections
+    (attention_core_ms, attention_proj_ms: its calls' attn_kernel_ms and proj_kernel_ms summed; NaN where none has
+    them); NaN calls and time where its attention is not recorded (`not_recorded` names its modules), 0 where it
+    has none."""
     rows = []
     for k in kinds.to_dict("records"):
         mine = forwards[forwards["component"] == k["component"]] if len(forwards) else forwards
@@ -362,9 +389,15 @@ def components_of(kinds: pd.DataFrame, calls: pd.DataFrame, forwards: pd.DataFra
                      "time_ms": float(mine["time_ms"].sum()) if len(mine) else 0.0,
                      "attention_calls": len(own) if recorded else float("nan"),
                      "attention_ms": float(own["time_ms"].sum()) if recorded and len(own) else
-                     0.0 if recorded else float("nan"), "not_recorded": k["not_recorded"]})
+                     0.0 if recorded else float("nan"), "attention_core_ms": _sum(own, "attn_kernel_ms"),
+                     "attention_proj_ms": _sum(own, "proj_kernel_ms"), "not_recorded": k["not_recorded"]})
     return pd.DataFrame(rows, columns=["component", "class", "forwards", "time_ms", "attention_calls", "attention_ms",
-                                       "not_recorded"])
+                                       "attention_core_ms", "attention_proj_ms", "not_recorded"])
+
+
+def _sum(rows: pd.DataFrame, column: str) -> float:
+    """The rows' figure summed; NaN where no row has it."""
+    return float(rows[column].sum(min_count=1)) if len(rows) and column in rows else float("nan")
 
 
 @contextlib.contextmanager
@@ -641,9 +674,22 @@ def _trace_bytes(session: Session) -> bytes:
         return path.read_bytes()
 
 
+def _top_blocks(calls: pd.DataFrame, wall_ms: float, top: int = 5) -> str:
+    """The blocks whose calls took most (a block at each size apart): their calls, time (its core and projections:
+    '-' where the calls have no split), share of the wall time, tokens and peak."""
+    by = calls.groupby(["block", "tokens_q", "tokens_k"]).agg(
+        calls=("time_ms", "size"), time_ms=("time_ms", "sum"), core=("attn_kernel_ms", lambda v: v.sum(min_count=1)),
+        proj=("proj_kernel_ms", lambda v: v.sum(min_count=1)), peak=("peak_bytes", "max")).sort_values(
+        "time_ms", ascending=False)
+    rows = [{"block": b, "calls": str(r.calls), "time": f"{r.time_ms:.1f} ms", "core": ms_text(r.core),
+             "projections": ms_text(r.proj), "share": f"{100 * r.time_ms / wall_ms:.1f}%", "tokens": f"{q} x {k}",
+             "peak": human_bytes(r.peak)} for (b, q, k), r in by.head(top).iterrows()]
+    return table(rows, [(c, c) for c in ("block", "calls", "time", "core", "projections", "share", "tokens", "peak")])
+
+
 def summary(prof: Profile) -> str:
-    """Per component its forwards, time and share of the generation's wall time, its attention's; the blocks that
-    took most; the notes."""
+    """Per component its forwards, time and share of the generation's wall time, its attention's (its core and
+    projections apart); the blocks that took most; what the split is (ATTENTION_SPLIT); the notes."""
     wall_ms = prof.wall_s * 1e3 or float("nan")
     f = prof.facts
     g = prof.generations
@@ -654,17 +700,10 @@ def summary(prof: Profile) -> str:
             f"{' and '.join(sizes) + (' (a cell each)' if len(sizes) > 1 else '')}, {f.get('dtype')} on "
             f"{f.get('device')}; {prof.wall_s:.3f} s of wall time; processors {f.get('processors') or '-'}")
     rows = component_rows(prof.components.to_dict("records"), wall_ms)
-    lines = [head, "", table(rows, [(c, c) for c in ("component", "forwards", "time", "share", "calls", "attention",
-                                                      "attention share")])]
+    lines = [head, "", table(rows, [(c, c) for c in COMPONENT_COLUMNS if c != "class"])]
     if len(prof.calls):
-        by = prof.calls.groupby(["block", "tokens_q", "tokens_k"]).agg(  # a block at each size apart
-            calls=("time_ms", "size"), time_ms=("time_ms", "sum"), peak=("peak_bytes", "max")).sort_values(
-            "time_ms", ascending=False)
-        top = [{"block": b, "calls": str(r.calls), "time": f"{r.time_ms:.1f} ms",
-                "share": f"{100 * r.time_ms / wall_ms:.1f}%", "tokens": f"{q} x {k}",
-                "peak": human_bytes(r.peak)} for (b, q, k), r in by.head(5).iterrows()]
-        lines += ["", "blocks that took most (all their calls):",
-                  table(top, [(c, c) for c in ("block", "calls", "time", "share", "tokens", "peak")])]
+        lines += ["", "blocks that took most (all their calls):", _top_blocks(prof.calls, wall_ms)]
+    lines += [f"{ATTENTION_SPLIT}."]
     lines += [f"note: {n}" for n in prof.notes]
     if prof.run_dir:
         lines.append(f"stored as run {prof.run_dir.name} under {prof.run_dir.parent} (attnprof show {prof.run_dir})")

@@ -53,6 +53,10 @@ ENV_KEYS = ("device", "device_name", "cpu_count", "torch_threads", "torch", "dif
             "driver")  # what a run's figures depend on beside the code: named where two runs differ in it
 ATTENTION_TIME = ("a cell's attention time: per timed forward its attention calls' times summed, the median over "
                   "the timed forwards")  # what show, the findings, diff and the report give (measure/cell.py)
+ATTENTION_SPLIT = ("an attention call's time holds its q/k/v and output projections: core, its attention core alone "
+                   "(on CUDA the core's kernels; on the CPU its host time less its projections'), projections the "
+                   "rest (on CUDA its other kernels: projections and layout copies; on the CPU the projection "
+                   "modules' own time: to_q, to_k, to_v, to_out); '-' where a run recorded no split")
 STEADY = (1.0, 1.0)  # (how many times slower B's machine was at most, how many times faster): no change known
 DRIFT_LIMIT = 0.45  # a run whose like calibrations differ by more than this share: its machine moved
 

@@ -8,9 +8,9 @@ import pyarrow.parquet as pq
 
 from ..attention import backends
 from ..attention.backends import label
-from ..fmt import fitted_table, generations_text, human_bytes, human_count, table
+from ..fmt import fitted_table, generations_text, human_bytes, human_count, ms_text, table
 from ..store import BLOCKS, CELLS, DONE_STATUSES, Run, Unreadable, kind_of, list_runs
-from .compare import ATTENTION_TIME, eager_twins
+from .compare import ATTENTION_SPLIT, ATTENTION_TIME, eager_twins
 from .frame import NO_SETTINGS
 
 UNREADABLE = (OSError, ValueError, KeyError, TypeError)  # JSON, Arrow (ValueError) and missing-key errors
@@ -123,10 +123,6 @@ def _known(value) -> bool:
     return value is not None and value == value
 
 
-def _ms(value) -> str:
-    return f"{value:.1f} ms" if _known(value) else "-"
-
-
 def _of_peak(pct, bound) -> str:
     """'12.3% of memory': the percent of the roofline bound that applies (compute or memory bandwidth)."""
     return f"{pct:.1f}% of {bound}" if _known(pct) else "-"
@@ -154,7 +150,7 @@ def _references(cells) -> str:
 # what show leaves out first to fit a terminal, in order (--wide: none)
 NARROW_DROP = ["eager fwd peak", "eager attn peak", "eager forward", "note", "fwd predicted", "attn host", "ratio",
                "predicted", "family", "dtype", "batch", "fwd peak", "bound", "settings", "compile", "graph breaks",
-               "noisy", "of peak", "clock", "rel err"]
+               "noisy", "of peak", "clock", "rel err", "projections", "core"]
 
 
 LEGEND_HINT = "(attnprof show --legend says what each column is)"
@@ -246,8 +242,9 @@ def _short_models(rows: list[dict]) -> list[dict]:
 
 def component_rows(components: list[dict], wall_ms: float) -> list[dict]:
     """A recorded generation's components for a table (profile's summary, show): per component its class, forwards,
-    time and share of the generation's wall time, its attention calls, their time and share; 'not recorded' where
-    its attention was not (compiled, or modules the recorder has no hook for), never as 0 calls."""
+    time and share of the generation's wall time, its attention calls, their time (core and projections apart:
+    ATTENTION_SPLIT; '-' for a run stored without them) and share; 'not recorded' where its attention was not
+    (compiled, or modules the recorder has no hook for), never as 0 calls."""
     rows = []
     for r in components:
         recorded = r["attention_calls"] == r["attention_calls"] and r["attention_calls"] is not None  # not NaN
@@ -257,8 +254,14 @@ def component_rows(components: list[dict], wall_ms: float) -> list[dict]:
                      "calls": (f"{int(r['attention_calls'])}" + (f" (not recorded: {missing})" if missing else ""))
                      if recorded else f"not recorded ({missing})" if missing else "not recorded",
                      "attention": f"{r['attention_ms']:.1f} ms" if recorded else "-",
+                     "core": ms_text(r.get("attention_core_ms")) if recorded else "-",
+                     "projections": ms_text(r.get("attention_proj_ms")) if recorded else "-",
                      "attention share": f"{100 * r['attention_ms'] / wall_ms:.1f}%" if recorded else "-"})
     return rows
+
+
+COMPONENT_COLUMNS = ("component", "class", "forwards", "time", "share", "calls", "attention", "core", "projections",
+                     "attention share")
 
 
 def _recorded_lines(cells, m: dict) -> list[str]:
@@ -277,8 +280,7 @@ def _recorded_lines(cells, m: dict) -> list[str]:
         out += ["", f"{c['pipeline']}, {c['backend_label']} ({c['processors']}): {calls}, scheduler "
                     f"{c['scheduler']}, guidance {c['guidance']}; {c['generation_s']:.3f} s of wall time"
                     + (f" ({PARTIAL})" if _known(c.get("partial")) and c["partial"] else ""),
-                table(rows, [(k, k) for k in ("component", "class", "forwards", "time", "share", "calls",
-                                              "attention", "attention share")])]
+                table(rows, [(k, k) for k in COMPONENT_COLUMNS])]
     return out + [f"note: {n}" for n in m.get("notes") or []]
 
 
@@ -292,9 +294,11 @@ def _cell_rows(cells, twins: dict) -> list[dict]:
             "model": c["model"], "settings": c["settings_label"] if c["settings_label"] != NO_SETTINGS else "-",
             "size": c["size"], "batch": c["batch"], "dtype": c["dtype"], "family": c["family"],
             "backend": c["backend_label"], "status": c["status"],
-            "forward": _ms(c.get("forward_time_ms")) if ok else "-",  # a replay has no forward
+            "forward": ms_text(c.get("forward_time_ms")) if ok else "-",  # a replay has no forward
             "compile": _compile(c) if ok and _known(c.get("compile_s")) else "",
-            "attention": _ms(c["attention_time_ms"]) if ok else "-",
+            "attention": ms_text(c["attention_time_ms"]) if ok else "-",
+            "core": ms_text(c.get("attention_kernel_ms")) if ok else "-",
+            "projections": ms_text(c.get("attention_proj_ms")) if ok else "-",
             **_clock(c, ok),
             "attn peak": human_bytes(c["attention_peak_mem_bytes"]) if ok else "-",
             "predicted": human_bytes(c.get("predicted_peak_bytes")),
@@ -317,7 +321,8 @@ def _cell_columns(rows: list[dict], twins: dict) -> list[str]:
             "size", "batch", "dtype", "family", "backend", "status", "forward"] + (
             ["compile"] if any(r["compile"] for r in rows) else []) + (
             ["graph breaks"] if any(r["graph breaks"] for r in rows) else []) + [
-            "attention", *[k for k in ("clock", "bound", "attn host") if any(r[k] for r in rows)], "rel err",
+            "attention", *(["core", "projections"] if any(r["core"] != "-" for r in rows) else []),
+            *[k for k in ("clock", "bound", "attn host") if any(r[k] for r in rows)], "rel err",
             "attn peak", "predicted", "fwd peak", "fwd predicted", "ratio", "of peak", "noisy",
             *eager, "note"]
 
@@ -330,7 +335,7 @@ def _clock(c: dict, ok: bool) -> dict:
         return {"clock": "", "bound": "", "attn host": ""}
     busy, bound = c.get("gpu_busy_pct"), c.get("bound")
     return {"clock": clock, "bound": f"{bound}, GPU {busy:.0f}% busy" if ok and isinstance(bound, str) and
-            _known(busy) else "", "attn host": _ms(c.get("attention_host_ms")) if ok and _known(
+            _known(busy) else "", "attn host": ms_text(c.get("attention_host_ms")) if ok and _known(
                 c.get("attention_host_ms")) else ""}
 
 
@@ -343,7 +348,8 @@ def _events_line(cells) -> list[str]:
 
 
 def _footnote(cells) -> str:
-    return (f"Rows by family ({', '.join(backends.FAMILIES)}). attention: {ATTENTION_TIME}. rel err: the output's "
+    return (f"Rows by family ({', '.join(backends.FAMILIES)}). attention: {ATTENTION_TIME}; {ATTENTION_SPLIT}. "
+            "rel err: the output's "
             f"largest error against the reference output ({_references(cells)}: the same weights and inputs), over "
             "its largest value ((!): past the dtype's tolerance); '0 (= ref)': the cell is the reference itself. "
             "compile: seconds flex spent compiling its kernels, or a compiled U-Net its first forward (cold: "
@@ -394,7 +400,7 @@ def _beside_eager(c: dict, eager: dict | None, ok: bool) -> dict:
     out = {"graph breaks": str(int(breaks)) if ok and _known(breaks) and breaks else ""}
     if eager is None:
         return out | {"eager forward": "", "eager attn peak": "", "eager fwd peak": ""}
-    return out | {"eager forward": _ms(eager["forward_time_ms"]),
+    return out | {"eager forward": ms_text(eager["forward_time_ms"]),
                   "eager attn peak": human_bytes(eager["attention_peak_mem_bytes"]),
                   "eager fwd peak": human_bytes(eager.get("forward_peak_total_bytes"))}
 
