@@ -154,7 +154,8 @@ def test_show_says_each_cuda_cells_clock_and_bound(kernel_run):
     out = format_run(run, None, legend=True)
     table = out.split("\n\n")[[i for i, part in enumerate(out.split("\n\n")) if part.startswith("model")][0]]
     header, _, *rows = table.splitlines()
-    assert header.split()[header.split().index("attention"):][:5] == ["attention", "clock", "bound", "attn", "host"]
+    assert header.split()[header.split().index("attention"):][:7] == ["attention", "core", "projections", "clock",
+                                                                      "bound", "attn", "host"]
     for c in cells.to_dict("records"):
         row = next(r for r in rows if f" {c['backend_label']} " in r)
         assert "cupti" in row and f"host, GPU {c['gpu_busy_pct']:.0f}% busy" in row, row
