@@ -266,8 +266,8 @@ def _record_faults() -> None:
                 time.sleep(0.2)  # delivered by now, where a handler would raise
 
         sys.addaudithook(hook)
-    script = sys.modules.get("profiler.record.script")  # record's own process (the script's runs it as __main__)
-    if script is not None and os.environ.get("ATTNPROF_FAULT_SLOW_END_S"):
+    if os.environ.get("ATTNPROF_FAULT_SLOW_END_S") and sys.argv[1:2] == ["record"]:  # record's own process (the
+        import profiler.record.script as script  # script's runs it as __main__), whatever imported this plugin first
         finish = script._finish
 
         def slow(*args, **kwargs):
