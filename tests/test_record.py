@@ -222,6 +222,22 @@ def _recording(args: list[str], env: dict, cwd) -> tuple[subprocess.Popen, list,
     return proc, out, err
 
 
+def _stopped(args: list[str], env: dict, cwd, seen: tuple[str, str], code: int, pause_s: float = 0.0) -> str:
+    """attnprof record given SIGINT on its process group (a terminal's Ctrl-C) pause_s after `seen` (which stream,
+    what text) appears, exiting `code`: its stderr."""
+    proc, out, err = _recording(args, env, cwd)
+    try:
+        _wait_for(out if seen[0] == "stdout" else err, seen[1])
+        time.sleep(pause_s)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == code
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    time.sleep(0.2)
+    return "".join(err)
+
+
 def test_a_ctrl_c_after_a_generation_keeps_it_as_a_partial_cell_that_resume_runs_again(tmp_path):
     """SIGINT to record mid-way through a script's second generation (the script lets it end it): the first
     generation is kept as a cell marked partial, the run interrupted; show names it partial and how to finish,
@@ -236,17 +252,8 @@ def test_a_ctrl_c_after_a_generation_keeps_it_as_a_partial_cell_that_resume_runs
                                  "g.generate(pipe, steps=2)\nprint('first done', flush=True)\n"
                                  "g.generate(pipe, steps=2)\n")
     env = {**STEADY, "ATTNPROF_FAULT_FACTOR": "2", "PYTHONPATH": str(REPO)}  # 80 ms a call: 5 s a generation
-    proc, out, err = _recording(["--out", str(results), "--backend", "fault-scaled", "--", "gen.py"], env, work)
-    try:
-        _wait_for(out, "first done")
-        time.sleep(1.0)
-        os.killpg(proc.pid, signal.SIGINT)
-        assert proc.wait(timeout=120) == 130
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    time.sleep(0.2)
-    stderr = "".join(err)
+    stderr = _stopped(["--out", str(results), "--backend", "fault-scaled", "--", "gen.py"], env, work,
+                      ("stdout", "first done"), 130, pause_s=1.0)
     assert "Traceback" not in stderr and "finish it with: attnprof record --out" in stderr, stderr[-3000:]
     (path,) = list_runs(results)
     run = Run.open(path)
@@ -272,16 +279,8 @@ def test_a_ctrl_c_after_every_script_ended_leaves_the_run_whole(tmp_path):
     record there 5 s): one line says so, the run is not marked interrupted, no resume is suggested, and record exits
     with the script's status."""
     env = {**STEADY, "ATTNPROF_FAULT_SLOW_END_S": "5", "PYTHONPATH": str(REPO)}
-    proc, out, err = _recording(["--out", str(tmp_path), "--", str(SCRIPT), "--steps", "1"], env, REPO)
-    try:
-        _wait_for(err, "fault: finishing")
-        os.killpg(proc.pid, signal.SIGINT)
-        assert proc.wait(timeout=120) == 0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    time.sleep(0.2)
-    stderr = "".join(err)
+    stderr = _stopped(["--out", str(tmp_path), "--", str(SCRIPT), "--steps", "1"], env, REPO,
+                      ("stderr", "fault: finishing"), 0)
     assert "every run of the script has ended: writing the run's manifest, a moment" in stderr, stderr[-3000:]
     assert "interrupted" not in stderr and "--resume" not in stderr and "Traceback" not in stderr
     (path,) = list_runs(tmp_path)
