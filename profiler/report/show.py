@@ -150,7 +150,7 @@ def _references(cells) -> str:
 # what show leaves out first to fit a terminal, in order (--wide: none)
 NARROW_DROP = ["eager fwd peak", "eager attn peak", "eager forward", "note", "fwd predicted", "attn host", "ratio",
                "predicted", "family", "dtype", "batch", "fwd peak", "bound", "settings", "compile", "graph breaks",
-               "noisy", "clock", "rel err", "of peak", "projections", "core"]
+               "noisy", "of peak", "clock", "rel err", "projections", "core"]
 
 
 LEGEND_HINT = "(attnprof show --legend says what each column is)"
