@@ -273,16 +273,17 @@ class Cuda:
         """fn captured into one CUDA graph, after three runs on a side stream (as torch.cuda.graphs asks): replay()
         runs its kernels with one launch. fn must be capturable: fixed shapes, no synchronize, no host read of a
         device value. Raises what the capture raised where it is not."""
-        stream = torch.cuda.Stream(self.torch)
-        stream.wait_stream(torch.cuda.current_stream(self.torch))
-        with torch.cuda.stream(stream):
-            for _ in range(3):
+        with torch.cuda.device(self.torch):  # torch.cuda.graph captures on the current device's stream: the cell's
+            stream = torch.cuda.Stream(self.torch)
+            stream.wait_stream(torch.cuda.current_stream(self.torch))
+            with torch.cuda.stream(stream):
+                for _ in range(3):
+                    fn()
+            torch.cuda.current_stream(self.torch).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
                 fn()
-        torch.cuda.current_stream(self.torch).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        graph.replay()  # the first replay uploads the graph
+            graph.replay()  # the first replay uploads the graph
         self.synchronize()
         return graph
 

@@ -101,6 +101,28 @@ def test_every_cuda_call_names_the_cells_device(monkeypatch):
     assert devices.get("cuda").torch == torch.device("cuda", 0)
 
 
+def test_a_cuda_graph_is_captured_on_the_cells_device_even_outside_its_guard(monkeypatch):
+    """torch.cuda.graph captures on the current device's stream: capture makes the cell's device current itself, so
+    that a graph of cuda:1's forward is never captured on cuda:0 (the default device)."""
+    fake = _Recorder(monkeypatch)
+    current = []
+    monkeypatch.setattr(torch.cuda, "device", lambda d: current.append(d) or _NullGuard())
+    monkeypatch.setattr(torch.cuda, "Stream", lambda d: fake.calls.append(("Stream", d)) or
+                        types.SimpleNamespace(wait_stream=lambda other: None))
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: _NullGuard())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d: fake.calls.append(("current_stream", d)) or
+                        types.SimpleNamespace(wait_stream=lambda other: None))
+    graph = types.SimpleNamespace(replay=lambda: fake.calls.append(("replay", current[-1] if current else None)))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g: fake.calls.append(("graph", current[-1] if current else None))
+                        or _NullGuard())
+    fake.calls.clear()
+    assert devices.get("cuda:1").capture(lambda: None) is graph
+    cuda1 = torch.device("cuda", 1)
+    named = [(name, d) for name, d in fake.calls if name != "Event.record"]
+    assert ("graph", cuda1) in named and ("replay", cuda1) in named and all(d == cuda1 for _, d in named), named
+
+
 def test_the_memory_snapshot_is_recorded_on_the_cells_device_and_stopped_after(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(torch.cuda.memory, "_record_memory_history",
