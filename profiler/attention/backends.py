@@ -502,8 +502,9 @@ PROBE_TOKENS = 64  # query tokens of the availability probe (cross-attention: 77
 
 
 KERNEL_ERRORS = (RuntimeError, ValueError, ImportError, OSError)  # what a kernel raises where it refuses a call
-# (torch's "No available kernel", flash-attn's and xformers' checks, NotImplementedError) or runs out of memory
-# (torch.OutOfMemoryError, cuBLAS's and cuDNN's texts): a TypeError, KeyError or AttributeError is a bug of ours
+# (torch's "No available kernel", flash-attn's and xformers' checks, an op missing for the device: a RuntimeError)
+# or runs out of memory (torch.OutOfMemoryError, cuBLAS's and cuDNN's texts): a TypeError, KeyError or
+# AttributeError is a bug of ours
 
 
 @functools.lru_cache(maxsize=None)
