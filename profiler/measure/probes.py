@@ -133,7 +133,7 @@ class ProjectionClock:
     (recorder.projection_modules: to_q, to_k, to_v, to_out[0], the added-KV ones, CLIP's q/k/v/out_proj), their
     time added to the call open around them: `ms`, by the call's key. The call's meter says which call is open
     (opened(key) as it begins, closed() as it ends). The hooks' own cost (a clock read each side) falls in the call's
-    time outside its projections: 2-3% of a tiny-sd15 forward on the CPU (docs/measuring.md says how measured)."""
+    time outside its projections: within the noise of `python -m profiler.bench --only profile` (docs/measuring.md)."""
 
     def __init__(self, clock=time.perf_counter):
         self.clock, self.ms = clock, {}
