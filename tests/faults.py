@@ -6,6 +6,7 @@ the `faults` fixture (conftest.py): it registers them and sets ATTNPROF_PLUGINS,
 Worker deaths: with ATTNPROF_FAULT_EXIT=WHEN:BACKEND in a sweep worker's environment, the worker exits (os._exit)
 once, at WHEN of the first cell of BACKEND: `after-done` (its row recorded and reported: between two cells) or
 `after-record` (its row recorded, not yet reported). A marker file beside the run keeps it to one death."""
+import functools
 import os
 import sys
 from pathlib import Path
@@ -122,36 +123,23 @@ def _tokens(hidden_states) -> int:
 
 
 class SlowAt:
-    """Runs SDPA; on self-attention over SLOW_AT_TOKENS query tokens (tiny-sd15's second level at 128x128: 5 calls of
-    the forward's 32), SLOW_AT_MS late: a backend much slower at one shape only, fast at every other. Fake tensors
-    (the planner's trace) pass without the wait."""
+    """Runs SDPA (or, with naive=True, diffusers' naive attention: AttnProcessor's baddbmm, softmax, bmm); on
+    self-attention over SLOW_AT_TOKENS query tokens (tiny-sd15's second level at 128x128: 5 calls of the forward's 32),
+    SLOW_AT_MS late: a backend much slower at one shape only, fast at every other. Beside fault-paced (SDPA, PACED_MS
+    late on every call) the naive one makes a tune's map mix two kernels whatever the machine's load: naive wherever
+    it is not slow, SDPA there. Fake tensors (the planner's trace) pass without the wait."""
+
+    def __init__(self, naive: bool = False):
+        self.naive = naive
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, *args, **kwargs):
         import time
 
-        from diffusers.models.attention_processor import AttnProcessor2_0
+        from diffusers.models.attention_processor import AttnProcessor, AttnProcessor2_0
         from torch._subclasses.fake_tensor import FakeTensor
 
-        out = AttnProcessor2_0()(attn, hidden_states, encoder_hidden_states, *args, **kwargs)
-        if encoder_hidden_states is None and _tokens(hidden_states) == SLOW_AT_TOKENS and \
-                not isinstance(hidden_states, FakeTensor):
-            time.sleep(SLOW_AT_MS / 1e3)
-        return out
-
-
-class NaiveSlowAt:
-    """Runs diffusers' naive attention (AttnProcessor: baddbmm, softmax, bmm), SLOW_AT_MS late on self-attention over
-    SLOW_AT_TOKENS query tokens only: beside fault-paced (SDPA, PACED_MS late on every call) a tune's map mixes two
-    kernels whatever the machine's load: naive wherever it is not slow, SDPA there. Fake tensors pass without the
-    wait."""
-
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, *args, **kwargs):
-        import time
-
-        from diffusers.models.attention_processor import AttnProcessor
-        from torch._subclasses.fake_tensor import FakeTensor
-
-        out = AttnProcessor()(attn, hidden_states, encoder_hidden_states, *args, **kwargs)
+        inner = AttnProcessor() if self.naive else AttnProcessor2_0()
+        out = inner(attn, hidden_states, encoder_hidden_states, *args, **kwargs)
         if encoder_hidden_states is None and _tokens(hidden_states) == SLOW_AT_TOKENS and \
                 not isinstance(hidden_states, FakeTensor):
             time.sleep(SLOW_AT_MS / 1e3)
@@ -207,7 +195,8 @@ def register_all() -> None:
     register(Backend("fault-paced", "fused exact", f"test: SDPA, then {PACED_MS:g} ms on every call", factory=Paced,
                      memory_like="sdpa"))
     register(Backend("fault-naive-slow-at", "materialised", f"test: naive attention, {SLOW_AT_MS:g} ms late on "
-                     f"self-attention over {SLOW_AT_TOKENS} tokens only", factory=NaiveSlowAt, memory_like="naive"))
+                     f"self-attention over {SLOW_AT_TOKENS} tokens only", factory=functools.partial(SlowAt, naive=True),
+                     memory_like="naive"))
 
 
 def unregister_all() -> None:
