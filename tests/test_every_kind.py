@@ -39,6 +39,22 @@ def _interrupted(root: Path, source: Path) -> str:
     return path.name
 
 
+def _stopped_record(root: Path, source: Path) -> str:
+    """A copy of a recorded generation as attnprof record leaves one stopped by a Ctrl-C after that generation ended:
+    its cell marked partial, the run interrupted, its script's backend (the loaded processors) left to finish."""
+    import pandas as pd
+
+    path = root / f"{source.name[:-4]}stop"
+    shutil.copytree(source, path)
+    for cell in (path / "cells").glob("*.parquet"):
+        pd.read_parquet(cell).assign(partial=True).to_parquet(cell, index=False)
+    m = json.loads((path / "manifest.json").read_text())
+    m["record"] = {**m.get("record", {}), "script": str(path / "gen.py"), "args": [], "backends": [None]}
+    m.update(interrupted=True)
+    (path / "manifest.json").write_text(json.dumps(m))
+    return path.name
+
+
 @pytest.fixture(scope="module")
 def every_kind(tmp_path_factory, dashboard_results, mixed_results, traced_results, compiled_results,
                gpu_check_dry_run):
@@ -64,6 +80,7 @@ def every_kind(tmp_path_factory, dashboard_results, mixed_results, traced_result
     with profile(pipe, out=root) as prof:
         gen.generate(pipe, steps=3)
     kinds["record"] = prof.run_dir.name
+    kinds["record, stopped"] = _stopped_record(root, prof.run_dir)
     return root, kinds
 
 
@@ -93,6 +110,9 @@ def test_runs_show_and_findings_read_every_run(every_kind):
     assert "incomplete: 1 of" in listed  # the interrupted run, named as such
     assert "StableDiffusionPipeline (loaded, 3 steps at 64x64, batch 2) took" in \
         _ok(["show", kinds["record"], "--results", str(root)])
+    assert "interrupted: no complete cell of loaded (attnprof record --resume finishes it)" in " ".join(listed.split())
+    stopped = " ".join(_ok(["show", kinds["record, stopped"], "--results", str(root), "--wide"]).split())
+    assert "(its cells partial: the generations that ended before the stop)" in stopped and "partial:" in stopped
 
 
 def test_diff_takes_every_pair_with_the_first_run(every_kind):
