@@ -262,3 +262,17 @@ def test_a_cache_file_keeps_its_other_keys_and_one_that_cannot_be_written_is_no_
     blocked.write_text("")
     add_to_cache(blocked / "c.json", "a", 1)  # its folder would be a file
     assert read_cache(blocked / "c.json") == {}
+
+
+def test_runs_made_within_one_second_sort_as_they_were_made_and_an_id_taken_is_never_reused(tmp_path, monkeypatch):
+    """'latest' is the run made last, also among runs made in the same second (the dashboard's Generation page, show
+    latest and diff pick it); an id that another run took in the same 15 us is passed over for a new one."""
+    from profiler import store
+
+    made = [Run.create(tmp_path, {"kind": "sweep"}).id for _ in range(30)]
+    assert [p.name for p in list_runs(tmp_path)] == made and find_run(tmp_path, "latest").id == made[-1]
+    ids = iter([made[0], made[0], "20991231-235959-00000"])  # taken twice, then free
+    monkeypatch.setattr(store, "new_run_id", lambda: next(ids))
+    assert Run.create(tmp_path, {"kind": "sweep"}).id == "20991231-235959-00000"
+    with pytest.raises(store.InputError, match="a run of that id exists"):  # an id the caller names: never replaced
+        Run.create(tmp_path, {"kind": "sweep"}, run_id=made[1])
