@@ -411,16 +411,40 @@ def trace(model: str, width: int, height: int, batch: int = 1, dtype: str = "flo
     for n in set(maps) - alone:
         plain.update(mix.parts(maps[n]))
     shape = (model, width, height, batch, dtype, device)
-    out = _trace(*shape, list(plain), plain, moments, gpu, settings, ops)
+    out = _remembered(*shape, list(plain), plain, moments, gpu, settings, ops)
     for n, text in maps.items():
         parts = mix.parts(text)
-        source = _trace(*shape, list(parts), parts, False, gpu, settings) if n in alone else out
+        source = _remembered(*shape, list(parts), parts, False, gpu, settings) if n in alone else out
         if all(p in source["backends"] for p in parts):  # else a backend of it does not run on this device
             choice = {r["block"]: mix.of_block(text, r["block"])[0] for r in source["rows"]}
             out["backends"][n] = {**mixed_peak(source, choice), "how": "mixed"}
             for row, own in zip(out["rows"], source["rows"]):
                 row["traced_peak_bytes"][n] = own["traced_peak_bytes"][choice[own["block"]]]
     return out
+
+
+_TRACES: dict[tuple, tuple] = {}  # the last 16 traces of the process, by what they were asked
+
+
+def _remembered(model, width, height, batch, dtype, device, names, options, moments, gpu, settings, ops=False) -> dict:
+    """_trace's figures, traced once per process for the same question (a copy each time): `fit` of several backends
+    and the time model's calibration ask one shape again (test_pipeline's fit of 3 backends traced it 4 times). A
+    backend registered anew (a plugin's) is a new question."""
+    import copy
+    import json
+
+    key = (model, width, height, batch, str(dtype), device, tuple(names), json.dumps(options, sort_keys=True,
+           default=str), moments, gpu, tuple(sorted(settings)), ops, tuple(id(backends.BACKENDS.get(n)) for n in names))
+    walk = (model, width, height, batch, parse_dtype(dtype), tuple(sorted(settings)))
+    if key not in _TRACES:
+        out = _trace(model, width, height, batch, dtype, device, names, options, moments, gpu, settings, ops)
+        _TRACES[key] = (out, _WALKS.get(walk) if ops else None)
+        while len(_TRACES) > 16:
+            _TRACES.pop(next(iter(_TRACES)))
+    out, ops_walk = _TRACES[key]
+    if ops_walk is not None and walk not in _WALKS:  # walk() reads it: kept while the trace is
+        _WALKS[walk] = ops_walk
+    return copy.deepcopy(out)
 
 
 def mixed_peak(traced: dict, choice: dict[str, str]) -> dict:
