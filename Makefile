@@ -21,7 +21,7 @@ dashboard: setup
 plan: setup
 	$(PY) -m profiler plan --model $(or $(MODEL),sd15) --size $(or $(SIZE),512x512)
 
-## bytecode for the suites: where PYTHONDONTWRITEBYTECODE is set, as here, each of the suite's ~150 subprocesses would
+## bytecode for the suites: where PYTHONDONTWRITEBYTECODE is set, as here, each of the suite's ~250 subprocesses would
 ## compile profiler/ again, 0.15-0.3 s of CPU each
 bytecode: setup
 	$(PY) -m compileall -q profiler dashboards
