@@ -1,5 +1,6 @@
 """The whole forward's peak memory from fake tensors (planner/forward.py) and attnprof fit (planner/fit.py): against
 measured CPU runs, against the memory models call by call, and the fit's answers against plans of those sizes."""
+import dataclasses
 import json
 
 import pytest
@@ -146,6 +147,27 @@ def test_one_trace_for_every_backend_gives_what_each_alone_gives():
     for name in ("naive", "split", "sdpa"):
         alone = trace("tiny-sd15", 384, 256, 1, "float16", "cuda", [name])
         assert alone["backends"][name] == every["backends"][name]
+
+
+def test_a_trace_asked_again_is_a_copy_of_the_first_and_a_backend_registered_anew_is_traced_anew(monkeypatch):
+    """The planner keeps a process's last traces: the same question is not traced again, its answer is a copy (what
+    a caller changes in it is not in the next answer), and a backend registered again (a plugin's new processor)
+    is a new question."""
+    from profiler.attention import backends
+    from profiler.planner import forward
+
+    calls = []
+    real = forward._trace
+    monkeypatch.setattr(forward, "_trace", lambda *a, **k: calls.append(a) or real(*a, **k))
+    monkeypatch.setattr(forward, "_TRACES", {})
+    first = trace("tiny-sd15", 64, 64, 1, "float32", "cpu", ["naive", "sdpa"])
+    first["rows"][0]["traced_peak_bytes"]["naive"] = -1
+    again = trace("tiny-sd15", 64, 64, 1, "float32", "cpu", ["naive", "sdpa"])
+    assert len(calls) == 1 and again["rows"][0]["traced_peak_bytes"]["naive"] > 0
+    assert again["backends"] == first["backends"]
+    monkeypatch.setitem(backends.BACKENDS, "naive", dataclasses.replace(backends.BACKENDS["naive"]))
+    trace("tiny-sd15", 64, 64, 1, "float32", "cpu", ["naive", "sdpa"])
+    assert len(calls) == 2
 
 
 def test_a_sweeps_preflight_traces_each_shape_once_per_set_of_options_of_a_backend(monkeypatch):
