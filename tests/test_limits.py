@@ -238,7 +238,8 @@ def test_a_slow_small_figure_on_the_cpu_is_timed_over_target_ms_not_launches_run
 
 def test_softmax_score_gemms_and_the_caches_copy_go_through_the_devices_replay(monkeypatch):
     """On the CPU too (its replay_ms is a host-clock loop, the same physics as before): each small figure is timed by
-    devices.replay_ms with at least LAUNCHES runs, and comes out a rate (elements or bytes a second, not zero)."""
+    devices.replay_ms and comes out a rate (elements or bytes a second, not zero); how many runs an interval holds
+    there is test_a_slow_small_figure_on_the_cpu_is_timed_over_target_ms_not_launches_runs's."""
     from profiler import devices
 
     seen = []
@@ -254,7 +255,7 @@ def test_softmax_score_gemms_and_the_caches_copy_go_through_the_devices_replay(m
     dev = devices.get("cpu")
     assert limits.softmax_per_s(dev, "float32") > 1e6 and limits.score_gemm_per_s(dev, "float32") > 1e6
     assert limits.copy_bytes_per_s(dev, 2**20, replayed=True) > 1e8
-    assert len(seen) == 3 and min(seen) >= 1
+    assert len(seen) == 3
 
 
 def test_a_process_that_lacks_the_limits_waits_for_the_one_measuring_them_and_reads_what_it_stored(tmp_path,

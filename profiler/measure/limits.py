@@ -15,9 +15,9 @@
   after a synchronize. About 2 s per dtype on a 2-core CPU, a few seconds on a GPU.
   The small figures (the cache's bandwidth, softmax's rate, the score GEMMs' rate: each run of a few microseconds on a
   GPU) are rates only where no launch is in them: they are timed from `devices.replay_ms`, runs back to back per
-  interval (on CUDA one CUDA graph of at least LAUNCHES of them replayed under events, so the host's launches are not
-  in the figure; on the CPU a host-clock loop of TARGET_MS of work, as the other figures). Looped one launch after another inside one
-  interval on the H200, they read the host's cost per launch (a cache bandwidth of 1.35e12 B/s, below the memory's
+  interval (on CUDA one CUDA graph of at least LAUNCHES of them replayed under events, so the host's launches are
+  not in the figure; on the CPU a host-clock loop of TARGET_MS of work, as the other figures). Looped one launch
+  after another inside one interval on the H200, they read the host's cost per launch (a cache bandwidth of 1.35e12 B/s, below the memory's
   4.24e12; softmax 3.7e11 elements/s). The host's cost per launch is stored apart (`launch_us`:
   measure/state.launch_us). A cache bandwidth below the memory's is refused (not a rate: every op is then priced
   at the memory's), with a line saying so in `refused`.

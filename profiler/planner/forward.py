@@ -428,8 +428,8 @@ _TRACES: dict[tuple, tuple] = {}  # the last 16 traces of the process, by what t
 
 def _remembered(model, width, height, batch, dtype, device, names, options, moments, gpu, settings, ops=False) -> dict:
     """_trace's figures, traced once per process for the same question (a copy each time): `fit` of several backends
-    and the time model's calibration ask one shape again (test_pipeline's fit of 3 backends traced it 4 times). A
-    backend registered anew (a plugin's) is a new question."""
+    and the time model's calibration ask one shape again (`fit --pipeline tiny-sd15 --budget 256MiB` of sdpa and
+    naive asked 24 traces, 4 of them again). A backend registered anew (a plugin's) is a new question."""
     import copy
     import json
 
