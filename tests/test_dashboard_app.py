@@ -85,7 +85,11 @@ def test_run_page_draws_the_unet_coloured_by_time_then_by_memory(dashboard_resul
     assert np.allclose(memory["achieved_flops_per_s"] / memory["arithmetic_intensity"],
                        manifest["device_peak_bytes_per_s"])
     assert roofline["layer"][0]["encoding"]["x"]["scale"]["type"] == "log"
-    assert any(m.value.startswith("**Findings, ") and "was the fastest" in m.value for m in at.markdown)
+    found = [m.value for m in at.markdown if m.value.startswith("**Findings, ")]
+    # the ranking as the run's timings allow (a loaded machine's overlapping spreads name no fastest), the memory
+    # always: the verdict is findings.py's (test_findings), not this machine's load
+    assert len(found) == 1 and "needed the least memory" in found[0] and any(
+        s in found[0] for s in ("was the fastest", "no backend is clearly the fastest", "the machine moved")), found
     first = _qp(at, "cell")
     at.sidebar.radio(key="color").set_value("peak memory").run()
     assert _charts(at)[0][0]["encoding"]["color"]["field"] == "peak_mem_MiB"
