@@ -550,6 +550,10 @@ def test_the_diff_verdict_is_in_view_at_1400_px(generation_server, dashboard_res
         page.get_by_text(f"zz-again against {sweep}").wait_for(timeout=90_000)
         run_finished(page)
         diff = page.get_by_test_id("stDataFrame").first
+        # the grid writes its (hidden, accessible) headers and cells after the run ends: on a loaded machine, later than
+        # run_finished sees (an IndexError on headers[0] once)
+        diff.locator("th, [role=columnheader]").first.wait_for(state="attached", timeout=30_000)
+        diff.locator("td").first.wait_for(state="attached", timeout=30_000)
         headers = diff.evaluate(HEADERS)
         cells = diff.evaluate("(t) => Array.from(t.querySelectorAll('td')).map(c => c.textContent)")
         box = diff.bounding_box()
