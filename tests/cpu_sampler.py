@@ -53,7 +53,8 @@ def by_command(procs: list[dict], root: int) -> list[dict]:
     def under(p):
         return [p] + [q for c in kids[p["pid"]] for q in under(c)]
 
-    mine = {p["pid"] for p in under(next(p for p in procs if p["pid"] == root))}
+    top = [p for p in procs if p["pid"] == root]  # none where the command ended before the first read
+    mine = {p["pid"] for p in under(top[0])} if top else set()
     workers = [p for p in procs if p["pid"] in mine and p["cmd"].endswith("exec(eval(sys.stdin.readline()))")]
     tops = [c for w in workers for c in kids[w["pid"]]] if workers else kids[root]
     rows = [{"command": p["cmd"][:160], "processes": 1, "cpu_s": p["cpu_s"]} for p in procs

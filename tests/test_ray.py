@@ -81,8 +81,8 @@ def test_killing_the_ray_worker_of_a_cell_leaves_it_error_and_the_rest_ok(tmp_pa
 def test_a_cell_past_timeout_s_is_stopped_on_ray_and_the_rest_go_on(tmp_path, local_ray, faults):
     """fault-slow-big (tests/faults.py) is 0.3 s late on each of tiny-sd15's 10 calls of 256 tokens at 128x128 (the
     first level's 2 down and 3 up transformer blocks, self and cross each): 3 s of waits a forward, its cell past
-    timeout_s=15 whatever the machine's load; at 64x64 (no call over 64 tokens) it is SDPA, a second of work. (A real backend at 512x512 against 8 s had the 64x64 cell time out too on a
-    loaded machine.)"""
+    timeout_s=15 whatever the machine's load; at 64x64 (no call over 64 tokens) it is SDPA, a second of work. (A
+    real backend at 512x512 against 8 s had the 64x64 cell time out too on a loaded machine.)"""
     sweep = _sweep(tmp_path, executor="ray", sizes=((128, 128), (64, 64)), backends=(("fault-slow-big", ()),),
                    repeats=5, timeout_s=15)
     t0 = time.time()

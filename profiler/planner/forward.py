@@ -379,10 +379,15 @@ def walk(model: str, width: int, height: int, batch: int = 1, dtype: str = "floa
     bytes of the largest new output, class: OP_CLASSES), the attention core left out, "rest": the same for every op
     outside attention calls}. From the trace that a sweep's
     preflight or a plan made of this shape already, else from a trace of its own."""
-    key = (model, width, height, batch, parse_dtype(dtype), tuple(sorted(settings)))
+    key = _walk_key(model, width, height, batch, dtype, settings)
     if key not in _WALKS:
         trace(model, width, height, batch, dtype, "cpu", [], ops=True, settings=tuple(settings))
     return _WALKS[key]
+
+
+def _walk_key(model: str, width: int, height: int, batch: int, dtype, settings) -> tuple:
+    """What a walk (_WALKS) is kept by: the forward's shape, dtype and settings."""
+    return model, width, height, batch, parse_dtype(dtype), tuple(sorted(settings))
 
 
 def _remember_walk(shape: tuple, tr: _Trace) -> None:
@@ -433,15 +438,17 @@ def _remembered(model, width, height, batch, dtype, device, names, options, mome
     import copy
     import json
 
+    registered = tuple(backends.BACKENDS.get(n) for n in names)
     key = (model, width, height, batch, str(dtype), device, tuple(names), json.dumps(options, sort_keys=True,
-           default=str), moments, gpu, tuple(sorted(settings)), ops, tuple(id(backends.BACKENDS.get(n)) for n in names))
-    walk = (model, width, height, batch, parse_dtype(dtype), tuple(sorted(settings)))
+           default=str), moments, gpu, tuple(sorted(settings)), ops, tuple(map(id, registered)))
+    walk = _walk_key(model, width, height, batch, dtype, settings)
     if key not in _TRACES:
         out = _trace(model, width, height, batch, dtype, device, names, options, moments, gpu, settings, ops)
-        _TRACES[key] = (out, _WALKS.get(walk) if ops else None)
+        # the registrations kept with it: while the entry lives, no other object takes their ids
+        _TRACES[key] = (out, _WALKS.get(walk) if ops else None, registered)
         while len(_TRACES) > 16:
             _TRACES.pop(next(iter(_TRACES)))
-    out, ops_walk = _TRACES[key]
+    out, ops_walk, _ = _TRACES[key]
     if ops_walk is not None and walk not in _WALKS:  # walk() reads it: kept while the trace is
         _WALKS[walk] = ops_walk
     return copy.deepcopy(out)
@@ -470,7 +477,7 @@ def _trace(model: str, width: int, height: int, batch: int = 1, dtype: str = "fl
     With ops, every op is counted in the same forward too, for walk() (the time model) to read."""
     names = names if names is not None else backends.names()
     options = {n: backends.check_options(n, (options or {}).get(n, {})) for n in names}
-    shape = (model, width, height, batch, parse_dtype(dtype), tuple(sorted(settings)))
+    shape = _walk_key(model, width, height, batch, dtype, settings)
     w, module = fake_model(model, parse_dtype(dtype), settings)
     dtype = w.dtype(parse_dtype(dtype))  # what the model computes in (an upcast VAE: float32)
     how = {n: how_traced(n, device, dtype) for n in names}
