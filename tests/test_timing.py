@@ -222,6 +222,30 @@ def test_each_backends_host_counts_its_own_attention_core():
         sum(host.core_ops("sliced", {}, r, "float16") - host.core_ops("sdpa", {}, r, "float16") for r in ops["rows"])
 
 
+def test_chunked_cores_ops_counted_from_a_few_chunks_are_the_direct_count_at_real_sizes():
+    """split's and subquad's core ops (host._looped_ops: two or three calls of two or three chunks a loop) against
+    the same call counted whole on fake tensors, chunk by chunk, on every distinct call of SD 1.5 at 1024x1024 and
+    SD 2.1-v (upcast attention) at 768x768, batch 2: their own options, a tighter budget (a ragged last chunk) and
+    subquad with chunks that divide nothing; the counts grow with the chunks, as they must."""
+    shapes = []
+    for model, side in (("sd15", 1024), ("sd21-768-v", 768)):
+        rows = timing.walk(model, side, side, 2, "float16")["rows"]
+        shapes += list({tuple(r.get(k) or "" if k == "upcast" else r[k] for k in host.CALL_SHAPE): 0
+                        for r in rows})
+    assert {s[6] for s in shapes} == {"", "attention"} and max(s[4] for s in shapes) == 16384
+    asks = [("split", {"budget_bytes": 64 * 2**20}), ("split", {"budget_bytes": 28 * 2**20}),
+            ("subquad", {"query_chunk": 1024, "key_chunk": 4096}), ("subquad", {"query_chunk": 700, "key_chunk": 999})]
+    counted = {}
+    for name, options in asks:
+        for shape in shapes:
+            direct = host._call_ops(name, dict(options), shape, "float16")
+            assert host._looped_ops(name, dict(options), shape, "float16") == direct, (name, options, shape)
+            counted[name, options.get("budget_bytes", options.get("query_chunk")), shape] = direct
+    self_16k = next(s for s in shapes if s[0] == "self" and s[4] == 16384)
+    assert counted["split", 28 * 2**20, self_16k] > 2 * counted["split", 64 * 2**20, self_16k]  # 293 chunks, 128
+    assert counted["subquad", 700, self_16k] > 5 * counted["subquad", 1024, self_16k]  # 24 x 17 chunks, 16 x 4
+
+
 def test_a_gpu_of_the_table_is_calibrated_on_stored_runs_of_its_architecture(capsys, tmp_path):
     """--gpu with --results: the kernel times of the runs made on a GPU of the same architecture (an H100 here, named
     as torch names it, for an H200) join the fit, each call's features on the published figures of the GPU that ran
