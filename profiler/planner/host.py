@@ -108,13 +108,20 @@ def _core_ops(name: str, options: tuple, shape: tuple, dtype: str) -> int:
 
     if name != "sdpa" and how_traced(name, "cpu", dtype) != "processor":
         return _core_ops("sdpa", (), shape, dtype)
-    without = _call_ops("sdpa", {}, shape, dtype, core=False)
+    without = _without_core(shape, dtype)
     try:
         return _looped_ops(name, dict(options), shape, dtype) - without
     except KERNEL_ERRORS:  # a plugin's processor that does not run on fake tensors
         if name == "sdpa":
             raise
         return _core_ops("sdpa", (), shape, dtype)
+
+
+@functools.lru_cache(maxsize=1024)
+def _without_core(shape: tuple, dtype: str) -> int:
+    """The ops of one call of this shape with its core left out (the walk's count of it): one count for every
+    backend asked of the shape."""
+    return _call_ops("sdpa", {}, shape, dtype, core=False)
 
 
 def _loops(name: str, options: dict, shape: tuple, dtype: str):
