@@ -221,7 +221,9 @@ device: cpu
 
 def test_sigint_to_the_parent_alone_stops_the_run_and_its_worker(tmp_path, faults):
     """`kill -INT PID` of a run started as a background job of a script (SIGINT inherited ignored): the run ends
-    within 10 s as interrupted, its worker with it, the cell in flight not recorded as a worker death."""
+    as interrupted, its worker with it, the cell in flight not recorded as a worker death. Within 60 s: the cell
+    alone is 192 s of waits (fault-slow: 0.3 s on each of 32 calls, 20 forwards), whatever the machine's load (the
+    bound was 10 s, which a loaded machine's worker start and teardown can pass)."""
     import secrets
 
     from tests.procs import alive
@@ -238,9 +240,9 @@ def test_sigint_to_the_parent_alone_stops_the_run_and_its_worker(tmp_path, fault
     time.sleep(2)  # the worker in its cell
     t0 = time.time()
     os.kill(proc.pid, signal.SIGINT)
-    proc.communicate(timeout=60)
-    assert time.time() - t0 < 10 and proc.returncode == 130
-    _wait_for(lambda: not alive(token), timeout=10)
+    proc.communicate(timeout=120)
+    assert time.time() - t0 < 60 and proc.returncode == 130
+    _wait_for(lambda: not alive(token), timeout=30)
     run = Run.open(run_dir)
     assert run.manifest()["interrupted"] is True
     cells = run.cells()
