@@ -1,4 +1,5 @@
-"""The chunked attention cores of the split and subquad backends (and the row count that sizes split's chunks):
+"""The chunked attention cores of the split and subquad backends (and the row count that sizes split's chunks, from
+a score's size):
 (n, Tq, d) x (n, Tk, d) x (n, Tk, d) -> (n, Tq, d), mask additive, (n, 1 or Tq, Tk). Plain torch: the processors
 around them are processor.py's, their memory models planner/memory.py's."""
 from __future__ import annotations
@@ -12,6 +13,12 @@ def _mask_block(mask: torch.Tensor | None, rows: slice, cols: slice):
     if mask is None:
         return None
     return mask[:, rows if mask.shape[1] > 1 else slice(None), cols]
+
+
+def score_size(upcast: str, element_size: int) -> int:
+    """A score's bytes in diffusers' attention: float32 where the call upcasts ('attention' or 'softmax', a recorder
+    row's upcast), else its inputs' element size."""
+    return 4 if upcast else element_size
 
 
 def split_rows(batch_heads: int, tokens_k: int, score_size: int, budget_bytes: int) -> int:

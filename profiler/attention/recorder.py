@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 
 from ..unet.kinds import temporal_paths
+from .chunked import score_size
 from ..spec import InputError
 
 _STAGES = {"down_blocks": "down", "mid_block": "mid", "up_blocks": "up"}
@@ -130,7 +131,7 @@ def describe_call(attn, hidden_states: torch.Tensor, encoder_hidden_states: torc
         "tokens_k": tokens_k,
         "score_elements": score_elements,
         "upcast": upcast,
-        "score_bytes": score_elements * (4 if upcast else hidden_states.element_size()),
+        "score_bytes": score_elements * score_size(upcast, hidden_states.element_size()),
         "flops": 4 * batch * heads * tokens_q * tokens_k * head_dim,
         **({"ip_tokens_k": sum(int(e.shape[-2]) for e in images)} if images is not None else {}),
     }

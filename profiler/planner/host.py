@@ -129,14 +129,14 @@ def _loops(name: str, options: dict, shape: tuple, dtype: str):
     (tokens, chunk) at this call shape, outer first, and options(*chunks), the backend's options under which a call
     of this shape runs chunks of those sizes, by the rule the core sizes its chunks by; None for any other backend
     (sliced's loop, over batch*heads, runs a few dozen times at most: counted whole)."""
-    from ..attention.chunked import split_rows
+    from ..attention.chunked import score_size, split_rows
     from ..spec import torch_dtype
 
-    kind, batch, heads, head_dim, tokens_q, tokens_k, upcast = shape
+    kind, batch, heads, _, tokens_q, tokens_k, upcast = shape
     tokens_k = tokens_k if kind == "cross" else tokens_q
     n = batch * heads
     if name == "split":  # processor.SplitProcessor: query rows by split_rows, from the budget
-        score = 4 if upcast else torch_dtype(dtype).itemsize  # HeadsProcessor's score dtype: float32 where upcast
+        score = score_size(upcast, torch_dtype(dtype).itemsize)
         rows = split_rows(n, tokens_k, score, options["budget_bytes"])
         return [(tokens_q, rows)], lambda r: {"budget_bytes": n * tokens_k * score * r}
     if name == "subquad":
@@ -159,18 +159,23 @@ def _looped_ops(name: str, options: dict, shape: tuple, dtype: str) -> int:
         return _call_ops(name, options, shape, dtype)
     loops, made = loops
     up = lambda a, b: -(-a // b)  # noqa: E731
-    varied = [i for i, (t, c) in enumerate(loops) if up(t, c) > 3 and c > 1 and t % c != 1 and t >= 12]
-    if not varied:
-        return _call_ops(name, options, shape, dtype)
-    ops = lambda *k: _call_ops(name, made(*(up(t, k[varied.index(i)]) if i in varied else c  # noqa: E731
-                                            for i, (t, c) in enumerate(loops))), shape, dtype)
     counts = [up(t, c) for t, c in loops]
-    if len(varied) == 1:  # ops = f(2) + (N - 2) * (f(3) - f(2)), the other loop (if any) as it is
+    varied = [n > 3 and c > 1 and t % c != 1 and t >= 12 for n, (t, c) in zip(counts, loops)]
+
+    def ops(*k: int) -> int:  # the call with k chunks in each varied loop, in order; the others' chunks as they are
+        chunks, k = [], list(k)
+        for vary, (t, c) in zip(varied, loops):
+            chunks.append(up(t, k.pop(0)) if vary else c)
+        return _call_ops(name, made(*chunks), shape, dtype)
+
+    if sum(varied) == 1:  # ops = f(2) + (N - 2) * (f(3) - f(2)), the other loop (if any) at its own chunks
         two = ops(2)
-        return two + (counts[varied[0]] - 2) * (ops(3) - two)
-    f22, f23, f32 = ops(2, 2), ops(2, 3), ops(3, 2)  # a + 2b + 4c, a + 2b + 6c, a + 3b + 6c
-    inner, outer = (f23 - f22) // 2, f32 - f23
-    return f22 - 2 * outer - 4 * inner + counts[0] * outer + counts[0] * counts[1] * inner
+        return two + (counts[varied.index(True)] - 2) * (ops(3) - two)
+    if sum(varied) == 2:
+        f22, f23, f32 = ops(2, 2), ops(2, 3), ops(3, 2)  # a + 2b + 4c, a + 2b + 6c, a + 3b + 6c
+        inner, outer = (f23 - f22) // 2, f32 - f23
+        return f22 - 2 * outer - 4 * inner + counts[0] * outer + counts[0] * counts[1] * inner
+    return _call_ops(name, options, shape, dtype)
 
 
 def _call_ops(name: str, options: dict, shape: tuple, dtype: str, core: bool = True) -> int:
