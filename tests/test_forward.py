@@ -302,3 +302,31 @@ def test_a_cpu_convolutions_buffers_are_what_the_allocation_timeline_shows(ic, o
     args = (x, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, False, (0, 0), 1)
     assert running == out.numel() * 4
     assert workspace_bytes(args, out) == peak - running
+
+
+def test_a_ctrl_c_during_a_trace_stops_it_with_keyboardinterrupt_and_no_ignored_traceback():
+    """SIGINT landing in one of LiveBytes' weakref callbacks (what a Ctrl-C during attnprof record's prediction did in
+    the script's process: Python printed it as ignored, with a traceback, and the trace went on): held while the
+    trace counts, raised as KeyboardInterrupt as it ends."""
+    import subprocess
+    import sys
+
+    code = ("import os, signal\n"
+            "from profiler.planner import forward\n"
+            "real = forward.LiveBytes._freed\n"
+            "def freed(self, *a):\n"
+            "    if not getattr(forward, 'sent', False):\n"
+            "        forward.sent = True\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "    real(self, *a)\n"
+            "forward.LiveBytes._freed = freed\n"
+            "try:\n"
+            "    forward.trace('tiny-sd15', 64, 64, 1, 'float32', 'cpu', ['sdpa'])\n"
+            "except KeyboardInterrupt:\n"
+            "    print('stopped', signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n")
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
+                          capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "stopped True", (done.stdout, done.stderr[-2000:])
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]

@@ -36,6 +36,8 @@ per shape (three before: this trace, a meta-device plan and the time model's wal
 from __future__ import annotations
 
 import functools
+import signal
+import threading
 import weakref
 from collections import Counter
 from contextlib import nullcontext
@@ -94,6 +96,26 @@ class LiveBytes(TorchDispatchMode):
         self.alive: dict[int, weakref.ref] = {}
         self.now = self.peak = 0
         self.moments: list[int] | None = None  # bytes alive after each op, while a list (outside attention calls)
+
+    def __enter__(self):
+        """While it counts, a Ctrl-C is held and raised as KeyboardInterrupt when it ends: landing in one of the
+        weakref callbacks below (run as fake tensors die), Python would print it as ignored, with a traceback, and
+        go on (a Ctrl-C during attnprof record's prediction in the script's process was lost so). Only in the main
+        thread, where SIGINT has Python's own handler: a handler of the program's is left to do its work."""
+        self._ctrl_c, self._handler = [], None
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._handler = signal.signal(signal.SIGINT, lambda signum, frame: self._ctrl_c.append(signum))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            if self._handler is not None:
+                signal.signal(signal.SIGINT, self._handler)
+                if self._ctrl_c and exc[0] is None:
+                    raise KeyboardInterrupt
 
     def _track(self, t: torch.Tensor) -> None:
         st = t.untyped_storage()
