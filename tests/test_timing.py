@@ -222,7 +222,7 @@ def test_each_backends_host_counts_its_own_attention_core():
         sum(host.core_ops("sliced", {}, r, "float16") - host.core_ops("sdpa", {}, r, "float16") for r in ops["rows"])
 
 
-def test_chunked_cores_ops_counted_from_a_few_chunks_are_the_direct_count_at_real_sizes():
+def test_chunked_cores_ops_counted_from_a_few_chunks_are_the_direct_count_at_real_sizes(monkeypatch):
     """split's and subquad's core ops (host._looped_ops: two or three calls of two or three chunks a loop) against
     the same call counted whole on fake tensors, chunk by chunk, on every distinct call of SD 1.5 at 1024x1024 and
     SD 2.1-v (upcast attention) at 768x768, batch 2: their own options, a tighter budget (a ragged last chunk) and
@@ -241,6 +241,23 @@ def test_chunked_cores_ops_counted_from_a_few_chunks_are_the_direct_count_at_rea
             direct = host._call_ops(name, dict(options), shape, "float16")
             assert host._looped_ops(name, dict(options), shape, "float16") == direct, (name, options, shape)
             counted[name, options.get("budget_bytes", options.get("query_chunk")), shape] = direct
+    # at a few tokens (8 to 11, head dims 40 and 64): chunks of 2 or 3 rows, counted from a few chunks where the 2- and
+    # 3-chunk calls are regular too (8 rows in 2s, 11 in 3s, 10 keys in 2s), whole where they are not (9 in 2s: a
+    # last chunk of one row)
+    small = {("self", 2, 8, 40, 8, 8, ""): [2, 1, 3, 2], ("self", 1, 5, 64, 11, 11, "attention"): [1, 2, 1, 2],
+             ("cross", 2, 8, 40, 10, 9, ""): [2, 1, 2, 1], ("cross", 2, 8, 64, 9, 10, ""): [1, 1, 2, 2]}  # calls counted
+    real_call_ops, looped = host._call_ops, []
+    monkeypatch.setattr(host, "_call_ops", lambda *a, **k: looped.append(a[1]) or real_call_ops(*a, **k))
+    for shape, calls in small.items():
+        n, tk = shape[1] * shape[2], shape[5] if shape[0] == "cross" else shape[4]
+        asks = [("split", {"budget_bytes": n * tk * 2 * 2}), ("split", {"budget_bytes": n * tk * 4 * 3}),
+                ("subquad", {"query_chunk": 2, "key_chunk": 2}), ("subquad", {"query_chunk": 3, "key_chunk": 2})]
+        for (name, options), want in zip(asks, calls):
+            looped.clear()
+            got = host._looped_ops(name, dict(options), shape, "float16")
+            assert got == real_call_ops(name, dict(options), shape, "float16"), (name, options, shape)
+            assert len(looped) == want and (want > 1 or looped == [options]), (name, options, shape, looped)
+    monkeypatch.undo()
     self_16k = next(s for s in shapes if s[0] == "self" and s[4] == 16384)
     assert counted["split", 28 * 2**20, self_16k] > 2 * counted["split", 64 * 2**20, self_16k]  # 293 chunks, 128
     assert counted["subquad", 700, self_16k] > 5 * counted["subquad", 1024, self_16k]  # 24 x 17 chunks, 16 x 4

@@ -124,48 +124,36 @@ def _without_core(shape: tuple, dtype: str) -> int:
     return _call_ops("sdpa", {}, shape, dtype, core=False)
 
 
-def _loops(name: str, options: dict, shape: tuple, dtype: str):
-    """For split's and subquad's cores (a loop of query chunks; subquad's, in each, a loop of key chunks): each loop's
-    (tokens, chunk) at this call shape, outer first, and options(*chunks), the backend's options under which a call
-    of this shape runs chunks of those sizes, by the rule the core sizes its chunks by; None for any other backend
-    (sliced's loop, over batch*heads, runs a few dozen times at most: counted whole)."""
-    from ..attention.chunked import score_size, split_rows
-    from ..spec import torch_dtype
-
-    kind, batch, heads, _, tokens_q, tokens_k, upcast = shape
-    tokens_k = tokens_k if kind == "cross" else tokens_q
-    n = batch * heads
-    if name == "split":  # processor.SplitProcessor: query rows by split_rows, from the budget
-        score = score_size(upcast, torch_dtype(dtype).itemsize)
-        rows = split_rows(n, tokens_k, score, options["budget_bytes"])
-        return [(tokens_q, rows)], lambda r: {"budget_bytes": n * tokens_k * score * r}
-    if name == "subquad":
-        return ([(tokens_q, options["query_chunk"]), (tokens_k, options["key_chunk"])],
-                lambda q, k: {"query_chunk": q, "key_chunk": k})
-    return None
-
-
 def _looped_ops(name: str, options: dict, shape: tuple, dtype: str) -> int:
-    """_call_ops of one call, where a chunked core's loops run many times counted from calls of the same shape with
-    two or three chunks in each: every chunk of a loop whose chunks are all part of the tensor (not the whole of it)
-    and of two rows or more (the last one too) dispatches the same ops, so the count is affine in each loop's
-    iterations (per outer one a fixed count, per inner one another), and two calls (one loop varied) or three (two)
-    give it exactly at any size (tests/test_timing.py holds it against the direct count on every call of SD 1.5 at
-    1024x1024 and SD 2.1-v at 768x768), where a direct count at 36864 tokens dispatches thousands of chunks on fake
-    tensors (the Planner page's time chart, tiny-sd15 at five sizes for 14 backends: 16.1 s of CPU, 11.6 s so).
-    A loop of three chunks or fewer, or with a chunk of one row, runs as it is."""
-    loops = _loops(name, options, shape, dtype)
-    if loops is None:
+    """_call_ops of one call, where a chunked core's loops (memory.loops) run many times counted from calls of the
+    same shape with two or three chunks in each: every chunk of a regular loop (_regular) dispatches the same ops, so
+    the count is affine in each loop's iterations (per outer one a fixed count, per inner one another), and two calls
+    (one loop varied) or three (two) give it exactly at any size (tests/test_timing.py holds it against the direct
+    count on every call of SD 1.5 at 1024x1024, SD 2.1-v at 768x768 and tiny-sd15's few tokens), where a direct count
+    at 36864 tokens dispatches thousands of chunks on fake tensors (the Planner page's time chart, tiny-sd15 at five
+    sizes for 14 backends: 16.1 s of CPU, 11.6 s so). A loop of three chunks or fewer, or one that is not regular
+    as it is or at two or three chunks, runs as it is."""
+    from ..attention.chunked import score_size
+    from ..spec import torch_dtype
+    from .memory import loops as loops_of
+
+    kind, batch, heads, head_dim, tokens_q, tokens_k, upcast = shape
+    tokens_k = tokens_k if kind == "cross" else tokens_q
+    scores = batch * heads * tokens_q * tokens_k  # the call's row, as the recorder writes it
+    row = {"batch": batch, "heads": heads, "head_dim": head_dim, "tokens_q": tokens_q, "tokens_k": tokens_k,
+           "score_elements": scores, "score_bytes": scores * score_size(upcast, torch_dtype(dtype).itemsize)}
+    found = loops_of(name, row, dtype, **options)
+    if found is None:
         return _call_ops(name, options, shape, dtype)
-    loops, made = loops
-    up = lambda a, b: -(-a // b)  # noqa: E731
-    counts = [up(t, c) for t, c in loops]
-    varied = [n > 3 and c > 1 and t % c != 1 and t >= 12 for n, (t, c) in zip(counts, loops)]
+    loops, made = found
+    counts = [_up(t, c) for t, c in loops]
+    varied = [n > 3 and _regular(t, c) and all(_regular(t, _up(t, k)) and _up(t, _up(t, k)) == k for k in (2, 3))
+              for n, (t, c) in zip(counts, loops)]
 
     def ops(*k: int) -> int:  # the call with k chunks in each varied loop, in order; the others' chunks as they are
         chunks, k = [], list(k)
         for vary, (t, c) in zip(varied, loops):
-            chunks.append(up(t, k.pop(0)) if vary else c)
+            chunks.append(_up(t, k.pop(0)) if vary else c)
         return _call_ops(name, made(*chunks), shape, dtype)
 
     if sum(varied) == 1:  # ops = f(2) + (N - 2) * (f(3) - f(2)), the other loop (if any) at its own chunks
@@ -176,6 +164,16 @@ def _looped_ops(name: str, options: dict, shape: tuple, dtype: str) -> int:
         inner, outer = (f23 - f22) // 2, f32 - f23
         return f22 - 2 * outer - 4 * inner + counts[0] * outer + counts[0] * counts[1] * inner
     return _call_ops(name, options, shape, dtype)
+
+
+def _up(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _regular(tokens: int, chunk: int) -> bool:
+    """Whether a loop's chunks are all part of the tensor (not the whole of it) and of two rows or more, the last
+    one too: the chunks that dispatch the same ops each."""
+    return 1 < chunk < tokens and tokens % chunk != 1
 
 
 def _call_ops(name: str, options: dict, shape: tuple, dtype: str, core: bool = True) -> int:

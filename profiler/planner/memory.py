@@ -274,19 +274,34 @@ def _subquad_chunks(c: Call) -> int:
     return -(-c.tq // c.opts["query_chunk"]) * -(-c.tk // c.opts["key_chunk"])
 
 
+# ---- loops: a chunked core's Python loops, for the host's count of its ops (planner/host.py)
+
+def _split_loops(c: Call) -> tuple[list[tuple[int, int]], Callable]:
+    """One loop, over query rows (split_rows, from the budget); the budget under which a chunk is r rows."""
+    return ([(c.tq, split_rows(c.n, c.tk, c.sb, c.opts["budget_bytes"]))],
+            lambda r: {"budget_bytes": c.n * c.tk * c.sb * r})
+
+
+def _subquad_loops(c: Call) -> tuple[list[tuple[int, int]], Callable]:
+    """A loop of query chunks and, in each, one of key chunks."""
+    return ([(c.tq, c.opts["query_chunk"]), (c.tk, c.opts["key_chunk"])],
+            lambda q, k: {"query_chunk": q, "key_chunk": k})
+
+
 @dataclass(frozen=True)
 class Model:
     peak: Callable[[Call], int]  # the core's transient (predicted_peak_bytes adds q, k, v and the output)
     moved: Callable[[Call], int]
     chunks: Callable[[Call], int] = _one
     tables: Callable[[Call], tuple[int, int]] = _no_tables
+    loops: Callable[[Call], tuple[list[tuple[int, int]], Callable]] | None = None  # a loop of many chunks, or None
 
 
 MODELS = {
     "naive": Model(_naive_peak, _table_moved, tables=_whole_tables),
     "sliced": Model(_sliced_peak, _table_moved, _slices, _sliced_tables),
-    "split": Model(_split_peak, _split_moved, _split_chunks, _split_tables),
-    "subquad": Model(_subquad_peak, _subquad_moved, _subquad_chunks, _subquad_tables),
+    "split": Model(_split_peak, _split_moved, _split_chunks, _split_tables, _split_loops),
+    "subquad": Model(_subquad_peak, _subquad_moved, _subquad_chunks, _subquad_tables, _subquad_loops),
     "math": Model(_math_peak, _math_moved, tables=_math_tables),  # aten's math kernel (sdpa-math)
     "flex-eager": Model(_flex_eager_peak, _math_moved, tables=_math_tables),  # diffusers' uncompiled FlexAttention
     "flex": Model(_flex_peak, _fused_moved),
@@ -346,6 +361,16 @@ def chunks(name: str, row: dict, dtype: str, **options) -> int:
     name, options = backends.for_call(name, options, row)
     opts, b = backends.check_options(name, options), backends.BACKENDS[name]
     return MODELS[b.model].chunks(Call(row, dtype, opts)) if b.model in MODELS else 1
+
+
+def loops(name: str, row: dict, dtype: str, **options) -> tuple[list[tuple[int, int]], Callable] | None:
+    """A chunked backend's loops over one call: each loop's (tokens, chunk), outer first, and made(*chunks), the
+    backend's options under which the call runs chunks of those sizes; None for a backend whose own model has no loop
+    of many chunks (sliced's, over batch*heads, runs a few dozen times at most; a plugin's memory_like runs its own
+    processor)."""
+    opts, b = backends.check_options(name, options), backends.BACKENDS[name]
+    model = MODELS.get(b.model)
+    return model.loops(Call(row, dtype, opts)) if model and model.loops else None
 
 
 def working_set(name: str, row: dict, dtype: str, **options) -> int:
