@@ -304,26 +304,35 @@ def test_a_cpu_convolutions_buffers_are_what_the_allocation_timeline_shows(ic, o
     assert workspace_bytes(args, out) == peak - running
 
 
-def test_a_ctrl_c_during_a_trace_stops_it_with_keyboardinterrupt_and_no_ignored_traceback():
+@pytest.mark.parametrize("then", ["the trace goes on", "the trace then fails"])
+def test_a_ctrl_c_during_a_trace_stops_it_with_keyboardinterrupt_and_no_ignored_traceback(then):
     """SIGINT landing in one of LiveBytes' weakref callbacks (what a Ctrl-C during attnprof record's prediction did in
     the script's process: Python printed it as ignored, with a traceback, and the trace went on): held while the
-    trace counts, raised as KeyboardInterrupt as it ends."""
+    trace counts, raised as KeyboardInterrupt as it ends, also where the trace then ends with an error of its own
+    (which a caller may pass over: the Ctrl-C must not be)."""
     import subprocess
     import sys
 
+    fail = then == "the trace then fails"
     code = ("import os, signal\n"
             "from profiler.planner import forward\n"
-            "real = forward.LiveBytes._freed\n"
+            "real, track = forward.LiveBytes._freed, forward.LiveBytes._track\n"
             "def freed(self, *a):\n"
             "    if not getattr(forward, 'sent', False):\n"
             "        forward.sent = True\n"
             "        os.kill(os.getpid(), signal.SIGINT)\n"
             "    real(self, *a)\n"
-            "forward.LiveBytes._freed = freed\n"
+            "def tracked(self, t):\n"
+            f"    if {fail} and getattr(forward, 'sent', False):\n"
+            "        raise RuntimeError('an error after the Ctrl-C')\n"
+            "    track(self, t)\n"
+            "forward.LiveBytes._freed, forward.LiveBytes._track = freed, tracked\n"
             "try:\n"
             "    forward.trace('tiny-sd15', 64, 64, 1, 'float32', 'cpu', ['sdpa'])\n"
             "except KeyboardInterrupt:\n"
-            "    print('stopped', signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n")
+            "    print('stopped', signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n"
+            "except RuntimeError as e:\n"
+            "    print('went on past the Ctrl-C:', e)\n")
     from pathlib import Path
 
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,

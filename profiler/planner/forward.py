@@ -98,10 +98,12 @@ class LiveBytes(TorchDispatchMode):
         self.moments: list[int] | None = None  # bytes alive after each op, while a list (outside attention calls)
 
     def __enter__(self):
-        """While it counts, a Ctrl-C is held and raised as KeyboardInterrupt when it ends: landing in one of the
-        weakref callbacks below (run as fake tensors die), Python would print it as ignored, with a traceback, and
-        go on (a Ctrl-C during attnprof record's prediction in the script's process was lost so). Only in the main
-        thread, where SIGINT has Python's own handler: a handler of the program's is left to do its work."""
+        """While it counts, a Ctrl-C is held and raised as KeyboardInterrupt when it ends, in place of any error
+        the count ends with (a caller that goes on past a trace's error must not go on past a Ctrl-C): landing in
+        one of the weakref callbacks below (run as fake tensors die), Python would print it as ignored, with a
+        traceback, and go on (a Ctrl-C during attnprof record's prediction in the script's process was lost so).
+        Only in the main thread, where SIGINT has Python's own handler: a handler of the program's is left to do
+        its work."""
         self._ctrl_c, self._handler = [], None
         if threading.current_thread() is threading.main_thread() and \
                 signal.getsignal(signal.SIGINT) is signal.default_int_handler:
@@ -114,7 +116,7 @@ class LiveBytes(TorchDispatchMode):
         finally:
             if self._handler is not None:
                 signal.signal(signal.SIGINT, self._handler)
-                if self._ctrl_c and exc[0] is None:
+                if self._ctrl_c:
                     raise KeyboardInterrupt
 
     def _track(self, t: torch.Tensor) -> None:
