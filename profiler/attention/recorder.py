@@ -10,9 +10,9 @@ from typing import Callable
 
 import torch
 
+from ..spec import InputError
 from ..unet.kinds import temporal_paths
 from .chunked import score_size
-from ..spec import InputError
 
 _STAGES = {"down_blocks": "down", "mid_block": "mid", "up_blocks": "up"}
 
