@@ -312,10 +312,11 @@ def time_model_error(results: Path) -> str:
 
 def published_timings() -> str:
     """Each published timing (planner/published.py's rows) beside the time model's prediction, each row saying
-    whether it was used to fit, and the same row predicted with its GPU's rows left out of the fit."""
-    from .planner.published import check, format_check, leave_one_gpu_out
+    whether it was used to fit, the same row predicted with its GPU's rows left out of the fit and its range, the
+    fit's shares and hosts."""
+    from .planner.published import check, format_check
 
-    return format_check(check(), leave_one_gpu_out())
+    return format_check(check())
 
 
 def recorded_generations(results: Path) -> list[tuple[dict, object]]:

@@ -70,7 +70,8 @@ def _add_settings_args(p):
     g.add_argument("--vae-tiling", action="store_true", default=None, help="VAE: tiled decode / encode")
     g.add_argument("--vae-slicing", action="store_true", default=None, help="VAE: one image of the batch at a time")
     g.add_argument("--vae-upcast", action=argparse.BooleanOptionalAction, default=None,
-                   help="VAE: compute in float32 (default: the config's force_upcast)")
+                   help="VAE: compute in float32 (default: as diffusers, the config's force_upcast where the dtype is "
+                        "float16; with plan --pipeline, the decode's)")
 
 
 def _settings(args, model: str) -> tuple:
@@ -158,7 +159,7 @@ def _plan_generation(args) -> int:
     options = check_options(backend, _backend_options(args.option))
     steps, guidance = 30 if args.steps is None else args.steps, 7.5 if args.guidance is None else args.guidance
     specs = [GenerationSpec(args.pipeline, w, h, steps, guidance, args.frames, backend, options, dtype, batch,
-                            _pipeline_controlnet(args)) for w, h in sizes]
+                            _pipeline_controlnet(args), args.vae_upcast) for w, h in sizes]
     if args.gpu:
         from . import gpus
 
@@ -239,22 +240,22 @@ def cmd_gpus(args) -> int:
 
     rows = [dict(g := gpus.find(n), aliases=", ".join(g["aliases"]), memory=f"{g['memory_gib']} GiB",
                  bandwidth=f"{g['bytes_per_s'] / 1e9:g} GB/s",
-                 **{d: "-" if v is None else f"{v:g}" for d, v in g["tflops"].items()}) for n in gpus.names()]
+                 **{d: "-" if v is None else f"{v:g}" for d, v in g["tflops"].items()},
+                 tf32="-" if g["tf32_tflops"] is None else f"{g['tf32_tflops']:g}", power=f"{g['watts']} W")
+            for n in gpus.names()]
     cols = [("name", "name"), ("aliases", "aliases"), ("arch", "arch"), ("memory", "memory"),
             ("bandwidth", "bandwidth"), ("fp16 TFLOP/s", "float16"), ("bf16", "bfloat16"), ("fp32", "float32"),
-            ("source", "source")]
+            ("tf32", "tf32"), ("power", "power"), ("source", "source")]
     print(table(rows, cols))
     print("\n(dense throughput, no sparsity; profiler/gpus.py. --budget NAME and --gpu NAME read this table)")
-    from .planner.published import BLOG, DIFFUSERS_DOC, FAL, sources_of
+    from .planner.published import SOURCES, sources_of
 
     found = [{"name": n, **sources_of(gpus.get(n))} for n in gpus.names()]
-    print("\nwhere each GPU's time comes from (plan --gpu, planner/kernels.py and published.py):")
+    print("\nwhere each GPU's time comes from (plan --gpu: planner/published.py and physics.py):")
     print(table(found, [("name", "name"), ("attention kernels", "kernels"), ("rest of a forward", "rest")]))
-    from .planner.published import typical_host
-
-    print(f"the host (every GPU): {typical_host()[1]}")
-    for ref in [*gpus.REFERENCES.values(), DIFFUSERS_DOC, FAL, BLOG]:
-        print(f"  {ref}")
+    print(f"the host: {sources_of(gpus.get('H100'))['host']}")
+    for name, ref in [*gpus.REFERENCES.items(), *SOURCES.items()]:
+        print(f"  {name}: {ref}")
     return 0
 
 

@@ -55,6 +55,20 @@ def terminal_width(default: int = 120) -> int:
         return default
 
 
+def wrapped(lines: list[str], width: int | None = None) -> list[str]:
+    """Each line wrapped at the terminal's width (terminal_width), its continuation indented past its own indent: a
+    footer of sources read on one screen."""
+    import textwrap
+
+    width = width or terminal_width()
+    out = []
+    for line in lines:
+        indent = " " * (len(line) - len(line.lstrip()))
+        out += textwrap.wrap(line, width, initial_indent="", subsequent_indent=indent + "    ",
+                             break_on_hyphens=False, break_long_words=False) or [line]
+    return out
+
+
 def fitted_table(rows: list[dict], columns: list[tuple[str, str]], width: int, drop: list[str]) -> tuple[str, list]:
     """table() within width characters: the columns of `drop` left out in that order until it fits (the others
     always kept). (the table, the headers left out)."""

@@ -5,9 +5,13 @@ have). Every row names its source, the vendor's datasheet or architecture whitep
 Throughput is dense (the datasheets' starred figures are with 2:4 sparsity, twice these), in TFLOP/s: fp16 and bf16
 are the tensor-core rates with float32 accumulation (what PyTorch's matmuls and SDPA kernels use; the GeForce cards
 run it at half their float16-accumulate rate), fp32 the CUDA-core FP32 rate (PyTorch's float32 matmuls do not use
-TF32 unless asked: torch.backends.cuda.matmul.allow_tf32). Bandwidth in GB/s (10^9 bytes), memory as the datasheet
-writes it: "80 GB" of HBM or GDDR is 80 GiB of chips (binary sizes; nvidia-smi shows a little less, some held for
-ECC and the driver), so memory is read as GiB. None: the GPU has no such tensor rate (bfloat16 before Ampere).
+TF32 unless asked: torch.backends.cuda.matmul.allow_tf32), tf32 the TF32 tensor rate, which float32 convolutions
+take by default (torch.backends.cudnn.allow_tf32 is True; none before Ampere). Bandwidth in GB/s (10^9 bytes), memory
+as the datasheet writes it: "80 GB" of HBM or GDDR is 80 GiB of chips (binary sizes; nvidia-smi shows a little less,
+some held for ECC and the driver), so memory is read as GiB. None: the GPU has no such tensor rate (bfloat16 before
+Ampere). Board power, SM count and boost clock (the clock the peaks are quoted at) tell whether the board can hold
+that clock (sustained); the line says whether it is a datacenter card or a GeForce one (planner/published.py carries
+a GPU's efficiencies within its line).
 """
 from __future__ import annotations
 
@@ -21,29 +25,32 @@ GiB = 2**30
 _H100 = "NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100)"
 _A100 = "NVIDIA A100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/a100)"
 
-# name, aliases, architecture (compute capability), memory GiB, bandwidth GB/s, fp16 / bf16 / fp32 TFLOP/s, source
+# name, aliases, architecture (compute capability), memory GiB, bandwidth GB/s, fp16 / bf16 / fp32 / tf32 TFLOP/s,
+# board power W, SMs, boost clock MHz, process node, line (datacenter or geforce), source
 _ROWS = (
-    ("H200", ("H200-SXM",), "sm90", 141, 4800, 989.5, 989.5, 67.0,
-     "NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200), H200 SXM"),
-    ("H100-SXM", ("H100", "H100-SXM5"), "sm90", 80, 3350, 989.5, 989.5, 67.0, f"{_H100}, H100 SXM"),
-    ("H100-PCIE", ("H100-PCIe",), "sm90", 80, 2000, 756.5, 756.5, 51.0, f"{_H100}, H100 PCIe"),
-    ("A100-80GB", ("A100-SXM-80GB", "A100-80G"), "sm80", 80, 2039, 312.0, 312.0, 19.5,
-     f"{_A100}, A100 80GB SXM"),
-    ("A100-40GB", ("A100", "A100-SXM-40GB", "A100-40G"), "sm80", 40, 1555, 312.0, 312.0, 19.5,
-     f"{_A100}, A100 40GB"),
-    ("L40S", (), "sm89", 48, 864, 362.05, 362.05, 91.6,
+    ("H200", ("H200-SXM",), "sm90", 141, 4800, 989.5, 989.5, 67.0, 494.7, 700, 132, 1980, "TSMC 4N Hopper",
+     "datacenter", "NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200), H200 SXM"),
+    ("H100-SXM", ("H100", "H100-SXM5"), "sm90", 80, 3350, 989.5, 989.5, 67.0, 494.7, 700, 132, 1980,
+     "TSMC 4N Hopper", "datacenter", f"{_H100}, H100 SXM"),
+    ("H100-PCIE", ("H100-PCIe",), "sm90", 80, 2000, 756.5, 756.5, 51.0, 378.0, 350, 114, 1755, "TSMC 4N Hopper",
+     "datacenter", f"{_H100}, H100 PCIe"),
+    ("A100-80GB", ("A100-SXM-80GB", "A100-80G"), "sm80", 80, 2039, 312.0, 312.0, 19.5, 156.0, 400, 108, 1410,
+     "TSMC N7", "datacenter", f"{_A100}, A100 80GB SXM"),
+    ("A100-40GB", ("A100", "A100-SXM-40GB", "A100-40G"), "sm80", 40, 1555, 312.0, 312.0, 19.5, 156.0, 400, 108,
+     1410, "TSMC N7", "datacenter", f"{_A100}, A100 40GB"),
+    ("L40S", (), "sm89", 48, 864, 362.05, 362.05, 91.6, 183.0, 350, 142, 2520, "TSMC 4N Ada", "datacenter",
      "NVIDIA L40S datasheet (nvidia.com/en-us/data-center/l40s)"),
-    ("L4", (), "sm89", 24, 300, 121.0, 121.0, 30.3,
+    ("L4", (), "sm89", 24, 300, 121.0, 121.0, 30.3, 60.0, 72, 58, 2040, "TSMC 4N Ada", "datacenter",
      "NVIDIA L4 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/l4)"),
-    ("A10", (), "sm86", 24, 600, 125.0, 125.0, 31.2,
+    ("A10", (), "sm86", 24, 600, 125.0, 125.0, 31.2, 62.5, 150, 72, 1695, "Samsung 8N", "datacenter",
      "NVIDIA A10 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/products/a10-gpu)"),
-    ("RTX-4090", ("4090", "RTX4090"), "sm89", 24, 1008, 165.2, 165.2, 82.6,
-     "NVIDIA Ada Lovelace GPU Architecture whitepaper v2.0, appendix table 2 (GeForce RTX 4090)"),
-    ("RTX-3090", ("3090", "RTX3090"), "sm86", 24, 936, 71.0, 71.0, 35.6,
-     "NVIDIA Ampere GA102 GPU Architecture whitepaper v2.0, table 9 (GeForce RTX 3090)"),
-    ("T4", (), "sm75", 16, 320, 65.0, None, 8.1,
+    ("RTX-4090", ("4090", "RTX4090"), "sm89", 24, 1008, 165.2, 165.2, 82.6, 82.6, 450, 128, 2520, "TSMC 4N Ada",
+     "geforce", "NVIDIA Ada Lovelace GPU Architecture whitepaper v2.0, appendix table 2 (GeForce RTX 4090)"),
+    ("RTX-3090", ("3090", "RTX3090"), "sm86", 24, 936, 71.0, 71.0, 35.6, 35.6, 350, 82, 1695, "Samsung 8N",
+     "geforce", "NVIDIA Ampere GA102 GPU Architecture whitepaper v2.0, table 9 (GeForce RTX 3090)"),
+    ("T4", (), "sm75", 16, 320, 65.0, None, 8.1, None, 70, 40, 1590, "TSMC 12FFN", "datacenter",
      "NVIDIA T4 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/tesla-t4)"),
-    ("V100-32GB", ("V100",), "sm70", 32, 900, 125.0, None, 15.7,
+    ("V100-32GB", ("V100",), "sm70", 32, 900, 125.0, None, 15.7, None, 300, 80, 1530, "TSMC 12FFN", "datacenter",
      "NVIDIA V100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/v100), V100 SXM2"),
 )
 
@@ -68,9 +75,10 @@ def find(name: str) -> dict | None:
     row = _BY_NAME.get(_norm(name))
     if row is None:
         return None
-    name, aliases, arch, mem, bw, fp16, bf16, fp32, source = row
+    name, aliases, arch, mem, bw, fp16, bf16, fp32, tf32, watts, sms, mhz, node, line, source = row
     return {"name": name, "aliases": list(aliases), "arch": arch, "memory_bytes": mem * GiB, "memory_gib": mem,
             "bytes_per_s": bw * 1e9, "tflops": {"float16": fp16, "bfloat16": bf16, "float32": fp32},
+            "tf32_tflops": tf32, "watts": watts, "sms": sms, "boost_mhz": mhz, "node": node, "line": line,
             "source": source}
 
 
@@ -90,6 +98,31 @@ def limits(gpu: dict, dtype: str) -> dict:
                          "dtype (--dtype float16)")
     return {"device_peak_flops": {dtype: tflops * 1e12}, "device_peak_bytes_per_s": gpu["bytes_per_s"],
             "device_limits": {"key": f"{gpu['name']} (published)", "source": gpu["source"], "device": "cuda"}}
+
+
+def peak_flops(gpu: dict, dtype: str, what: str = "matmul") -> float:
+    """FLOP/s of the op class at the clock the board holds (sustained): a float32 convolution at the TF32 rate where
+    the GPU has one (cuDNN's default), everything else at the dtype's rate."""
+    tflops = gpu["tf32_tflops"] if dtype == "float32" and what == "convolution" and gpu["tf32_tflops"] else \
+        gpu["tflops"][dtype]
+    return tflops * 1e12 * sustained(gpu)[0]
+
+
+def sustained(gpu: dict) -> tuple[float, str]:
+    """(the share of its boost clock the board holds under tensor load, why): dynamic power taken as SMs x clock^3
+    (voltage scaling with the clock), its constant per process node from the node's part of the table with the most
+    power per SM at its clock (assumed to hold its boost); a board whose power is below that at its boost runs at the
+    clock its power allows (the T4's 70 W: 75%). Assumed, from the datasheets' power, SMs and clocks: no GPU measured
+    it."""
+    per = lambda g: g["watts"] / (g["sms"] * (g["boost_mhz"] / 1e3) ** 3)  # noqa: E731
+    same = [find(r[0]) for r in _ROWS if r[12] == gpu["node"]]
+    ref = max(same, key=per)
+    share = min(1.0, (per(gpu) / per(ref)) ** (1 / 3))
+    if share >= 1.0:
+        return 1.0, "its boost clock"
+    return share, (f"{share:.0%} of its boost clock: {gpu['watts']} W for {gpu['sms']} SMs at {gpu['boost_mhz']} MHz, "
+                   f"against the {ref['name']}'s {ref['watts']} W for {ref['sms']} at {ref['boost_mhz']} ({gpu['node']}; "
+                   "power taken as SMs x clock^3, assumed)")
 
 
 def describe(gpu: dict, dtype: str) -> str:
@@ -127,7 +160,7 @@ REFERENCES = {
 ATTENTION = {
     "flash": {"sm90": (321 / 989.5, "FA3 paper fig. 5a: FlashAttention-2 321 TFLOP/s on the H100"),
               "sm80": (0.50, "FA2 paper: 50% of the A100's peak"),
-              "sm86": (0.50, "assumed as the A100's (FA2 paper)"), "sm89": (0.50, "assumed as the A100's (FA2 paper)")},
+              **{a: (0.50, "assumed as the A100's (FA2 paper)") for a in ("sm70", "sm75", "sm86", "sm89")}},
     "cudnn": {"sm90": (408 / 989.5, "FA3 paper fig. 5a: cuDNN 408 TFLOP/s on the H100")},
     "fa3": {"sm90": (476 / 989.5, "FA3 paper fig. 5a: FlashAttention-3 476 TFLOP/s on the H100")},
     "naive": {"sm90": (72 / 989.5, "FA3 paper fig. 5a: standard attention 72 TFLOP/s on the H100")},

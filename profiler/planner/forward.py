@@ -211,6 +211,7 @@ class OpCount(TorchDispatchMode):
         super().__init__()
         self.rest: list[tuple[float, float, float, float]] = []
         self.calls: list[list[tuple[float, float, float, float]]] = []
+        self.at: list[int] = []  # where each call began among the rest's ops: the forward's order
         self.inside: list | None = None
         self.paused = False  # while the trace runs each asked backend on a call: their ops are not the forward's
 
@@ -334,6 +335,7 @@ class _EveryBackend:
         if tr.counter:  # the call's own ops: its projections and layouts, the attention core left out
             tr.counter.paused, tr.counter.inside = False, []
             tr.counter.calls.append(tr.counter.inside)
+            tr.counter.at.append(len(tr.counter.rest))
         with _NoCore():  # an output of the call's shape, which every backend's has; its transient is not used
             out = for_module(tr.carry, attn)(attn, hidden_states, encoder_hidden_states, attention_mask, **kwargs)
         if tr.counter:
@@ -401,7 +403,7 @@ def walk(model: str, width: int, height: int, batch: int = 1, dtype: str = "floa
     """The forward's ops on fake tensors (the time model's input, planner/timing.py): {"rows": the attention calls
     (recorder rows), "blocks": each call's block, "calls": per call an array of its own ops' (FLOPs, bytes moved,
     bytes of the largest new output, class: OP_CLASSES), the attention core left out, "rest": the same for every op
-    outside attention calls}. From the trace that a sweep's
+    outside attention calls, "at": where each call began among the rest's ops (the forward's order)}. From the trace that a sweep's
     preflight or a plan made of this shape already, else from a trace of its own."""
     key = _walk_key(model, width, height, batch, dtype, settings)
     if key not in _WALKS:
@@ -420,7 +422,8 @@ def _remember_walk(shape: tuple, tr: _Trace) -> None:
                               for row, _, _ in tr.calls],
                      "blocks": [row["block"] for row, _, _ in tr.calls],
                      "calls": [np.array(c, float).reshape(-1, 4) for c in tr.counter.calls],
-                     "rest": np.array(tr.counter.rest, float).reshape(-1, 4)}
+                     "rest": np.array(tr.counter.rest, float).reshape(-1, 4),
+                     "at": list(tr.counter.at)}
     while len(_WALKS) > 64:
         _WALKS.pop(next(iter(_WALKS)))
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..fmt import table
+from ..fmt import table, wrapped
 from ..spec import InputError
 from . import timing
 from .calibration import LOADED_AS, images, named, public_config, published_calibration, record_backend
@@ -40,6 +40,8 @@ class GenerationSpec:
     dtype: str = "float16"
     batch: int = 1
     controlnet: bool = False
+    vae_upcast: bool | None = None  # the decode in float32 (None: as diffusers does: the config's force_upcast where
+    # the dtype is float16)
 
     def __post_init__(self):
         name = pipeline_name(self.pipeline, tuple(VIDEO_PIPELINES))
@@ -84,14 +86,19 @@ def predict_generation(spec: GenerationSpec, limits: dict, calibration: dict | N
     parts.append(unet)
     if spec.controlnet:
         parts.append(_forward_part("denoise", p["controlnet"], spec, step_batch, (), limits, calibration, gpu, device))
-    parts.append(_forward_part("decode", p["vae"], spec, spec.images, (), limits, calibration, gpu, device))
+    vae = () if spec.vae_upcast is None else (("vae_upcast", spec.vae_upcast),)
+    parts.append(_forward_part("decode", p["vae"], spec, spec.images, vae, limits, calibration, gpu, device))
     parts.append(_overhead_part(spec, calibration))
     total = sum(x["total_ms"] for x in parts)
     attention = sum(x["attention_ms"] or 0.0 for x in parts)
     blocks = sorted(unet.pop("blocks"), key=lambda r: -r["predicted_time_ms"])[:5]
+    ends = {end: sum(x[f"total_{end}_ms"] for x in parts) if all(x[f"total_{end}_ms"] is not None for x in parts)
+            else None for end in ("low", "high")}
     out = {"spec": {**spec.__dict__, "cfg": spec.cfg, "step_batch": step_batch, "images": spec.images},
            "parts": [{k: v for k, v in x.items() if k != "blocks"} for x in parts], "total_ms": total,
-           "total_s": total / 1e3, "attention_ms": attention, "attention_share": attention / total if total else None,
+           "total_s": total / 1e3, **{f"total_{e}_{u}": v if v is None else v / d for e, v in ends.items()
+                                      for u, d in (("ms", 1), ("s", 1e3))},
+           "attention_ms": attention, "attention_share": attention / total if total else None,
            "largest_blocks": [{"block": r["block"], "kind": r["kind"], "tokens_q": r["tokens_q"],
                                "tokens_k": r["tokens_k"], "each_ms": r["predicted_time_ms"],
                                "total_ms": r["predicted_time_ms"] * spec.steps} for r in blocks],
@@ -100,8 +107,26 @@ def predict_generation(spec: GenerationSpec, limits: dict, calibration: dict | N
     if "bound" in unet:  # a GPU: the host priced apart, and what CUDA graphs on the denoiser would save
         graphed = total - sum(x["total_ms"] - x["graph_ms"] * x["forwards"] for x in parts if x["part"] == "denoise")
         out.update(graph_total_ms=graphed, graph_total_s=graphed / 1e3, bound=unet["bound"],
-                   host=calibration["host"]["source"])
+                   host=calibration["host"]["source"], time_basis=unet.get("time_basis"))
     return out
+
+
+def _ends(out: dict, t: dict) -> dict:
+    """A part's range (total_low_ms, total_high_ms, each_*), from its prediction's: a GPU's range, else a calibrated
+    time within its expected error, a roofline floor from itself up (high None), none where its error is unknown."""
+    each = out["each_ms"]
+    if "predicted_forward_low_ms" in t:
+        low, high = t["predicted_forward_low_ms"], t["predicted_forward_high_ms"]
+    elif t.get("time_kind") == "floor":
+        low, high = each, None
+    elif t.get("time_error_pct") is not None and t["time_error_pct"] == t["time_error_pct"]:
+        e = t["time_error_pct"] / 100
+        low, high = each / (1 + e), each * (1 + e)
+    else:
+        low = high = None
+    n = out["forwards"]
+    return {"each_low_ms": low, "each_high_ms": high, "total_low_ms": None if low is None else low * n,
+            "total_high_ms": None if high is None else high * n}
 
 
 def _forward_part(part: str, model: str, spec: GenerationSpec, batch: int, settings: tuple, limits: dict,
@@ -117,13 +142,20 @@ def _forward_part(part: str, model: str, spec: GenerationSpec, batch: int, setti
            "time_error_why": t.get("time_error_why"), "blocks": p["blocks"]}
     if "bound" in t:
         out.update(gpu_ms=t["predicted_gpu_time_ms"], host_ms=t["predicted_host_time_ms"],
-                   graph_ms=t["predicted_graph_time_ms"], bound=t["bound"])
-    return {**out, "total_s": out["total_ms"] / 1e3}
+                   graph_ms=t["predicted_graph_time_ms"], bound=t["bound"], time_basis=t.get("time_basis"))
+    return _seconds({**out, **_ends(out, t)})
+
+
+def _seconds(out: dict) -> dict:
+    """A part's totals in seconds beside its ms: total_s, total_low_s, total_high_s."""
+    return {**out, **{f"total{e}_s": None if out[f"total{e}_ms"] is None else out[f"total{e}_ms"] / 1e3
+                      for e in ("", "_low", "_high")}}
 
 
 def _text_part(name: str, spec: GenerationSpec, limits: dict, calibration: dict | None) -> dict:
     """A text encoder, once per prompt (and once more for the negative prompt under guidance): its ops at the rest's
-    calibration (its attention is CLIP's own, counted among its ops); on a GPU its host apart."""
+    calibration (its attention is CLIP's own, counted among its ops); on a GPU of the table op by op with its host
+    (planner/physics.py), on a GPU box its host apart."""
     dev = timing.Device.of(limits, spec.dtype)
     ops = text_ops(name, spec.dtype, spec.batch)
     fit = (calibration or {}).get("rest", {}).get(spec.dtype)
@@ -135,15 +167,21 @@ def _text_part(name: str, spec: GenerationSpec, limits: dict, calibration: dict 
               "roofline bound of its ops")
     out = {"part": "text", "model": name, "batch": spec.batch, "forwards": forwards, "each_ms": each,
            "attention_ms": None, "source": source}
-    host = (calibration or {}).get("host")
-    if host:
-        from .host import bounded
+    t = {"time_kind": "calibrated" if fit else "floor", "time_error_pct": None}
+    w = {"rows": [], "calls": [], "rest": ops, "at": []}
+    if (calibration or {}).get("physics"):
+        from .. import gpus
+        from .physics import price
 
-        b = bounded(each, len(ops) * host["us_per_op"] / 1e3)
-        out.update(each_ms=b["eager_ms"], gpu_ms=b["gpu_ms"], host_ms=b["host_ms"], graph_ms=b["graph_ms"],
-                   bound=b["bound"])
+        t = price({"blocks": [], "dtype": spec.dtype}, w, spec.backend, spec.options,
+                  gpus.named_in(calibration["gpu"]), calibration)
+    elif (calibration or {}).get("host"):
+        t = timing.host_times(calibration["host"], [], each, fit, w, dev, spec.backend, spec.options, spec.dtype)
+    if "bound" in t:
+        out.update(each_ms=t["predicted_forward_time_ms"], gpu_ms=t["predicted_gpu_time_ms"],
+                   host_ms=t["predicted_host_time_ms"], graph_ms=t["predicted_graph_time_ms"], bound=t["bound"])
     out["total_ms"] = out["each_ms"] * forwards
-    return {**out, "total_s": out["total_ms"] / 1e3}
+    return _seconds({**out, **_ends(out, t)})
 
 
 def _overhead_part(spec: GenerationSpec, calibration: dict | None) -> dict:
@@ -153,8 +191,11 @@ def _overhead_part(spec: GenerationSpec, calibration: dict | None) -> dict:
     ms = timing.apply(fit, features, 0.0) if fit else 0.0
     source = (f"calibrated on {fit['cells']} recorded generations of this device" if fit else
               "not counted: no recorded generation of this device to calibrate on (attnprof record)")
-    return {"part": "pipeline", "model": "scheduler, latents, images", "batch": spec.batch, "forwards": spec.steps,
-            "each_ms": ms / spec.steps, "total_ms": ms, "total_s": ms / 1e3, "attention_ms": None, "source": source}
+    out = {"part": "pipeline", "model": "scheduler, latents, images", "batch": spec.batch, "forwards": spec.steps,
+           "each_ms": ms / spec.steps, "total_ms": ms, "attention_ms": None, "source": source}
+    if not fit:  # nothing counted
+        return _seconds({**out, "each_low_ms": 0.0, "each_high_ms": 0.0, "total_low_ms": 0.0, "total_high_ms": 0.0})
+    return _seconds({**out, **_ends(out, {"time_kind": "calibrated", "time_error_pct": fit.get("loo_error_pct")})})
 
 
 def by_gpu(pipeline: str, width: int, height: int, steps: int, names: list[str], dtype: str = "float16",
@@ -185,28 +226,40 @@ def format_generation(g: dict) -> str:
            + f", {s['dtype']}, {s['backend']} attention on {g['device']}")
     gpu = "bound" in g
     rows = [_part_row(x, g, gpu) for x in g["parts"]]
-    cols = [(c, c) for c in ("part", "model", "runs", "each", "total", "attention", "share")] + \
+    cols = [(c, c) for c in ("part", "model", "runs", "each", "total", "likely", "attention", "share")] + \
         ([("GPU each", "GPU"), ("host each", "host"), ("bound", "bound")] if gpu else [])
     top = [{"block": b["block"], "kind": b["kind"], "tokens": f"{b['tokens_q']} x {b['tokens_k']}",
             "each step": _ms(b["each_ms"]), "all steps": _ms(b["total_ms"])} for b in g["largest_blocks"]]
     sources = [f"  {x['part']} ({x['model']}): {x['source']}" for x in g["parts"]]
     sources += [f"  host: {g['host']}"] if gpu else []
     sources += [f"  {PUBLISHED}: {g['published']}"] if g.get("published") else []
-    share = f" ({100 * g['attention_share']:.1f}% of it attention)" if g["attention_share"] is not None else ""
+    return "\n".join([how, "", table(rows, cols), "", *_total_lines(g, gpu), "", "largest attention calls of the U-Net:",
+                      table(top, [(c, c) for c in top[0]]) if top else "-", "", "each figure from:",
+                      *wrapped(sources)])
+
+
+def _total_lines(g: dict, gpu: bool) -> list[str]:
+    """'predicted total: 3.99 s (likely 3.40 to 4.59 s; 35.9% of it attention)' as far as the U-Net's evidence goes
+    (timing.said_time), and on a GPU its bound and what CUDA graphs save."""
+    s = g["spec"]
+    share = f"{100 * g['attention_share']:.1f}% of it attention" if g["attention_share"] is not None else ""
+    low, high = g.get("total_low_s"), g.get("total_high_s")
+    span = f"likely {low:,.2f} to {high:,.2f} s" if low is not None and high is not None else ""
+    extra = "; ".join(x for x in (span, share) if x)
     denoise = next(x for x in g["parts"] if x["part"] == "denoise")  # its evidence is the total's (timing.said_time)
     said = timing.said_time(f"{g['total_s']:,.2f} s", denoise, floor_note=False)
-    total = (f"predicted total: {said}{share}" + ("; the U-Net's time is its roofline floor, a lower bound (no "
-                                                  "stored run of this device and backend to calibrate on)"
-                                                  if denoise["time_kind"] == "floor" else "")
-             if said else f"predicted total: none: the U-Net's time has no evidence to print it by: "
-                          f"{timing.wrong_text(denoise)}")
-    if gpu and said:
+    if not said:
+        return [f"predicted total: none: the U-Net's time has no evidence to print it by: {timing.wrong_text(denoise)}"]
+    lines = [f"predicted total: {said}" + (f" ({extra})" if extra else "") +
+             ("; the U-Net's time is its roofline floor, a lower bound (no stored run of this device and backend to "
+              "calibrate on)" if denoise["time_kind"] == "floor" else "")]
+    if gpu:
         saves = "" if g["bound"] == "host" else ", nothing saved: its kernels set the pace"
-        total += (f"\n  eager {g['total_s']:,.2f} s, {g['bound']}-bound at batch {s['step_batch']} (the U-Net); with "
-                  f"CUDA graphs on the U-Net about {g['graph_total_s']:,.2f} s{saves} (torch.compile "
-                  f"mode=reduce-overhead, or torch.cuda.CUDAGraph: the host's launches gone, its kernels as they are)")
-    return "\n".join([how, "", table(rows, cols), "", total, "", "largest attention calls of the U-Net:",
-                      table(top, [(c, c) for c in top[0]]) if top else "-", "", "each figure from:", *sources])
+        lines.append(f"  eager {g['total_s']:,.2f} s, {g['bound']}-bound at batch {s['step_batch']} (the U-Net); with "
+                     f"CUDA graphs on the U-Net about {g['graph_total_s']:,.2f} s{saves} (torch.compile "
+                     f"mode=reduce-overhead, or torch.cuda.CUDAGraph: the host's launches gone, its kernels as they are)"
+                     + (f"; its time rests on {g['time_basis']}" if g.get("time_basis") else ""))
+    return wrapped(lines)
 
 
 def _ms(v) -> str:
@@ -220,6 +273,8 @@ def _part_row(x: dict, g: dict, gpu: bool) -> dict:
     ms = lambda v: "-" if wrong else floor + _ms(v) if v is not None else "-"  # noqa: E731
     return {"part": x["part"], "model": x["model"], "runs": f"{x['forwards']} x batch {x['batch']}",
             "each": ms(x["each_ms"]), "total": ms(x["total_ms"]), "attention": ms(x["attention_ms"]),
+            "likely": "-" if wrong or x.get("total_low_ms") is None or x.get("total_high_ms") is None else
+            f"{_ms(x['total_low_ms'])} to {_ms(x['total_high_ms'])}",
             "share": f"{100 * x['total_ms'] / g['total_ms']:.1f}%" if g["total_ms"] and not wrong else "-",
             **({"GPU": ms(x.get("gpu_ms")), "host": ms(x.get("host_ms")), "bound": x.get("bound", "-")} if gpu
                else {})}

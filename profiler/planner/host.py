@@ -1,14 +1,14 @@
 """The host's part of an eager forward on a GPU, priced apart from its kernels.
 
 On a GPU the host dispatches and launches every op of an eager forward, one after another, while the GPU runs the
-kernels behind it: the forward takes the longer of the two, and that one bounds it (the H200 run at batch 1: the GPU
-busy 6-42% of each forward, the host setting the pace). Replayed from a CUDA graph (torch.cuda.CUDAGraph, or
-torch.compile's reduce-overhead mode) a forward launches once: it takes its kernels' time alone. The host's time of a
-forward is its ops (forward_ops: the walk's, planner/forward.py, every aten op it dispatches that moves bytes, and
-each call's attention core under the forward's backend, which the walk leaves out) times the host's time per op:
+kernels behind it (the H200 run at batch 1: the GPU busy 6-42% of each forward, the host setting the pace); the two
+overlap op by op (planner/physics.overlap). Replayed from a CUDA graph (torch.cuda.CUDAGraph, or torch.compile's
+reduce-overhead mode) a forward launches once: it takes its kernels' time alone. The host's time of a forward is its
+ops (forward_ops: the walk's, planner/forward.py, every aten op it dispatches that moves bytes, and each call's
+attention core under the forward's backend, which the walk leaves out: core_ops) times the host's time per op:
 - given (--host-us-per-op US): a figure of the user's own host;
-- for a GPU of the table (--gpu), by default a typical host fitted to published timings (planner/published.py,
-  typical_host: the median of the machines whose batch-1 loops were host-bound), said so with its range;
+- for a GPU of the table (--gpu), by default its published machine's, fitted to published timings, else the range of
+  the published machines (planner/published.host_range);
 - this machine's (--host-us-per-op here; on a GPU box, where its stored runs hold no host-bound forward): an eager
   forward of tiny-sd15 (SD 1.5's topology: its modules, its ops and diffusers' Python around them, with few
   channels) at 64x64 on this CPU in one thread, the fastest of HOST_FORWARDS, over its ops: the host's work per op
@@ -203,10 +203,3 @@ def _call_ops(name: str, options: dict, shape: tuple, dtype: str, core: bool = T
         with count, (nullcontext() if core else _NoCore()):
             processor(attn, x, context)
     return len(count.rest)
-
-
-def bounded(gpu_ms: float, host_ms: float) -> dict:
-    """An eager forward's time (the longer of its kernels' and its host's), what bounds it, and its time replayed
-    from a CUDA graph (the kernels')."""
-    return {"eager_ms": max(gpu_ms, host_ms), "graph_ms": gpu_ms, "gpu_ms": gpu_ms, "host_ms": host_ms,
-            "bound": "host" if host_ms > gpu_ms else "gpu"}

@@ -191,9 +191,21 @@ def _fused_peak(c: Call) -> int:
 # ---- bytes moved: QK^T, softmax, PV (the part `flops` counts; the projections left out of both)
 
 def _table_moved(c: Call) -> int:
-    """Q, K and V read and O written once; the table written, read by the softmax, its probabilities written and
-    read by PV: four passes (sliced: the same, a slice at a time)."""
-    return 2 * c.a_q + 2 * c.a_k + 4 * c.row["score_bytes"]
+    """Q, K and V read and O written once, and each score's bytes through diffusers' get_attention_scores and PV
+    (sliced: the same, a slice at a time): table_bytes_per_score."""
+    return 2 * c.a_q + 2 * c.a_k + c.n * c.tq * c.tk * table_bytes_per_score(c.row.get("upcast") or "", c.e)
+
+
+def table_bytes_per_score(upcast: str, e: int) -> int:
+    """The bytes a score moves in diffusers' attention (baddbmm, softmax, the cast back, PV's bmm), e its inputs'
+    size: the table written, read by the softmax, the probabilities written and read by PV (4e; 16 in float32);
+    under upcast_softmax the table written in e, read and written again in float32 (.float()), the softmax in float32,
+    its probabilities read and written back in e (.to(dtype)) and read by PV (4e + 16: 24 in half precision); under
+    upcast_attention the table written in float32 from float32 inputs, the softmax in float32, cast back and read (16
+    + 2e: 20)."""
+    if e >= 4 or not upcast:
+        return 4 * e
+    return 4 * e + 16 if upcast == "softmax" else 16 + 2 * e
 
 
 def _split_moved(c: Call) -> int:

@@ -1,51 +1,61 @@
-"""Published timings of Stable Diffusion on GPUs: what the time model's GPU side is fitted to where no GPU of ours
-ran, and what it is checked against (docs/timing.md's table; python -m profiler.bench --only published).
+"""A GPU of the table's time model: each architecture's achieved efficiencies fitted to published timings and the
+kernel times kept with the project, how sure a prediction is, and the table that checks it (python -m profiler.bench
+--only published; docs/timing.md).
 
-Each row is a denoising loop's rate as its source prints it: U-Net steps a second, each step one forward at twice
-the images (classifier-free guidance), so a step's time is the forward's eager time, the longer of its kernels and
-its host (planner/host.py). The sources:
-[1] diffusers docs, optimization/torch2.0.mdx (huggingface/diffusers at 07dc8feb, its Benchmark section): SD 1.5
-    txt2img, fp16, channels-last U-Net, torch 2.0 without compile (SDPA), 512x512, 50 steps; A100 (40 GB), V100,
-    T4, RTX 3090 and RTX 4090 at 1, 4 and 16 images (T4's 16 in seconds an iteration).
-[2] fal-ai/stable-diffusion-benchmarks README (at 0490f695): an A100 80G SXM, torch 2.1, diffusers, fp16, 50 steps,
-    the pipelines' defaults (SD 1.5 512x512 guidance 7.5, SDXL 1024x1024 guidance 5), its speed (it/s) column.
-What each row is used for ("use"):
-- "gpu": fits its GPU's rest-of-forward factor (gpu_scale: the time of the rest's kernels over their time at the
-  efficiencies gpus.EFFICIENCY assumes), so that the model's kernels of that step take what the row says: the row of
-  the GPU at 16 images, where the kernels take several times the host. A GPU without such a row takes the factor of
-  its architecture's GPU that has one, else the A100's (said so).
-- "host": fits the host of the source's machine, in us an op: the row at one image, where the host sets the pace.
-  [1]'s GPUs are taken to share one machine's host but the 4090's, whose own row says its host was about twice as
-  fast per op (assumed; [1] does not say where each ran).
-- "naive": fits the unfused attention's factor on a GPU other than the H200's architecture (naive_factor: its
-  kernels fitted on the H200's, where they moved 37% of its bandwidth, carried by this one figure, never below the
-  roofline): [3] says SDPA ran 20-28% faster than the vanilla attention in fp16 on the GPUs it shows in fp16 but
-  the 4090 (the A100 and the 3090), so the row is [1]'s SDPA step at 4 images times 1.24 (the middle), on the A100;
-  the 3090's is predicted. Both naive rows are derived, not published (Row.derived). On the A100 the fit comes out
-  at -0.01, under naive's roofline: taken at 0 (the floor, 4 passes over each score table at the bandwidth), said.
-- "": predicted, never fitted: the check. check() names each such row whose prediction is a fitted row's (copy_of:
-  host-bound on a machine whose host that row fits), and leave_one_gpu_out() predicts each GPU's rows from a fit to
-  the other GPUs' rows alone: the case of a GPU one lacks.
-[3] PyTorch blog, "Accelerated Diffusers with PyTorch 2.0" (pytorch/pytorch.github.io, 2023-03-16), "Results in
-    float16": SDPA 20-28% faster than standard attention (diffusers' vanilla processor) on all GPUs tested but the
-    4090.
+Each row is what its source printed: a denoising loop's rate (U-Net steps a second, each step one forward at twice
+the images under classifier-free guidance), or a whole generation's seconds. The sources (SOURCES):
+- diffusers' torch 2.0 benchmark: diffusers docs, optimization/torch2.0.mdx (huggingface/diffusers at 07dc8feb, its
+  Benchmark section): SD 1.5 txt2img, fp16, channels-last U-Net, torch 2.0 without compile (SDPA), 512x512, 50 steps;
+  A100 (40 GB), V100, T4, RTX 3090 and RTX 4090 at 1, 4 and 16 images (T4's 16 in seconds an iteration); and the same
+  with a ControlNet (checks: predicted, never fitted).
+- fal's benchmark: fal-ai/stable-diffusion-benchmarks README (at 0490f695): an A100 80G SXM, torch 2.1, diffusers,
+  fp16, 50 steps, the pipelines' defaults (SD 1.5 512x512 guidance 7.5, SDXL 1024x1024 guidance 5), its it/s column.
+- diffusers' fast-diffusion tutorial: diffusers docs, tutorials/fast_diffusion.md (= huggingface/diffusion-fast): SDXL
+  1024x1024, 30 steps, one image, an A100 80GB 400 W, torch nightly 2.3: bfloat16 with the vanilla attention processor
+  (naive) 4.63 s, with SDPA 3.31 s, whole generations (the text encoders, the steps and the decode, in bfloat16).
+
+Each step is planner/physics.py's forward: every kernel at its architecture's achieved share of the GPU's peaks
+(convolution, matmul, memory-bound ops, the fused attention kernels' factor over their kernel fit), the host's
+dispatch per op, the two overlapped op by op. The rows marked "fit" fit, jointly (least squares on the log of
+predicted over published), each architecture's four shares and each machine's host: a share is at most
+physics.CEILING, each architecture's shares are pulled toward their line's (gpus.py: datacenter or GeForce cards) by
+a weak prior (LAMBDA) and the lines' toward the assumed ones (gpus.EFFICIENCY), so that an architecture with few rows
+leans on the others. The kernel table of sm90 (configs/kernels/, planner/kernels.py) gives that architecture's fused
+kernels, its matmul and memory shares (the attention calls' projections and layouts, at most CEILING), a kernel's
+minimum time (every architecture's, assumed) and the unfused kernels' share of the bandwidth (naive's: every
+architecture's until a GPU measures it, assumed). A GPU takes (shares_for): its architecture's fitted shares; sm90
+its kernel table's, its convolutions the datacenter line's; another architecture its line's, said so.
+
+How sure: a GPU whose architecture has rows is within the fit's worst miss of its own rows (u_fit); one carried is
+within the worst miss of leave one GPU out (u_carried: each GPU's rows, fitted and checks, predicted from a fit to the
+other GPUs' rows alone, every machine's host as fitted on all rows: a host is its machine's, not its GPU's). A range
+sized on the rows it is checked on holds them by construction; the check also sizes each GPU's range on the other
+GPUs' misses alone (check(): "inside_without_its_gpu"). The host is its published
+machine's where the GPU has one, else anywhere between the fastest and the slowest published machine. A prediction's
+range is the forward at the fast ends of both and at the slow ends of both.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
-DIFFUSERS_DOC = ("[1] diffusers docs, optimization/torch2.0.mdx (huggingface/diffusers at 07dc8feb): SD 1.5, fp16, "
-                 "torch 2.0 without compile, SDPA; steps a second")
-FAL = "[2] fal-ai/stable-diffusion-benchmarks README (at 0490f695): A100 80G SXM, torch 2.1, fp16; steps a second"
-BLOG = ("[3] PyTorch blog 2023-03-16, Accelerated Diffusers with PyTorch 2.0: fp16 SDPA 20-28% faster than vanilla "
-        "attention; the row: [1]'s SDPA step times 1.24")
-VANILLA = 1.24  # [3]'s 20-28%: the middle
+import numpy as np
+
+from .physics import CEILING, Shares, kernel_ms, overlap, stream
+
+DIFFUSERS_DOC, FAL, FAST = "diffusers' torch 2.0 benchmark", "fal's benchmark", "diffusers' fast-diffusion tutorial"
+SOURCES = {DIFFUSERS_DOC: "diffusers docs, optimization/torch2.0.mdx (huggingface/diffusers at 07dc8feb): SD 1.5, "
+                          "fp16, torch 2.0 without compile, SDPA; steps a second",
+           FAL: "fal-ai/stable-diffusion-benchmarks README (at 0490f695): A100 80G SXM, torch 2.1, fp16; steps a second",
+           FAST: "diffusers docs, tutorials/fast_diffusion.md (huggingface/diffusion-fast): SDXL, 30 steps, A100 80GB "
+                 "400 W, torch 2.3 nightly, bfloat16; seconds a generation"}
+LAMBDA, MU, HOST_PRIOR = 0.1, 0.1, 0.01  # prior weights: an architecture toward its line, a line toward assumed
+HOST_US = 15.0  # the host prior's centre, us an op (weak: every machine's host rows pin their own)
 
 
 @dataclass(frozen=True)
 class Row:
-    source: str
+    source: str  # a name of SOURCES
     machine: str  # whose host: rows of one machine share it
     pipeline: str
     size: int
@@ -53,344 +63,457 @@ class Row:
     guidance: float
     backend: str
     gpu: str
-    value: float  # steps a second
-    use: str = ""
-    derived: str = ""  # how the row was made from published figures, where no source printed it as such
+    value: float  # steps a second, or a whole generation's seconds where steps is given
+    use: str = "fit"  # fit, or check: predicted, never fitted
+    dtype: str = "float16"
+    steps: int = 0  # a whole generation's steps (value its seconds); 0: value is steps a second
+    controlnet: bool = False
 
     @property
     def what(self) -> str:
-        return f"{'SDXL' if self.pipeline == 'sdxl' else 'SD 1.5'} {self.size}, {self.backend}"
+        name = "SDXL" if self.pipeline == "sdxl" else "SD 1.5" + (" + ControlNet" if self.controlnet else "")
+        return f"{name} {self.size}, {self.backend}" + ("" if self.dtype == "float16" else f", {self.dtype}")
+
+    @property
+    def published_ms(self) -> float:
+        return self.value * 1e3 if self.steps else 1e3 / self.value
 
 
-_CLOUD, _DESK = "[1]'s machine", "[1]'s 4090 machine"
-_DERIVED = "naive's rows: [1]'s SDPA rate at 4 images over 1.24 ([3]: SDPA 20-28% faster than vanilla attention)"
-ROWS = (
-    Row(DIFFUSERS_DOC, _CLOUD, "sd15", 512, 1, 7.5, "sdpa", "A100-40GB", 21.66, "host"),
-    Row(DIFFUSERS_DOC, _CLOUD, "sd15", 512, 4, 7.5, "sdpa", "A100-40GB", 11.6),
-    Row(DIFFUSERS_DOC, _CLOUD, "sd15", 512, 16, 7.5, "sdpa", "A100-40GB", 3.04, "gpu"),
-    Row(DIFFUSERS_DOC, _CLOUD, "sd15", 512, 1, 7.5, "sdpa", "V100-32GB", 18.99),
-    Row(DIFFUSERS_DOC, _CLOUD, "sd15", 512, 4, 7.5, "sdpa", "V100-32GB", 5.96),
-    Row(DIFFUSERS_DOC, _CLOUD, "sd15", 512, 16, 7.5, "sdpa", "V100-32GB", 1.66, "gpu"),
-    Row(DIFFUSERS_DOC, _CLOUD, "sd15", 512, 1, 7.5, "sdpa", "T4", 6.9),
-    Row(DIFFUSERS_DOC, _CLOUD, "sd15", 512, 4, 7.5, "sdpa", "T4", 1.79),
-    Row(DIFFUSERS_DOC, _CLOUD, "sd15", 512, 16, 7.5, "sdpa", "T4", 1 / 2.34, "gpu"),
-    Row(DIFFUSERS_DOC, _CLOUD, "sd15", 512, 1, 7.5, "sdpa", "RTX-3090", 22.56),
-    Row(DIFFUSERS_DOC, _CLOUD, "sd15", 512, 4, 7.5, "sdpa", "RTX-3090", 6.46),
-    Row(DIFFUSERS_DOC, _CLOUD, "sd15", 512, 16, 7.5, "sdpa", "RTX-3090", 1.7, "gpu"),
-    Row(DIFFUSERS_DOC, _DESK, "sd15", 512, 1, 7.5, "sdpa", "RTX-4090", 40.5, "host"),
-    Row(DIFFUSERS_DOC, _DESK, "sd15", 512, 4, 7.5, "sdpa", "RTX-4090", 12.62),
-    Row(DIFFUSERS_DOC, _DESK, "sd15", 512, 16, 7.5, "sdpa", "RTX-4090", 3.17, "gpu"),
-    Row(BLOG, _CLOUD, "sd15", 512, 4, 7.5, "naive", "A100-40GB", 11.6 / VANILLA, "naive", _DERIVED),
-    Row(BLOG, _CLOUD, "sd15", 512, 4, 7.5, "naive", "RTX-3090", 6.46 / VANILLA, derived=_DERIVED),
-    Row(FAL, "[2]'s machine", "sd15", 512, 1, 7.5, "sdpa", "A100-80GB", 31.44, "host"),
-    Row(FAL, "[2]'s machine", "sd15", 512, 1, 7.5, "xformers", "A100-80GB", 28.43),
-    Row(FAL, "[2]'s machine", "sdxl", 1024, 1, 5.0, "sdpa", "A100-80GB", 8.43),
-    Row(FAL, "[2]'s machine", "sdxl", 1024, 1, 5.0, "xformers", "A100-80GB", 8.74),
+_CLOUD, _DESK, _FAL, _FAST = ("the torch 2.0 benchmark's cloud machine", "the torch 2.0 benchmark's desktop",
+                              "fal's machine", "the fast-diffusion tutorial's machine")
+_MACHINE = {"A100-40GB": _CLOUD, "V100-32GB": _CLOUD, "T4": _CLOUD, "RTX-3090": _DESK, "RTX-4090": _DESK}
+
+
+def _one(gpu: str, images: int, value: float, use: str = "fit", controlnet: bool = False) -> Row:
+    return Row(DIFFUSERS_DOC, _MACHINE[gpu], "sd15", 512, images, 7.5, "sdpa", gpu, value, use, controlnet=controlnet)
+
+
+_RATES = {"A100-40GB": (21.66, 11.6, 3.04, 15.02, 8.28, 2.15), "V100-32GB": (18.99, 5.96, 1.66, 13.48, 4.26, 1.19),
+          "T4": (6.9, 1.79, 1 / 2.34, 4.89, 1.34, None), "RTX-3090": (22.56, 6.46, 1.7, 16.03, 4.59, 1.23),
+          "RTX-4090": (40.5, 12.62, 3.17, 29.27, 9.1, 2.23)}  # txt2img at 1, 4, 16 images; ControlNet's
+ROWS = tuple(_one(g, n, v[i]) for g, v in _RATES.items() for i, n in enumerate((1, 4, 16))) + (
+    Row(FAL, _FAL, "sd15", 512, 1, 7.5, "sdpa", "A100-80GB", 31.44),
+    Row(FAL, _FAL, "sd15", 512, 1, 7.5, "xformers", "A100-80GB", 28.43),
+    Row(FAL, _FAL, "sdxl", 1024, 1, 5.0, "sdpa", "A100-80GB", 8.43),
+    Row(FAL, _FAL, "sdxl", 1024, 1, 5.0, "xformers", "A100-80GB", 8.74),
+) + tuple(_one(g, n, v[3 + i], "check", True) for g, v in _RATES.items() for i, n in enumerate((1, 4, 16))
+          if v[3 + i]) + (
+    Row(FAST, _FAST, "sdxl", 1024, 1, 5.0, "naive", "A100-80GB", 4.63, "fit", "bfloat16", 30),
+    Row(FAST, _FAST, "sdxl", 1024, 1, 5.0, "sdpa", "A100-80GB", 3.31, "fit", "bfloat16", 30),
 )
-FALLBACK_GPU = "A100-40GB"  # the factor of an architecture with no published row of its own
 
 
-def _step(row: Row, calibration: dict) -> dict:
-    """The time model's U-Net step of the row on its GPU (planner/timing.predict's totals)."""
+def _streams(row: Row) -> list[tuple]:
+    """The row's forwards as physics streams: (stream, times run) per part, each GPU-priced with its GPU's kernels."""
     from .. import gpus
-    from .pipeline import PIPELINES
-    from .timing import predict, walked_plan
-
-    gpu = gpus.get(row.gpu)
-    p = walked_plan(PIPELINES[row.pipeline]["unet"], row.size, row.size, 2 * row.images, "float16")
-    return predict(p, row.backend, {}, gpus.limits(gpu, "float16"), calibration, gpu)
-
-
-def gpu_row(gpu: dict, rows: tuple = ROWS) -> tuple[Row | None, str]:
-    """(the "gpu" row of rows whose factor the GPU takes, how): its own, else that of a GPU of its architecture, else
-    FALLBACK_GPU's (module docstring); None where rows hold none of these (a fit that leaves the A100 out)."""
-    from .. import gpus
-
-    fits = [r for r in rows if r.use == "gpu"]
-    own = [r for r in fits if r.gpu == gpu["name"]]
-    same = [r for r in fits if gpus.get(r.gpu)["arch"] == gpu["arch"]]
-    found = own or same or [r for r in fits if r.gpu == FALLBACK_GPU]
-    if not found:
-        return None, f"no published row of its own, its architecture's or the {FALLBACK_GPU}'s"
-    row = found[0]
-    how = "its own" if own else f"assumed as the {row.gpu}'s" + (" (the same architecture)" if same else
-                                                                 " (no published row of its architecture)")
-    return row, how
-
-
-def gpu_scale(gpu: dict, rows: tuple = ROWS) -> tuple[float, str]:
-    """(the factor of the GPU's rest-of-forward kernels, its source): fitted to the row gpu_row names, else the median
-    of the factors of rows' GPUs; cached with the kernel fits."""
-    import statistics
-
-    row, how = gpu_row(gpu, rows)
-    if row is None:
-        scales = [_fitted_scale(r) for r in rows if r.use == "gpu"]
-        return statistics.median(scales), f"{how}: the median of {len(scales)} GPUs' factors"
-    return _fitted_scale(row), f"{how}: fitted to {row.source.split(' ', 1)[0]}'s {row.gpu} row at {row.images} images"
-
-
-def _fitted_scale(row: Row) -> float:
-    """The factor that makes the row's step take 1 / value seconds of kernels: the rest's class terms scaled, its
-    attention and its ops' minimum as they are (a forward's kernel time is linear in it)."""
-    from .. import gpus
-    from ..env import cache_dir
-    from ..store import add_to_cache, read_cache
-    from .kernels import FITS_FILE, model_key
-
-    gpu = gpus.get(row.gpu)
-    cal = published_calibration(gpu, "float16", host_us=1.0, scaled=False, naive=False)
-    key = json.dumps(["gpu-scale", *model_key(), repr(row), cal["kernel_data"]])
-    path = cache_dir() / FITS_FILE
-    if key in read_cache(path):
-        return read_cache(path)[key]
-    t = _step(row, cal)
-    ops = cal["rest"]["float16"]["coefficients"]["ops"] * t["rest_ops"]
-    classes = t["predicted_rest_time_ms"] - ops
-    scale = (1e3 / row.value - t["predicted_attention_time_ms"] - ops) / classes
-    add_to_cache(path, key, scale)
-    return scale
-
-
-def naive_row(rows: tuple = ROWS) -> Row:
-    """The row naive's factor is fitted to: the "naive" row of rows, else another naive row of rows (a fit that leaves
-    the A100 out)."""
-    return next(r for r in sorted(rows, key=lambda r: r.use != "naive") if r.backend == "naive")
-
-
-def naive_factor(rows: tuple = ROWS) -> float:
-    """The unfused attention's factor off the H200's architecture (module docstring, "naive"): its calls' cores scaled
-    so that the model's step of naive_row takes what the row says (the step is linear in it: two predictions). Not
-    clamped: a factor below 0 would mean the row is faster than naive's roofline, which naive_floor_said reports."""
-    from .. import gpus
-    from ..env import cache_dir
-    from ..store import add_to_cache, read_cache
-    from .kernels import FITS_FILE, model_key
-
-    row = naive_row(rows)
-    gpu = gpus.get(row.gpu)
-    cal = published_calibration(gpu, "float16", host_us=1.0, naive=False, rows=rows)
-    key = json.dumps(["naive-factor", *model_key(), repr(row), cal["kernel_data"], gpu_scale(gpu, rows)[0]])
-    path = cache_dir() / FITS_FILE
-    if key in read_cache(path):
-        return read_cache(path)[key]
-    steps = []
-    for f in (0.0, 1.0):
-        c = dict(cal["kernels"]["naive"]["coefficients"], core_self=0.0, core_cross=0.0) if not f else \
-            cal["kernels"]["naive"]["coefficients"]
-        mine = {**cal, "kernels": {**cal["kernels"], "naive": {**cal["kernels"]["naive"], "coefficients": c}}}
-        steps.append(_step(row, mine)["predicted_gpu_time_ms"])
-    factor = (1e3 / row.value - steps[0]) / (steps[1] - steps[0])
-    add_to_cache(path, key, factor)
-    return factor
-
-
-def host_us(row: Row, rows: tuple = ROWS) -> tuple[float, str]:
-    """The host of the row's machine, in us an op: fitted to that machine's "host" row in rows (its step all host),
-    else to another 1-image SDPA row of that machine in rows, else the median of rows' other machines' (a fit that
-    leaves the machine's only GPU out)."""
-    import statistics
-
     from .forward import walk
-    from .host import forward_ops
+    from .kernels import gpu_kernels
     from .pipeline import PIPELINES
 
-    mine = sorted((r for r in rows if r.machine == row.machine and r.images == 1 and r.backend == "sdpa"),
-                  key=lambda r: r.use != "host")
-    if not mine:
-        others = {r.machine: host_us(r, rows)[0] for r in rows if r.use == "host"}
-        us = statistics.median(others.values())
-        return us, f"{row.machine}: {us:.1f} us an op, the median of {len(others)} other machines' (none of its rows)"
-    fit = mine[0]
-    ops = forward_ops(walk(PIPELINES[fit.pipeline]["unet"], fit.size, fit.size, 2 * fit.images, "float16"),
-                      fit.backend)
-    us = 1e6 / fit.value / ops
-    return us, f"{row.machine}: {us:.1f} us an op, fitted to its {fit.gpu} {fit.what} row at {fit.images} image(s)"
+    gpu = gpus.get(row.gpu)
+    kern = gpu_kernels(gpu, row.dtype)["kernels"]
+    p = PIPELINES[row.pipeline]
+    batch, steps = 2 * row.images if row.guidance > 1 else row.images, row.steps or 1
+    out = [(stream(walk(p["unet"], row.size, row.size, batch, row.dtype), row.backend, {}, row.dtype, gpu, kern),
+            steps)]
+    if row.controlnet:
+        out.append((stream(walk(p["controlnet"], row.size, row.size, batch, row.dtype), row.backend, {}, row.dtype,
+                           gpu, kern), steps))
+    if row.steps:  # a whole generation: its text encoders and its decode too
+        from .pipeline import text_ops
+
+        for name in p["text"]:
+            ops = text_ops(name, row.dtype, row.images)
+            w = {"rows": [], "calls": [], "rest": ops, "at": []}
+            out.append((stream(w, row.backend, {}, row.dtype, gpu, kern), 2 if row.guidance > 1 else 1))
+        out.append((stream(_decode_walk(p["vae"], row.size, row.images, row.dtype), row.backend, {}, row.dtype, gpu,
+                           kern), 1))
+    return out
 
 
-def typical_host() -> tuple[float, str]:
-    """(a typical host's microseconds per op, its source): the median of the published machines' hosts (host_us of
-    each machine's "host" row, the batch-1 loops where the host set the pace), the default host of a GPU one lacks."""
-    import statistics
+def _decode_walk(vae: str, size: int, images: int, dtype: str, upcast: bool | None = None) -> dict:
+    """The VAE decode's walk as diffusers runs it (unet/workload.vae_dtype: a float16 VAE whose config forces an
+    upcast decodes in float32; bfloat16 as it is)."""
+    from .forward import walk
 
-    fitted = sorted((host_us(r)[0], r) for r in ROWS if r.use == "host")
-    us = statistics.median(u for u, _ in fitted)
-    each = ", ".join(f"{r.machine} {u:.1f}" for u, r in fitted)
-    return us, (f"a typical host, {us:.1f} us an op: the median of the published timings' machines, each fitted to "
-                f"its batch-1 loop, where the host set the pace ({each}); --host-us-per-op US for yours, "
-                f"--host-us-per-op here for this machine's")
+    settings = () if upcast is None else (("vae_upcast", upcast),)
+    return walk(vae, size, size, images, dtype, settings)
 
 
-def predicted(row: Row, rows: tuple = ROWS) -> dict:
-    """The row against the time model fitted to rows: {"row", "published_ms", "predicted_ms", "error" (of the time),
-    "bound", "use", "host"}."""
+def row_ms(row: Row, shares: Shares, us: float, streams: list | None = None, factor: float = 1.0) -> dict:
+    """The row's time on these shares and host (its kernels `factor` times as long: a range's end): each part
+    overlapped (physics.overlap), summed over its runs."""
+    out = {"eager_ms": 0.0, "gpu_ms": 0.0, "host_ms": 0.0}
+    for s, n in streams or _streams(row):
+        o = overlap(s.host, kernel_ms(s, shares) * factor, us)
+        for k in out:
+            out[k] += o[k] * n
+    return out
+
+
+def assumed() -> Shares:
+    """The shares gpus.EFFICIENCY assumes, and sm90's kernel-table figures for the attention, unfused and minimum."""
     from .. import gpus
 
-    us, host = host_us(row, rows)
-    t = _step(row, published_calibration(gpus.get(row.gpu), "float16", host_us=us, rows=rows))
-    published = 1e3 / row.value
-    return {"row": row, "published_ms": published, "predicted_ms": t["predicted_forward_time_ms"],
-            "error": t["predicted_forward_time_ms"] / published - 1, "bound": t["bound"], "use": row.use,
-            "host": host}
+    k = kernel_shares()
+    return Shares(gpus.efficiency("convolution", "sm90")[0], gpus.efficiency("matmul", "sm90")[0],
+                  gpus.efficiency("memory", "sm90")[0], 1.0, 1.0, k["op_ms"])
+
+
+def kernel_shares() -> dict:
+    """What sm90's kernel table says beyond its fused kernels (planner/kernels.py's fit, its shares capped): its calls'
+    projections and layouts as matmul and memory share, a kernel's minimum (its calls' minimum over their ops) and
+    naive's share of the bandwidth (its self calls' cores, which its tables' passes bound)."""
+    from .kernels import DATA_ARCH, arch_fit
+
+    f = arch_fit(DATA_ARCH, "float16")["fit"]
+    return {"projections": min(CEILING, 1 / f["projections"]), "op_ms": f["overhead"] / f["ops_per_call"],
+            "unfused": min(CEILING, 1 / f["kernels"]["naive"]["core_self"])}
+
+
+def _arch(gpu_name: str) -> str:
+    from .. import gpus
+
+    return gpus.get(gpu_name)["arch"]
+
+
+def _lines(rows) -> dict[str, str]:
+    """Each architecture with rows and its line (gpus.py: its GPUs' line)."""
+    from .. import gpus
+
+    return {_arch(r.gpu): gpus.get(r.gpu)["line"] for r in rows}
+
+
+_ATT_LOW, _ATT_HIGH = 0.25, 4.0  # the attention factor's bounds: a quarter to four times the carried kernel fit
+
+
+def _unpack(x: np.ndarray, names: list, base: Shares) -> tuple[dict, dict, dict]:
+    """The parameter vector as ({arch: Shares}, {line: {share: log}}, {machine: us})."""
+    d = dict(zip(names, x))
+    sig = lambda z: 1 / (1 + np.exp(-np.clip(z, -30, 30)))  # noqa: E731
+    archs = {}
+    for a in sorted({n[1] for n in names if n[0] == "arch"}):
+        att = _ATT_LOW * (_ATT_HIGH / _ATT_LOW) ** sig(d[("arch", a, "attention")])
+        conv, matmul, memory = (CEILING * sig(d[("arch", a, k)]) for k in ("convolution", "matmul", "memory"))
+        archs[a] = Shares(conv, matmul, memory, att, 1.0, base.op_ms)
+    lines = {}
+    for n in names:
+        if n[0] == "line":
+            lines.setdefault(n[1], {})[n[2]] = d[n]
+    hosts = {n[1]: float(np.exp(d[n])) for n in names if n[0] == "host"}
+    return archs, lines, hosts
+
+
+def _solve(residuals, x: np.ndarray, iterations: int = 80) -> np.ndarray:
+    """Levenberg-Marquardt on residuals(x) (a numeric Jacobian): the x of least squares."""
+    r0, lam = residuals(x), 1e-2
+    for _ in range(iterations):
+        step_x = 1e-5
+        jac = np.stack([(residuals(x + step_x * e) - r0) / step_x for e in np.eye(len(x))], 1)
+        g, h = jac.T @ r0, jac.T @ jac
+        while lam < 1e8:
+            step = np.linalg.solve(h + lam * np.diag(np.diag(h) + 1e-9), -g)
+            r1 = residuals(x + step)
+            if r1 @ r1 < r0 @ r0:
+                x, r0, lam = x + step, r1, lam / 3
+                break
+            lam *= 4
+        if lam >= 1e8 or np.abs(step).max() < 1e-6:
+            break
+    return x
+
+
+def fit(rows: tuple = ROWS, hosts: dict | None = None) -> dict:
+    """The shares of every architecture of the rows used to fit, their lines' and (unless given) every machine's host
+    (module docstring): {"archs": {arch: shares}, "lines": {line: shares}, "hosts": {machine: us}}."""
+    from .. import gpus
+
+    base, used = assumed(), [r for r in rows if r.use == "fit"]
+    lines_of = _lines(used)
+    names = [("arch", a, k) for a in sorted(lines_of) for k in ("convolution", "matmul", "memory", "attention")]
+    names += [("line", li, k) for li in sorted(set(lines_of.values())) for k in ("convolution", "matmul", "memory",
+                                                                               "attention")]
+    names += [("host", m) for m in sorted({r.machine for r in used})] if hosts is None else []
+    prior = {k: np.log(getattr(base, k)) for k in ("convolution", "matmul", "memory", "attention")}
+    start = {("arch",): lambda n: -np.log(CEILING / (gpus.efficiency(n[2], "sm90")[0] * 0.99) - 1)
+             if n[2] != "attention" else 0.0, ("line",): lambda n: prior[n[2]], ("host",): lambda n: np.log(HOST_US)}
+    x0 = np.array([start[n[:1]](n) for n in names])
+    streams = {id(r): _streams(r) for r in used}
+
+    def residuals(x):
+        archs, lines, fitted_hosts = _unpack(x, names, base)
+        h = hosts or fitted_hosts
+        out = [np.log(row_ms(r, archs[_arch(r.gpu)], h[r.machine], streams[id(r)])["eager_ms"] / r.published_ms)
+               for r in used]
+        for a, li in lines_of.items():
+            out += [np.sqrt(LAMBDA) * (np.log(getattr(archs[a], k)) - lines[li][k]) for k in prior]
+        out += [np.sqrt(MU) * (v - prior[k]) for li in lines.values() for k, v in li.items()]
+        out += [np.sqrt(HOST_PRIOR) * np.log(us / HOST_US) for us in fitted_hosts.values()]
+        return np.array(out)
+
+    archs, lines, fitted_hosts = _unpack(_solve(residuals, x0), names, base)
+    pooled = {li: Shares(*(float(np.exp(v[k])) for k in ("convolution", "matmul", "memory", "attention")),
+                         1.0, base.op_ms)
+              for li, v in lines.items()}
+    return {"archs": {a: asdict(s) for a, s in archs.items()}, "lines": {li: asdict(s) for li, s in pooled.items()},
+            "hosts": hosts or fitted_hosts}
+
+
+def shares_for(gpu: dict, fitted: dict) -> tuple[Shares, str, bool]:
+    """(the GPU's shares, where they come from, whether its own rows fitted them): its architecture's fitted shares
+    (another card's said so); sm90's kernel table (its convolutions the datacenter line's); else its line's."""
+    from .kernels import DATA_ARCH
+
+    arch = gpu["arch"]
+    own = any(r.gpu == gpu["name"] and r.use == "fit" for r in ROWS)
+    if arch in fitted["archs"]:
+        cards = sorted({r.gpu for r in ROWS if r.use == "fit" and _arch(r.gpu) == arch})
+        how = "fitted on its rows" if own else f"carried from the {', '.join(cards)} (its architecture, another card)"
+        return Shares(**fitted["archs"][arch]), f"{arch}'s shares {how}", own
+    line = fitted["lines"].get(gpu["line"]) or fitted["lines"]["datacenter"]
+    if arch == DATA_ARCH:
+        k = kernel_shares()
+        return (Shares(line["convolution"], k["projections"], k["projections"], 1.0, 1.0, k["op_ms"]),
+                f"{arch}'s kernel table (its matmul and memory shares from its attention calls' own kernels), its "
+                f"convolutions the {gpu['line']} line's (no convolution in its kernel table)", False)
+    return Shares(**line), f"the {gpu['line']} line's shares (no row of {arch}: carried, assumed)", False
+
+
+def _cached(what: str, make):
+    """make()'s answer, kept in the kernel fits' cache under what it rests on (the rows, the fit's version, the tables
+    and kernel data the model reads)."""
+    from ..env import cache_dir
+    from ..store import add_to_cache, read_cache
+    from .kernels import DATA_ARCH, FITS_FILE, arch_fit, model_key
+
+    key = json.dumps([what, _code(), *model_key(), [asdict(r) for r in ROWS], arch_fit(DATA_ARCH, "float16")["data"]])
+    path = cache_dir() / FITS_FILE
+    found = read_cache(path).get(key)
+    if found is None:
+        found = make()
+        add_to_cache(path, key, found)
+    return found
+
+
+def _code() -> str:
+    """The fit's code, hashed (this module, physics.py, kernels.py, host.py): an edit is a new fit."""
+    import hashlib
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    return hashlib.sha256(b"".join((here / f).read_bytes() for f in ("published.py", "physics.py", "kernels.py",
+                                                                      "host.py"))).hexdigest()[:16]
+
+
+def predicted(row: Row, fitted: dict, factor: float = 1.0, us: float | None = None) -> dict:
+    """The row on the GPU's shares of the fit (shares_for) and its machine's host (else the published machines'
+    middle, host_range), or us: {"predicted_ms", "error", "bound", "gpu_ms", "host_ms", "how"}; factor scales its
+    kernels (a range's end)."""
+    from .. import gpus
+
+    shares, how, _ = shares_for(gpus.get(row.gpu), fitted)
+    us = us or fitted["hosts"].get(row.machine) or host_range(gpus.get(row.gpu), fitted)[0]
+    t = row_ms(row, shares, us, factor=factor)
+    return {"row": row, "predicted_ms": t["eager_ms"], "error": t["eager_ms"] / row.published_ms - 1,
+            "bound": "host" if t["host_ms"] > t["gpu_ms"] else "gpu", "gpu_ms": t["gpu_ms"], "host_ms": t["host_ms"],
+            "how": how, "host_us": us}
+
+
+def model() -> dict:
+    """The fit of every row used to fit, with how sure it is: "u_fit" (the fit's worst miss of its own rows) and
+    "u_carried" (the worst miss of leave one GPU out, over every row of a GPU with rows used to fit), and that leave-one-GPU-out's predictions ("logo": per row
+    index, its predicted ms and how its shares were carried)."""
+    def make():
+        full = fit()
+        u_fit = max(_miss(predicted(r, full)["predicted_ms"], r.published_ms) for r in ROWS if r.use == "fit")
+        logo, fits = {}, {}
+        for gpu in dict.fromkeys(r.gpu for r in ROWS if r.use == "fit"):
+            mine = fits[gpu] = fit(tuple(r for r in ROWS if r.gpu != gpu), full["hosts"])
+            for i, r in enumerate(ROWS):
+                if r.gpu == gpu:
+                    p = predicted(r, mine)
+                    logo[i] = {"predicted_ms": p["predicted_ms"], "how": p["how"], "bound": p["bound"]}
+        u_carried = max(_miss(logo[i]["predicted_ms"], r.published_ms) for i, r in enumerate(ROWS) if i in logo)
+        return {**full, "u_fit": _up(u_fit), "u_carried": _up(u_carried), "logo": {str(i): v for i, v in logo.items()},
+                "logo_fits": fits}
+
+    return _cached("published-model", make)
+
+
+def _up(u: float) -> float:
+    """A miss rounded up to the next 5%, as a range is printed."""
+    return float(np.ceil(u * 20 - 1e-9) / 20)
+
+
+def _miss(predicted_ms: float, published_ms: float) -> float:
+    """How far a prediction is from the figure, as a factor less 1 either way (0.33: a third over or under)."""
+    return max(predicted_ms / published_ms, published_ms / predicted_ms) - 1
+
+
+def host_range(gpu: dict, fitted: dict) -> tuple[float, float, float, str]:
+    """(the host's us an op, its low and high, where it comes from): the GPU's published machine's where its rows fit
+    one (within the fit's worst miss), else the published machines' middle (geometric) with the fastest and the
+    slowest as its range."""
+    hosts, u = fitted["hosts"], 1 + fitted.get("u_fit", 0.0)
+    mine = {r.machine for r in ROWS if r.gpu == gpu["name"] and r.use == "fit"}
+    if mine:
+        m = sorted(mine)[0]
+        return hosts[m], hosts[m] / u, hosts[m] * u, (f"{m}'s host, {hosts[m]:.1f} us an op (fitted to its rows; "
+                                                      f"{hosts[m] / u:.1f} to {hosts[m] * u:.1f})")
+    lo, hi = min(hosts.values()), max(hosts.values())
+    mid = float(np.exp(np.mean(np.log(list(hosts.values())))))
+    each = ", ".join(f"{m} {us:.1f}" for m, us in sorted(hosts.items(), key=lambda kv: kv[1]))
+    return mid, lo, hi, (f"a published machine's host: {lo:.1f} to {hi:.1f} us an op ({each}; {mid:.1f} the middle); "
+                         "--host-us-per-op US for yours, --host-us-per-op here for this machine's")
+
+
+def uncertainty(gpu: dict, fitted: dict) -> tuple[float, str]:
+    """(how far the GPU's kernels may be from their prediction, as a share, why): the fit's worst miss of its own
+    rows where its own rows fitted its shares, else the worst miss of leave one GPU out."""
+    if shares_for(gpu, fitted)[2]:
+        return fitted["u_fit"], f"+-{fitted['u_fit']:.0%}: the fit's worst miss of its own rows"
+    return fitted["u_carried"], (f"+-{fitted['u_carried']:.0%}: the worst miss of a GPU predicted without its own rows "
+                                 "(leave one GPU out)")
+
+
+PUBLISHED_SHORT = "published limits, shares fitted to published timings"
+
+
+def published_calibration(gpu: dict, dtype: str, results=None, host_us: float | str | None = None) -> dict:
+    """The time model of a GPU of the table, in the shape of a calibration (planner/timing.py): "physics" its shares
+    (shares_for), how sure (uncertainty) and its host with its range (host_range, or host_us given: host.host_us_per_op);
+    "kernels" each fused attention kernel's fit (planner/kernels.gpu_kernels: its architecture's kernel times, kept
+    with the project and under results, else carried); "rest" its shares as the rest fit's coefficients; "published"
+    where each figure came from."""
+    from . import kernels
+    from .host import host_us_per_op
+
+    fitted = model()
+    shares, how, _ = shares_for(gpu, fitted)
+    u, u_how = uncertainty(gpu, fitted)
+    rest_basis = ("fitted rows" if gpu["arch"] in fitted["archs"] else
+                  "measured kernels (its convolutions carried)" if gpu["arch"] == kernels.DATA_ARCH else "carried shares")
+    if host_us is None:
+        us, lo, hi, host_source = host_range(gpu, fitted)
+    else:
+        us, host_source = host_us_per_op(host_us)
+        lo = hi = us
+    kern = kernels.gpu_kernels(gpu, dtype, results)
+    said = ", ".join(f"{k} {getattr(shares, k):.0%}" for k in ("convolution", "matmul", "memory"))
+    unfused = f"x{shares.unfused:.2f}" if shares.unfused != 1.0 else "as measured"
+    carried = f"attention kernel times fitted on {kern['data']}" if kern["data_arch"] == gpu["arch"] else \
+        f"attention kernels fitted on {kern['data']}, carried to {gpu['arch']} by published shares"
+    dtype_note = f"; {kern['dtype_note']}" if kern["dtype_note"] else ""
+    text = (f"an estimate, not a measurement: the {gpu['name']}'s published figures ({gpu['source']}), at "
+            f"{gpus_sustained(gpu)}; {how} ({said}); its fused {carried}, x{shares.attention:.2f}; unfused ones "
+            f"(their table traffic) at the shares of the bandwidth sm90's reached, {unfused}; kernels {u_how}"
+            f"{dtype_note}")
+    summary = f"{PUBLISHED_SHORT}: {how}; {carried}; kernels {u_how}{dtype_note}"
+    return {"physics": {"shares": asdict(shares), "u": u, "how": how, "host_us": us, "host_low": lo, "host_high": hi,
+                        "host_source": host_source, "rest_basis": rest_basis, "data_arch": kernels.DATA_ARCH},
+            "gpu": gpu["name"], "kernels": kern["kernels"], "kernel_data": kern["data"], "published": text,
+            "summary": summary,
+            "per_backend": {}, "backends": {}, "rest": {dtype: {"coefficients": shares.coefficients()}},
+            "generation": None, "host": {"us_per_op": us, "source": host_source}}
+
+
+def gpus_sustained(gpu: dict) -> str:
+    from .. import gpus
+
+    return gpus.sustained(gpu)[1]
 
 
 def check() -> list[dict]:
-    """Every row against the time model fitted to them all (predicted), each row not used to fit said to be a copy of
-    a fitted one where it is (copy_of: host-bound on a machine whose host a row of the same step fits, so that its
-    prediction is that row's, whatever its GPU)."""
-    out = [predicted(row) for row in ROWS]
-    for f in out:
-        r = f["row"]
-        fitted = next((g for g in out if g["use"] == "host" and g["row"].machine == r.machine and
-                       g["row"].pipeline == r.pipeline and g["row"].images == r.images), None)
-        f["copy_of"] = None if f["use"] or f["bound"] != "host" or fitted is None or \
-            abs(f["predicted_ms"] / fitted["predicted_ms"] - 1) > 1e-9 else fitted["row"]
+    """Every row against the fit of the rows used to fit (predicted) and, with its GPU left out (model()'s "logo"),
+    its prediction, error and range: the kernels within u_carried, the host its machine's, and with the host unknown
+    too (the fastest to the slowest published machine): whether the published time is inside both; and inside the
+    range sized on the other GPUs' misses alone ("inside_without_its_gpu": the range's own out-of-sample check)."""
+    from .. import gpus
+
+    m, out = model(), []
+    lo_host, hi_host = min(m["hosts"].values()), max(m["hosts"].values())
+    misses = {i: (ROWS[int(i)].gpu, _miss(v["predicted_ms"], ROWS[int(i)].published_ms)) for i, v in m["logo"].items()}
+    for i, r in enumerate(ROWS):
+        f = predicted(r, m)
+        logo = m["logo"].get(str(i))
+        if logo:
+            h = m["hosts"].get(r.machine)
+            fast, slow = (h / (1 + m["u_fit"]), h * (1 + m["u_fit"])) if h else (lo_host, hi_host)
+            u_own = 1 + _up(max(x for g, x in misses.values() if g != r.gpu))
+            ends = [predicted(r, m["logo_fits"][r.gpu], factor=k, us=us)["predicted_ms"]
+                    for k, us in ((1 / (1 + m["u_carried"]), fast), (1 + m["u_carried"], slow),
+                                  (1 / (1 + m["u_carried"]), lo_host), (1 + m["u_carried"], hi_host),
+                                  (1 / u_own, fast), (u_own, slow))]
+            f.update(logo_ms=logo["predicted_ms"], logo_error=logo["predicted_ms"] / r.published_ms - 1,
+                     logo_how=logo["how"], low_ms=ends[0], high_ms=ends[1], unknown_low_ms=ends[2],
+                     unknown_high_ms=ends[3], gpu_arch=gpus.get(r.gpu)["arch"])
+            f["inside"] = ends[0] <= r.published_ms <= ends[1]
+            f["inside_unknown_host"] = ends[2] <= r.published_ms <= ends[3]
+            f["inside_without_its_gpu"] = ends[4] <= r.published_ms <= ends[5]
+        out.append(f)
     return out
 
 
-def leave_one_gpu_out() -> list[dict]:
-    """Each GPU's rows predicted from a fit to every other GPU's rows alone (its factor, its machine's host where its
-    rows fitted it, naive's factor where its naive row fitted it, each from the others: gpu_scale, host_us,
-    naive_row): predicted() per row, with "left_out" the GPU."""
-    out = []
-    for gpu in dict.fromkeys(r.gpu for r in ROWS):
-        others = tuple(r for r in ROWS if r.gpu != gpu)
-        out += [{**predicted(row, others), "left_out": gpu} for row in ROWS if row.gpu == gpu]
-    return out
-
-
-def format_check(found: list[dict], logo: list[dict] | None = None) -> str:
-    """The table of docs/timing.md (python -m profiler.bench --only published): each row's figures fitted to all
-    rows, what it was used for or what it copies, and with logo the same row predicted with its GPU left out."""
-    lines = ["published timings against the time model (a U-Net step, ms; error: of the time, predicted over "
-             "published; without its GPU: the row predicted from a fit to the other GPUs' rows alone):",
-             f"  {'what':30s} {'GPU':10s} {'images':>6s} {'published':>9s} {'predicted':>9s} {'error':>6s}  "
-             f"{'bound':5s} {'without its GPU':>15s}  used to fit"]
-    away = {id(f["row"]): f for f in logo or []}
+def format_check(found: list[dict]) -> str:
+    """docs/timing.md's table (python -m profiler.bench --only published): each row fitted and with its GPU left out,
+    its range, the fit's shares per architecture, and the summary."""
+    head = (f"  {'what':34s} {'GPU':10s} {'img':>3s} {'published':>9s} {'fitted':>8s} {'error':>6s} {'bound':5s} "
+            f"{'without its GPU':>16s} {'its range':>19s} {'in':>3s}  use")
+    lines = ["published timings against the time model (a U-Net step, or a whole generation, ms; error: predicted "
+             "over published; without its GPU: predicted from a fit to the other GPUs' rows alone, every machine's "
+             "host as fitted; its range: that prediction's kernels within the worst such miss):", head]
     for f in found:
-        r, held = f["row"], away.get(id(f["row"]))
-        use = {"gpu": "yes: the GPU's factor", "host": "yes: the machine's host",
-               "naive": "yes: naive's factor"}.get(f["use"], "no")
-        if f["use"] == "naive" and naive_factor() < 0:
-            use += f" (fitted x{naive_factor():.2f}, taken at 0: its roofline)"
-        if f.get("copy_of"):
-            use += f" (not independent: host-bound, its prediction the {f['copy_of'].gpu} host row's)"
-        what, without = r.what + (" (derived)" if r.derived else ""), f"{100 * held['error']:+.0f}%" if held else "-"
-        lines.append(f"  {what:30s} {r.gpu:10s} {r.images:6d} {f['published_ms']:9.1f} {f['predicted_ms']:9.1f} "
-                     f"{100 * f['error']:+5.0f}%  {f['bound']:5s} {without:>15s}  {use}")
-    return "\n".join(lines + _summary_lines(found, logo))
+        r = f["row"]
+        logo = f"{f['logo_ms']:9.1f} {100 * f['logo_error']:+5.0f}%" if "logo_ms" in f else "-"
+        span = f"{f['low_ms']:8.1f}-{f['high_ms']:<9.1f}" if "low_ms" in f else "-"
+        inside = ("yes" if f["inside"] else "NO") if "inside" in f else "-"
+        lines.append(f"  {r.what:34s} {r.gpu:10s} {r.images:3d} {r.published_ms:9.1f} {f['predicted_ms']:8.1f} "
+                     f"{100 * f['error']:+5.0f}%  {f['bound']:5s} {logo:>16s} {span:>19s} {inside:>3s}  "
+                     f"{'fit' if r.use == 'fit' else 'check: not fitted'} {r.source}")
+    return "\n".join(lines + _shares_lines() + _summary_lines(found))
 
 
-def _summary_lines(found: list[dict], logo: list[dict] | None) -> list[str]:
-    """The table's last lines: the rows not used to fit (and of those the independent ones: no copy of a fitted row,
-    not derived), the worst error each; with its GPU left out, every row's worst; the derived rows and the sources."""
-    held = [f for f in found if not f["use"]]
-    independent = [f for f in held if not f.get("copy_of") and not f["row"].derived]
-    worst = lambda rows: max(abs(f["error"]) for f in rows)  # noqa: E731
-    lines = [f"  not used to fit: {len(held)} rows, worst {100 * worst(held):.0f}%; of them independent (no copy of a "
-             f"fitted row, not derived): {len(independent)} rows, worst {100 * worst(independent):.0f}%"]
-    if logo:
-        lines.append(f"  each GPU's rows predicted without any of its rows (leave one GPU out): {len(logo)} rows, "
-                     f"worst {100 * worst(logo):.0f}% ({_worst_text(logo)})")
-    derived = sorted({f["row"].derived for f in found if f["row"].derived})
-    return lines + [f"  derived, not published as such: {d}" for d in derived] + \
-        [f"  sources: {DIFFUSERS_DOC}; {FAL}; {BLOG}"]
+def _shares_lines() -> list[str]:
+    """The fit's shares per architecture and line, and the hosts: each share at most the ceiling, said where at it."""
+    m = model()
+    out = ["", f"the fit's shares (of the sustained peak; at most {CEILING:.0%}, * at it), attention factor over the "
+               "carried kernel fit:"]
+    for name, s in [*m["archs"].items(), *((f"{k} line", v) for k, v in m["lines"].items())]:
+        said = "  ".join(f"{k} {s[k]:.0%}{'*' if s[k] >= CEILING - 1e-6 else ''}"
+                         for k in ("convolution", "matmul", "memory"))
+        out.append(f"  {name:16s} {said}  attention x{s['attention']:.2f}")
+    k = kernel_shares()
+    out.append(f"  sm90 (kernel table) matmul and memory {k['projections']:.0%}, naive's self calls {k['unfused']:.0%} of "
+               f"the bandwidth (unfused kernels elsewhere at sm90's shares of the bandwidth, assumed), a kernel at "
+               f"least {k['op_ms'] * 1e3:.2f} us")
+    out.append("  hosts: " + ", ".join(f"{m_} {us:.1f} us an op" for m_, us in m["hosts"].items()))
+    return out
 
 
-def _worst_text(rows: list[dict]) -> str:
-    f = max(rows, key=lambda f: abs(f["error"]))
-    return f"{f['row'].what}, {f['row'].gpu}, {f['row'].images} image(s)"
+def _summary_lines(found: list[dict]) -> list[str]:
+    m = model()
+    fit_rows = [f for f in found if f["row"].use == "fit"]
+    held = [f for f in found if "logo_error" in f]
+    worst = max(held, key=lambda f: abs(f["logo_error"]))
+    gpu_bound = [f for f in found if f["row"].use == "check" and f["bound"] == "gpu"]
+    lines = ["", f"  fitted: {len(fit_rows)} rows, worst miss {100 * m['u_fit']:.0f}% (u_fit)",
+             f"  leave one GPU out: {len(held)} rows, worst {100 * abs(worst['logo_error']):.0f}% ({worst['row'].what}, "
+             f"{worst['row'].gpu}, {worst['row'].images} images); inside its range: "
+             f"{sum(f['inside'] for f in held)} of {len(held)}; with the host unknown too: "
+             f"{sum(f['inside_unknown_host'] for f in held)} of {len(held)} (the range is sized on these misses); "
+             f"sized on the other GPUs' misses alone: {sum(f['inside_without_its_gpu'] for f in held)} of {len(held)}"]
+    if gpu_bound:
+        lines.append(f"  not fitted (checks), gpu-bound: {len(gpu_bound)} rows, worst "
+                     f"{100 * max(abs(f['error']) for f in gpu_bound):.0f}%")
+    return lines + [f"  {k}: {v}" for k, v in SOURCES.items()]
 
 
 def sources_of(gpu: dict) -> dict:
-    """Where a GPU's time model comes from, without fitting anything (attnprof gpus): its attention kernels', its rest
-    of a forward's and its host's."""
-    from .. import gpus
+    """Where a GPU's time model comes from (attnprof gpus): its attention kernels', its other kernels' and its host's."""
     from .kernels import DATA_ARCH
 
-    if gpu["arch"] == DATA_ARCH:
-        kernels = "fitted on the H200 run's kernel times (configs/kernels/), this architecture's"
-    else:
-        carried = sorted({src for k in gpus.ATTENTION for a, (_, src) in gpus.ATTENTION[k].items()
-                          if a in (gpu["arch"], DATA_ARCH) and k == "flash"})
-        kernels = (f"fitted on the H200 run's kernel times ({DATA_ARCH}), carried to {gpu['arch']} by "
-                   + ("; ".join(carried) if len(carried) > 1 else "no published figure (assumed as sm90's)")
-                   + "; naive's by [3]")
-    row, how = gpu_row(gpu)
-    return {"kernels": kernels, "rest": f"{how} row of {row.source.split(' ', 1)[0]} at {row.images} images",
-            "host": "a typical host fitted to published timings (typical_host), or --host-us-per-op"}
-
-
-PUBLISHED_SHORT = "published limits, kernel times of GPUs"
-
-
-def published_calibration(gpu: dict, dtype: str, results: Path | None = None, host_us: float | None = None,
-                          scaled: bool = True, naive: bool = True, rows: tuple = ROWS) -> dict:
-    """The time model of a GPU of the table, in the shape of a calibration (planner/timing.py): "kernels" each
-    attention kernel's coefficients fitted to the kernel times of the GPU's architecture, or carried over from the
-    data's by published efficiencies (planner/kernels.py); "per_backend" a backend whose kernel has no such data at
-    its kernel's published efficiency (or of the bandwidth for an unfused one), the projections at the matmul's and
-    the fitted kernel time a call beyond them; "rest" the rest of a forward's kernels per op class at their
-    efficiencies and the fitted kernel time an op; "host" the host's time per op (planner/host.py); "published" where
-    each figure came from. scaled: the rest's kernels at the GPU's factor fitted to published timings
-    (planner/published.py; False: at the assumed efficiencies, as that fit needs them); naive: naive's kernels
-    carried off the data's architecture by published.naive_factor (False: as that fit needs); rows: the published
-    rows the factors are fitted to (leave_one_gpu_out leaves some out)."""
-    from .. import devices
-    from ..attention import backends
-    from ..gpus import FUSED, efficiency
-    from .host import host_us_per_op
-    from .kernels import gpu_kernels
-
-    arch = gpu["arch"]
-    kern = gpu_kernels(gpu, dtype, results)  # a dtype without kernel times at float16's, said in its source
-    if naive and "naive" in kern["kernels"] and kern["data_arch"] != arch:
-        kern = _naive_carried(kern, rows)
-    memory, matmul, conv = efficiency("memory", arch), efficiency("matmul", arch), efficiency("convolution", arch)
-    sources = {"memory-bound ops": memory, "matmul": matmul, "convolution": conv}
-    per_backend = {}
-    for name in backends.BACKENDS:
-        kernel = FUSED.get(name, "memory")
-        if name == "sdpa":
-            kernel = devices.sdpa_rule(dtype, 64, 4096, devices.gpu_target(arch))
-            kernel = {"cudnn": "flash", "math": "memory"}.get(kernel, kernel)
-        core = efficiency(kernel, arch) or efficiency("efficient", arch) if kernel != "memory" else memory
-        said = f"{name} attention at {core[0]:.0%} of " + (f"the peak ({kernel} kernel: {core[1]})"
-                                                             if kernel != "memory" else
-                                                             "the bandwidth (unfused: memory-bound)")
-        per_backend[name] = {"coefficients": {"core_self": 1 / core[0], "core_cross": 1 / core[0],
-                                              "projections": 1 / matmul[0], "overhead": kern["overhead"]},
-                             "cells": 0, "runs": 0, "loo_error_pct": None, "published": said}
-    m, m_source = gpu_scale(gpu, rows) if scaled else (1.0, "not scaled")
-    rest = {"coefficients": {"convolution": m / conv[0], "matmul": m / matmul[0], "norm": m / memory[0],
-                             "other": m / memory[0], "ops": kern["op_ms"]}}
-    us, host_source = typical_host() if host_us is None else host_us_per_op(host_us)
-    said = "; ".join(f"{k} at {v[0]:.0%} ({v[1]})" for k, v in sources.items())
-    refused = "".join(f"; {line}" for line in kern["refused"])
-    text = (f"an estimate, not a measurement: the {gpu['name']}'s published figures ({gpu['source']}); its attention "
-            f"calls' kernels from {kern['source']}{refused}; the rest of a forward's kernels at {m:.2f}x the time "
-            f"these efficiencies of {arch} give ({m_source}): {said}, and {kern['op_ms'] * 1e3:.2f} us an op (the "
-            f"fitted kernel time a call beyond its roofline, over a call's {kern['overhead'] / kern['op_ms']:.0f} ops)")
-    summary = (f"{PUBLISHED_SHORT}: attention kernels fitted on {kern['data']}" +
-               (f", carried to {arch}" if arch != kern["data_arch"] else "") +
-               (f" ({kern['dtype_note']})" if kern["dtype_note"] else "") +
-               f"; the rest at {m:.2f}x the assumed efficiencies' time ({m_source})")
-    return {"published": text, "summary": summary, "per_backend": per_backend, "kernels": kern["kernels"],
-            "kernel_data": kern["data"],
-            "backends": {},
-            "rest": {dtype: rest}, "generation": None, "host": {"us_per_op": us, "source": host_source}}
-
-
-def _naive_carried(kern: dict, rows: tuple = ROWS) -> dict:
-    """The kernel fit with naive's cores at naive_factor (module docstring, "naive"), never below 0 (a factor below 0
-    would put naive's calls under their roofline: they are taken at it, said)."""
-    raw, row = naive_factor(rows), naive_row(rows)
-    f = max(0.0, raw)
-    said = f"x{f:.2f}" if raw >= 0 else f"x0 (fitted {raw:.2f}: the row is under naive's roofline, taken at it)"
-    c = kern["kernels"]["naive"]["coefficients"]
-    naive = {**kern["kernels"]["naive"], "coefficients": {**c, "core_self": c["core_self"] * f,
-                                                         "core_cross": c["core_cross"] * f},
-             "scaled": f"{said}: fitted to the {row.gpu}'s derived naive row ([3]'s SDPA over vanilla attention)"}
-    return {**kern, "kernels": {**kern["kernels"], "naive": naive},
-            "source": kern["source"] + f"; naive {said} beyond that, fitted to the {row.gpu}'s derived naive row "
-                                       "([3]; 0: its roofline)"}
+    m = model()
+    shares, how, _ = shares_for(gpu, m)
+    kernels = ("fitted on the H200 run's kernel times (configs/kernels/)" if gpu["arch"] == DATA_ARCH else
+               f"the H200's kernel fit carried to {gpu['arch']} by published shares, x{shares.attention:.2f}")
+    return {"kernels": kernels, "rest": how, "host": host_range(gpu, m)[3]}

@@ -42,119 +42,13 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..attention import backends
 from ..spec import InputError, parse_dtype
 from .forward import OP_CLASSES, walk
-from ..measure.limits import CACHE_SHARE
-from .memory import bytes_moved, new_page_bytes, working_set, writes_tables
-
-CALL_FEATURES = ("core_self", "core_cross", "projections", "overhead")
-REST_FEATURES = (*OP_CLASSES, "ops")
-
-
-@dataclass(frozen=True)
-class Device:
-    """What the time model knows of a device in one dtype (module docstring); None where not measured."""
-
-    flops: float
-    bandwidth: float
-    cache_bytes: float | None = None
-    cache_bandwidth: float | None = None
-    new_page_bandwidth: float | None = None
-    fresh_min: float | None = None
-    softmax: float | None = None
-    score_gemm: float | None = None
-    gpu: bool = False  # a fused kernel's exponentials overlap its GEMMs (its floor takes the larger, not the sum)
-
-    @classmethod
-    def of(cls, limits: dict, dtype: str) -> "Device":
-        """From a measured device's limits (measure/limits.py) or the GPU table's; a cache bandwidth below the
-        memory's (a cost per launch, stored by runs before the small figures were replayed) left out."""
-        mem = limits.get("device_memory") or {}
-        bandwidth, cache = limits["device_peak_bytes_per_s"], mem.get("cache_bytes_per_s")
-        cache = cache if cache and cache >= bandwidth else None
-        return cls(limits["device_peak_flops"][dtype], bandwidth, mem.get("cache_bytes"),
-                   cache, mem.get("fresh_bytes_per_s"), mem.get("fresh_min_bytes"),
-                   (limits.get("device_softmax_per_s") or {}).get(dtype),
-                   (limits.get("device_score_gemm_per_s") or {}).get(dtype),
-                   (limits.get("device_limits") or {}).get("device") == "cuda")
-
-    def moved_ms(self, nbytes, working):
-        """Milliseconds to move nbytes whose working set is `working` bytes (arrays or numbers)."""
-        cached = self.cache_bytes and self.cache_bandwidth
-        bandwidth = np.where(np.asarray(working) <= CACHE_SHARE * (self.cache_bytes or 0), self.cache_bandwidth or
-                             self.bandwidth, self.bandwidth) if cached else self.bandwidth
-        return np.asarray(nbytes) / bandwidth * 1e3
-
-    def new_pages_ms(self, nbytes):
-        return np.asarray(nbytes) / self.new_page_bandwidth * 1e3 if self.new_page_bandwidth else 0 * nbytes
-
-    def ops_ms(self, ops: np.ndarray) -> np.ndarray:
-        """Each op's roofline time: ops rows are (FLOPs, bytes moved, bytes of its new output, class)."""
-        flops, moved, out = ops[:, 0], ops[:, 1], ops[:, 2]
-        fresh = np.where(out >= (self.fresh_min or np.inf), out, 0.0)
-        return np.maximum(flops / self.flops * 1e3, self.moved_ms(moved, moved)) + self.new_pages_ms(fresh)
-
-    def rest_features(self, ops: np.ndarray) -> dict:
-        """The rest of a forward's features: its roofline time per op class, and its op count."""
-        ms = self.ops_ms(ops) if len(ops) else np.zeros(0)
-        classes = ops[:, 3] if len(ops) else np.zeros(0)
-        return {**{k: float(ms[classes == i].sum()) for i, k in enumerate(OP_CLASSES)}, "ops": float(len(ops))}
-
-
-def roof_ms(ops: np.ndarray, device: Device) -> float:
-    """The ops one after another, each at its roofline time."""
-    return float(device.ops_ms(ops).sum()) if len(ops) else 0.0
-
-
-def call_features(row: dict, backend: str, options: dict, dtype: str, projections_ms: float, device: Device) -> dict:
-    """A call's features in ms (module docstring), and its roofline bound (the score GEMMs' measured cost not in it:
-    a cost at one head dim, not a bound at every one; on a GPU the larger of the compute, the traffic and the
-    exponentials, which a fused kernel overlaps, rather than their sum)."""
-    compute = row["flops"] / device.flops * 1e3
-    memory = float(device.moved_ms(bytes_moved(backend, row, dtype, **options),
-                                   working_set(backend, row, dtype, **options)))
-    gemms = row["score_elements"] / device.score_gemm * 1e3 \
-        if device.score_gemm and writes_tables(backend, row, dtype, **options) else 0.0
-    softmax = row["score_elements"] / device.softmax * 1e3 if device.softmax else 0.0
-    faulted = row.get("faulted_bytes")  # a recorded call's new pages as counted; else the tables of fresh_min and up
-    pages = float(device.new_pages_ms(faulted if faulted is not None and faulted == faulted and device.fresh_min
-                                      else new_page_bytes(backend, row, dtype, device.fresh_min, **options)))
-    core, self_ = max(compute, gemms, memory) + softmax, row["kind"] == "self"
-    bound = max(compute, memory, softmax) if device.gpu else max(compute, memory) + softmax
-    return {"core_self": core * self_, "core_cross": core * (not self_), "projections": projections_ms,
-            "overhead": 1.0, "fixed_ms": pages, "roofline_ms": bound + pages + projections_ms}
-
-
-def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with every coefficient >= 0 (Lawson and Hanson's active set: the columns let in one at a time by
-    how much they would lower the error, any whose coefficient turns negative let out again)."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    n = x.shape[1]
-    coef, free = np.zeros(n), np.zeros(n, bool)
-    tol = 10 * max(x.shape) * np.finfo(float).eps * max(np.abs(x).sum(axis=0).max(initial=0.0), 1.0)
-    for _ in range(3 * n + 1):
-        grad = x.T @ (y - x @ coef)
-        if free.all() or grad[~free].max() <= tol:
-            break
-        free[np.flatnonzero(~free)[np.argmax(grad[~free])]] = True
-        while True:
-            trial = np.zeros(n)
-            trial[free] = np.linalg.lstsq(x[:, free], y, rcond=None)[0]
-            if np.all(trial[free] > 0):
-                coef = trial
-                break
-            out = free & (trial <= 0)
-            step = np.min(coef[out] / (coef[out] - trial[out]))
-            coef = coef + step * (trial - coef)
-            free &= coef > tol
-            coef[~free] = 0.0
-    return coef
-
+from .roofline import CALL_FEATURES, REST_FEATURES, Device, call_features, nnls, roof_ms  # noqa: F401 (the model's)
 
 def fit_model(samples: list[dict], features: tuple, target: str, group: str = "cell_id") -> dict:
     """Coefficients (>= 0) of target on the features over the samples, and the leave-one-out error: each group's
@@ -280,6 +174,16 @@ def predict(p: dict, backend: str, options: dict, limits: dict, calibration: dic
     if [r["block"] for r in p["blocks"]] != w["blocks"]:
         raise RuntimeError("the walk's attention calls differ from the plan's")  # the same forward: a bug if so
     cal = calibration or {}
+    if cal.get("physics"):  # a GPU of the table: op by op, its host overlapped (planner/physics.py)
+        from .physics import price
+
+        times = {**price(p, w, backend, options, gpu, cal), "time_backend": backends.label(backend, options),
+                 "time_source": cal["published"], "time_calibrated": True, "time_published": True,
+                 **time_kind(True, cal), "time_limits": {"peak_flops_per_s": dev.flops,
+                                                         "peak_bytes_per_s": dev.bandwidth,
+                                                         "key": limits.get("device_limits", {}).get("key")}}
+        p["totals"].update(times)
+        return times
     fitted = cal.get("backends", {}).get(group_key(backend, options, dtype)) or \
         cal.get("per_backend", {}).get(backend)
     kernels, by_backend = cal.get("kernels") or {}, False
@@ -306,23 +210,32 @@ def predict(p: dict, backend: str, options: dict, limits: dict, calibration: dic
              **time_kind(fitted, cal, calibrated),
              "time_limits": {"peak_flops_per_s": dev.flops, "peak_bytes_per_s": dev.bandwidth,
                              "key": limits.get("device_limits", {}).get("key")}, "rest_ops": len(w["rest"]),
-             **host_times(cal.get("host"), attention + rest, w, backend, options, dtype)}
+             **host_times(cal.get("host"), p["blocks"], rest, rest_fit, w, dev, backend, options, dtype)}
     p["totals"].update(times)
     return times
 
 
-def host_times(host: dict | None, gpu_ms: float, w: dict, backend: str = "sdpa", options: dict | None = None,
-               dtype: str = "float16") -> dict:
-    """A GPU forward's host time (its ops under the backend at the host's time per op), its kernels' (gpu_ms), the
-    eager forward (the longer: predicted_forward_time_ms), its bound and its time from a CUDA graph
-    (planner/host.py); {} without a host figure (a CPU, whose ops run on the host)."""
+def host_times(host: dict | None, blocks: list[dict], rest_ms: float, rest_fit: dict | None, w: dict, dev: Device,
+               backend: str = "sdpa", options: dict | None = None, dtype: str = "float16") -> dict:
+    """A GPU forward's host time (its ops under the backend at the host's time per op), its kernels' and the eager
+    forward, the two overlapped op by op (planner/physics.overlap: each rest op at its fitted class's time, each
+    attention call whole at its predicted time; the rest's ops summing to rest_ms), its bound and its time from a CUDA graph (the kernels'); {} without
+    a host figure (a CPU, whose ops run on the host)."""
     if not host:
         return {}
-    from .host import bounded, forward_ops
+    from .host import core_ops
+    from .physics import ordered, overlap
 
-    b = bounded(gpu_ms, forward_ops(w, backend, options, dtype) * host["us_per_op"] / 1e3)
-    return {"predicted_forward_time_ms": b["eager_ms"], "predicted_gpu_time_ms": b["gpu_ms"],
-            "predicted_host_time_ms": b["host_ms"], "predicted_graph_time_ms": b["graph_ms"], "bound": b["bound"],
+    ops = w["rest"]
+    rest = dev.ops_ms(ops) if len(ops) else np.zeros(0)
+    if rest_fit:
+        c = rest_fit["coefficients"]
+        rest = rest * np.array([c[k] for k in OP_CLASSES])[ops[:, 3].astype(int)] + c.get("ops", 0.0)
+    rest = rest * (rest_ms / rest.sum()) if rest.sum() > 0 else rest
+    cores = [core_ops(backend, options or {}, r, dtype) for r in w["rows"]]
+    o = overlap(*ordered(w, rest, [b["predicted_time_ms"] for b in blocks], cores), host["us_per_op"])
+    return {"predicted_forward_time_ms": o["eager_ms"], "predicted_gpu_time_ms": o["gpu_ms"],
+            "predicted_host_time_ms": o["host_ms"], "predicted_graph_time_ms": o["graph_ms"], "bound": o["bound"],
             "host_source": host["source"]}
 
 
@@ -391,13 +304,15 @@ def format_times(t: dict) -> list[tuple[str, str]]:
     how = f"; {error_words(t)}" if t.get("time_kind") == "calibrated" else \
         "; the roofline floor, a lower bound" if floor else ""
     if "bound" in t:  # a GPU: the kernels, the host, the eager forward (the longer) and the graph's
+        span = f" (likely {t['predicted_forward_low_ms']:.3g} to {t['predicted_forward_high_ms']:.3g})" \
+            if "predicted_forward_low_ms" in t else ""
         lines = [("predicted time", f"{t['time_backend']} ({what}): GPU kernels {floor}"
                                     f"{t['predicted_gpu_time_ms']:.3g} ms (attention {t['predicted_attention_time_ms']:.3g}"
                                     f" + the rest {t['predicted_rest_time_ms']:.3g}), host "
                                     f"{t['predicted_host_time_ms']:.3g} ms: eager {floor}"
-                                    f"{t['predicted_forward_time_ms']:.3g} ms, {t['bound']}-bound; with CUDA graphs "
-                                    f"about {t['predicted_graph_time_ms']:.3g} ms{how}"),
-                 ("host from", t["host_source"])]
+                                    f"{t['predicted_forward_time_ms']:.3g} ms{span}, {t['bound']}-bound; with CUDA "
+                                    f"graphs about {t['predicted_graph_time_ms']:.3g} ms{how}"),
+                 ("host from", t["host_source"])] + ([("time rests on", t["time_basis"])] if t.get("time_basis") else [])
     else:
         lines = [("predicted time", f"{t['time_backend']} ({what}): attention {t['predicted_attention_time_ms']:.3g} "
                                     f"ms + the rest of the forward {t['predicted_rest_time_ms']:.3g} ms = forward "

@@ -11,8 +11,8 @@ what each takes and how it reads: spec.SETTINGS):
   regional: diffusers' compile_repeated_blocks of the U-Net, its BasicTransformerBlocks; full: torch.compile of the
   whole U-Net; measure/compiled.py compiles it, the reference and the planner run it eager).
 - vae: `vae_part` (decoder, a pipeline's last step; or encoder, img2img's first), `vae_tiling` and `vae_slicing`
-  (AutoencoderKL.enable_tiling / enable_slicing), `vae_upcast` (the VAE in float32 whatever the cell's dtype, as a
-  pipeline with force_upcast runs it; default: the config's force_upcast).
+  (AutoencoderKL.enable_tiling / enable_slicing), `vae_upcast` (the VAE in float32 whatever the cell's dtype; default:
+  the config's force_upcast, for a float16 cell only, as diffusers' pipelines upcast: bfloat16 stays bfloat16).
 """
 from __future__ import annotations
 
@@ -86,12 +86,16 @@ class Workload:
     def __init__(self, model: str, settings: tuple | dict = ()):
         self.model, self.source = model, models.resolve(model)
         self.kind = kinds.KINDS[self.source.kind]
-        given = dict(settings)
-        self.settings = {n: given.get(n, _default(self.source, n)) for n in SETTINGS if applies(n, self.source.kind)}
+        self.given = dict(settings)
+        self.settings = {n: self.given.get(n, _default(self.source, n)) for n in SETTINGS
+                         if applies(n, self.source.kind)}
 
     def dtype(self, dtype: str) -> str:
-        """The dtype the model computes in: float32 for an upcast VAE, else the cell's."""
-        return "float32" if self.settings.get("vae_upcast") else dtype
+        """The dtype the model computes in: float32 for a VAE upcast as asked, or by default (its config's
+        force_upcast) where the cell is float16, as diffusers' pipelines upcast (a bfloat16 VAE decodes in bfloat16);
+        else the cell's."""
+        asked = "vae_upcast" in self.given
+        return "float32" if self.settings.get("vae_upcast") and (asked or dtype == "float16") else dtype
 
     def build(self, part) -> torch.nn.Module:
         """The model under test, from part(which) -> a built model of this source ('model') or, for a U-Net cell
