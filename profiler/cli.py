@@ -636,7 +636,8 @@ def cmd_diff(args) -> int:
     if not 0 <= args.threshold < 1:
         raise InputError(f"--threshold {args.threshold} is not a fraction: use e.g. 0.05 for 5%")
     a, b = find_run(args.results, args.run_a), find_run(args.results, args.run_b)
-    result = compare(a.cells(), b.cells(), args.threshold, (a.manifest(), b.manifest()))
+    manifests, same = (a.manifest(), b.manifest()), a.path.resolve() == b.path.resolve()
+    result = compare(a.cells(), b.cells(), args.threshold, manifests, same)
     s = summary(result)
     if args.json:
         json.dump({"a": a.id, "b": b.id, "threshold": args.threshold, "summary": s,
@@ -644,7 +645,7 @@ def cmd_diff(args) -> int:
                   sys.stdout, indent=1, default=str)
         print()
     else:
-        print(format_diff(a.id, b.id, result, args.threshold))
+        print(format_diff(a.id, b.id, result, args.threshold, manifests, same))
     return exit_status(s)
 
 
