@@ -681,7 +681,9 @@ def report_path(runs: list[Path]) -> Path:
 
 def cmd_dashboard(args) -> int:
     from .service.serve import dashboard
+    from .store import results_folder
 
+    results_folder(args.results)
     print(f"attnprof dashboard: http://{args.host}:{args.port}  (results: {Path(args.results).resolve()}; Ctrl-C "
           "stops it)", flush=True)
     dashboard(args.results, args.port, args.host)
@@ -689,7 +691,9 @@ def cmd_dashboard(args) -> int:
 
 def cmd_serve(args) -> int:
     from .service.serve import serve
+    from .store import results_folder
 
+    results_folder(args.results)
     serve(args.results, args.address, args.port, args.host, args.ray_port, args.jobs_port)
 
 

@@ -480,8 +480,17 @@ def readable_runs(root: Path) -> list[tuple["Run", dict]]:
     return found
 
 
-def list_runs(root: Path) -> list[Path]:
+def results_folder(root: Path | str) -> Path:
+    """root, a folder that runs are stored under: InputError where it is a file (a folder not made yet holds none)."""
     root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise InputError(f"--results {root} is a file, not a results folder: give the folder the runs were written to "
+                         "(their --out; default results)")
+    return root
+
+
+def list_runs(root: Path) -> list[Path]:
+    root = results_folder(root)
     if not root.is_dir():
         return []
     # a hidden name is a run still being made (Run.create's staging folder, renamed into place once whole)

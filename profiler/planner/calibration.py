@@ -410,9 +410,10 @@ def check_target(device: str, gpu_name: str | None, results, host_us) -> None:
     """--results and --host-us-per-op before any work, each refused in one line where it would be ignored: a
     --results that is not a folder; a host figure that is not a positive number or `here`, or given where no host is
     priced apart (this machine's CPU, whose ops run on its host: their time is the measured one)."""
+    from ..store import results_folder
     from .host import HERE
 
-    if results is not None and not Path(results).is_dir():
+    if results is not None and not results_folder(results).is_dir():  # a file: said as such
         raise InputError(f"--results {results}: no such folder (the stored runs to calibrate on); give the folder "
                          "runs were written to (attnprof runs --results DIR lists them)")
     if host_us is None:
