@@ -583,7 +583,7 @@ def cmd_runs(args) -> int:
 
 
 def cmd_record(args) -> int:
-    from .record.script import record
+    from .record.script import interpreted, record
     from .report.show import format_run, left_backends, resume_record
     from .store import Run
 
@@ -593,10 +593,11 @@ def cmd_record(args) -> int:
         raise InputError("--resume finishes a run with its own script and arguments: give no script after it")
     if not args.resume and not args.script:
         raise InputError("record needs the script to run: attnprof record -- generate.py --steps 30")
+    script, rest = interpreted(args.script, args.args)
     say = None if args.quiet else (lambda line: print(f"attnprof record: {line}", file=sys.stderr, flush=True))
     if say:
-        _record_options_after(args.args, say)
-    code, path = record(args.script, args.args, args.backend or [], Path(args.out), args.trace, say, args.resume)
+        _record_options_after(rest, say)
+    code, path = record(script, rest, args.backend or [], Path(args.out), args.trace, say, args.resume)
     if path is None:
         return code
     run = Run.open(path)
@@ -984,7 +985,8 @@ def _add_record(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--resume", metavar="RUN", help="finish an interrupted record run (under --out): its script, with "
                                                    "its arguments, for each backend it has no cell of")
-    p.add_argument("script", metavar="SCRIPT.py", nargs="?", help="the script to run (after --)")
+    p.add_argument("script", metavar="SCRIPT.py", nargs="?", help="the script to run (after --; `-- python "
+                                                                  "SCRIPT.py` runs it too)")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments")
     p.set_defaults(func=cmd_record)
 
