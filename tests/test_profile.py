@@ -501,3 +501,29 @@ def test_a_ctrl_c_in_the_block_keeps_the_steps_that_ended_as_a_partial_cell(tmp_
     assert not [m for m in pipe.components.values() if isinstance(m, torch.nn.Module)
                 for m in m.modules() if m._forward_hooks or m._forward_pre_hooks]  # all removed
     assert np.array_equal(gen.generate(pipe, steps=1), gen.generate(pipe, steps=1))  # the pipeline as it was
+
+
+def test_with_nvtx_ranges_a_generation_shows_each_component_forward_each_step_and_each_call(monkeypatch):
+    """profile with NVTX ranges on (injected: tests/test_devices.py's FakeNvtx), one step: the text encoder's two
+    forwards (`text_encoder forward 0`, `... 1`), the U-Net's `unet step 0`, the VAE's decode `vae forward 0`, each
+    holding a range per attention call named as prof.calls names its block (the U-Net's under `unet.`); off (neither
+    ATTNPROF_NVTX nor nsys), not one NVTX call."""
+    from profiler import devices
+    from tests.test_devices import FakeNvtx, nvtx_on
+
+    fake = nvtx_on(monkeypatch)
+    pipe = gen.tiny_pipeline()
+    with profile(pipe, out=None) as prof:
+        gen.generate(pipe, steps=1)
+    assert [name for name, _ in fake.ranges] == ["text_encoder forward 0", "text_encoder forward 1", "unet step 0",
+                                                 "vae forward 0"] and fake.open == [fake.ranges]
+    named = [name for _, calls in fake.ranges for name, _ in calls]
+    blocks = prof.calls["block"].where(prof.calls["component"] != "unet", "unet." + prof.calls["block"])
+    assert named == blocks.tolist() and len(named) == 4 + CALLS + 1
+    assert all(inside == [] for _, calls in fake.ranges for _, inside in calls)
+    monkeypatch.setattr(devices, "NVTX", off := FakeNvtx())
+    monkeypatch.delenv(devices.NVTX_ENV)
+    monkeypatch.delenv("NSYS_PROFILING_SESSION_ID", raising=False)
+    with profile(pipe, out=None):
+        gen.generate(pipe, steps=1)
+    assert off.ranges == []

@@ -263,8 +263,9 @@ class Session:
                 raise InputError(f"profile: backend={self.backend!r} would replace {name}'s {', '.join(foreign)} "
                                  "processors, and with them what they add: profile with backend=None (the loaded "
                                  "processors)")
-        rec = Recorder(module, processor=self.factory if self.backend else None,
-                       around=_Tagged(self.meter, name, self.uid, self.projections), passes=passes, modules=modules)
+        rec = Recorder(module, processor=self.factory if self.backend else None, label=name,
+                       around=_Tagged(self.meter, name, self.uid, self.projections), passes=passes, modules=modules,
+                       step="step" if name in LOOP else "forward")
         self.recorders[name] = self._stack.enter_context(rec)
         if self.projections:
             self.projections.hook([p for m in modules.values() for p in projection_modules(m)], self._stack)
