@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -583,7 +584,7 @@ def cmd_runs(args) -> int:
 
 
 def cmd_record(args) -> int:
-    from .record.script import record
+    from .record.script import interpreted, record
     from .report.show import format_run, left_backends, resume_record
     from .store import Run
 
@@ -593,10 +594,11 @@ def cmd_record(args) -> int:
         raise InputError("--resume finishes a run with its own script and arguments: give no script after it")
     if not args.resume and not args.script:
         raise InputError("record needs the script to run: attnprof record -- generate.py --steps 30")
+    script, rest = interpreted(args.script, args.args)
     say = None if args.quiet else (lambda line: print(f"attnprof record: {line}", file=sys.stderr, flush=True))
     if say:
-        _record_options_after(args.args, say)
-    code, path = record(args.script, args.args, args.backend or [], Path(args.out), args.trace, say, args.resume)
+        _record_options_after(rest, say)
+    code, path = record(script, rest, args.backend or [], Path(args.out), args.trace, say, args.resume)
     if path is None:
         return code
     run = Run.open(path)
@@ -744,6 +746,11 @@ def _add_exec_args(p, out_default="results"):
                    help="per cell, a Chrome / Perfetto trace of one forward (each attention call a range named by its "
                         "block) and on CUDA a memory snapshot, in the run folder's traces/ (large; overrides trace:)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--nvtx", action="store_true", help=NVTX_HELP + ", one per cell around them")
+
+
+NVTX_HELP = ("NVTX ranges for Nsight Systems (nsys profile attnprof ...; on by itself under nsys): one per attention "
+             "call named by its block, one per step (a U-Net forward) around them")
 
 
 def _add_time_args(p):
@@ -987,9 +994,11 @@ def _add_record(sub) -> None:
     p.add_argument("--trace", action="store_true", help="also a Chrome / Perfetto trace of each generation, each "
                                                         "attention call a range named by its block and shape")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--nvtx", action="store_true", help=NVTX_HELP + ", in the script's process")
     p.add_argument("--resume", metavar="RUN", help="finish an interrupted record run (under --out): its script, with "
                                                    "its arguments, for each backend it has no cell of")
-    p.add_argument("script", metavar="SCRIPT.py", nargs="?", help="the script to run (after --)")
+    p.add_argument("script", metavar="SCRIPT.py", nargs="?", help="the script to run (after --; `-- python "
+                                                                  "SCRIPT.py` runs it too)")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments")
     p.set_defaults(func=cmd_record)
 
@@ -1087,6 +1096,15 @@ def _add_dashboard(sub) -> None:
     p.set_defaults(func=cmd_dashboard)
 
 
+def _nvtx(args):
+    """--nvtx: NVTX ranges on for the command and the processes it starts (devices.nvtx_ranges); else nothing."""
+    if not getattr(args, "nvtx", False):
+        return contextlib.nullcontext()
+    from . import devices
+
+    return devices.nvtx_ranges()
+
+
 def main(argv=None) -> int:
     from .execute import ExecutorError, stop_on_sigterm
 
@@ -1097,7 +1115,8 @@ def main(argv=None) -> int:
             from .unet.checkpoint import allow_pickle
 
             allow_pickle()
-        code = args.func(args)
+        with _nvtx(args):
+            code = args.func(args)
         sys.stdout.flush()  # a reader that went away shows here, not at the interpreter's exit
         return code
     except BrokenPipeError:  # attnprof show | head: the reader has what it wanted

@@ -109,6 +109,8 @@ def record_samples(run, manifest: dict, keep=None) -> tuple[list[dict], list[dic
                 continue
             calls += c if backend else []
             rests.append(r)
+        if ((facts.get("cells") or {}).get(cell["cell_id"]) or {}).get("cut_short"):
+            continue  # its last generation cut short by a Ctrl-C (profile keeps its steps): no whole generation
         generations = int(facts.get("generations") or 1)
         outside = cell["generation_s"] * 1e3 - sum(c["time_ms"] for c in comps)
         rests.append({"component": "generation", "cell_id": cell["cell_id"], "steps": float(cell["steps"] or 0),
