@@ -105,6 +105,28 @@ def test_bad_input_to_tune_is_one_line_and_stores_nothing(tmp_path, argv, says):
     assert not (tmp_path / "t").exists()
 
 
+@pytest.mark.parametrize("under", ["", "sub"])
+def test_tune_with_out_a_file_fails_before_any_timing(tmp_path, monkeypatch, under):
+    """issue 64 (3): --out a file (or a folder under one) is one line before the trace and the first timing, as run
+    and record say it; it was said only once every shape and the whole proof were timed."""
+    from profiler.tuning import search
+
+    def timed(*args, **kwargs):
+        raise AssertionError("a shape was timed before --out was checked")
+
+    monkeypatch.setattr(search, "measure_shapes", timed)
+    (tmp_path / "afile").write_text("")
+    out = tmp_path / "afile" / under if under else tmp_path / "afile"
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["tune", "--model", "tiny-sd15", "--size", "256x256", "--device", "cpu", "--out", str(out),
+                     "--quiet"]) == 2
+    line = err.getvalue().strip()
+    assert line == f"attnprof: error: cannot write the results folder {out} (Not a directory): choose another " \
+                   "with --out", line
+    assert (tmp_path / "afile").read_text() == ""
+
+
 def test_a_bad_map_applied_changes_nothing_and_tune_asks_for_what_it_lacks(tmp_path, tiny_sd15):
     import profiler
 
