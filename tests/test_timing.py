@@ -55,12 +55,13 @@ def _rest(ops, device=DEVICE) -> float:
     return sum(REST[k] * v for k, v in device.rest_features(ops["rest"]).items())
 
 
-def _synthetic_run(root, sizes, backend="naive", gpu_name=None, run_id="synthetic"):
+def _synthetic_run(root, sizes, backend="naive", gpu_name=None, run_id="synthetic", kept=True):
     """A stored run of tiny-sd15 whose every call takes what TRUE says on the device of PEAKS (and its rest what
     REST says), recorded with this machine's CPU limits key, so that plan --device cpu --results finds it; or, with
     gpu_name, as if made on a CUDA device of that name (its environment and limits key), each call's CUPTI kernel time
-    what TRUE says on that GPU's published figures (the table's), warm-up 1 and 3 repeats."""
-    key = f"{gpu_name} | synthetic" if gpu_name else device_key("cpu", kept=True)
+    what TRUE says on that GPU's published figures (the table's), warm-up 1 and 3 repeats. kept=False: under the key
+    of a user's own process (attnprof record's)."""
+    key = f"{gpu_name} | synthetic" if gpu_name else device_key("cpu", kept=kept)
     manifest = {"device_peak_flops": PEAKS[0], "device_peak_bytes_per_s": PEAKS[1],
                 "device_memory": {}, "device_softmax_per_s": {},  # DEVICE's: no cache, page or softmax terms
                 "device_limits": {"key": key, "measured_at": "synthetic"},
@@ -94,6 +95,24 @@ def test_a_forwards_leave_one_out_over_runs_of_the_same_cells_counts_each_forwar
     c = calibration.calibrate(tmp_path, device_key("cpu", kept=True), write=False)
     fitted = c["backends"]["naive float32"]
     assert len(fitted["loo_forward"]) == 2 * len(SIZES) and fitted["loo_forward_error_pct"] == pytest.approx(0, abs=0.1)
+
+
+def test_runs_of_ours_and_a_users_generations_calibrate_one_machine(tmp_path):
+    """Issue 64's tour: two attnprof run runs of tiny-sd15 (their processes keep their memory), then plan --pipeline
+    (a user's generation, whose process does not) said 'no stored runs of this device and backend': the two keys
+    were two machines. Both count now, each sample priced on its own run's limits; the limits are the key's own."""
+    _synthetic_run(tmp_path, SIZES[:3], run_id="run-a")
+    _synthetic_run(tmp_path, SIZES[3:], run_id="run-b")
+    user = calibration.calibrate(tmp_path, device_key("cpu", kept=False), write=False)
+    assert user is not None, "a user's generation's key found none of the runs of ours"
+    assert sorted(user["runs"]) == ["run-a", "run-b"] and user["backends"]["naive float32"]["cells"] == 6
+    assert user["backends"]["naive float32"]["coefficients"] == pytest.approx(TRUE, rel=1e-6)
+    assert user["limits"] == {}  # none of the runs has this key: plan measures this process's limits
+    limits, cal, _ = calibration.target("cpu", "float32", results=str(tmp_path), kept=False)
+    assert limits["device_limits"]["key"] == device_key("cpu", kept=False) and "naive float32" in cal["backends"]
+    _synthetic_run(tmp_path, SIZES[:2], run_id="recorded", kept=False)  # and the other way round
+    ours = calibration.calibrate(tmp_path, device_key("cpu", kept=True), write=False)
+    assert sorted(ours["runs"]) == ["recorded", "run-a", "run-b"] and ours["limits"]["device_peak_flops"] == PEAKS[0]
 
 
 def test_plan_predicts_a_new_size_from_a_stored_run_exactly(capsys, tmp_path):

@@ -21,7 +21,7 @@ import torch
 from ..attention import backends
 from ..env import cache_dir
 from ..spec import InputError, parse_dtype
-from ..measure.limits import LIMIT_KEYS
+from ..measure.limits import LIMIT_KEYS, machine_key
 from .published import published_calibration
 from .timing import (CALL_FEATURES, REST_FEATURES, Device, fit_model, forward_samples, mean_error, predict, roof_ms,
                      walked_plan)
@@ -161,12 +161,13 @@ def _settings(cell: dict) -> tuple:
 
 def samples(results: Path, key: str, passed: dict | None = None,
             keep=None) -> tuple[list[dict], list[dict], dict, list[str]]:
-    """From every ok cell of the runs under results measured on the device of this limits key: (one sample per
-    attention call, one per forward's rest, the device's limits from the latest such run's manifest, the run
-    ids). Sweep cells give the U-Net's calls and rest; recorded generations (calibration.py) each component's and
-    the generation's own overhead. A run of a kind the time model is not fitted on (store.RUN_KINDS: a replay), or
-    is passed over and named in `passed` (run id -> why); one whose calibrations say the machine moved while it ran
-    is weighted down (calibration.weight) and named there too.
+    """From every ok cell of the runs under results measured on the machine of this limits key (limits.machine_key:
+    a run of ours, whose process keeps its memory, and a user's recorded generation, whose does not, each sample
+    priced on its own run's limits): (one sample per attention call, one per forward's rest, the device's limits
+    from the latest run of this very key, the run ids). Sweep cells give the U-Net's calls and rest; recorded
+    generations (calibration.py) each component's and the generation's own overhead. A run of a kind the time model
+    is not fitted on (store.RUN_KINDS: a replay), or is passed over and named in `passed` (run id -> why); one whose
+    calibrations say the machine moved while it ran is weighted down (calibration.weight) and named there too.
     keep(cell) -> bool, where given, chooses the cells (a held-out test leaves some out)."""
     from ..store import Unreadable, kind_of, readable_runs
 
@@ -178,9 +179,11 @@ def samples(results: Path, key: str, passed: dict | None = None,
                 passed[run.id] = why
             continue
         w, why = weight(manifest)
-        if (manifest.get("device_limits") or {}).get("key") != key or not manifest.get("device_peak_bytes_per_s"):
+        own = (manifest.get("device_limits") or {}).get("key")
+        if not own or machine_key(own) != machine_key(key) or not manifest.get("device_peak_bytes_per_s"):
             continue
-        limits = {k: manifest[k] for k in LIMIT_KEYS if k in manifest}
+        if own == key:  # the limits are the key's own (a process that keeps its memory pays no new pages)
+            limits = {k: manifest[k] for k in LIMIT_KEYS if k in manifest}
         reader = record_samples if kind_of(manifest).name == "record" else _sweep_samples
         try:
             c, r = reader(run, manifest, keep)
@@ -396,7 +399,7 @@ def target(device: str, dtype: str, gpu_name: str | None = None, results: str | 
     if device == "cuda" and not torch.cuda.is_available():
         return None
     calibration = calibrate(Path(results), device_key(device, kept), host_us=host_us) if results else None
-    if calibration and dtype in calibration["limits"]["device_peak_flops"] and \
+    if calibration and dtype in calibration["limits"].get("device_peak_flops", {}) and \
             "device_memory" in calibration["limits"]:
         return calibration["limits"], calibration, None
     if kept:
