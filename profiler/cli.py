@@ -412,6 +412,7 @@ def _sweep_from_args(args):
         entries.append((name, tuple(sorted(options.items()))))
     sizes, batch, dtype = _shape(args, devices.parse(args.device, "--device"))
     models.resolve(args.model)
+    _map_elsewhere(args.backend or [], args.model, sizes)
     for key in ("repeats", "warmup"):
         value = getattr(args, key)
         if value < (1 if key == "repeats" else 0):
@@ -422,6 +423,17 @@ def _sweep_from_args(args):
                  device=devices.parse(args.device, "--device"), out=args.out, timeout_s=args.timeout_s,
                  model_settings=tuple((n, (v,)) for n, v in settings),
                  memory_budget=parse_bytes(args.memory_budget, "--memory-budget") if args.memory_budget else None)
+
+
+def _map_elsewhere(names: list[str], model: str, sizes) -> None:
+    """A processor map file among the backends that was tuned for another model or size: one warning line each."""
+    from .attention import mix
+
+    for name in names:
+        if mix.is_map(name) and name != mix.NAME:
+            line = mix.elsewhere(mix.read(name), name, model, sizes)
+            if line:
+                print(f"attnprof run: {line}", file=sys.stderr, flush=True)
 
 
 def cmd_run(args) -> int:

@@ -39,6 +39,21 @@ CELL_DIR, BLOCK_DIR, TRACE_DIR, LOCK, EXECUTOR_LOCK = "cells", "blocks", "traces
 DONE_STATUSES = ("ok", "oom", "skipped", "unavailable", "error", "timeout")
 
 
+def cannot_write(root, why: str, where: str = "--out (or out: in the sweep config)") -> InputError:
+    return InputError(f"cannot write the results folder {root} ({why}): choose another with {where}")
+
+
+def check_writable(root, where: str = "--out") -> None:
+    """Said before any work where Run.create could not make a run under root: the nearest of root and the folders
+    above it that exists must be a folder this process may write in (a file there: Not a directory)."""
+    path = Path(root).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise cannot_write(root, os.strerror(errno.ENOTDIR), where)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise cannot_write(root, os.strerror(errno.EACCES), where)
+
+
 @dataclass(frozen=True)
 class RunKind:
     """What a kind of run holds, so that each reader asks here rather than guessing from the files: whether its
@@ -272,8 +287,7 @@ class Run:
             except OSError as e:
                 error = e
                 break
-        raise InputError(f"cannot write the results folder {root} ({error.strerror}): choose another with --out "
-                         "(or out: in the sweep config)") from None
+        raise cannot_write(root, error.strerror) from None
 
     @classmethod
     def open(cls, path: Path) -> "Run":
