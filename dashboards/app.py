@@ -456,7 +456,7 @@ def compare_runs(cells: pd.DataFrame, by: str, baseline: str, sizes: list[str]) 
         result = compare(base, cells[cells["run_id"] == run_id], manifests=manifests)
         st.subheader(f"{run_id} against {baseline}")
         st.caption(f"{summary_text(summary(result))}. As attnprof diff judges: {rule_text(THRESHOLD)}. "
-                   f"{machine_text(result)}.")
+                   f"{machine_text(result, manifests)}.")
         table(T.verdicts_first(result["matched"]), f"diff-{run_id}")
         for side, name in (("only_a", baseline), ("only_b", run_id)):
             if len(result[side]):

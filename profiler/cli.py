@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -412,6 +413,7 @@ def _sweep_from_args(args):
         entries.append((name, tuple(sorted(options.items()))))
     sizes, batch, dtype = _shape(args, devices.parse(args.device, "--device"))
     models.resolve(args.model)
+    _map_elsewhere(args.backend or [], args.model, sizes)
     for key in ("repeats", "warmup"):
         value = getattr(args, key)
         if value < (1 if key == "repeats" else 0):
@@ -422,6 +424,17 @@ def _sweep_from_args(args):
                  device=devices.parse(args.device, "--device"), out=args.out, timeout_s=args.timeout_s,
                  model_settings=tuple((n, (v,)) for n, v in settings),
                  memory_budget=parse_bytes(args.memory_budget, "--memory-budget") if args.memory_budget else None)
+
+
+def _map_elsewhere(names: list[str], model: str, sizes) -> None:
+    """A processor map file among the backends that was tuned for another model or size: one warning line each."""
+    from .attention import mix
+
+    for name in names:
+        if mix.is_map(name) and name != mix.NAME:
+            line = mix.elsewhere(mix.read(name), name, model, sizes)
+            if line:
+                print(f"attnprof run: {line}", file=sys.stderr, flush=True)
 
 
 def cmd_run(args) -> int:
@@ -584,7 +597,7 @@ def cmd_runs(args) -> int:
 
 
 def cmd_record(args) -> int:
-    from .record.script import record
+    from .record.script import interpreted, record
     from .report.show import format_run, left_backends, resume_record
     from .store import Run
 
@@ -594,10 +607,11 @@ def cmd_record(args) -> int:
         raise InputError("--resume finishes a run with its own script and arguments: give no script after it")
     if not args.resume and not args.script:
         raise InputError("record needs the script to run: attnprof record -- generate.py --steps 30")
+    script, rest = interpreted(args.script, args.args)
     say = None if args.quiet else (lambda line: print(f"attnprof record: {line}", file=sys.stderr, flush=True))
     if say:
-        _record_options_after(args.args, say)
-    code, path = record(args.script, args.args, args.backend or [], Path(args.out), args.trace, say, args.resume)
+        _record_options_after(rest, say)
+    code, path = record(script, rest, args.backend or [], Path(args.out), args.trace, say, args.resume)
     if path is None:
         return code
     run = Run.open(path)
@@ -637,7 +651,8 @@ def cmd_diff(args) -> int:
     if not 0 <= args.threshold < 1:
         raise InputError(f"--threshold {args.threshold} is not a fraction: use e.g. 0.05 for 5%")
     a, b = find_run(args.results, args.run_a), find_run(args.results, args.run_b)
-    result = compare(a.cells(), b.cells(), args.threshold, (a.manifest(), b.manifest()))
+    manifests, same = (a.manifest(), b.manifest()), a.path.resolve() == b.path.resolve()
+    result = compare(a.cells(), b.cells(), args.threshold, manifests, same)
     s = summary(result)
     if args.json:
         json.dump({"a": a.id, "b": b.id, "threshold": args.threshold, "summary": s,
@@ -645,7 +660,7 @@ def cmd_diff(args) -> int:
                   sys.stdout, indent=1, default=str)
         print()
     else:
-        print(format_diff(a.id, b.id, result, args.threshold))
+        print(format_diff(a.id, b.id, result, args.threshold, manifests, same))
     return exit_status(s)
 
 
@@ -681,7 +696,9 @@ def report_path(runs: list[Path]) -> Path:
 
 def cmd_dashboard(args) -> int:
     from .service.serve import dashboard
+    from .store import results_folder
 
+    results_folder(args.results)
     print(f"attnprof dashboard: http://{args.host}:{args.port}  (results: {Path(args.results).resolve()}; Ctrl-C "
           "stops it)", flush=True)
     dashboard(args.results, args.port, args.host)
@@ -689,7 +706,9 @@ def cmd_dashboard(args) -> int:
 
 def cmd_serve(args) -> int:
     from .service.serve import serve
+    from .store import results_folder
 
+    results_folder(args.results)
     serve(args.results, args.address, args.port, args.host, args.ray_port, args.jobs_port)
 
 
@@ -740,6 +759,11 @@ def _add_exec_args(p, out_default="results"):
                    help="per cell, a Chrome / Perfetto trace of one forward (each attention call a range named by its "
                         "block) and on CUDA a memory snapshot, in the run folder's traces/ (large; overrides trace:)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--nvtx", action="store_true", help=NVTX_HELP + ", one per cell around them")
+
+
+NVTX_HELP = ("NVTX ranges for Nsight Systems (nsys profile attnprof ...; on by itself under nsys): one per attention "
+             "call named by its block, one per step (a U-Net forward) around them")
 
 
 def _add_time_args(p):
@@ -983,9 +1007,11 @@ def _add_record(sub) -> None:
     p.add_argument("--trace", action="store_true", help="also a Chrome / Perfetto trace of each generation, each "
                                                         "attention call a range named by its block and shape")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--nvtx", action="store_true", help=NVTX_HELP + ", in the script's process")
     p.add_argument("--resume", metavar="RUN", help="finish an interrupted record run (under --out): its script, with "
                                                    "its arguments, for each backend it has no cell of")
-    p.add_argument("script", metavar="SCRIPT.py", nargs="?", help="the script to run (after --)")
+    p.add_argument("script", metavar="SCRIPT.py", nargs="?", help="the script to run (after --; `-- python "
+                                                                  "SCRIPT.py` runs it too)")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments")
     p.set_defaults(func=cmd_record)
 
@@ -1083,6 +1109,15 @@ def _add_dashboard(sub) -> None:
     p.set_defaults(func=cmd_dashboard)
 
 
+def _nvtx(args):
+    """--nvtx: NVTX ranges on for the command and the processes it starts (devices.nvtx_ranges); else nothing."""
+    if not getattr(args, "nvtx", False):
+        return contextlib.nullcontext()
+    from . import devices
+
+    return devices.nvtx_ranges()
+
+
 def main(argv=None) -> int:
     from .execute import ExecutorError, stop_on_sigterm
 
@@ -1093,7 +1128,8 @@ def main(argv=None) -> int:
             from .unet.checkpoint import allow_pickle
 
             allow_pickle()
-        code = args.func(args)
+        with _nvtx(args):
+            code = args.func(args)
         sys.stdout.flush()  # a reader that went away shows here, not at the interpreter's exit
         return code
     except BrokenPipeError:  # attnprof show | head: the reader has what it wanted

@@ -100,21 +100,10 @@ def keep_memory() -> bool:
     """Tell glibc's malloc, once per process, to map no allocation anew (M_MMAP_MAX 0) and to give no freed memory
     back to the kernel (M_TRIM_THRESHOLD at its most); False where the C library is not glibc. Called by every
     process of ours that times cells on the CPU (a sweep's worker, run_cell, replay, make bench), never in a user's
-    own process (profile, record): measure the user's generation as it runs without us.
-
-    Left as it is, glibc maps every allocation of 32 MiB and more anew and trims its heap, by thresholds that move
-    with what the process freed before: a cell's time depended on the cells before it in its worker (sliced's
-    1600-token calls at 320x320 after a 512x512 cell: 92 ms, in a fresh worker 34 ms; kept: 33 and 30) and new pages
-    took two thirds of a 512x512 forward (tiny-sd15 under sliced: 3,126 ms of attention, kept 1,079). Kept, every
-    cell is timed in the one steady state a long-lived process reaches after its warm-up forwards, as on a GPU.
-    Why not in the user's process: kept, a generation of a few steps is a heap warming up. Repeating naive's call
-    at 512x512 (three 1 GiB tables alive at most), glibc 2.36's heap grew to 9 GiB over three calls and faulted in
-    new pages up to the fifth (likely: its posix_memalign, which torch calls for 64-byte alignment, asks for more
-    than a freed table of the same size holds); in a generation, in whichever forward the process's other small
-    allocations push it to (tiny-sd15 at 448x640 under
-    naive, three forwards: 3.5, 3.0 and 6.2 s with the recorder's hooks, 3.3, 2.5 and 2.5 s without them). Left as it
-    is, every table of 32 MiB and more gets new pages in every forward alike (6.1, 6.2 and 6.1 s, with the hooks or
-    without), which the time model prices (planner/timing.py, B_new)."""
+    own process (profile, record): measure the user's generation as it runs without us. Kept, every cell is timed in
+    the one steady state a long-lived process reaches after its warm-up forwards, as on a GPU; left as it is, a
+    cell's time depended on the cells before it in its worker, and a user's generation is not a heap warming up:
+    docs/timing.md gives the figures of both."""
     global _KEPT
     if _KEPT is None:
         import ctypes
@@ -342,6 +331,41 @@ def _sysfs_bytes(path: Path) -> int | None:
         return None
     units = {"K": 2**10, "M": 2**20, "G": 2**30}
     return int(text[:-1]) * units[text[-1]] if text and text[-1] in units else int(text) if text.isdigit() else None
+
+
+# ---- NVTX ranges, for Nsight Systems
+
+NVTX_ENV = "ATTNPROF_NVTX"  # "1": ranges on, here and in the processes started from here (workers, record's script)
+# range_push(name), range_pop(), range(fmt, name): a CUDA build's (its ranges mark host code, a CPU cell's too); a CPU
+# build has none (its calls raise). The seam of every range: the tests swap it for a fake that records the calls
+NVTX = torch.cuda.nvtx if hasattr(torch._C, "_nvtx") else None
+
+
+def nvtx():
+    """NVTX where its ranges are on, else None: no range made, no call (a CPU build under nsys too). On: ATTNPROF_NVTX=1
+    (--nvtx: nvtx_ranges), or a process Nsight Systems profiles (nsys sets NSYS_PROFILING_SESSION_ID in it)."""
+    return NVTX if os.environ.get(NVTX_ENV) == "1" or "NSYS_PROFILING_SESSION_ID" in os.environ else None
+
+
+@contextlib.contextmanager
+def nvtx_ranges():
+    """--nvtx: ranges on for the block, here and in the processes it starts (ATTNPROF_NVTX=1, put back after); bad
+    input on a torch without NVTX."""
+    if NVTX is None:
+        raise InputError(f"--nvtx: this torch ({torch.__version__}) has no NVTX, a CPU build: install a CUDA build "
+                         "of torch for Nsight Systems' ranges, or leave --nvtx out")
+    old = os.environ.get(NVTX_ENV)
+    os.environ[NVTX_ENV] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(NVTX_ENV) if old is None else os.environ.update({NVTX_ENV: old})
+
+
+def nvtx_range(name: str):
+    """One NVTX range around a block where ranges are on (nvtx()), else none."""
+    calls = nvtx()
+    return calls.range("{}", name) if calls else contextlib.nullcontext()  # the name as it is, braces and all
 
 
 # ---- what a CUDA device is, and its NVML handle (no CUDA context is made)

@@ -39,6 +39,21 @@ CELL_DIR, BLOCK_DIR, TRACE_DIR, LOCK, EXECUTOR_LOCK = "cells", "blocks", "traces
 DONE_STATUSES = ("ok", "oom", "skipped", "unavailable", "error", "timeout")
 
 
+def cannot_write(root, why: str, where: str = "--out (or out: in the sweep config)") -> InputError:
+    return InputError(f"cannot write the results folder {root} ({why}): choose another with {where}")
+
+
+def check_writable(root, where: str = "--out") -> None:
+    """Said before any work where Run.create could not make a run under root: the nearest of root and the folders
+    above it that exists must be a folder this process may write in (a file there: Not a directory)."""
+    path = Path(root).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise cannot_write(root, os.strerror(errno.ENOTDIR), where)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise cannot_write(root, os.strerror(errno.EACCES), where)
+
+
 @dataclass(frozen=True)
 class RunKind:
     """What a kind of run holds, so that each reader asks here rather than guessing from the files: whether its
@@ -272,8 +287,7 @@ class Run:
             except OSError as e:
                 error = e
                 break
-        raise InputError(f"cannot write the results folder {root} ({error.strerror}): choose another with --out "
-                         "(or out: in the sweep config)") from None
+        raise cannot_write(root, error.strerror) from None
 
     @classmethod
     def open(cls, path: Path) -> "Run":
@@ -480,8 +494,17 @@ def readable_runs(root: Path) -> list[tuple["Run", dict]]:
     return found
 
 
-def list_runs(root: Path) -> list[Path]:
+def results_folder(root: Path | str) -> Path:
+    """root, a folder that runs are stored under: InputError where it is a file (a folder not made yet holds none)."""
     root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise InputError(f"--results {root} is a file, not a results folder: give the folder the runs were written to "
+                         "(their --out; default results)")
+    return root
+
+
+def list_runs(root: Path) -> list[Path]:
+    root = results_folder(root)
     if not root.is_dir():
         return []
     # a hidden name is a run still being made (Run.create's staging folder, renamed into place once whole)

@@ -68,6 +68,26 @@ def test_bad_input_one_line_exit_2(capsys, argv, message):
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv", [["runs"], ["show", "latest"], ["diff", "a", "b"], ["report", "latest"],
+                                  ["replay", "latest", "--device", "cpu"], ["dashboard"], ["serve"],
+                                  ["plan", "--model", "sd15", "--gpu", "A100"]],
+                         ids=["runs", "show", "diff", "report", "replay", "dashboard", "serve", "plan"])
+def test_a_results_path_that_is_a_file_is_said_so_in_one_line_exit_2(capsys, tmp_path, monkeypatch, argv):
+    """`attnprof runs --results FILE` said 'no runs under FILE' (exit 0), show, diff, report and replay 'no runs
+    under FILE: make one', the dashboard and serve started over it, plan 'no such folder': each command that reads
+    a results folder says in one line that the path is a file, not a results folder, and exits 2."""
+    from profiler.service import serve
+
+    for name in ("dashboard", "serve"):  # never started: not a server, not this process replaced
+        monkeypatch.setattr(serve, name, lambda *a, **k: pytest.fail("started over a file"))
+    results = tmp_path / "results.txt"
+    results.write_text("")
+    code, out, err = run(capsys, *argv, "--results", str(results))
+    assert (code, out) == (2, "")
+    assert err == (f"attnprof: error: --results {results} is a file, not a results folder: give the folder the runs "
+                   "were written to (their --out; default results)\n")
+
+
 def test_config_that_is_not_a_unet(capsys, tmp_path):
     (tmp_path / "config.json").write_text('{"_class_name": "FluxTransformer2DModel", "num_layers": 19}')
     code, _, err = run(capsys, "plan", "--model", str(tmp_path))

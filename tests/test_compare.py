@@ -222,7 +222,9 @@ def test_diff_names_the_machine_the_environment_and_the_settings_of_every_row(tm
     assert main(["diff", "a", "b", "--results", str(tmp_path)]) == 1  # the 2x clears a machine 20% slower
     out = capsys.readouterr().out
     assert "time: a cell's attention time: per timed forward its attention calls' times summed, the median" in out
-    assert "machine: B's calibrations were 1.20x to 1.10x A's" in out  # 12 / 10 at the start, 11.5 / 10.5 at the end
+    # each run's calibrations, and B's machine's speed over A's: 10 / 12 at the start, 10.5 / 11.5 at the end
+    assert ("machine: calibrations (a fixed workload timed as the cells are) A start 10 ms, end 10.5 ms; B start 12 "
+            "ms, end 11.5 ms: B's machine ran at 0.83x to 0.91x A's speed (slower); a time change must clear") in out
     assert "environment differs: torch_threads 1 -> 2" in out
     rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("sd15 ")}
     assert set(rows) == {"-", "controlnet"}  # the settings column tells the two naive cells apart
@@ -233,6 +235,89 @@ def test_diff_names_the_machine_the_environment_and_the_settings_of_every_row(tm
     data = json.loads(capsys.readouterr().out)
     assert data["machine"] == [pytest.approx(10.5 / 11.5), pytest.approx(10.0 / 12.0)]  # B: 10 and 10.5 now
     assert data["summary"]["improvements"] == 1 and data["summary"]["not_judged"] == 1
+
+
+def test_the_machine_line_says_each_runs_calibrations_and_never_that_there_are_none_where_there_are(tmp_path,
+                                                                                                    capsys):
+    """Two runs whose calibrations read alike (tests/faults.py injects them so) were said to have none ('no
+    calibrations in one of the runs'): B's machine's speed is said as a share of A's, 1.00x. Where one run has
+    none, the line names that run, and what the other's were."""
+    _run(tmp_path, "a", [cell("naive", SLOWER[0])], [2.0, 2.0])
+    _run(tmp_path, "b", [cell("naive", SLOWER[0])], [2.0, 2.0])
+    _run(tmp_path, "old", [cell("naive", SLOWER[0])])
+    assert main(["diff", "a", "b", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "A start 2 ms, end 2 ms; B start 2 ms, end 2 ms: B's machine ran at 1.00x A's speed;" in out
+    assert "no calibrations" not in out
+    assert main(["diff", "a", "old", "--results", str(tmp_path)]) == 0
+    assert ("machine: no calibrations in B (made before they were recorded; A's: start 2 ms, end 2 ms): the plain "
+            "rule") in capsys.readouterr().out
+    assert main(["diff", "old", "old", "--results", str(tmp_path)]) == 0
+
+
+def _slowed_copy(run: Run, root, name: str, cells: float, machine: float) -> None:
+    """A copy of a stored run, its cells' time samples `cells` times A's and its calibrations `machine` times:
+    the pair injected, whatever the machine did while the run was made."""
+    import shutil
+
+    copy = root / name
+    shutil.copytree(run.path, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["calibration"] = [c | {"median_ms": c["median_ms"] * machine} for c in manifest["calibration"]]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    for path in [copy / "cells.parquet", *copy.glob("cells/*.parquet")]:
+        if path.is_file():
+            rows = pd.read_parquet(path)
+            for column in ("attention_time_samples_ms", "forward_time_samples_ms"):
+                rows[column] = rows[column].map(lambda s: s * cells if hasattr(s, "__len__") else s)
+            rows.to_parquet(path)
+
+
+def test_a_run_diffed_with_itself_is_said_to_be_the_same_run(dashboard_results, tmp_path, capsys):
+    """The tour's `attnprof diff A A` on a tiny-sd15 run: it said 'no calibrations in one of the runs' of a run that
+    has them, and never that the two were one run; its three-sample cells on a busy machine could read too noisy
+    (exit 3), as a run whose cells swing or hold one sample each does. Now one line says it is the same run, every
+    cell is within noise, exit 0."""
+    run = Run.open(list_runs(dashboard_results)[0])
+    assert len(run.manifest()["calibration"]) == 2  # it has calibrations: a start and an end
+    cells = len(run.cells())
+    for b in (run.id, "latest"):
+        assert main(["diff", run.id, b, "--results", str(dashboard_results)]) == 0
+        out = capsys.readouterr().out
+        assert out.splitlines()[1] == (f"A and B are the same run ({run.id}): each cell is compared with itself, "
+                                       "identical; nothing to judge")
+        assert "calibrations" not in out.splitlines()[1] and "no calibrations" not in out
+        assert out.rstrip().endswith(f"{cells} cells matched: 0 regressions, 0 improvements, {cells} within noise")
+    assert main(["diff", run.id, run.id, "--results", str(dashboard_results), "--json"]) == 0
+    assert {m["verdict"] for m in json.loads(capsys.readouterr().out)["matched"]} == {SAME}
+    # cells too noisy or with too few samples to judge against another run: against themselves, unchanged
+    _run(tmp_path, "swung", [cell("naive", SWUNG), cell("sdpa", [5.0])])
+    assert main(["diff", "swung", "swung", "--results", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("2 cells matched: 0 regressions, 0 improvements, 2 within noise")
+    assert main(["diff", "swung", "swung", "--results", str(tmp_path), "--json"]) == 0
+    assert {m["time_note"] for m in json.loads(capsys.readouterr().out)["matched"]} == {""}
+
+
+@pytest.mark.parametrize("cells", [1.2, 1.3])
+def test_cells_slower_by_about_as_much_as_b_s_machine_are_no_regression(dashboard_results, tmp_path, capsys,
+                                                                        cells):
+    """The tour's other pair: B's calibrations say its machine was slower (here 1.25x A's time: 0.80x A's speed)
+    and B's cells are slower by about as much (1.2x, 1.3x: under 1.05 x 1.25). The machine explains it: no
+    regression, exit 0 or 3, never 1; the line says B's machine's speed, not a bare ratio of times. The other way
+    round, A on the faster machine: no improvement."""
+    run = Run.open(list_runs(dashboard_results)[0])
+    root = tmp_path / "results"
+    _slowed_copy(run, root, "a", 1.0, 1.0)
+    _slowed_copy(run, root, "b", cells, 1.25)
+    code = main(["diff", "a", "b", "--results", str(root)])
+    out = capsys.readouterr().out
+    assert code in (0, 3) and ": 0 regressions, 0 improvements" in out, out
+    assert "B's machine ran at 0.80x A's speed (slower); a time change must clear that too" in out
+    rows = [line for line in out.splitlines() if line.startswith("tiny-sd15 ")]
+    assert rows and not [r for r in rows if "regression" in r]
+    assert main(["diff", "b", "a", "--results", str(root)]) in (0, 3)
+    out = capsys.readouterr().out
+    assert "B's machine ran at 1.25x A's speed (faster)" in out and ": 0 regressions, 0 improvements" in out
 
 
 def test_report_bad_input_gets_one_line_and_no_traceback(dashboard_results, tmp_path, capsys):

@@ -4,6 +4,7 @@ allocation failures of every form. Where a GPU is needed, tests/test_gpu.py (pyt
 import json
 import os
 import platform
+import re
 import types
 
 import pytest
@@ -436,3 +437,100 @@ def test_our_processes_keep_their_memory_and_a_users_generation_is_left_as_it_is
 
     assert device_key("cpu", kept=True).endswith(" | memory kept")  # two machines to the time model
     assert "memory kept" not in device_key("cpu", kept=False)
+
+
+class FakeNvtx:
+    """NVTX's calls (devices.NVTX's seam) recorded as a tree: `ranges` holds (name, children) per range."""
+
+    def __init__(self):
+        self.ranges: list = []
+        self.open = [self.ranges]
+
+    def range_push(self, name: str) -> int:
+        self.open[-1].append((name, []))
+        self.open.append(self.open[-1][-1][1])
+        return len(self.open) - 2
+
+    def range_pop(self) -> int:
+        assert len(self.open) > 1, "a pop with no range open"
+        self.open.pop()
+        return len(self.open) - 1
+
+    def range(self, message: str, *args):
+        import contextlib
+
+        @contextlib.contextmanager
+        def ranged():
+            self.range_push(message.format(*args))
+            try:
+                yield
+            finally:
+                self.range_pop()
+        return ranged()
+
+
+def nvtx_on(monkeypatch) -> FakeNvtx:
+    """NVTX ranges on (ATTNPROF_NVTX=1, as --nvtx sets it) into a FakeNvtx: a CUDA build's NVTX, on any machine."""
+    fake = FakeNvtx()
+    monkeypatch.setattr(devices, "NVTX", fake)
+    monkeypatch.setenv(devices.NVTX_ENV, "1")
+    return fake
+
+
+def test_nvtx_ranges_are_on_where_asked_or_under_nsys_and_refused_on_a_torch_without_nvtx(monkeypatch, capsys):
+    """Off by default: devices.nvtx() is None (no call made, on the CPU build as on a CUDA one); on with
+    ATTNPROF_NVTX=1 (what --nvtx sets for the command, and puts back after) or under Nsight Systems
+    (NSYS_PROFILING_SESSION_ID); where torch has no NVTX (a CPU build) --nvtx is one line and exit 2, for run and
+    record alike, and nsys's variable turns nothing on."""
+    from profiler.cli import main
+
+    fake = FakeNvtx()
+    monkeypatch.setattr(devices, "NVTX", fake)
+    monkeypatch.delenv(devices.NVTX_ENV, raising=False)
+    monkeypatch.delenv("NSYS_PROFILING_SESSION_ID", raising=False)
+    assert devices.nvtx() is None
+    with devices.nvtx_range("cell"):
+        pass
+    assert fake.ranges == []
+    with devices.nvtx_ranges():
+        assert os.environ[devices.NVTX_ENV] == "1" and devices.nvtx() is fake
+        with devices.nvtx_range("a {cell}"):
+            pass
+    assert devices.NVTX_ENV not in os.environ and fake.ranges == [("a {cell}", [])]
+    monkeypatch.setenv("NSYS_PROFILING_SESSION_ID", "7")
+    assert devices.nvtx() is fake
+    monkeypatch.setattr(devices, "NVTX", None)
+    assert devices.nvtx() is None
+    for argv in (["run", "--model", "tiny-sd15", "--size", "64x64", "--nvtx"], ["record", "--nvtx", "--", "x.py"]):
+        assert main(argv) == 2
+        assert capsys.readouterr().err == f"attnprof: error: --nvtx: this torch ({torch.__version__}) has no NVTX, a " \
+            "CPU build: install a CUDA build of torch for Nsight Systems' ranges, or leave --nvtx out\n"
+    assert devices.NVTX_ENV not in os.environ
+
+
+def test_run_with_nvtx_ranges_each_cell_its_steps_and_their_blocks(monkeypatch, tmp_path, capsys):
+    """attnprof run --nvtx (in process, NVTX injected): a range per cell named by its shape and backend (and one for
+    the preflight's planned forward, one for the fp32 reference forward), inside it a `step N` range per hooked
+    forward, inside each one range per attention call named by its block path (32 for tiny-sd15, each once per
+    step, in the order they ran), no range left open; the environment as it was after."""
+    from profiler.attention.recorder import attention_modules
+    from profiler.cli import main
+
+    fake = nvtx_on(monkeypatch)
+    monkeypatch.delenv(devices.NVTX_ENV)
+    assert main(["run", "--model", "tiny-sd15", "--size", "64x64", "--backend", "sdpa", "--device", "cpu", "--dtype",
+                 "float32", "--repeats", "1", "--warmup", "0", "--in-process", "--quiet", "--nvtx",
+                 "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert fake.open == [fake.ranges] and devices.NVTX_ENV not in os.environ
+    assert [name for name, _ in fake.ranges][:3] == ["preflight: each cell's memory planned (fake tensors)",
+                                                     "tiny-sd15 64x64 batch 1 reference (sdpa, float32)",
+                                                     "tiny-sd15 64x64 batch 1 float32 sdpa"]
+    assert {name for name, _ in fake.ranges[2:]} == {"tiny-sd15 64x64 batch 1 float32 sdpa"}
+    steps = [s for _, inside in fake.ranges[1:] for s in inside]
+    blocks = list(attention_modules(models.build("tiny-sd15", device="meta")))
+    assert steps and all(re.fullmatch(r"step \d+", name) for name, _ in steps)
+    for _, calls in steps:
+        assert len(calls) == 32 and sorted(name for name, _ in calls) == sorted(blocks)
+        assert all(inside == [] for _, inside in calls)
+    assert len({tuple(name for name, _ in calls) for _, calls in steps}) == 1  # the same order in every step

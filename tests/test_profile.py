@@ -447,3 +447,83 @@ def test_on_the_cpu_each_calls_time_is_its_attention_core_and_its_projections(tm
     assert (calls["proj_kernel_ms"] < calls["time_ms"]).all()
     assert (calls["attn_kernel_ms"] + calls["proj_kernel_ms"]).tolist() == pytest.approx(calls["time_ms"].tolist())
     assert not [m for m in pipe.unet.modules() if m._forward_hooks or m._forward_pre_hooks]  # all removed
+
+
+def test_a_ctrl_c_in_the_block_keeps_the_steps_that_ended_as_a_partial_cell(tmp_path, capsys):
+    """A Ctrl-C in the block goes on up as a KeyboardInterrupt, and what ended is kept: raised from the pipeline's
+    step callback after the second of 4 steps, the run holds those two steps' U-Net calls (and the text encoder's;
+    no VAE decode ran), its cell partial, the run interrupted, one line on stderr naming it and the steps; raised
+    inside the second step's U-Net forward (a hook on an attention module), the step under way is dropped, the
+    first kept. Every hook is removed after either, and show names the cell partial."""
+    from profiler.cli import main
+    from profiler.store import Run
+
+    pipe = gen.tiny_pipeline()
+
+    def after_second(pipe, step, t, kwargs):
+        if step == 1:
+            raise KeyboardInterrupt
+        return kwargs
+
+    with pytest.raises(KeyboardInterrupt), profile(pipe, out=tmp_path / "a") as prof:
+        gen.generate(pipe, steps=4, callback_on_step_end=after_second)
+    said = [line for line in capsys.readouterr().err.splitlines() if "interrupted" in line]
+    assert said == [f"profile: interrupted: the 2 steps that ended kept as a partial cell of run {prof.run_dir.name} "
+                    f"under {tmp_path / 'a'}, marked interrupted (attnprof show {prof.run_dir})"]
+    run = Run.open(prof.run_dir)
+    cell = run.cells().iloc[0]
+    assert run.manifest()["interrupted"] is True and bool(cell["partial"]) and cell["steps"] == 2
+    calls = run.read_frame(f"calls-{cell['cell_id']}")
+    assert calls.groupby("component").size().to_dict() == {"unet": 2 * CALLS, "text_encoder": 4}
+    assert sorted(set(calls.query("component == 'unet'")["step"])) == [0, 1] and calls["time_ms"].gt(0).all()
+    assert len(cell["forward_time_samples_ms"]) == 2 and len(cell["attention_time_samples_ms"]) == 2
+    assert main(["show", str(prof.run_dir), "--wide"]) == 0
+    shown = capsys.readouterr().out
+    assert "(interrupted)" in shown and "(partial: a Ctrl-C stopped the profile block; its steps that ended)" in shown
+
+    attn, seen = pipe.unet.down_blocks[1].attentions[0].transformer_blocks[0].attn1, []
+
+    def in_the_second_step(module, args):
+        seen.append(1)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    hook = attn.register_forward_pre_hook(in_the_second_step)
+    try:
+        with pytest.raises(KeyboardInterrupt), profile(pipe, out=tmp_path / "b") as prof:
+            gen.generate(pipe, steps=4)
+    finally:
+        hook.remove()
+    assert "the 1 step that ended kept as a partial cell" in capsys.readouterr().err
+    calls = Run.open(prof.run_dir).read_frame(f"calls-{Run.open(prof.run_dir).cells()['cell_id'].iloc[0]}")
+    assert calls.groupby("component").size().to_dict() == {"unet": CALLS, "text_encoder": 4}
+    assert list(prof.generations["steps"]) == [1] and len(prof.forwards.query("component == 'unet'")) == 1
+    assert not [m for m in pipe.components.values() if isinstance(m, torch.nn.Module)
+                for m in m.modules() if m._forward_hooks or m._forward_pre_hooks]  # all removed
+    assert np.array_equal(gen.generate(pipe, steps=1), gen.generate(pipe, steps=1))  # the pipeline as it was
+
+
+def test_with_nvtx_ranges_a_generation_shows_each_component_forward_each_step_and_each_call(monkeypatch):
+    """profile with NVTX ranges on (injected: tests/test_devices.py's FakeNvtx), one step: the text encoder's two
+    forwards (`text_encoder forward 0`, `... 1`), the U-Net's `unet step 0`, the VAE's decode `vae forward 0`, each
+    holding a range per attention call named as prof.calls names its block (the U-Net's under `unet.`); off (neither
+    ATTNPROF_NVTX nor nsys), not one NVTX call."""
+    from profiler import devices
+    from tests.test_devices import FakeNvtx, nvtx_on
+
+    fake = nvtx_on(monkeypatch)
+    pipe = gen.tiny_pipeline()
+    with profile(pipe, out=None) as prof:
+        gen.generate(pipe, steps=1)
+    assert [name for name, _ in fake.ranges] == ["text_encoder forward 0", "text_encoder forward 1", "unet step 0",
+                                                 "vae forward 0"] and fake.open == [fake.ranges]
+    named = [name for _, calls in fake.ranges for name, _ in calls]
+    blocks = prof.calls["block"].where(prof.calls["component"] != "unet", "unet." + prof.calls["block"])
+    assert named == blocks.tolist() and len(named) == 4 + CALLS + 1
+    assert all(inside == [] for _, calls in fake.ranges for _, inside in calls)
+    monkeypatch.setattr(devices, "NVTX", off := FakeNvtx())
+    monkeypatch.delenv(devices.NVTX_ENV)
+    monkeypatch.delenv("NSYS_PROFILING_SESSION_ID", raising=False)
+    with profile(pipe, out=None):
+        gen.generate(pipe, steps=1)
+    assert off.ranges == []

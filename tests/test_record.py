@@ -116,6 +116,23 @@ def test_the_exit_status_is_the_scripts(tmp_path):
                                                                  "attnprof record -- generate.py --steps 30")
 
 
+def test_a_python_word_before_the_script_is_taken(tmp_path, capsys):
+    """`attnprof record -- python x.py` (as py-spy's and nsys's users type it; python3, or this interpreter's path,
+    alike) runs the script with its arguments: here one that makes no pipeline call and exits 3, so nothing is stored
+    and no calibration taken; the interpreter's own option (-m) is one line and exit 2."""
+    from profiler.cli import main
+
+    script = tmp_path / "hello.py"
+    script.write_text("import sys\nprint('hello', sys.argv[1:])\nsys.exit(3)\n")
+    for word in ("python", sys.executable):
+        done = attnprof("record", "--out", str(tmp_path), "--", word, str(script), "--steps", "1")
+        assert done.returncode == 3 and "hello ['--steps', '1']" in done.stdout, done.stderr[-2000:]
+        assert f"running {script} --steps 1 with the processors it loads" in done.stderr
+    assert main(["record", "--out", str(tmp_path), "--", "python3", "-m", "gen"]) == 2
+    assert capsys.readouterr().err == "attnprof: error: record: python3's option -m is not taken: give the script's " \
+        "path after it, e.g. attnprof record -- python3 generate.py --steps 30\n"
+
+
 def test_two_records_of_the_same_code_are_diffed_cell_by_cell(tmp_path):
     """Two records of the script with fault-scaled (each call a 120 ms wait: a call's own work, a few ms on a busy
     machine, stays under 3% of it) on a machine held steady: the cell matched, its time judged within noise (exit 0);

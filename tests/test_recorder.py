@@ -100,3 +100,36 @@ def test_a_clip_text_encoders_attention_is_recorded_at_its_real_size(name, layer
     with torch.no_grad(), Recorder(model, modules=modules) as rec:
         model(input_ids=ids)
     assert {r["upcast"] for r in rec.rows} == {"softmax"}
+
+
+def test_nvtx_ranges_are_a_step_per_forward_with_its_blocks_inside_and_none_when_off(tiny_sd15, monkeypatch):
+    """With NVTX ranges on (injected: tests/test_devices.py's FakeNvtx), two forwards are two ranges `step 0`, `step
+    1`, each holding one range per attention call named by its block path, in the order the recorder saw them; a
+    Ctrl-C inside a forward (KeyboardInterrupt passes by forward hooks) leaves no range open once the recorder exits;
+    off, not one NVTX call."""
+    from profiler import devices
+    from tests.test_devices import FakeNvtx, nvtx_on
+
+    inputs = models.example_inputs(tiny_sd15, 1, 64, 64)
+    fake = nvtx_on(monkeypatch)
+    with torch.no_grad(), Recorder(tiny_sd15) as rec:
+        tiny_sd15(**inputs)
+        tiny_sd15(**inputs)
+    assert [name for name, _ in fake.ranges] == ["step 0", "step 1"]
+    for (_, calls), rows in zip(fake.ranges, rec.passes(), strict=True):
+        assert [name for name, _ in calls] == [r["block"] for r in rows] and len(calls) == 32
+    def ctrl_c(module, args):
+        raise KeyboardInterrupt
+
+    hook = tiny_sd15.mid_block.attentions[0].transformer_blocks[0].attn2.register_forward_pre_hook(ctrl_c)
+    try:
+        with pytest.raises(KeyboardInterrupt), torch.no_grad(), Recorder(tiny_sd15):
+            tiny_sd15(**inputs)
+    finally:
+        hook.remove()
+    assert fake.open == [fake.ranges] and fake.ranges[-1][0] == "step 0"
+    monkeypatch.setattr(devices, "NVTX", off := FakeNvtx())
+    monkeypatch.delenv(devices.NVTX_ENV)
+    with torch.no_grad(), Recorder(tiny_sd15):
+        tiny_sd15(**inputs)
+    assert off.ranges == []

@@ -1,6 +1,7 @@
 """The time model (planner/timing.py) and the GPU table (profiler/gpus.py): the fit on synthetic rows with a known
 answer, the CLI on a small stored run whose times the test writes itself (no timing of anything)."""
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 
 from profiler import gpus
 from profiler.cli import main
-from profiler.measure.limits import device_key
+from profiler.measure.limits import device_key, machine_key
 from profiler.planner import calibration, host, plan, timing
 from profiler.spec import CellSpec, InputError, parse_bytes, size_text
 from profiler.store import Run
@@ -55,12 +56,13 @@ def _rest(ops, device=DEVICE) -> float:
     return sum(REST[k] * v for k, v in device.rest_features(ops["rest"]).items())
 
 
-def _synthetic_run(root, sizes, backend="naive", gpu_name=None, run_id="synthetic"):
+def _synthetic_run(root, sizes, backend="naive", gpu_name=None, run_id="synthetic", kept=True, scale=1.0):
     """A stored run of tiny-sd15 whose every call takes what TRUE says on the device of PEAKS (and its rest what
     REST says), recorded with this machine's CPU limits key, so that plan --device cpu --results finds it; or, with
     gpu_name, as if made on a CUDA device of that name (its environment and limits key), each call's CUPTI kernel time
-    what TRUE says on that GPU's published figures (the table's), warm-up 1 and 3 repeats."""
-    key = f"{gpu_name} | synthetic" if gpu_name else device_key("cpu", kept=True)
+    what TRUE says on that GPU's published figures (the table's), warm-up 1 and 3 repeats. kept=False: under the key
+    of a user's own process (attnprof record's). scale: every time that many times what TRUE and REST say."""
+    key = f"{gpu_name} | synthetic" if gpu_name else device_key("cpu", kept=kept)
     manifest = {"device_peak_flops": PEAKS[0], "device_peak_bytes_per_s": PEAKS[1],
                 "device_memory": {}, "device_softmax_per_s": {},  # DEVICE's: no cache, page or softmax terms
                 "device_limits": {"key": key, "measured_at": "synthetic"},
@@ -76,9 +78,9 @@ def _synthetic_run(root, sizes, backend="naive", gpu_name=None, run_id="syntheti
         for i, (row, call_ops) in enumerate(zip(p["blocks"], ops["calls"])):
             f = _features(row, backend, call_ops, device)
             blocks.append({**spec.as_row(), **{k: v for k, v in row.items() if k != "traced_peak_bytes"},
-                           "call_index": i, "time_ms": sum(TRUE[k] * f[k] for k in TRUE)}
+                           "call_index": i, "time_ms": scale * sum(TRUE[k] * f[k] for k in TRUE)}
                           | ({"time_source": "cupti"} if gpu_name else {}))
-        rest = _rest(ops)
+        rest = scale * _rest(ops)
         attention = sum(b["time_ms"] for b in blocks)
         run.record({**spec.as_row(), "status": "ok", "attention_time_ms": attention, "warmup": 1, "repeats": 3,
                     "forward_time_ms": attention + rest}, blocks)
@@ -94,6 +96,51 @@ def test_a_forwards_leave_one_out_over_runs_of_the_same_cells_counts_each_forwar
     c = calibration.calibrate(tmp_path, device_key("cpu", kept=True), write=False)
     fitted = c["backends"]["naive float32"]
     assert len(fitted["loo_forward"]) == 2 * len(SIZES) and fitted["loo_forward_error_pct"] == pytest.approx(0, abs=0.1)
+
+
+def test_runs_of_ours_and_a_users_generations_calibrate_one_machine(tmp_path):
+    """Issue 64's tour: two attnprof run runs of tiny-sd15 (their processes keep their memory), then plan --pipeline
+    (a user's generation, whose process does not) said 'no stored runs of this device and backend': the two keys
+    were two machines. Both count now, each sample priced on its own run's limits; the limits are the key's own."""
+    _synthetic_run(tmp_path, SIZES[:3], run_id="run-a")
+    _synthetic_run(tmp_path, SIZES[3:], run_id="run-b")
+    user = calibration.calibrate(tmp_path, device_key("cpu", kept=False), write=False)
+    assert user is not None, "a user's generation's key found none of the runs of ours"
+    assert sorted(user["runs"]) == ["run-a", "run-b"] and user["backends"]["naive float32"]["cells"] == 6
+    assert user["backends"]["naive float32"]["coefficients"] == pytest.approx(TRUE, rel=1e-6)
+    assert user["limits"] == {}  # none of the runs has this key: plan measures this process's limits
+    limits, cal, _ = calibration.target("cpu", "float32", results=str(tmp_path), kept=False)
+    # this process's limits: "memory kept" where an earlier test in this worker kept its memory (order-dependent)
+    assert machine_key(limits["device_limits"]["key"]) == machine_key(device_key("cpu", kept=False))
+    assert "naive float32" in cal["backends"]
+    _synthetic_run(tmp_path, SIZES[:2], run_id="recorded", kept=False)  # and the other way round
+    ours = calibration.calibrate(tmp_path, device_key("cpu", kept=True), write=False)
+    assert sorted(ours["runs"]) == ["recorded", "run-a", "run-b"] and ours["limits"]["device_peak_flops"] == PEAKS[0]
+
+
+@pytest.mark.parametrize("scale", [0.125, 8.0])
+def test_a_run_far_off_the_others_is_named_and_left_out_of_the_fit(capsys, tmp_path, scale):
+    """Issue 64's tour: one run at 8x8 among tiny-sd15's others made every prediction after it 'no prediction
+    (leave-one-out error 756%)', naming no run. Its leave-one-out error far over the others', it is left out of the
+    fit (the others' answer comes back exactly) and named in the plan's 'time from' line with how to move it out."""
+    _synthetic_run(tmp_path, SIZES[:3], run_id="run-a")
+    _synthetic_run(tmp_path, SIZES[3:], run_id="run-b")
+    _synthetic_run(tmp_path, [(8, 8)], run_id="odd", scale=scale)
+    c = calibration.calibrate(tmp_path, device_key("cpu", kept=True), write=False)
+    assert "odd" in c["passed_over"], "the odd run was not named"
+    assert sorted(c["runs"]) == ["run-a", "run-b"]
+    assert c["backends"]["naive float32"]["coefficients"] == pytest.approx(TRUE, rel=1e-6)
+    code = main(["plan", "--model", "tiny-sd15", "--size", "128x192", "--backend", "naive", "--dtype", "float32",
+                 "--device", "cpu", "--results", str(tmp_path)])
+    line = next(s for s in capsys.readouterr().out.splitlines() if s.startswith("time from:"))
+    assert code == 0 and "leave-one-out error 0.0%" in line
+    why = line.split("; left out 1 run (odd: its leave-one-out error ", 1)[1]
+    error, median = (int(n) for n in re.match(r"(\d+)% is over 5x the other runs' median (\d+)%: ", why).groups())
+    assert error > 5 * median and error > 50
+    assert why.endswith(f"left out of the fit (an odd size or a machine that moved; move {tmp_path / 'odd'} out of "
+                        f"{tmp_path} to keep it out for good))")
+    _synthetic_run(tmp_path, SIZES[:2], run_id="run-c", scale=1.1)  # a run a little off: kept
+    assert "run-c" not in calibration.calibrate(tmp_path, device_key("cpu", kept=True), write=False)["passed_over"]
 
 
 def test_plan_predicts_a_new_size_from_a_stored_run_exactly(capsys, tmp_path):

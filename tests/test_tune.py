@@ -55,6 +55,29 @@ def test_a_map_file_is_a_backend_whose_cell_carries_what_runs(tmp_path):
         backends.make_processor(name, **options)(None, None)
 
 
+def test_a_map_tuned_for_another_model_or_size_warns_in_one_line_naming_both(tmp_path, capsys):
+    """Issue 64's tour: a tuned.json made for tiny-sd15 at 128x128 ran under sd15 (or at another size) with no word.
+    attnprof run says so in one line, naming both; the model and size it was made for, nothing."""
+    from profiler.cli import _sweep_from_args, build_parser
+
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps({"attnprof": "processor map (attnprof tune)", "model": "tiny-sd15", "width": 128,
+                                "height": 128, "blocks": {}, "default": {"backend": "sdpa"}}))
+    for model, size, asked in (("sd15", "512x512", "sd15 at 512x512"), ("tiny-sd15", "64x64", "tiny-sd15 at 64x64"),
+                               ("tiny-sd15", SIZE, None)):
+        args = build_parser().parse_args(["run", "--model", model, "--size", size, "--backend", str(path),
+                                          "--device", "cpu"])
+        sweep = _sweep_from_args(args)
+        assert sweep.backends[0][0] == "tuned"
+        err = capsys.readouterr().err.splitlines()
+        if asked is None:
+            assert err == [], "a map run on the model and size it was made for warned"
+            continue
+        assert err == [f"attnprof run: warning: processor map {path} was made for tiny-sd15 at 128x128; this is "
+                       f"{asked}: its blocks' choices were timed on other shapes (attnprof tune --model {model} "
+                       "--size WxH for these)"]
+
+
 @pytest.mark.parametrize("doc, says", [
     ("not json", "not valid JSON"),
     ({"default": {"backend": "sdpa"}}, 'no "blocks" mapping'),
@@ -103,6 +126,28 @@ def test_bad_input_to_tune_is_one_line_and_stores_nothing(tmp_path, argv, says):
     line = err.getvalue().strip()
     assert "\n" not in line and says in line, line
     assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize("under", ["", "sub"])
+def test_tune_with_out_a_file_fails_before_any_timing(tmp_path, monkeypatch, under):
+    """issue 64 (3): --out a file (or a folder under one) is one line before the trace and the first timing, as run
+    and record say it; it was said only once every shape and the whole proof were timed."""
+    from profiler.tuning import search
+
+    def timed(*args, **kwargs):
+        raise AssertionError("a shape was timed before --out was checked")
+
+    monkeypatch.setattr(search, "measure_shapes", timed)
+    (tmp_path / "afile").write_text("")
+    out = tmp_path / "afile" / under if under else tmp_path / "afile"
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["tune", "--model", "tiny-sd15", "--size", "256x256", "--device", "cpu", "--out", str(out),
+                     "--quiet"]) == 2
+    line = err.getvalue().strip()
+    assert line == f"attnprof: error: cannot write the results folder {out} (Not a directory): choose another " \
+                   "with --out", line
+    assert (tmp_path / "afile").read_text() == ""
 
 
 def test_a_bad_map_applied_changes_nothing_and_tune_asks_for_what_it_lacks(tmp_path, tiny_sd15):

@@ -4,7 +4,8 @@ tuned.json`, `record --backend tuned.json`, profiler.apply and profiler.processo
 The file is JSON: {"blocks": {block path: {"backend": NAME, "options": {...}, ...}}, "default": {"backend": NAME,
 "options": {...}}, ...}; a block path is the recorder's (down_blocks.0.attentions.0.transformer_blocks.0.attn1), the
 default runs every block the map does not list, and every other key (a block's time, its runner-up, why it was
-chosen; the model, size and proof of the tune that wrote it) is for people and is not read here. A measured cell of
+chosen; the proof of the tune that wrote it) is for people and is not read here; the model and size it was tuned for
+are read only to warn where it runs on others (elsewhere). A measured cell of
 a map has the backend `tuned` and two options: `file` (the file's name, what its label shows: 'tuned (tuned.json)')
 and `map` (what runs, as canonical JSON: {"blocks": {block: [name, options, head_dim]}, "default": [name, options]}),
 so that the map travels with the cell to any worker and the cell's id is the same in every run of the same map.
@@ -44,6 +45,20 @@ def read(path) -> dict:
         raise InputError(f"processor map {path}: no \"blocks\" mapping (block path -> {{\"backend\": NAME}}): give a "
                          "map that attnprof tune wrote")
     return doc
+
+
+def elsewhere(doc: dict, path, model: str, sizes) -> str | None:
+    """One warning line where a map tuned for one model and size (the model, width and height attnprof tune wrote in
+    it) is asked to run another model or size, naming both; None where it is the same, or the map does not say."""
+    made, size = doc.get("model"), (doc.get("width"), doc.get("height"))
+    if not isinstance(made, str) or not all(isinstance(v, int) for v in size):
+        return None
+    other = [f"{w}x{h}" for w, h in sizes if (w, h) != size]
+    if made == model and not other:
+        return None
+    asked = ", ".join(other or [f"{w}x{h}" for w, h in sizes])
+    return (f"warning: processor map {path} was made for {made} at {size[0]}x{size[1]}; this is {model} at {asked}: "
+            f"its blocks' choices were timed on other shapes (attnprof tune --model {model} --size WxH for these)")
 
 
 def _entry(value, where: str) -> list:

@@ -10,6 +10,7 @@ from typing import Callable
 
 import torch
 
+from .. import devices
 from ..spec import InputError
 from ..unet.kinds import temporal_paths
 from .chunked import score_size
@@ -182,11 +183,15 @@ class Recorder:
     (default: its config's block_out_channels). A new pass begins at every forward of the model, or of each module of
     `passes` (a VAE's decoder and encoder: a pipeline calls vae.decode, not its forward). modules: its attention
     modules by path, where the caller has them (default: attention_modules(model)); a CLIP attention among them
-    (clip_attention_modules) is recorded as they are and never swapped."""
+    (clip_attention_modules) is recorded as they are and never swapped. Where NVTX ranges are on (devices.nvtx:
+    --nvtx, or under nsys) each call is one, named by its block path, inside one per pass, `step N` (N: the pass
+    index); label and step put a component's name before them (`unet.<block>`, `unet step N`, `vae forward N`)."""
 
     def __init__(self, unet: torch.nn.Module, processor: Callable[[], object] | None = None,
-                 around=None, levels: int | None = None, passes: list | None = None, modules: dict | None = None):
+                 around=None, levels: int | None = None, passes: list | None = None, modules: dict | None = None,
+                 label: str = "", step: str = "step"):
         self.unet, self.processor, self.around, self.modules = unet, processor, around, modules
+        self.label, self.step, self.nvtx, self._pushed = label, step, None, 0
         self.pass_modules = passes or [unet]
         config = getattr(unet, "config", None)
         self.levels = levels or len(getattr(config, "block_out_channels", None) or [0])
@@ -210,6 +215,10 @@ class Recorder:
                     functools.partial(self._begin, block, stage, level), with_kwargs=True))
                 self._hooks.append(module.register_forward_hook(self._end, with_kwargs=True, always_call=True))
             self._hooks += [m.register_forward_pre_hook(self._new_pass) for m in self.pass_modules]
+            self.nvtx = devices.nvtx()
+            if self.nvtx:  # the pass's range ends with it
+                self._hooks += [m.register_forward_hook(lambda *_: self._pop(), always_call=True)
+                                for m in self.pass_modules]
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -222,6 +231,7 @@ class Recorder:
         self.current_pass.append(row)
         self.rows.append(row)
         self._open.append(row)
+        self._push(f"{self.label}.{block}" if self.label else block)
         if self.around:
             self.around.before(row)
 
@@ -229,12 +239,26 @@ class Recorder:
         row = self._open.pop()
         if self.around:
             self.around.after(row)
+        self._pop()
 
     def _new_pass(self, module, args) -> None:
         self.pass_index += 1
         self.current_pass = []
+        self._push(" ".join(w for w in (self.label, self.step, str(self.pass_index)) if w))
+
+    def _push(self, name: str) -> None:
+        if self.nvtx:
+            self.nvtx.range_push(name)
+            self._pushed += 1
+
+    def _pop(self) -> None:
+        if self.nvtx and self._pushed:
+            self.nvtx.range_pop()
+            self._pushed -= 1
 
     def __exit__(self, *exc) -> None:
+        while self._pushed:  # the ranges a Ctrl-C left open (KeyboardInterrupt passes by forward hooks)
+            self._pop()
         for hook in self._hooks:
             hook.remove()
         self._hooks = []

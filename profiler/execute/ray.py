@@ -18,6 +18,7 @@ import time
 
 import ray
 
+from ..devices import NVTX_ENV
 from ..unet.checkpoint import PICKLE_ENV
 from ..env import REPO
 from ..spec import CellSpec, InputError
@@ -33,7 +34,8 @@ def connect(address: str | None = None, excludes: tuple[str, ...] = (), num_cpus
     if ray.is_initialized():
         return
     env_vars = {"ATTNPROF_PLUGINS": os.environ.get("ATTNPROF_PLUGINS", ""), "PYTHONUNBUFFERED": "1",
-                PICKLE_ENV: os.environ.get(PICKLE_ENV, "")}  # --allow-pickle's leave, for the cells' workers
+                PICKLE_ENV: os.environ.get(PICKLE_ENV, ""),  # --allow-pickle's leave, for the cells' workers
+                NVTX_ENV: os.environ.get(NVTX_ENV, "")}  # and --nvtx's
     runtime_env = {"working_dir": str(REPO), "excludes": EXCLUDES + list(excludes), "env_vars": env_vars}
     if os.environ.get("ATTNPROF_JOB_ID"):  # a queued job: its runtime env (code, config, plugins) is the tasks' too
         runtime_env = None

@@ -76,7 +76,8 @@ def preflight(cells: list[CellSpec], budget: int, force: bool, availability) -> 
     from ..fmt import human_bytes
     from ..measure.cell import failed_cell
 
-    predicted, dims, refused = predict(cells)
+    with devices.nvtx_range("preflight: each cell's memory planned (fake tensors)"):
+        predicted, dims, refused = predict(cells)
     ask = {c.cell_id: backends.asks(c.backend, c.options, c.device, c.dtype, dims[c.model]) for c in cells}
     every = sorted({a for asked in ask.values() for a in asked})
     answers = dict(zip(every, availability(every), strict=True))

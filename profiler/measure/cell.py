@@ -134,6 +134,8 @@ class ModelCache:
             module = w.build(part)
         inputs = w.inputs(module, batch, width, height)
         with torch.no_grad(), devices.get(where).guard(), devices.full_fp32(), w.applied(module), \
+                devices.nvtx_range(f"{model} {width}x{height} batch {batch} reference ({REFERENCE_BACKEND}, "
+                                   f"{REFERENCE_DTYPE})"), \
                 Recorder(module, processor=lambda: backends.make_processor(REFERENCE_BACKEND)):
             return w.forward(module, inputs).float().cpu()
 
@@ -226,7 +228,9 @@ def _guarded(spec: CellSpec, failed: dict, dev, fn):
     if spec.cell_id in failed:
         return None
     try:
-        return fn()
+        with devices.nvtx_range(f"{spec.model} {spec.size} batch {spec.batch} {spec.dtype} "
+                                f"{backends.label(spec.backend, spec.backend_options)}"):  # the steps inside it
+            return fn()
     except ReferenceFailed:
         raise
     except Exception as e:  # one backend's failure is its row; the shape's others go on

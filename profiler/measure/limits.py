@@ -77,6 +77,13 @@ def _key(dev, kept: bool | None = None) -> str:
                                     "memory kept" if kept else None)))
 
 
+def machine_key(key: str) -> str:
+    """A limits key less whether its process kept its memory: one machine to the time model's fit, which takes the
+    runs of ours (memory kept) and a user's recorded generations (not kept) alike, each sample priced on its own
+    run's limits (its new pages or none: planner/timing.py, B_new)."""
+    return " | ".join(part for part in key.split(" | ") if part != "memory kept")
+
+
 def device_key(device: str, kept: bool | None = None) -> str:
     """The key of this machine's device in the limits' cache (and in the time model's calibration file): of a
     process that keeps its memory (kept=True: one of ours that times cells), of one that does not (kept=False: a

@@ -21,7 +21,7 @@ import torch
 from ..attention import backends
 from ..env import cache_dir
 from ..spec import InputError, parse_dtype
-from ..measure.limits import LIMIT_KEYS
+from ..measure.limits import LIMIT_KEYS, machine_key
 from .published import published_calibration
 from .timing import (CALL_FEATURES, REST_FEATURES, Device, fit_model, forward_samples, mean_error, predict, roof_ms,
                      walked_plan)
@@ -109,6 +109,8 @@ def record_samples(run, manifest: dict, keep=None) -> tuple[list[dict], list[dic
                 continue
             calls += c if backend else []
             rests.append(r)
+        if ((facts.get("cells") or {}).get(cell["cell_id"]) or {}).get("cut_short"):
+            continue  # its last generation cut short by a Ctrl-C (profile keeps its steps): no whole generation
         generations = int(facts.get("generations") or 1)
         outside = cell["generation_s"] * 1e3 - sum(c["time_ms"] for c in comps)
         rests.append({"component": "generation", "cell_id": cell["cell_id"], "steps": float(cell["steps"] or 0),
@@ -161,12 +163,13 @@ def _settings(cell: dict) -> tuple:
 
 def samples(results: Path, key: str, passed: dict | None = None,
             keep=None) -> tuple[list[dict], list[dict], dict, list[str]]:
-    """From every ok cell of the runs under results measured on the device of this limits key: (one sample per
-    attention call, one per forward's rest, the device's limits from the latest such run's manifest, the run
-    ids). Sweep cells give the U-Net's calls and rest; recorded generations (calibration.py) each component's and
-    the generation's own overhead. A run of a kind the time model is not fitted on (store.RUN_KINDS: a replay), or
-    is passed over and named in `passed` (run id -> why); one whose calibrations say the machine moved while it ran
-    is weighted down (calibration.weight) and named there too.
+    """From every ok cell of the runs under results measured on the machine of this limits key (limits.machine_key:
+    a run of ours, whose process keeps its memory, and a user's recorded generation, whose does not, each sample
+    priced on its own run's limits): (one sample per attention call, one per forward's rest, the device's limits
+    from the latest run of this very key, the run ids). Sweep cells give the U-Net's calls and rest; recorded
+    generations (calibration.py) each component's and the generation's own overhead. A run of a kind the time model
+    is not fitted on (store.RUN_KINDS: a replay), or is passed over and named in `passed` (run id -> why); one whose
+    calibrations say the machine moved while it ran is weighted down (calibration.weight) and named there too.
     keep(cell) -> bool, where given, chooses the cells (a held-out test leaves some out)."""
     from ..store import Unreadable, kind_of, readable_runs
 
@@ -178,9 +181,11 @@ def samples(results: Path, key: str, passed: dict | None = None,
                 passed[run.id] = why
             continue
         w, why = weight(manifest)
-        if (manifest.get("device_limits") or {}).get("key") != key or not manifest.get("device_peak_bytes_per_s"):
+        own = (manifest.get("device_limits") or {}).get("key")
+        if not own or machine_key(own) != machine_key(key) or not manifest.get("device_peak_bytes_per_s"):
             continue
-        limits = {k: manifest[k] for k in LIMIT_KEYS if k in manifest}
+        if own == key:  # the limits are the key's own (a process that keeps its memory pays no new pages)
+            limits = {k: manifest[k] for k in LIMIT_KEYS if k in manifest}
         reader = record_samples if kind_of(manifest).name == "record" else _sweep_samples
         try:
             c, r = reader(run, manifest, keep)
@@ -229,6 +234,14 @@ def calibrate(results: Path, key: str, write: bool = True, keep=None, host_us=No
     calls, rests, limits, runs = samples(results, key, passed, keep)
     if not rests:
         return None
+    odd = outlier(calls, rests)
+    if odd:
+        run, error, others = odd
+        calls, rests = [c for c in calls if c["run"] != run], [r for r in rests if r["run"] != run]
+        runs = [r for r in runs if r != run]
+        passed[run] = (f"its leave-one-out error {error:.0f}% is over {OUTLIER_TIMES:g}x the other runs' median "
+                       f"{others:.0f}%: left out of the fit (an odd size or a machine that moved; move "
+                       f"{Path(results) / run} out of {results} to keep it out for good)")
     out = {"key": key, "results": str(results), "runs": runs, "limits": limits, "backends": {}, "rest": {},
            "passed_over": passed, "generation": fit_generation(rests)}
     for dtype in sorted({c["dtype"] for c in rests if "dtype" in c}):
@@ -245,6 +258,35 @@ def calibrate(results: Path, key: str, write: bool = True, keep=None, host_us=No
 
         add_to_cache(calibration_path(), key, _lean(out))
     return out
+
+
+OUTLIER_TIMES = 5.0  # a run whose leave-one-out error is over this many times the others' median is left out
+
+
+def outlier(calls: list[dict], rests: list[dict]) -> tuple[str, float, float] | None:
+    """The run the fit leaves out, its leave-one-out error and the other runs' median (percent), or None. Each run
+    is left out whole and predicted from a fit to the others: its calls per backend group, its rests per dtype, its
+    error the largest of those, a prediction p of a measured m off by max(p/m, m/p) - 1 (a run 8x slower or 8x
+    faster than predicted: 700% either way, where |p - m| / m calls the slower one 88%). The worst run is left out
+    where there are three or more and its error is over MAX_ERROR_PCT and over OUTLIER_TIMES x the others' median;
+    once: the rest are the fit's (issue 64: one run at 8x8 among tiny-sd15's others made every prediction after it
+    'no prediction (leave-one-out error 756%)', naming no run)."""
+    from .timing import MAX_ERROR_PCT
+
+    parts = [([c for c in calls if c["group"] == g], CALL_FEATURES, "time_ms") for g in {c["group"] for c in calls}]
+    parts += [([r for r in rests if r.get("dtype") == d], REST_FEATURES, "rest_ms")
+              for d in {r["dtype"] for r in rests if "dtype" in r}]
+    errors: dict[str, float] = {}
+    for mine, features, target in parts:
+        for e in fit_model(mine, features, target, group="run")["loo"]:
+            p, m = e["predicted_ms"], e["measured_ms"]
+            off = 100 * (max(p / m, m / p) - 1) if p > 0 and m > 0 else 0.0
+            errors[e["cell_id"]] = max(errors.get(e["cell_id"], 0.0), off)
+    if len(errors) < 3:
+        return None
+    worst = max(errors, key=errors.get)
+    others = float(np.median([v for r, v in errors.items() if r != worst]))
+    return (worst, errors[worst], others) if errors[worst] > max(MAX_ERROR_PCT, OUTLIER_TIMES * others) else None
 
 
 def kernel_calibration(results: Path, key: str, host_us=None) -> dict | None:
@@ -396,7 +438,7 @@ def target(device: str, dtype: str, gpu_name: str | None = None, results: str | 
     if device == "cuda" and not torch.cuda.is_available():
         return None
     calibration = calibrate(Path(results), device_key(device, kept), host_us=host_us) if results else None
-    if calibration and dtype in calibration["limits"]["device_peak_flops"] and \
+    if calibration and dtype in calibration["limits"].get("device_peak_flops", {}) and \
             "device_memory" in calibration["limits"]:
         return calibration["limits"], calibration, None
     if kept:
@@ -410,9 +452,10 @@ def check_target(device: str, gpu_name: str | None, results, host_us) -> None:
     """--results and --host-us-per-op before any work, each refused in one line where it would be ignored: a
     --results that is not a folder; a host figure that is not a positive number or `here`, or given where no host is
     priced apart (this machine's CPU, whose ops run on its host: their time is the measured one)."""
+    from ..store import results_folder
     from .host import HERE
 
-    if results is not None and not Path(results).is_dir():
+    if results is not None and not results_folder(results).is_dir():  # a file: said as such
         raise InputError(f"--results {results}: no such folder (the stored runs to calibrate on); give the folder "
                          "runs were written to (attnprof runs --results DIR lists them)")
     if host_us is None:

@@ -1,6 +1,6 @@
 """attnprof record: an unmodified script profiled as it runs.
 
-    attnprof record [--out DIR] [--backend NAME]... [--trace] -- SCRIPT.py [ARGS...]
+    attnprof record [--out DIR] [--backend NAME]... [--trace] -- [python] SCRIPT.py [ARGS...]
 
 The script runs as `python SCRIPT.py ARGS` would (its own __main__, argv, output and exit status), once per backend
 given (none: once, with the processors it loads), each time in a process of its own. Every call of a diffusers
@@ -16,6 +16,7 @@ in its own process only (as session.profile wraps its own pipeline's for its blo
 from __future__ import annotations
 
 import os
+import re
 import runpy
 import signal
 import subprocess
@@ -30,6 +31,28 @@ ASK_ENV = "ATTNPROF_RECORD_ASK"  # the child's pipes to attnprof record: its fir
 
 
 GRACE_S = 10.0  # after a Ctrl-C, how long the script has to end by itself before it is stopped
+INTERPRETER = re.compile(r"python[\d.]*")  # python, python3, python3.12: what a word before the script may be
+
+
+def interpreted(script: str | None, args: list[str]) -> tuple[str | None, list[str]]:
+    """The script and its arguments as typed after `--`, an interpreter word before them dropped (`-- python x.py`,
+    as py-spy's and nsys's users type it: python, python3, python3.12, any path to one, this process's own): the
+    script runs under attnprof's interpreter either way. The interpreter's own options (-m, -u, ...) are bad
+    input."""
+    if script is None or not (INTERPRETER.fullmatch(Path(script).name) or _same_file(script, sys.executable)):
+        return script, args
+    if not args or args[0].startswith("-"):
+        given = f"{script}'s option {args[0]} is not taken" if args else f"{script} needs the script after it"
+        raise InputError(f"record: {given}: give the script's path after it, e.g. attnprof record -- {script} "
+                         "generate.py --steps 30")
+    return args[0], args[1:]
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def record(script: str | None, args: list[str], backends_: list[str], out: Path, trace: bool = False,

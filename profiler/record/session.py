@@ -45,6 +45,7 @@ import contextlib
 import hashlib
 import itertools
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,15 +55,13 @@ import torch
 
 from ..attention import backends
 from .. import devices
-from ..fmt import generations_text, human_bytes, ms_text, table
 from ..measure.probes import CallTimer, ProjectionClock, summarize, traced
 from ..measure.trace import call_samples, events
 from ..planner.calibration import public_config
-from ..report.compare import ATTENTION_SPLIT
-from ..report.show import COMPONENT_COLUMNS, component_rows
 from ..attention.recorder import (Recorder, attention_modules, clip_attention_modules, projection_modules,
                                   unrecorded_attention)
 from ..spec import CellSpec, InputError
+from .summary import components_of
 
 LOOP = ("unet", "controlnet", "transformer", "prior", "model")  # components that run once per denoising step
 DENOISERS = ("unet", "transformer", "prior", "model")  # the one whose forwards are the steps
@@ -165,6 +164,8 @@ class Profile:
     traces: list[bytes] = field(default_factory=list)  # with trace=True: the generation's Chrome / Perfetto trace
 
     def __str__(self) -> str:
+        from .summary import summary
+
         return summary(self)
 
 
@@ -262,8 +263,9 @@ class Session:
                 raise InputError(f"profile: backend={self.backend!r} would replace {name}'s {', '.join(foreign)} "
                                  "processors, and with them what they add: profile with backend=None (the loaded "
                                  "processors)")
-        rec = Recorder(module, processor=self.factory if self.backend else None,
-                       around=_Tagged(self.meter, name, self.uid, self.projections), passes=passes, modules=modules)
+        rec = Recorder(module, processor=self.factory if self.backend else None, label=name,
+                       around=_Tagged(self.meter, name, self.uid, self.projections), passes=passes, modules=modules,
+                       step="step" if name in LOOP else "forward")
         self.recorders[name] = self._stack.enter_context(rec)
         if self.projections:
             self.projections.hook([p for m in modules.values() for p in projection_modules(m)], self._stack)
@@ -327,11 +329,22 @@ class Session:
         self.forward_meter.after(self._open.pop())
 
     def __exit__(self, *exc) -> None:
+        """The hooks removed, the user's processors back. A Ctrl-C inside a forward leaves it open (KeyboardInterrupt
+        passes by forward hooks, always_call's too): `cut` is then the first row of it, the rows from there on those
+        of a step that never ended (ended()), and its meters' ranges are closed."""
+        self.cut = min((r["uid"] for r in self._open), default=None)
         self._stack.close()
+        while self._open:
+            self.forward_meter.after(self._open.pop())
+
+    def ended(self, rows: list[dict]) -> list[dict]:
+        """The rows (attention calls, forwards) of the steps that ended: those before `cut`."""
+        return [r for r in rows if self.cut is None or r["uid"] < self.cut]
 
     def rows(self) -> list[dict]:
-        """Every attention call, in order, with its component, step, time (on CUDA its kernels') and (CUDA) peak;
-        where its time went (split()): attn_kernel_ms, its attention core's, and proj_kernel_ms, its projections'."""
+        """Every attention call of the steps that ended, in order, with its component, step, time (on CUDA its
+        kernels') and (CUDA) peak; where its time went (split()): attn_kernel_ms, its attention core's, and
+        proj_kernel_ms, its projections'."""
         self.meter.collect()
         if self.forward_meter is not self.meter:
             self.forward_meter.collect()
@@ -348,7 +361,7 @@ class Session:
                             "attn_kernel_ms": seen.get("attn_kernel_ms"), "proj_kernel_ms": seen.get("proj_kernel_ms"),
                             "peak_bytes": self.meter.peak.get(r["uid"]),
                             "faulted_bytes": self.meter.faulted.get(r["uid"]), "uid": r["uid"]})
-        return sorted(out, key=lambda r: r["uid"])
+        return sorted(self.ended(out), key=lambda r: r["uid"])
 
     def split(self, uid: int, host_ms: float) -> dict:
         """On the CPU, where a call's host time went: proj_kernel_ms, its projections' (ProjectionClock: to_q, to_k,
@@ -374,53 +387,43 @@ def _component_table(session: Session) -> pd.DataFrame:
                           "not_recorded": session.unrecorded.get(name, "")} for name, m in session.found.items()])
 
 
-def components_of(kinds: pd.DataFrame, calls: pd.DataFrame, forwards: pd.DataFrame) -> pd.DataFrame:
-    """Per component: its forwards and their time, its recorded attention calls and theirs (of the calls and
-    forwards given: a whole block's, or one cell's generations), that time's attention core and projections
-    (attention_core_ms, attention_proj_ms: its calls' attn_kernel_ms and proj_kernel_ms summed; NaN where none has
-    them); NaN calls and time where its attention is not recorded (`not_recorded` names its modules), 0 where it
-    has none."""
-    rows = []
-    for k in kinds.to_dict("records"):
-        mine = forwards[forwards["component"] == k["component"]] if len(forwards) else forwards
-        own = calls[calls["component"] == k["component"]] if len(calls) else calls
-        recorded = bool(k.get("recorded", k.get("attention_calls") == k.get("attention_calls")))
-        rows.append({"component": k["component"], "class": k["class"], "forwards": len(mine),
-                     "time_ms": float(mine["time_ms"].sum()) if len(mine) else 0.0,
-                     "attention_calls": len(own) if recorded else float("nan"),
-                     "attention_ms": float(own["time_ms"].sum()) if recorded and len(own) else
-                     0.0 if recorded else float("nan"), "attention_core_ms": _sum(own, "attn_kernel_ms"),
-                     "attention_proj_ms": _sum(own, "proj_kernel_ms"), "not_recorded": k["not_recorded"]})
-    return pd.DataFrame(rows, columns=["component", "class", "forwards", "time_ms", "attention_calls", "attention_ms",
-                                       "attention_core_ms", "attention_proj_ms", "not_recorded"])
-
-
-def _sum(rows: pd.DataFrame, column: str) -> float:
-    """The rows' figure summed; NaN where no row has it."""
-    return float(rows[column].sum(min_count=1)) if len(rows) and column in rows else float("nan")
-
-
 @contextlib.contextmanager
 def profile(target, out: str | Path | None = "results", backend: str | None = None, options: dict | None = None,
             trace: bool = False, command: str = "profiler.profile"):
     """Profile what runs inside the block: a diffusers pipeline or a module holding diffusers Attention modules.
     Yields a Profile, filled when the block ends (its calls, components, summary and the stored run under `out`;
-    out=None stores none). backend=NAME runs the block with that backend's processors and restores the user's."""
-    prof = Profile(target=type(target).__name__)
+    out=None stores none). backend=NAME runs the block with that backend's processors and restores the user's.
+    A Ctrl-C in the block: the steps that ended are kept (the one under way dropped), stored as a partial cell of a
+    run marked interrupted, said in one line on stderr, and the KeyboardInterrupt goes on up."""
+    prof, stopped = Profile(target=type(target).__name__), None
     session = Session(target, backend, options, trace)
     with session:
         t0 = time.perf_counter()
-        yield prof
+        try:
+            yield prof
+        except KeyboardInterrupt as e:
+            stopped = e
         session.meter.device.synchronize()
         prof.wall_s = time.perf_counter() - t0
         if session.module:
             session._end_generation()
         session.processors = _processors(session)  # while a backend's are still in
+    _fill(prof, target, session, trace, stopped is not None)
+    if out is not None:
+        prof.run_dir = store(prof, Path(out), command, partial=stopped is not None)
+    if stopped is not None:
+        if out is not None:
+            print(f"profile: interrupted: {_kept(prof)}", file=sys.stderr, flush=True)
+        raise stopped
+
+
+def _fill(prof: Profile, target, session: Session, trace: bool, stopped: bool) -> None:
+    """The Profile of the session's generation(s): its calls, forwards, generations, components, notes and facts."""
     calls = by_generation(pd.DataFrame(session.rows()), session.calls)
     prof.calls = calls[[c for c in CALL_COLUMNS if c in calls]] if len(calls) else pd.DataFrame(columns=CALL_COLUMNS)
     forwards = pd.DataFrame([{"component": f["component"], "uid": f["uid"],
-                              "time_ms": session.forward_meter.samples[f["uid"]][0]} for f in session.forwards],
-                            columns=["component", "uid", "time_ms"])
+                              "time_ms": session.forward_meter.samples[f["uid"]][0]}
+                             for f in session.ended(session.forwards)], columns=["component", "uid", "time_ms"])
     prof.forwards = forwards.assign(generation=generation_of(forwards["uid"], session.calls))[
         ["component", "generation", "time_ms"]]
     prof.generations = _generations(session, prof.calls, prof.forwards, prof.wall_s)
@@ -429,9 +432,21 @@ def profile(target, out: str | Path | None = "results", backend: str | None = No
         f"no per-call peak memory on {session.device.type}: only a CUDA allocator counts one without changing the "
         "run (attnprof run measures the CPU's in a probe pass)"])
     prof.facts = _facts(target, session, prof)
+    if stopped:  # the last generation cut short: no sample of a whole generation's time (calibration.record_samples)
+        prof.facts["cut_short"] = True
+        prof.notes.append(f"interrupted (Ctrl-C) in generation {len(prof.generations) - 1}: its steps that ended "
+                          "are kept, the one under way is not")
     prof.traces = [_trace_bytes(session)] if trace else []
-    if out is not None:
-        prof.run_dir = store(prof, Path(out), command)
+
+
+def _kept(prof: Profile) -> str:
+    """What a Ctrl-C in the block left: the steps kept and where they are stored."""
+    steps = int(prof.generations["steps"].sum()) if len(prof.generations) else 0
+    kept = f"the {steps} step{'' if steps == 1 else 's'} that ended"
+    if prof.run_dir is None:
+        return f"nothing stored ({kept}: no step's size is known)" if steps else "no step ended: nothing stored"
+    return (f"{kept} kept as a partial cell of run {prof.run_dir.name} under {prof.run_dir.parent}, marked "
+            f"interrupted (attnprof show {prof.run_dir})")
 
 
 def generation_of(uids, marks: list[dict]) -> list[int]:
@@ -567,9 +582,10 @@ UNSIZED = ("nothing stored: no forward of the denoiser was seen (compiled with m
            "there), so the generation's size is unknown; torch.compile(module) leaves its forwards timeable")
 
 
-def store(prof: Profile, out: Path, command: str) -> Path | None:
+def store(prof: Profile, out: Path, command: str, partial: bool = False) -> Path | None:
     """The generation(s) as a new run of kind `record` under out: a cell per size (cells_of), its block rows, every
-    call with its step; None (and a note) where no generation's size is known."""
+    call with its step; None (and a note) where no generation's size is known. partial: a Ctrl-C cut the block short
+    (its cells partial, the run interrupted)."""
     from ..store import Run, now
 
     parts = cells_of([prof])
@@ -577,8 +593,8 @@ def store(prof: Profile, out: Path, command: str) -> Path | None:
         prof.notes.append(UNSIZED)
         return None
     run = Run.create(out, {"kind": "record", "command": command, "cells": [], "ended_at": None})
-    cells = [store_cell(run, part, prof.facts.get("backend")) for part in parts]
-    run.update_manifest(ended_at=now(), interrupted=False, notes=prof.notes,
+    cells = [store_cell(run, part, prof.facts.get("backend"), partial) for part in parts]
+    run.update_manifest(ended_at=now(), interrupted=partial, notes=prof.notes,
                         cells=[{k: cell[k] for k in CellSpec("", 0, 0, 0, "", "", "").as_row()} for cell in cells])
     return run.path
 
@@ -587,7 +603,8 @@ def store_cell(run, prof: Profile, backend: str | None, partial: bool = False) -
     """Record the profiled generation(s) of one cell (cells_of) as a cell of the run (its blocks, its calls as
     calls-<cell_id>.parquet, its traces), the run's environment added to its manifest where it has none, and the
     generations' facts: per cell (the manifest's record.cells[cell_id]) and, for readers of one cell, at the top.
-    partial: the generations of a script stopped before it ended (attnprof record --resume runs it again)."""
+    partial: the generations of a script stopped before it ended (attnprof record --resume runs it again), or of a
+    profile block a Ctrl-C cut short (its steps that ended)."""
     from ..env import environment
 
     cell, blocks = cell_rows(prof, backend)
@@ -639,7 +656,8 @@ def _part(p: Profile, generations: list[int]) -> Profile:
     return Profile(target=p.target, calls=calls, components=components_of(p.components, calls, forwards),
                    forwards=forwards, generations=gens, wall_s=float(gens["wall_s"].sum()), notes=p.notes,
                    facts={**p.facts, "generations": len(gens), **{k: int(first[k]) for k in ("batch", "width",
-                                                                                              "height", "steps")}},
+                                                                                              "height", "steps")},
+                          "cut_short": bool(p.facts.get("cut_short")) and generations[-1] == len(p.generations) - 1},
                    traces=p.traces if 0 in generations else [])
 
 
@@ -672,39 +690,3 @@ def _trace_bytes(session: Session) -> bytes:
         path = Path(tmp) / "trace.json"
         session.prof.export_chrome_trace(str(path))
         return path.read_bytes()
-
-
-def _top_blocks(calls: pd.DataFrame, wall_ms: float, top: int = 5) -> str:
-    """The blocks whose calls took most (a block at each size apart): their calls, time (its core and projections:
-    '-' where the calls have no split), share of the wall time, tokens and peak."""
-    by = calls.groupby(["block", "tokens_q", "tokens_k"]).agg(
-        calls=("time_ms", "size"), time_ms=("time_ms", "sum"), core=("attn_kernel_ms", lambda v: v.sum(min_count=1)),
-        proj=("proj_kernel_ms", lambda v: v.sum(min_count=1)), peak=("peak_bytes", "max")).sort_values(
-        "time_ms", ascending=False)
-    rows = [{"block": b, "calls": str(r.calls), "time": f"{r.time_ms:.1f} ms", "core": ms_text(r.core),
-             "projections": ms_text(r.proj), "share": f"{100 * r.time_ms / wall_ms:.1f}%", "tokens": f"{q} x {k}",
-             "peak": human_bytes(r.peak)} for (b, q, k), r in by.head(top).iterrows()]
-    return table(rows, [(c, c) for c in ("block", "calls", "time", "core", "projections", "share", "tokens", "peak")])
-
-
-def summary(prof: Profile) -> str:
-    """Per component its forwards, time and share of the generation's wall time, its attention's (its core and
-    projections apart); the blocks that took most; what the split is (ATTENTION_SPLIT); the notes."""
-    wall_ms = prof.wall_s * 1e3 or float("nan")
-    f = prof.facts
-    g = prof.generations
-    calls = generations_text(g["steps"].tolist(), g["wall_s"].tolist()) if len(g) > 1 else f"{f.get('steps')} steps"
-    sizes = list(dict.fromkeys(f"{r['width']}x{r['height']}, batch {r['batch']}" for r in g.to_dict("records"))) \
-        or [f"{f.get('width')}x{f.get('height')}, batch {f.get('batch')}"]
-    head = (f"profile of {f.get('pipeline') or prof.target}: {calls}; "
-            f"{' and '.join(sizes) + (' (a cell each)' if len(sizes) > 1 else '')}, {f.get('dtype')} on "
-            f"{f.get('device')}; {prof.wall_s:.3f} s of wall time; processors {f.get('processors') or '-'}")
-    rows = component_rows(prof.components.to_dict("records"), wall_ms)
-    lines = [head, "", table(rows, [(c, c) for c in COMPONENT_COLUMNS if c != "class"])]
-    if len(prof.calls):
-        lines += ["", "blocks that took most (all their calls):", _top_blocks(prof.calls, wall_ms)]
-    lines += [f"{ATTENTION_SPLIT}."]
-    lines += [f"note: {n}" for n in prof.notes]
-    if prof.run_dir:
-        lines.append(f"stored as run {prof.run_dir.name} under {prof.run_dir.parent} (attnprof show {prof.run_dir})")
-    return "\n".join(lines)

@@ -23,7 +23,8 @@ over its calls; the forward's samples for runs recorded before those were kept):
   plain rule calls but the machine explains is "not judged", with the machine's change named; the same the other
   way round for improvements on a faster machine. Runs without calibrations are judged by the plain rule.
 - attnprof diff exits 1 where any cell is a regression, else NOT_JUDGED_EXIT (3) where any cell's time is not
-  judged (a CI gate must not pass those silently), else 0.
+  judged (a CI gate must not pass those silently), else 0. A run diffed with itself is said to be the same run,
+  every cell within noise whatever its samples (nothing changed): 0.
 - the environment (torch threads, versions, device) of the two runs: where it differs the verdicts stand and the
   differences are named beside them (a one-thread run against a two-thread run is a regression worth seeing).
 - peak memory (deterministic, so no spread): a regression where B's attention peak is more than `threshold` above
@@ -187,10 +188,14 @@ def unsteady(manifest: dict) -> str | None:
     d = drift(manifest)
     if d is None or d <= 1 + DRIFT_LIMIT:
         return None
-    found = ", ".join(f"{c.get('when')} {float(c['median_ms']):.3g} ms" for c in manifest.get("calibration") or []
-                      if c.get("median_ms"))
-    return (f"the machine's speed moved {d:.2f}x while it ran (its calibrations: {found}; those of a kind more "
-            f"than {100 * DRIFT_LIMIT:.0f}% apart)")
+    return (f"the machine's speed moved {d:.2f}x while it ran (its calibrations: {calibrations_text(manifest)}; those "
+            f"of a kind more than {100 * DRIFT_LIMIT:.0f}% apart)")
+
+
+def calibrations_text(manifest: dict) -> str:
+    """A run's calibrations as taken ('start 10 ms, end 10.5 ms'); '' where it has none."""
+    return ", ".join(f"{c.get('when')} {float(c['median_ms']):.3g} ms" for c in manifest.get("calibration") or []
+                     if c.get("median_ms"))
 
 
 def machine_change(manifest_a: dict, manifest_b: dict) -> tuple[float, float]:
@@ -232,13 +237,14 @@ def _keys(df: pd.DataFrame) -> pd.Series:
 
 
 def compare(a: pd.DataFrame, b: pd.DataFrame, threshold: float = THRESHOLD,
-            manifests: tuple[dict, dict] | None = None) -> dict:
+            manifests: tuple[dict, dict] | None = None, same: bool = False) -> dict:
     """{"matched": one row per cell in both runs, "only_a": cells only in A, "only_b": cells only in B (frames),
     "machine": (times slower, times faster) of B's machine, "environment": how the runs' environments differ}.
     manifests: the two runs' (A's, B's), for their calibrations and environments. Cells match on KEY; those left
     then match on KEY with the settings but compile, so that a compiled run lines up with an eager one: such a pair
     is judged on the forward's time and peak (a compiled call's time is its attention op alone, an eager call's its
-    whole processor), with each side's largest call in its note."""
+    whole processor), with each side's largest call in its note. same: B is A itself (attnprof diff A A), whose every
+    cell is within noise whatever its samples (too few, too noisy: nothing changed, so nothing is left to judge)."""
     a, b = (df.reset_index(drop=True) for df in (a, b))
     machine = machine_change(*manifests) if manifests else STEADY
     changed = environment_changes(*manifests) if manifests else []
@@ -252,6 +258,9 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, threshold: float = THRESHOLD,
                 used_a.add(i)
                 used_b.add(by_key[k])
     rows = [_matched_row(a.loc[i].to_dict(), b.loc[j].to_dict(), threshold, machine, changed) for i, j in pairs]
+    if same:  # identical cells: a time the rule cannot judge (too few samples, too noisy) is unchanged all the same
+        rows = [r | {"time_verdict": SAME, "time_note": "", "verdict": SAME} if r.get("time_verdict") == NOT_JUDGED
+                else r for r in rows]
     columns = KEY + ["compile_a", "compile_b", "status_a", "status_b", "time_a_ms", "time_b_ms", "time_ratio",
                      "time_verdict", "time_note", "peak_a_bytes", "peak_b_bytes", "peak_ratio", "peak_verdict",
                      "verdict", "environment", "forward_a_ms", "forward_b_ms", "forward_peak_a_bytes",
@@ -332,20 +341,33 @@ def summary_text(s: dict) -> str:
             f"{s['within_noise']} within noise{unjudged}{few}")
 
 
-def machine_text(result: dict) -> str:
-    """What the calibrations say of the machine between the two runs, and how the environments differ."""
-    slower, faster = result.get("machine", STEADY)
-    if (slower, faster) == STEADY:
-        line = "machine: no calibrations in one of the runs (made before they were recorded): the plain rule"
+def machine_text(result: dict, manifests: tuple[dict, dict]) -> str:
+    """What each run's calibrations were (the manifests': A's, B's) and what they say of B's machine against A's, as
+    speed (A's calibration time over B's: below 1, B's was slower); how the environments differ."""
+    said = [calibrations_text(m) for m in manifests]
+    if not all(said):
+        kept = next((f"; {run}'s: {text}" for run, text in zip("AB", said) if text), "")
+        none = "either run" if not kept else "A" if not said[0] else "B"
+        line = f"machine: no calibrations in {none} (made before they were recorded{kept}): the plain rule"
     else:
-        line = (f"machine: B's calibrations were {slower:.2f}x to {faster:.2f}x A's (at the start and at the end of "
-                "the runs); a time change must clear that too")
+        line = (f"machine: calibrations (a fixed workload timed as the cells are) A {said[0]}; B {said[1]}: B's "
+                f"machine ran at {speed_text(*result.get('machine', STEADY))}; a time change must clear that too")
     changed = result.get("environment") or []
     return line + (f"\nenvironment differs: {'; '.join(changed)} (the verdicts stand, named beside them)"
                    if changed else "")
 
 
-def format_diff(run_a: str, run_b: str, result: dict, threshold: float) -> str:
+def speed_text(slower: float, faster: float) -> str:
+    """B's machine's speed as a share of A's, from machine_change's (times slower, times faster): '0.83x to 0.91x
+    A's speed (slower)'."""
+    low, high = f"{1 / slower:.2f}", f"{1 / faster:.2f}"
+    way = " (slower)" if float(high) < 1 else " (faster)" if float(low) > 1 else ""
+    return (f"{low}x" if low == high else f"{low}x to {high}x") + f" A's speed{way}"
+
+
+def format_diff(run_a: str, run_b: str, result: dict, threshold: float, manifests: tuple[dict, dict],
+                same: bool = False) -> str:
+    """attnprof diff's text; manifests: the runs' (A's, B's); same: B is A itself (compare's `same`)."""
     from ..attention.backends import label
     from ..spec import settings_label
 
@@ -357,9 +379,10 @@ def format_diff(run_a: str, run_b: str, result: dict, threshold: float) -> str:
                              *(["compile"] if compiled else []), "time A", "time B", "time", "peak A", "peak B",
                              "peak", "verdict", "note")]
     across = "" if not compiled else " (the forward's, for a compiled cell against an eager one: compile A / B)"
+    machine = (f"A and B are the same run ({run_a}): each cell is compared with itself, identical; nothing to judge"
+               if same else machine_text(result, manifests))
     lines = [f"A = {run_a}, B = {run_b}; time: {ATTENTION_TIME}{across}; {rule_text(threshold)}",
-             machine_text(result), "", table(rows, cols) if rows else "(no cell in both runs)", "",
-             summary_text(summary(result))]
+             machine, "", table(rows, cols) if rows else "(no cell in both runs)", "", summary_text(summary(result))]
     for side, name in (("only_a", run_a), ("only_b", run_b)):
         if len(result[side]):
             cells = ", ".join(f"{r['model']}{_settings(r)} {r['width']}x{r['height']} b{r['batch']} {r['dtype']} "

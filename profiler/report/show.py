@@ -178,7 +178,7 @@ def format_run(run: Run, width: int | None = None, legend: bool = False) -> str:
     if not len(cells):
         return "\n".join(lines + (unfinished or [f"no cells recorded yet ({len(m.get('cells', []))} planned)"]))
     twins = eager_twins(cells)
-    rows = _cell_rows(cells, twins)
+    rows = _cell_rows(cells, twins, m)
     columns = [(c, c) for c in _cell_columns(rows, twins)]
     note = _footnote(cells) if legend else LEGEND_HINT
     if width is None:
@@ -231,6 +231,12 @@ def _unfinished(run: Run, m: dict, cells) -> list[str]:
 
 
 PARTIAL = "partial: the script was stopped; its generations that ended (attnprof record --resume runs it again)"
+PARTIAL_STEPS = "partial: a Ctrl-C stopped the profile block; its steps that ended"
+
+
+def _partial_text(m: dict) -> str:
+    """What a partial cell holds: a script's generations that ended (attnprof record), or a profile block's steps."""
+    return PARTIAL if (m.get("record") or {}).get("script") else PARTIAL_STEPS
 
 
 def _short_models(rows: list[dict]) -> list[dict]:
@@ -279,13 +285,13 @@ def _recorded_lines(cells, m: dict) -> list[str]:
         calls = generations_text(steps, times) if len(times) > 1 else f"{c['steps']} steps"
         out += ["", f"{c['pipeline']}, {c['backend_label']} ({c['processors']}): {calls}, scheduler "
                     f"{c['scheduler']}, guidance {c['guidance']}; {c['generation_s']:.3f} s of wall time"
-                    + (f" ({PARTIAL})" if _known(c.get("partial")) and c["partial"] else ""),
+                    + (f" ({_partial_text(m)})" if _known(c.get("partial")) and c["partial"] else ""),
                 table(rows, [(k, k) for k in COMPONENT_COLUMNS])]
     return out + [f"note: {n}" for n in m.get("notes") or []]
 
 
-def _cell_rows(cells, twins: dict) -> list[dict]:
-    """A row per cell, grouped by family (stable within one)."""
+def _cell_rows(cells, twins: dict, m: dict) -> list[dict]:
+    """A row per cell of the run (its manifest m), grouped by family (stable within one)."""
     rows = []
     order = {name: i for i, name in enumerate(n for _, group in backends.by_family(cells["backend"]) for n in group)}
     for c in sorted(cells.to_dict("records"), key=lambda c: order[c["backend"]]):
@@ -308,7 +314,8 @@ def _cell_rows(cells, twins: dict) -> list[dict]:
             "of peak": _of_peak(c.get("attention_pct_of_peak"), c.get("attention_roofline_bound")) if ok else "-",
             "rel err": _rel_err(c) if ok and _known(c.get("max_rel_err")) else "-",
             "noisy": "noisy" if ok and c["noisy"] else "",
-            "note": (PARTIAL if _known(c.get("partial")) and c["partial"] else str(c.get("attention_note") or "")[:90]) if ok else
+            "note": (_partial_text(m) if _known(c.get("partial")) and c["partial"] else
+                     str(c.get("attention_note") or "")[:90]) if ok else
             str(c["error"])[:90],
         })
     return rows

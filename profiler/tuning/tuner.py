@@ -21,6 +21,7 @@ import torch
 from ..attention.apply import denoiser
 from ..attention.recorder import attention_modules
 from ..spec import CellSpec, InputError
+from ..store import check_writable
 from . import proof, search
 from .store import MAP_FILE, store
 
@@ -81,6 +82,8 @@ def tune_model(model: str, width: int, height: int, batch: int = 1, dtype: str =
     from ..planner.forward import mixed_peak, trace
 
     check_proof_rounds(proof_rounds, "proof_rounds")
+    if out is not None:
+        check_writable(out)  # before the trace and the timing: a tune lost at its end to a bad --out is all of it
     dims = tuple(sorted({r["head_dim"] for r in trace(model, width, height, batch, dtype, "cpu", [])["rows"]}))
     keys, left = search.candidates(names, options or {}, device, dtype, dims)
     traced = trace(model, width, height, batch, dtype, devices.get(device).torch.type, [k[0] for k in keys],
@@ -117,6 +120,8 @@ def tune(target, *args, budget=None, backends: list[str] | None = None, options:
 
     say = say or (lambda line: None)
     check_proof_rounds(proof_rounds, "profiler.tune: proof_rounds")
+    if out is not None:
+        check_writable(out, "out=")
     if budget is not None:
         raise InputError("profiler.tune: budget= needs the planner's forward of a model by name: attnprof tune "
                          "--model NAME --size WxH --budget SIZE")
