@@ -121,12 +121,12 @@ def cmd_plan(args) -> int:
         raise InputError(f"{given[0]} is for --pipeline NAME: a whole generation's time")
     sizes, batch, dtype = _shape(args, args.device, say=True)
     options = _backend_options(args.option)
-    if args.backend:
-        from .attention.backends import check_options
+    default = not args.backend
+    if default:  # the backend run and plan --pipeline take: a peak and a time, as help promises
+        args.backend = "sdpa"
+    from .attention.backends import check_options
 
-        options = check_options(args.backend, options)
-    if args.memory_budget and not args.backend:
-        raise InputError("--memory-budget needs --backend NAME: the need depends on the backend")
+    options = check_options(args.backend, options)
     budget = parse_bytes(args.memory_budget, "--memory-budget") if args.memory_budget else None
     _gpu_arch(args)
     settings = _settings(args, args.model)
@@ -143,6 +143,8 @@ def cmd_plan(args) -> int:
         print()
     else:
         print("\n\n".join(format_plan(p) for p in plans))
+        if default:
+            print("\nbackend: sdpa, the default (as run and plan --pipeline take it); --backend NAME for another")
     return 0
 
 
@@ -210,8 +212,13 @@ def _fit_time(args, result: dict, dtype: str, batch: int) -> str:
             t = timing.predict(p, b["backend"], {}, *where, args.device)
             for name in [b["backend"], *b.get("also", [])]:
                 entries[name]["predicted_forward_time_ms"] = t["predicted_forward_time_ms"]
+                if t.get("time_basis"):
+                    entries[name]["time_basis"] = t["time_basis"]
+            span = f" ({t['predicted_forward_low_ms']:,.1f} to {t['predicted_forward_high_ms']:,.1f})" \
+                if "predicted_forward_low_ms" in t else ""
             lines.append(f"  {b['backend']:14s} {t['predicted_forward_time_ms']:12,.1f} ms at "
-                         f"{p['width']}x{p['height']}")
+                         f"{p['width']}x{p['height']}{span}" + (f"; rests on {t['time_basis']}"
+                                                              if t.get("time_basis") else ""))
     return "\n".join(["", f"forward time at the largest size ({t['time_source']}):", *lines]) if lines else ""
 
 
@@ -231,8 +238,10 @@ def _step_time(args, result: dict, dtype: str, batch: int) -> str:
     p = timing.walked_plan(unet, *result["largest"], batch * (2 if args.cfg else 1), dtype, settings)
     t = timing.predict(p, result["backend"], {}, *where, args.device)
     result["predicted_step_time_ms"] = t["predicted_forward_time_ms"]
+    if t.get("time_basis"):
+        result["time_basis"] = t["time_basis"]
     return (f"\ntime per denoising step at {p['width']}x{p['height']}: {t['predicted_forward_time_ms']:,.1f} ms "
-            f"({t['time_source']})")
+            f"({t['time_source']})" + (f"; it rests on {t['time_basis']}" if t.get("time_basis") else ""))
 
 
 def cmd_gpus(args) -> int:
@@ -775,8 +784,9 @@ def _add_time_args(p):
                                                     "(with --gpu: on a GPU of that GPU's architecture)")
     g.add_argument("--host-us-per-op", type=_host_us, metavar="US",
                    help="with --gpu (or --device cuda on a GPU box): the host's microseconds per op of an eager "
-                        "forward, or `here` for this machine's own, measured (default: with --gpu a typical host "
-                        "fitted to published timings; on a GPU box its stored host-bound forwards'; planner/host.py)")
+                        "forward, or `here` for this machine's own, measured (default: with --gpu its published "
+                        "machine's, else the published machines' range; on a GPU box its stored host-bound "
+                        "forwards'; planner/host.py)")
 
 
 def _host_us(text: str):
@@ -814,12 +824,12 @@ def _add_plan(sub) -> None:
     p.add_argument("--steps", type=int, help="with --pipeline: denoising steps (default 30)")
     p.add_argument("--guidance", type=float, help="with --pipeline: guidance scale; above 1 the U-Net and text "
                                                   "encoders run twice the batch (default 7.5)")
-    p.add_argument("--backend", help="add each call's predicted peak memory for this backend (attnprof backends)")
+    p.add_argument("--backend", help="the backend whose per-call peak memory, forward peak and time to give "
+                                     "(attnprof backends; default sdpa)")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="backend option, e.g. slice_size=4")
-    p.add_argument("--memory-budget", metavar="SIZE",
-                   help="with --backend: say whether the forward fits, e.g. 24GiB or 4090")
+    p.add_argument("--memory-budget", metavar="SIZE", help="say whether the forward fits, e.g. 24GiB or 4090")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
-                   help="with --backend: the device whose attention kernels the forward is traced with (default cuda)")
+                   help="the device whose attention kernels the forward is traced with (default cuda)")
     p.add_argument("--gpu-arch", metavar="SM", help=GPU_ARCH_HELP)
     p.add_argument("--json", action="store_true", help="print a JSON array, one object per size")
     _add_time_args(p)

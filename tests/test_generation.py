@@ -26,7 +26,7 @@ _spec.loader.exec_module(gen)
 def test_a_generation_on_a_gpu_of_the_table_is_its_parts_each_named_with_its_source(capsys):
     """SD 1.5 at 512x512, 20 steps under guidance on an A100: the text encoder twice (prompt and negative prompt),
     20 U-Net forwards at batch 2, one VAE decode at batch 1; each part's kernels and host priced apart, the longer
-    its time and its bound; the total their sum, in seconds, and with CUDA graphs on the U-Net its kernels' alone;
+    overlapped op by op (at least the longer), its bound; the total their sum, in seconds, and with CUDA graphs on the U-Net its kernels' alone;
     every part from the published figures and the kernel times of GPUs, said so; --json the same figures. Without
     guidance: the U-Net at batch 1, text once, fewer kernels."""
     args = ["plan", "--pipeline", "sd15", "--size", "512x512", "--steps", "20", "--gpu", "A100", "--host-us-per-op",
@@ -34,7 +34,7 @@ def test_a_generation_on_a_gpu_of_the_table_is_its_parts_each_named_with_its_sou
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "20 x batch 2" in out and "2 x batch 1" in out and "predicted total:" in out
-    assert "attention kernels fitted on NVIDIA H200 (13 cells), 1064 calls, carried to sm80" in out
+    assert "attention kernels fitted on NVIDIA H200 (13 cells), 1064 calls, carried to sm80" in " ".join(out.split())
     assert "A100-40GB's published figures" in out and "an estimate, not a measurement" in out
     assert "host-bound at batch 2 (the U-Net); with CUDA graphs on the U-Net about" in out
     assert "host: given (--host-us-per-op)" in out
@@ -46,8 +46,8 @@ def test_a_generation_on_a_gpu_of_the_table_is_its_parts_each_named_with_its_sou
     assert parts["denoise"]["total_ms"] == pytest.approx(20 * parts["denoise"]["each_ms"])
     assert parts["text"]["forwards"] == 2 and parts["decode"]["batch"] == 1
     assert 0 < g["attention_ms"] < parts["denoise"]["total_ms"] + parts["decode"]["total_ms"]
-    for p in g["parts"][:-1]:  # every forward: the longer of its kernels and its host, which bounds it
-        assert p["each_ms"] == max(p["gpu_ms"], p["host_ms"]) and p["bound"] == ("host" if p["host_ms"] > p["gpu_ms"]
+    for p in g["parts"][:-1]:  # every forward: at least the longer of its kernels and its host, which bounds it
+        assert p["each_ms"] >= max(p["gpu_ms"], p["host_ms"]) and p["bound"] == ("host" if p["host_ms"] > p["gpu_ms"]
                                                                                  else "gpu")
     u = parts["denoise"]
     assert g["graph_total_ms"] == pytest.approx(g["total_ms"] - 20 * (u["each_ms"] - u["gpu_ms"]))

@@ -1,152 +1,257 @@
-"""The time model against published timings (planner/published.py): per source, the figure it was fitted to and
-those it was not, and plan --pipeline's GPU figures (its bound, the host's share, what CUDA graphs save). The data
-are what the sources printed; nothing here times anything."""
+"""The time model of a GPU you lack (planner/published.py, planner/physics.py) against published timings: leave one
+GPU out within 35% and inside its printed range, no share above the physical ceiling, naive's bytes under upcast, the
+host as a range, the op-by-op overlap, the VAE's dtype, and plan --pipeline's figures. The data are what the sources
+printed; nothing here times anything."""
+import dataclasses
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from profiler import gpus
 from profiler.cli import main
-from profiler.planner import published
+from profiler.planner import physics, published
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def checked():
-    return {(r["row"].source, r["row"].gpu, r["row"].images, r["row"].backend, r["row"].pipeline): r
-            for r in published.check()}
+    return published.check()
 
 
-def _one(checked, source, gpu, images, backend="sdpa", pipeline="sd15"):
-    return checked[(source, gpu, images, backend, pipeline)]
-
-
-def test_every_row_not_used_to_fit_is_predicted_within_20_percent_and_copies_and_derived_rows_are_said(checked):
-    """The 12 rows not used to fit are within 20%; of them, 3 are copies of a fitted row (host-bound on a machine
-    whose host that row fits: the V100's and the 3090's 1-image rows are [1]'s A100 host row's prediction, fal's SD
-    1.5 xformers row its SDPA row's) and the 3090's naive row is derived ([1]'s SDPA rate over [3]'s 1.24): 8
-    independent rows, worst 20% (fal's SDXL xformers row)."""
-    held = [r for r in checked.values() if not r["use"]]
-    assert len(held) == 12
-    for r in held:
-        assert abs(r["error"]) <= 0.20, (r["row"], r["error"])
-    copies = {(r["row"].gpu, r["row"].backend): r["copy_of"].gpu for r in held if r["copy_of"]}
-    assert copies == {("V100-32GB", "sdpa"): "A100-40GB", ("RTX-3090", "sdpa"): "A100-40GB",
-                      ("A100-80GB", "xformers"): "A100-80GB"}
-    for r in held:
-        if r["copy_of"]:
-            fitted = next(f for f in checked.values() if f["row"] is r["copy_of"])
-            assert r["predicted_ms"] == pytest.approx(fitted["predicted_ms"], rel=1e-12) and r["row"].images == 1
-    assert {r.gpu for r in published.ROWS if r.derived} == {"A100-40GB", "RTX-3090"}
-    assert all(r.backend == "naive" for r in published.ROWS if r.derived)
-    independent = [r for r in held if not r["copy_of"] and not r["row"].derived]
-    assert len(independent) == 8 and max(abs(r["error"]) for r in independent) == pytest.approx(0.20, abs=0.005)
-    text = published.format_check(list(checked.values()))
-    assert "SD 1.5 512, naive (derived)" in text and "not independent: host-bound" in text
-
-
-def test_each_gpus_rows_predicted_without_any_of_its_rows_worst_as_the_docs_say():
-    """Leave one GPU out: each GPU's rows predicted from a fit to the other GPUs' rows alone (its rest factor carried
-    from another GPU, as the H100's and H200's are from the A100's; its machine's host from that machine's other rows,
-    else the other machines'; naive's factor from the other naive row). The worst is the 3090 at 16 images with the
-    A100's factor (+90%: the factors of the five GPUs with rows run 0.63 to 1.91); README and docs/timing.md say that
-    worst, not the in-sample table's."""
-    from pathlib import Path
-
-    logo = published.leave_one_gpu_out()
-    assert len(logo) == len(published.ROWS) and {f["left_out"] for f in logo} == {r.gpu for r in published.ROWS}
-    for f in logo:
-        assert f["left_out"] == f["row"].gpu
-    worst = max(logo, key=lambda f: abs(f["error"]))
-    assert (worst["row"].gpu, worst["row"].images) == ("RTX-3090", 16) and 0.85 < worst["error"] < 0.95
-    # the 3090 left out takes the A100's factor: its 16-image row at 1.50 / 0.63 of its own factor's time in the rest
-    assert published.gpu_scale(gpus.get("RTX-3090"), tuple(r for r in published.ROWS if r.gpu != "RTX-3090"))[0] \
-        == pytest.approx(published.gpu_scale(gpus.get("A100-40GB"))[0])
-    said = f"{100 * abs(worst['error']):.0f}%"
-    repo = Path(__file__).resolve().parent.parent
+def test_leave_one_gpu_out_is_within_35_percent_and_every_row_inside_its_range_as_the_docs_say(checked):
+    """Each GPU's rows (35: fitted and checks) predicted from a fit to the other GPUs' rows alone: worst within 35%
+    (fddf537's one factor a GPU: +90%), each inside its range, with its machine's host and with the host unknown; sized
+    on the other GPUs' misses alone (the range's own out-of-sample check) at least 31 of 35. README and docs/timing.md
+    give that worst."""
+    held = [f for f in checked if "logo_error" in f]
+    assert len(held) == len(published.ROWS) == 35
+    worst = max(held, key=lambda f: abs(f["logo_error"]))
+    assert abs(worst["logo_error"]) <= 0.35, worst
+    assert all(f["inside"] and f["inside_unknown_host"] for f in held), [f["row"] for f in held if not f["inside"]]
+    assert all(f["low_ms"] < f["logo_ms"] < f["high_ms"] for f in held)
+    assert sum(f["inside_without_its_gpu"] for f in held) >= 31
+    said = f"worst {100 * abs(worst['logo_error']):.0f}%"
     for doc in ("README.md", "docs/timing.md"):
-        text = (repo / doc).read_text().replace("\n", " ")
-        near = [text[i:i + 300] for i in range(len(text)) if text.startswith("leave one GPU out", i)]
+        text = " ".join((REPO / doc).read_text().split())
+        near = [text[i:i + 400] for i in range(len(text)) if text.startswith("leave one GPU out", i)]
         assert any(said in t for t in near), (doc, said)
 
 
-def test_diffusers_docs_each_gpus_batch_16_row_fits_its_factor_and_batch_4_is_predicted(checked):
-    """[1]: the 16-image row fits the GPU's rest factor (the model meets it), the 4-image row of the same GPU is a
-    prediction (within 10% on every GPU); the A100's 1-image row fits [1]'s host, the V100's and 3090's share it."""
-    for gpu in ("A100-40GB", "V100-32GB", "T4", "RTX-3090", "RTX-4090"):
-        fit = _one(checked, published.DIFFUSERS_DOC, gpu, 16)
-        assert fit["use"] == "gpu" and abs(fit["error"]) < 1e-6
-        four = _one(checked, published.DIFFUSERS_DOC, gpu, 4)
-        assert four["use"] == "" and abs(four["error"]) < 0.10 and four["bound"] == "gpu"
-    a100 = _one(checked, published.DIFFUSERS_DOC, "A100-40GB", 1)
-    assert a100["use"] == "host" and abs(a100["error"]) < 1e-6 and a100["bound"] == "host"
-    for gpu in ("V100-32GB", "RTX-3090"):
-        assert _one(checked, published.DIFFUSERS_DOC, gpu, 1)["host"] == a100["host"]
+def test_the_rows_never_fitted_that_the_gpu_bounds_are_within_20_percent(checked):
+    """The ControlNet rows are checks (predicted, never fitted): those the GPU bounds within 20%."""
+    rows = [f for f in checked if f["row"].use == "check" and f["bound"] == "gpu"]
+    assert len(rows) >= 8 and max(abs(f["error"]) for f in rows) <= 0.20, [(f["row"], f["error"]) for f in rows]
 
 
-def test_fal_fits_its_host_on_sd15_and_predicts_sdxl_on_the_a100(checked):
-    """[2]: its SD 1.5 SDPA loop (host-bound) fits its machine's host; SDXL at 1024 (the kernels' time) and the
-    xformers rows are predicted, within 20%."""
-    fit = _one(checked, published.FAL, "A100-80GB", 1)
-    assert fit["use"] == "host" and abs(fit["error"]) < 1e-6
-    for backend in ("sdpa", "xformers"):
-        sdxl = _one(checked, published.FAL, "A100-80GB", 1, backend, "sdxl")
-        assert sdxl["use"] == "" and sdxl["bound"] == "gpu" and abs(sdxl["error"]) <= 0.20
+def test_no_fitted_share_is_above_the_ceiling_and_an_impossible_row_is_missed_not_fitted():
+    """Every architecture's and line's share and sm90's kernel-table shares at most CEILING (90%), the bench saying
+    so; a row made three times faster than the GPU can run it (the 4090's 16 images) leaves its shares at the
+    ceiling and the row missed, not met by a rate above the datasheet's."""
+    m = published.model()
+    for s in [*m["archs"].values(), *m["lines"].values()]:
+        assert max(s["convolution"], s["matmul"], s["memory"]) <= physics.CEILING + 1e-9, s
+    assert max(v for k, v in published.kernel_shares().items() if k != "op_ms") <= physics.CEILING
+    assert "at most 90%, * at it" in published.format_check(published.check())
+    row = next(r for r in published.ROWS if r.gpu == "RTX-4090" and r.images == 16 and r.use == "fit")
+    fast = dataclasses.replace(row, value=row.value * 3)
+    rows = tuple(fast if r is row else r for r in published.ROWS if r.use == "fit")
+    f = published.fit(rows, m["hosts"])
+    sm89 = f["archs"]["sm89"]
+    assert max(sm89["convolution"], sm89["matmul"], sm89["memory"]) <= physics.CEILING + 1e-9
+    assert published.predicted(fast, f)["error"] > 0.5  # at the ceiling, still well over the impossible figure
 
 
-def test_the_blogs_naive_figure_fits_the_a100_and_predicts_the_3090(checked):
-    """[3]: SDPA 20-28% faster than vanilla attention in fp16: the A100's row fits naive's factor off sm90 (it lands
-    on naive's roofline there), the 3090's is predicted within 20%; naive is slower than SDPA on both."""
-    raw = published.naive_factor()
-    assert -0.05 < raw < 0  # the derived row is a hair under naive's roofline on the A100: taken at it, and said
-    cal = published.published_calibration(gpus.get("A100-40GB"), "float16", host_us=10.0)
-    assert f"naive x0 (fitted {raw:.2f}: the row is under naive's roofline, taken at it)" in cal["published"]
-    a100 = _one(checked, published.BLOG, "A100-40GB", 4, "naive")
-    assert a100["use"] == "naive" and abs(a100["error"]) < 0.01
-    r3090 = _one(checked, published.BLOG, "RTX-3090", 4, "naive")
-    assert r3090["use"] == "" and abs(r3090["error"]) <= 0.20
-    for gpu, naive in (("A100-40GB", a100), ("RTX-3090", r3090)):
-        assert naive["predicted_ms"] > _one(checked, published.DIFFUSERS_DOC, gpu, 4)["predicted_ms"]
+def test_naive_moves_24_bytes_a_score_under_upcast_softmax_and_20_under_upcast_attention():
+    """diffusers' get_attention_scores and PV: 8 bytes a score in float16, 24 with upcast_softmax (the .float() copy
+    and the cast back), 20 with upcast_attention (the table in float32); float32 16 either way. SD 2.1's config
+    upcasts attention: its planned naive calls move 20 bytes a score (and their Q, K, V, O)."""
+    from profiler.planner.memory import bytes_moved, table_bytes_per_score
+
+    assert [table_bytes_per_score(u, 2) for u in ("", "softmax", "attention")] == [8, 24, 20]
+    assert [table_bytes_per_score(u, 4) for u in ("", "softmax", "attention")] == [16, 16, 16]
+    from profiler.planner.timing import walked_plan
+
+    p = walked_plan("sd21-768-v", 768, 768, 1, "float16", ())
+    b = p["blocks"][0]
+    assert b["upcast"] == "attention"
+    per_score = bytes_moved("naive", b, "float16") / b["score_elements"]
+    assert 20 < per_score < 20.2
+    plain = {**b, "upcast": ""}
+    assert bytes_moved("naive", {**b, "upcast": "softmax"}, "float16") - bytes_moved("naive", plain, "float16") == \
+        16 * b["score_elements"]
 
 
-def test_a_gpu_without_a_published_row_takes_its_architectures_factor_else_the_a100s():
-    l40s, h100 = published.gpu_scale(gpus.get("L40S")), published.gpu_scale(gpus.get("H100"))
-    assert l40s[0] == published.gpu_scale(gpus.get("RTX-4090"))[0] and "the RTX-4090's (the same architecture)" in \
-        l40s[1]
-    assert h100[0] == published.gpu_scale(gpus.get("A100-40GB"))[0] and "no published row of its architecture" in \
-        h100[1]
+def _plan_json(capsys, args):
+    assert main([*args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)[0]
+
+
+def test_a_generations_range_is_in_its_json_ordered_at_the_top_and_per_part(capsys):
+    """plan --pipeline --gpu --json: total_s, total_low_s and total_high_s at the generation's top level and in each
+    part, low <= total <= high, the parts summing to the totals, and its bound; the text prints the range."""
+    for gpu in ("L4", "A100-80GB", "H100"):  # the H100 last: its text below
+        g = _plan_json(capsys, ["plan", "--pipeline", "sdxl", "--size", "1024x1024", "--steps", "30", "--gpu", gpu])
+        assert g["total_low_s"] < g["total_s"] < g["total_high_s"], gpu
+        for k in ("total_s", "total_low_s", "total_high_s"):
+            assert g[k] == pytest.approx(sum(p[k] for p in g["parts"]))
+        for p in g["parts"]:
+            assert p["total_low_s"] <= p["total_s"] <= p["total_high_s"]
+        assert g["bound"] in ("gpu", "host") and g["time_basis"].startswith("attention: ")
+    assert main(["plan", "--pipeline", "sdxl", "--size", "1024x1024", "--steps", "30", "--gpu", "H100"]) == 0
+    out = capsys.readouterr().out
+    assert f"{g['total_low_s']:.2f} to {g['total_high_s']:.2f} s" in out
+
+
+def test_a_host_bound_generation_has_its_range_too(capsys):
+    """SD 1.5 at 512 on an H100 at one image: host-bound, still a range (the host from the fastest to the slowest
+    published machine), ordered."""
+    g = _plan_json(capsys, ["plan", "--pipeline", "sd15", "--size", "512x512", "--steps", "50", "--gpu", "H100"])
+    unet = next(p for p in g["parts"] if p["part"] == "denoise")
+    assert unet["bound"] == "host"
+    assert g["total_low_s"] < g["total_s"] < g["total_high_s"]
+    assert unet["total_high_s"] / unet["total_low_s"] > 1.5  # the hosts run 10 to 21 us an op
+
+
+def test_a_forward_overlaps_host_and_gpu_op_by_op_not_the_longer_of_the_two():
+    """physics.overlap: a two-stage pipeline. A long kernel first and a stretch of small ops after overlap (the host
+    issues the stretch while the kernel runs): the longer sum; the stretch first and the long kernel after cannot
+    (the kernel waits for the host to reach it): their sum. Never under max(host, GPU), never over their sum. On a real forward (SD 1.5 512, two images under guidance: batch 4, A100-40GB)
+    the eager time is over both sums: the small blocks leave the GPU waiting."""
+    gpu_first = physics.overlap(np.ones(101), np.r_[[5.0], np.zeros(100)], 10.0)
+    assert gpu_first["eager_ms"] == pytest.approx(max(gpu_first["host_ms"], gpu_first["gpu_ms"]), rel=0.01)
+    host_first = physics.overlap(np.ones(101), np.r_[np.zeros(100), [5.0]], 10.0)
+    assert host_first["eager_ms"] == pytest.approx(host_first["host_ms"] + host_first["gpu_ms"], rel=0.01)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        h, g = rng.integers(1, 5, 200).astype(float), rng.exponential(0.02, 200)
+        o = physics.overlap(h, g, 12.0)
+        assert max(o["host_ms"], o["gpu_ms"]) - 1e-12 <= o["eager_ms"] <= o["host_ms"] + o["gpu_ms"] + 1e-12
+    from profiler.planner import calibration, timing
+
+    p = timing.walked_plan("sd15", 512, 512, 4, "float16", ())
+    t = timing.predict(p, "sdpa", {}, *calibration.target("cuda", "float16", "A100-40GB", None, kept=True))
+    assert t["predicted_forward_time_ms"] > 1.05 * max(t["predicted_gpu_time_ms"], t["predicted_host_time_ms"])
+
+
+def test_the_vae_decodes_in_the_dtype_diffusers_runs_it():
+    """A float16 VAE whose config forces an upcast decodes in float32 (SDXL's), bfloat16 stays bfloat16 (diffusers
+    upcasts only float16), --no-vae-upcast keeps float16, --vae-upcast takes float32 whatever the dtype."""
+    from profiler.unet.workload import Workload
+
+    assert Workload("sdxl-vae").dtype("float16") == "float32"
+    assert Workload("sdxl-vae").dtype("bfloat16") == "bfloat16"
+    assert Workload("sdxl-vae", {"vae_upcast": False}).dtype("float16") == "float16"
+    assert Workload("sdxl-vae", {"vae_upcast": True}).dtype("bfloat16") == "float32"
+
+
+def _decode_ms(capsys, *extra):
+    g = _plan_json(capsys, ["plan", "--pipeline", "sdxl", "--size", "1024x1024", "--steps", "30", "--gpu", "A100-80GB",
+                            *extra])
+    return next(p for p in g["parts"] if p["part"] == "decode")["each_ms"]
+
+
+def test_plan_pipeline_decodes_bf16_sdxl_in_bf16_and_honours_no_vae_upcast(capsys):
+    """SDXL in bfloat16 decodes in bfloat16: faster than with --vae-upcast (float32); in float16 the config's
+    force_upcast decodes in float32 unless --no-vae-upcast (fddf537 priced float32 for both and ignored the flag)."""
+    bf16, bf16_up = _decode_ms(capsys, "--dtype", "bfloat16"), _decode_ms(capsys, "--dtype", "bfloat16", "--vae-upcast")
+    assert bf16_up > 1.5 * bf16
+    fp16, fp16_down = _decode_ms(capsys), _decode_ms(capsys, "--no-vae-upcast")
+    assert fp16 == pytest.approx(bf16_up, rel=0.05) and fp16 > 1.5 * fp16_down
+    assert fp16_down == pytest.approx(bf16, rel=0.05)
+
+
+def test_float32_convolutions_take_the_tf32_rate_and_matmuls_do_not():
+    """cuDNN's default (allow_tf32 True) runs float32 convolutions at TF32; matmuls stay at the FP32 rate (PyTorch's
+    default allow_tf32 False); before Ampere there is no TF32."""
+    a100, v100 = gpus.get("A100-40GB"), gpus.get("V100-32GB")
+    clock = gpus.sustained(a100)[0]
+    assert gpus.peak_flops(a100, "float32", "convolution") == pytest.approx(156e12 * clock)
+    assert gpus.peak_flops(a100, "float32", "matmul") == pytest.approx(19.5e12 * clock)
+    assert gpus.peak_flops(v100, "float32", "convolution") == gpus.peak_flops(v100, "float32", "matmul")
+
+
+def test_a_gpu_takes_its_published_machines_host_else_the_published_range_unless_told(capsys, monkeypatch, tmp_path):
+    """The A100-40GB's rows fit the torch 2.0 benchmark's cloud machine: its host; the H100 has no published machine:
+    the middle of the published machines' hosts, said with their range (fastest to slowest), which the plan's range
+    spans; --host-us-per-op US gives one, with no host range; `here` this machine's own, measured again once older
+    than a day (an injected clock, a fake measurement)."""
+    from profiler.planner import host
+
+    m = published.model()
+    us, lo, hi, said = published.host_range(gpus.get("A100-40GB"), m)
+    assert us == m["hosts"]["the torch 2.0 benchmark's cloud machine"] and lo < us < hi
+    assert said.startswith("the torch 2.0 benchmark's cloud machine's host")
+    us, lo, hi, said = published.host_range(gpus.get("H100"), m)
+    assert lo == min(m["hosts"].values()) and hi == max(m["hosts"].values()) and lo < us < hi
+    assert said.startswith(f"a published machine's host: {lo:.1f} to {hi:.1f} us an op")
+    t = _plan_json(capsys, ["plan", "--model", "sd15", "--gpu", "H100", "--backend", "sdpa"])["totals"]
+    assert t["host_source"] == said
+    given = _plan_json(capsys, ["plan", "--model", "sd15", "--gpu", "H100", "--backend", "sdpa", "--host-us-per-op",
+                                "17.5"])["totals"]
+    assert given["host_source"] == host.GIVEN
+    measured = []
+    monkeypatch.setenv("ATTNPROF_CACHE", str(tmp_path))  # this machine's cached figure left as it is
+    monkeypatch.setattr(host, "measure_us_per_op", lambda clock=None: measured.append(1) or 30.0 + len(measured))
+    clock = [1e9]
+    first = host.host_us_per_op(host.HERE, now=lambda: clock[0])
+    clock[0] += 3600
+    again = host.host_us_per_op(host.HERE, now=lambda: clock[0])
+    assert first[0] == again[0] == 31.0 and len(measured) == 1 and "1.0 h ago" in again[1]
+    clock[0] += 24 * 3600
+    assert host.host_us_per_op(host.HERE, now=lambda: clock[0])[0] == 32.0 and len(measured) == 2
+    assert host.host_us_per_op(17.5) == (17.5, host.GIVEN)
 
 
 @pytest.mark.parametrize("gpu", ["A100-80GB", "H100"])
 def test_plan_pipeline_sdxl_on_a_gpu_prints_its_total_bound_and_the_saving_of_cuda_graphs(capsys, gpu):
     """plan --pipeline sdxl --size 1024x1024 --steps 30 --gpu NAME: the total in seconds, the U-Net's bound, the total
     with CUDA graphs on the U-Net, each part's GPU and host time, and where each figure comes from; --json the same
-    (total_s, graph_total_s, each part's bound)."""
+    (total_s, graph_total_s, each part's bound): the eager step at least the longer of its kernels and its host."""
     args = ["plan", "--pipeline", "sdxl", "--size", "1024x1024", "--steps", "30", "--gpu", gpu, "--host-us-per-op",
             "16"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "predicted total:" in out and "-bound at batch 2 (the U-Net); with CUDA graphs on the U-Net about" in out
-    assert "attention kernels fitted on NVIDIA H200 (13 cells)" in out and "host: given (--host-us-per-op)" in out
-    assert main([*args, "--json"]) == 0
-    g = json.loads(capsys.readouterr().out)[0]
+    assert "fitted on NVIDIA H200 (13 cells)" in " ".join(out.split()) and "host: given (--host-us-per-op)" in out
+    g = _plan_json(capsys, args)
     unet = next(p for p in g["parts"] if p["part"] == "denoise")
     assert g["total_s"] == pytest.approx(sum(p["total_s"] for p in g["parts"]))
     assert g["graph_total_s"] <= g["total_s"] and g["bound"] == unet["bound"]
-    assert unet["each_ms"] == max(unet["gpu_ms"], unet["host_ms"]) and unet["graph_ms"] == unet["gpu_ms"]
+    assert unet["each_ms"] >= max(unet["gpu_ms"], unet["host_ms"]) and unet["graph_ms"] == unet["gpu_ms"]
 
 
-def test_the_cached_fits_are_refitted_when_a_table_they_read_is_edited(monkeypatch):
-    """The GPU factor (and the kernel fits it rests on) are cached by the content of the tables they read: with the
-    convolutions' assumed efficiency halved, the A100's factor is fitted anew, so its 16-image row is still met
-    exactly (a cache keyed on the model's version alone would hand back the old factor, and the row would miss)."""
-    a100 = gpus.get("A100-40GB")
-    row = next(r for r in published.ROWS if r.use == "gpu" and r.gpu == "A100-40GB")
-    before = published.gpu_scale(a100)[0]
-    monkeypatch.setitem(gpus.EFFICIENCY, "convolution", {"*": (0.25, "edited for the test")})
-    after = published.gpu_scale(a100)[0]
-    assert after != pytest.approx(before, rel=0.01)
-    t = published._step(row, published.published_calibration(a100, "float16", host_us=1.0))
-    assert t["predicted_gpu_time_ms"] == pytest.approx(1e3 / row.value, rel=1e-6)
+def test_each_backend_says_what_its_time_rests_on(capsys):
+    """On the H100 (sm90, the kernel table's architecture) SDPA rests on measured kernels; on the A100 on kernels
+    carried by published shares and fitted rows; a backend with no kernel fit (flex) on a bare roofline: in plan's
+    text and --json, and in fit --gpu's time list."""
+    def basis(gpu, backend):
+        return _plan_json(capsys, ["plan", "--model", "sd15", "--gpu", gpu, "--backend", backend])["totals"][
+            "time_basis"]
+
+    assert basis("H100", "sdpa").startswith("attention: measured kernels")
+    assert basis("A100-80GB", "sdpa") == "attention: carried kernels; the rest: fitted rows"
+    assert basis("L4", "sdpa").endswith("the rest: another card's fitted rows")
+    assert basis("H200", "sdpa").endswith("the rest: measured kernels (its convolutions carried)")
+    assert basis("RTX-4090", "flex").startswith("attention: roofline")
+    assert main(["plan", "--model", "sd15", "--gpu", "A100-80GB", "--backend", "sdpa"]) == 0
+    assert "time rests on" in capsys.readouterr().out
+
+
+def test_the_cached_fit_is_refitted_when_a_table_it_reads_is_edited(monkeypatch, tmp_path):
+    """The model is cached by the code and tables it reads: with the assumed convolution share edited, a fit on an
+    empty cache and one on the cache agree, and differ from the unedited one (a cache keyed on the model's version
+    alone would hand back the old shares)."""
+    monkeypatch.setenv("ATTNPROF_CACHE", str(tmp_path))
+    rows = tuple(r for r in published.ROWS if r.gpu == "T4")
+    before = published._cached("test-fit", lambda: published.fit(rows))["archs"]["sm75"]
+    monkeypatch.setattr(published, "ROWS", tuple(dataclasses.replace(r, value=r.value / 2) if r.gpu == "T4" else r
+                                                 for r in published.ROWS))
+    rows = tuple(r for r in published.ROWS if r.gpu == "T4")
+    after = published._cached("test-fit", lambda: published.fit(rows))["archs"]["sm75"]
+    assert after["convolution"] != pytest.approx(before["convolution"], rel=0.01)
 
 
 def test_a_dtype_without_kernel_times_says_it_takes_float16s():
@@ -160,30 +265,3 @@ def test_a_dtype_without_kernel_times_says_it_takes_float16s():
         assert said in cal["published"] and said in cal["summary"]
     cal = published.published_calibration(a100, "float16", host_us=10.0)
     assert "calls at the efficiencies of" not in cal["published"] + cal["summary"]
-
-
-def test_a_gpu_you_lack_takes_a_typical_published_host_unless_told(capsys, monkeypatch, tmp_path):
-    """plan --gpu: the host is by default the median of the published machines' hosts, each fitted to its batch-1
-    loop ([1]'s cloud machine, [1]'s 4090 desktop, [2]'s A100 80G machine), said with its range; --host-us-per-op US
-    gives another; `here` this machine's own, with when it was measured (and measured again once older than a day:
-    an injected clock, a fake measurement)."""
-    from profiler.planner import host
-
-    us = sorted(published.host_us(r)[0] for r in published.ROWS if r.use == "host")
-    typical, said = published.typical_host()
-    assert len(us) == 3 and typical == us[1] and 10 < typical < 20
-    assert said.startswith(f"a typical host, {typical:.1f} us an op: the median of the published timings' machines")
-    assert main(["plan", "--model", "sd15", "--gpu", "A100-80GB", "--json"]) == 0
-    t = json.loads(capsys.readouterr().out)[0]["totals"]
-    assert t["host_source"] == said
-    measured = []
-    monkeypatch.setenv("ATTNPROF_CACHE", str(tmp_path))  # this machine's cached figure left as it is
-    monkeypatch.setattr(host, "measure_us_per_op", lambda clock=None: measured.append(1) or 30.0 + len(measured))
-    clock = [1e9]
-    first = host.host_us_per_op(host.HERE, now=lambda: clock[0])
-    clock[0] += 3600
-    again = host.host_us_per_op(host.HERE, now=lambda: clock[0])
-    assert first[0] == again[0] == 31.0 and len(measured) == 1 and "1.0 h ago" in again[1]
-    clock[0] += 24 * 3600
-    assert host.host_us_per_op(host.HERE, now=lambda: clock[0])[0] == 32.0 and len(measured) == 2
-    assert host.host_us_per_op(17.5) == (17.5, host.GIVEN)

@@ -132,7 +132,8 @@ def test_a_run_far_off_the_others_is_named_and_left_out_of_the_fit(capsys, tmp_p
     assert c["backends"]["naive float32"]["coefficients"] == pytest.approx(TRUE, rel=1e-6)
     code = main(["plan", "--model", "tiny-sd15", "--size", "128x192", "--backend", "naive", "--dtype", "float32",
                  "--device", "cpu", "--results", str(tmp_path)])
-    line = next(s for s in capsys.readouterr().out.splitlines() if s.startswith("time from:"))
+    text = " ".join(capsys.readouterr().out.split())  # the footer's lines wrapped at the terminal's width
+    line = text.split(" time from: ", 1)[1].split(" params_total:", 1)[0]
     assert code == 0 and "leave-one-out error 0.0%" in line
     why = line.split("; left out 1 run (odd: its leave-one-out error ", 1)[1]
     error, median = (int(n) for n in re.match(r"(\d+)% is over 5x the other runs' median (\d+)%: ", why).groups())
@@ -219,21 +220,22 @@ def test_a_recorded_calls_new_pages_are_those_it_was_counted_to_touch():
 
 def test_plan_on_a_gpu_from_the_table_prices_each_call_by_its_kernels_fit(capsys):
     """An H100 (sm90, the architecture of the kernel times kept with the project): each sdpa call (cuDNN's on sm90) at
-    the cuDNN kernel's fit to the H200's kernel times, on the H100's published figures; a backend with no kernel
-    data there (sliced) at the published efficiencies, with the fitted kernel time a call; the host apart; every
-    figure named with its source and said to be an estimate."""
+    the cuDNN kernel's fit to the H200's kernel times, on the H100's published figures, its projections, minimum and
+    all; sliced (an unfused core: its tables' traffic) at naive's fit there; the host apart, overlapped op by op;
+    every figure named with its source and said to be an estimate."""
     code = main(["plan", "--model", "sd15", "--size", "512x512", "--gpu", "H100-SXM", "--host-us-per-op", "20"])
     out = capsys.readouterr().out
     assert code == 0
     assert "sdpa (published efficiencies): GPU kernels" in out and "an estimate, not a measurement" in out
-    assert "kernel times fitted on NVIDIA H200 (13 cells)" in out and "host from:                 given" in out
+    assert "kernel times fitted on NVIDIA H200 (13 cells)" in " ".join(out.split())
+    assert "host from:                 given" in out and "time rests on:             attention: measured kernels" in out
     assert "H100-SXM (sm90): 989.5 TFLOP/s dense float16, 3.35 TB/s, 80 GiB" in out and "datasheet" in out
     h100 = gpus.get("H100")
     cal = calibration.published_calibration(h100, "float16", host_us=20.0)
     device = timing.Device(989.5e12, 3350e9)
     ops = timing.walk("sd15", 512, 512, 1, "float16")
     hosts = {}
-    for backend, coef in (("sdpa", cal["kernels"]["cudnn"]), ("sliced", cal["per_backend"]["sliced"])):
+    for backend, coef in (("sdpa", cal["kernels"]["cudnn"]), ("sliced", cal["kernels"]["naive"])):
         p = plan("sd15", 512, 512)
         t = timing.predict(p, backend, {}, gpus.limits(h100, "float16"), cal, gpu=h100)
         assert t["time_published"] and t["time_calibrated"] and t["bound"] == "host"
@@ -245,11 +247,8 @@ def test_plan_on_a_gpu_from_the_table_prices_each_call_by_its_kernels_fit(capsys
         assert t["predicted_host_time_ms"] == pytest.approx(20e-3 * (len(ops["rest"]) +
                                                                      sum(len(c) for c in ops["calls"]) + cores))
         hosts[backend] = t["predicted_host_time_ms"]
-        assert t["predicted_forward_time_ms"] == max(t["predicted_host_time_ms"], t["predicted_gpu_time_ms"])
+        assert t["predicted_forward_time_ms"] >= max(t["predicted_host_time_ms"], t["predicted_gpu_time_ms"])
         assert t["predicted_graph_time_ms"] == t["predicted_gpu_time_ms"] > t["roofline_forward_time_ms"]
-    assert cal["per_backend"]["sliced"]["coefficients"]["overhead"] == cal["kernels"]["cudnn"]["coefficients"][
-        "overhead"]  # the fitted kernel time a call beyond its attention, the same for every backend
-    assert "naive attention at 80% of the bandwidth" in cal["per_backend"]["naive"]["published"]
     # the host of each backend's own core: sliced's loop (a baddbmm, a softmax and a bmm per head and image at
     # slice_size 1) dispatches far more than sdpa's one fused kernel
     assert hosts["sliced"] > 2 * hosts["sdpa"], hosts

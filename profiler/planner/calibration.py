@@ -426,8 +426,9 @@ def target(device: str, dtype: str, gpu_name: str | None = None, results: str | 
     stored runs under results made on it); None for CUDA on a machine without a GPU and no gpu_name. kept
     (measure/limits.device_key): True for a cell of ours (its runs, attnprof run and sweep), False for a user's own
     generation (attnprof record's runs), None for this process as it is. host_us: the host's microseconds per op
-    (--host-us-per-op: a number, or host.HERE for this machine's; None: on a GPU of the table a typical host fitted to
-    published timings, on a GPU box its stored host-bound forwards', planner/host.py)."""
+    (--host-us-per-op: a number, or host.HERE for this machine's; None: on a GPU of the table its published
+    machine's host, else the published machines' with their range (planner/published.host_range); on a GPU box its
+    stored host-bound forwards', planner/host.py)."""
     from .. import gpus
     from ..measure.limits import device_key, device_limits
 

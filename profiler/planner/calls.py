@@ -189,6 +189,17 @@ def format_plan(p: dict) -> str:
     facts += format_times(t)
     facts += [("params_total", f"{t['params_total'] / 1e6:.2f}M"),
               ("params_transformer_blocks", share("transformer_blocks")), ("params_attention", share("attention"))]
-    width = max(len(k) for k, _ in facts) + 2  # the longest name, its colon and a space
-    lines = [head, table(rows, cols), ""] + [f"{k + ':':{width}s}{v}" for k, v in facts]
-    return "\n".join(lines)
+    return "\n".join([head, table(rows, cols), "", *facts_lines(facts)])
+
+
+def facts_lines(facts: list[tuple[str, str]]) -> list[str]:
+    """'name: value' lines, the values aligned past the longest name and wrapped at the terminal's width
+    (fmt.terminal_width), each continuation under its value."""
+    import textwrap
+
+    from ..fmt import terminal_width
+
+    width, columns = max(len(k) for k, _ in facts) + 2, terminal_width()  # the longest name, its colon and a space
+    return [line for k, v in facts for line in textwrap.wrap(
+        f"{k + ':':{width}s}{v}", max(columns, width + 40), subsequent_indent=" " * width, break_on_hyphens=False,
+        break_long_words=False) or [f"{k}:"]]

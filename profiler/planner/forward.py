@@ -403,7 +403,8 @@ def walk(model: str, width: int, height: int, batch: int = 1, dtype: str = "floa
     """The forward's ops on fake tensors (the time model's input, planner/timing.py): {"rows": the attention calls
     (recorder rows), "blocks": each call's block, "calls": per call an array of its own ops' (FLOPs, bytes moved,
     bytes of the largest new output, class: OP_CLASSES), the attention core left out, "rest": the same for every op
-    outside attention calls, "at": where each call began among the rest's ops (the forward's order)}. From the trace that a sweep's
+    outside attention calls, "at": where each call began among the rest's ops (the forward's order), "dtype": what
+    the model computes in (an upcast VAE: float32)}. From the trace that a sweep's
     preflight or a plan made of this shape already, else from a trace of its own."""
     key = _walk_key(model, width, height, batch, dtype, settings)
     if key not in _WALKS:
@@ -423,7 +424,7 @@ def _remember_walk(shape: tuple, tr: _Trace) -> None:
                      "blocks": [row["block"] for row, _, _ in tr.calls],
                      "calls": [np.array(c, float).reshape(-1, 4) for c in tr.counter.calls],
                      "rest": np.array(tr.counter.rest, float).reshape(-1, 4),
-                     "at": list(tr.counter.at)}
+                     "at": list(tr.counter.at), "dtype": tr.dtype}
     while len(_WALKS) > 64:
         _WALKS.pop(next(iter(_WALKS)))
 

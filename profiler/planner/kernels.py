@@ -216,7 +216,7 @@ def stored_rows(results: Path, arch: str | None = None, key: str | None = None) 
 
 
 FITS_FILE = "kernel-fits.json"
-MODEL_VERSION = 4  # the cache's key changes with the model's features (bump it where the features change)
+MODEL_VERSION = 5  # the cache's key changes with the model's features (bump it where the features change)
 
 
 def model_key() -> list:
@@ -293,9 +293,8 @@ DATA_ARCH = "sm90"  # the architecture of the kernel data kept with the project
 
 def gpu_kernels(gpu: dict, dtype: str, results: Path | None = None) -> dict | None:
     """The kernel coefficients for a GPU of the table, for timing.predict: its architecture's fit, else DATA_ARCH's
-    carried over by the published efficiencies (gpus.attention_scale; naive's further by
-    planner/published.naive_factor); {"kernels": {kernel: coefficients}, "source", "refused", "overhead"}; None where
-    no fit is admitted."""
+    carried over by the published efficiencies (gpus.attention_scale); {"kernels": {kernel: coefficients}, "source",
+    "refused", "overhead"}; None where no fit is admitted."""
     from .. import gpus
 
     arch = gpu["arch"]

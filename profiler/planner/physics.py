@@ -13,8 +13,9 @@ factor, or an unfused one (naive, sliced, the chunked backends, SDPA's math kern
 its bytes (memory.bytes_moved, the cast passes of diffusers' upcast counted) at the share of the bandwidth sm90's
 unfused kernels reached (naive's for the chunked backends) on every architecture until a GPU of it measures them
 (assumed; `unfused`, 1 today: scaling it by an architecture's memory share over sm90's missed the one published naive
-row by 52% with its GPU left out, against 30% as it is). A core is never under its FLOPs at CEILING of the peak; every share is at most CEILING: no kernel runs at
-its datasheet's peak.
+row by 52% with its GPU left out, against 30% as it is). A core is never under its FLOPs at CEILING of the peak;
+every share is at most CEILING: no kernel runs at its datasheet's peak. On the architecture of the kernel times
+(sm90) an attention call is priced whole by its kernel's fit (its projections, its minimum: measured).
 
 The host dispatches op after op (us per op, planner/host.py; an attention core's ops as the backend's processor runs
 them: host.core_ops), and the GPU runs each kernel once the host issued it and the kernel before it ended: a two-stage
@@ -75,6 +76,7 @@ class Stream:
     compute: np.ndarray
     host: np.ndarray
     call: np.ndarray
+    launches: np.ndarray  # the kernel minimums each item takes (0 for a call priced whole by its kernel fit)
     calls: int
     kernels: tuple = ()  # each call's core: its kernel's name, or "unfused"
 
@@ -85,6 +87,7 @@ def stream(w: dict, backend: str, options: dict, dtype: str, gpu: dict, kernels:
     from .host import core_ops
     from .roofline import Device, call_features
 
+    dtype = w.get("dtype", dtype)  # what the model computes in: an upcast VAE's float32 at float32's rates
     peaks = np.array([gpus.peak_flops(gpu, dtype, k) for k in OP_CLASSES])
     device = Device(float(peaks[1]), gpu["bytes_per_s"], gpu=True)
     parts, at, start, names = [], [*w["at"], len(w["rest"])], 0, []
@@ -93,23 +96,29 @@ def stream(w: dict, backend: str, options: dict, dtype: str, gpu: dict, kernels:
         cls = o[:, 3].astype(int)
         roof = np.maximum(o[:, 0] / peaks[cls], o[:, 1] / device.bandwidth) * 1e3
         zero = np.zeros(len(o))
-        parts.append((roof, cls, zero, zero, np.ones(len(o)), np.full(len(o), call)))
+        parts.append((roof, cls, zero, zero, np.ones(len(o)), np.full(len(o), call), np.ones(len(o))))
 
     for i, (row, own) in enumerate(zip(w["rows"], w["calls"])):
         ops(w["rest"][start:at[i]], -1)
-        ops(own, i)
         start = at[i]
         kernel = backends.call_kernel(backend, _with_sdpa_kernel(row, backend, dtype, gpu), gpu["arch"])
         n = core_ops(backend, options, row, dtype)
         names.append("unfused" if unfused(backend, kernel, row, dtype, options) else kernel)
+        fit = kernel if kernel in kernels or names[-1] != "unfused" else "naive"
         f = call_features(row, backend, options, dtype, 0.0, device)
-        c = fused_coefficients(kernels, kernel if kernel in kernels or names[-1] != "unfused" else "naive", gpu)
-        core = (0.0, CORE_UNFUSED if names[-1] == "unfused" else CORE_FUSED,
-                f["core_self"] * c["core_self"] + f["core_cross"] * c["core_cross"], row["flops"] / device.flops * 1e3)
-        parts.append(tuple(np.array([v]) for v in (*core, n, i)))
+        c = fused_coefficients(kernels, fit, gpu)
+        ms, launches = f["core_self"] * c["core_self"] + f["core_cross"] * c["core_cross"], n
+        if measured(kernels, fit):  # the call whole at its kernel fit here: its own ops, its minimum, its pages
+            roof = np.maximum(own[:, 0] / peaks[own[:, 3].astype(int)], own[:, 1] / device.bandwidth) * 1e3
+            ms += c["projections"] * float(roof.sum()) + c["overhead"] + f["fixed_ms"]
+            n, launches = n + len(own), 0
+        else:
+            ops(own, i)
+        core = (0.0, CORE_UNFUSED if names[-1] == "unfused" else CORE_FUSED, ms, row["flops"] / device.flops * 1e3)
+        parts.append(tuple(np.array([v]) for v in (*core, n, i, launches)))
     ops(w["rest"][start:], -1)
-    cols = [np.concatenate([p[j] for p in parts]) for j in range(6)]
-    return Stream(*cols[:5], cols[5].astype(int), len(w["rows"]), tuple(names))
+    cols = [np.concatenate([p[j] for p in parts]) for j in range(7)]
+    return Stream(*cols[:5], cols[5].astype(int), cols[6], len(w["rows"]), tuple(names))
 
 
 def _with_sdpa_kernel(row: dict, backend: str, dtype: str, gpu: dict) -> dict:
@@ -128,6 +137,13 @@ def unfused(backend: str, kernel: str, row: dict, dtype: str, options: dict) -> 
     from .memory import writes_tables
 
     return kernel in UNFUSED_KERNELS or writes_tables(backend, row, dtype, **options)
+
+
+def measured(kernels: dict, kernel: str) -> bool:
+    """Whether a kernel's fit is of kernel times on this architecture (its calls priced whole by it: their
+    projections and layouts at the fit's coefficient, which holds their small tensors' L2 reuse on sm90, 0.36 of
+    the bandwidth's time)."""
+    return kernels.get(kernel, {}).get("scaled") == "fitted on this architecture"
 
 
 def fused_coefficients(kernels: dict, kernel: str, gpu: dict) -> dict:
@@ -151,7 +167,7 @@ def basis(s: Stream, kernels: dict, gpu: dict, data_arch: str) -> str:
             return 2 if gpu["arch"] == data_arch else 1
         if name not in kernels:
             return 0
-        return 2 if kernels[name].get("scaled") == "fitted on this architecture" else 1
+        return 2 if measured(kernels, name) else 1
 
     return BASES[min((one(k) for k in set(s.kernels)), default=2)]
 
@@ -164,7 +180,7 @@ def kernel_ms(s: Stream, shares: Shares) -> np.ndarray:
     ops = s.roof * per_class[np.minimum(kind, len(OP_CLASSES) - 1)]
     factor = np.where(kind == CORE_FUSED, shares.attention, shares.unfused)
     g = np.where(kind >= CORE_FUSED, np.maximum(s.core * factor, s.compute / CEILING), ops)
-    return g + shares.op_ms * s.host
+    return g + shares.op_ms * s.launches
 
 
 def overlap(host_ops: np.ndarray, g: np.ndarray, us_per_op: float) -> dict:
@@ -175,7 +191,8 @@ def overlap(host_ops: np.ndarray, g: np.ndarray, us_per_op: float) -> dict:
     done = np.cumsum(g)
     eager = float(np.max(issued + done[-1] - (done - g))) if len(g) else 0.0
     gpu, host = float(done[-1]) if len(g) else 0.0, float(issued[-1]) if len(g) else 0.0
-    return {"eager_ms": eager, "gpu_ms": gpu, "host_ms": host, "graph_ms": gpu, "bound": "host" if host > gpu else "gpu"}
+    return {"eager_ms": eager, "gpu_ms": gpu, "host_ms": host, "graph_ms": gpu,
+            "bound": "host" if host > gpu else "gpu"}
 
 
 def per_call(s: Stream, g: np.ndarray) -> np.ndarray:
@@ -188,6 +205,7 @@ def floor_ms(s: Stream, w: dict, backend: str, options: dict, dtype: str, gpu: d
     """Each item at 100% of its peaks (the roofline bound: a core's FLOPs or its own traffic), no kernel minimum."""
     from .memory import bytes_moved
 
+    dtype = w.get("dtype", dtype)
     cores = np.array([max(r["flops"] / gpus.peak_flops(gpu, dtype), bytes_moved(backend, r, dtype, **options)
                           / gpu["bytes_per_s"]) * 1e3 for r in w["rows"]])
     floor = s.roof.copy()

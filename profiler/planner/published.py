@@ -321,8 +321,8 @@ def predicted(row: Row, fitted: dict, factor: float = 1.0, us: float | None = No
 
 def model() -> dict:
     """The fit of every row used to fit, with how sure it is: "u_fit" (the fit's worst miss of its own rows) and
-    "u_carried" (the worst miss of leave one GPU out, over every row of a GPU with rows used to fit), and that leave-one-GPU-out's predictions ("logo": per row
-    index, its predicted ms and how its shares were carried)."""
+    "u_carried" (the worst miss of leave one GPU out, over every row of a GPU with rows used to fit), and that leave
+    one GPU out's predictions ("logo": per row index, its predicted ms and how its shares were carried)."""
     def make():
         full = fit()
         u_fit = max(_miss(predicted(r, full)["predicted_ms"], r.published_ms) for r in ROWS if r.use == "fit")
@@ -381,7 +381,8 @@ PUBLISHED_SHORT = "published limits, shares fitted to published timings"
 
 def published_calibration(gpu: dict, dtype: str, results=None, host_us: float | str | None = None) -> dict:
     """The time model of a GPU of the table, in the shape of a calibration (planner/timing.py): "physics" its shares
-    (shares_for), how sure (uncertainty) and its host with its range (host_range, or host_us given: host.host_us_per_op);
+    (shares_for), how sure (uncertainty) and its host with its range (host_range, or host_us given:
+    host.host_us_per_op);
     "kernels" each fused attention kernel's fit (planner/kernels.gpu_kernels: its architecture's kernel times, kept
     with the project and under results, else carried); "rest" its shares as the rest fit's coefficients; "published"
     where each figure came from."""
@@ -389,9 +390,9 @@ def published_calibration(gpu: dict, dtype: str, results=None, host_us: float | 
     from .host import host_us_per_op
 
     fitted = model()
-    shares, how, _ = shares_for(gpu, fitted)
+    shares, how, own = shares_for(gpu, fitted)
     u, u_how = uncertainty(gpu, fitted)
-    rest_basis = ("fitted rows" if gpu["arch"] in fitted["archs"] else
+    rest_basis = ("fitted rows" if own else "another card's fitted rows" if gpu["arch"] in fitted["archs"] else
                   "measured kernels (its convolutions carried)" if gpu["arch"] == kernels.DATA_ARCH else "carried shares")
     if host_us is None:
         us, lo, hi, host_source = host_range(gpu, fitted)

@@ -219,8 +219,8 @@ def host_times(host: dict | None, blocks: list[dict], rest_ms: float, rest_fit: 
                backend: str = "sdpa", options: dict | None = None, dtype: str = "float16") -> dict:
     """A GPU forward's host time (its ops under the backend at the host's time per op), its kernels' and the eager
     forward, the two overlapped op by op (planner/physics.overlap: each rest op at its fitted class's time, each
-    attention call whole at its predicted time; the rest's ops summing to rest_ms), its bound and its time from a CUDA graph (the kernels'); {} without
-    a host figure (a CPU, whose ops run on the host)."""
+    attention call whole at its predicted time; the rest's ops summing to rest_ms), its bound and its time from a
+    CUDA graph (the kernels'); {} without a host figure (a CPU, whose ops run on the host)."""
     if not host:
         return {}
     from .host import core_ops
