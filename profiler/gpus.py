@@ -100,11 +100,12 @@ def limits(gpu: dict, dtype: str) -> dict:
             "device_limits": {"key": f"{gpu['name']} (published)", "source": gpu["source"], "device": "cuda"}}
 
 
-def peak_flops(gpu: dict, dtype: str, what: str = "matmul") -> float:
+def peak_flops(gpu: dict, dtype: str, what: str = "matmul", tf32: bool = False) -> float:
     """FLOP/s of the op class at the clock the board holds (sustained): a float32 convolution at the TF32 rate where
-    the GPU has one (cuDNN's default), everything else at the dtype's rate."""
-    tflops = gpu["tf32_tflops"] if dtype == "float32" and what == "convolution" and gpu["tf32_tflops"] else \
-        gpu["tflops"][dtype]
+    the GPU has one (cuDNN's default), a float32 matmul too where tf32 (torch.set_float32_matmul_precision("high")
+    or torch.backends.cuda.matmul.allow_tf32: off by default), everything else at the dtype's rate."""
+    tf32 = dtype == "float32" and (what == "convolution" or tf32) and gpu["tf32_tflops"]
+    tflops = gpu["tf32_tflops"] if tf32 else gpu["tflops"][dtype]
     return tflops * 1e12 * sustained(gpu)[0]
 
 

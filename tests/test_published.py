@@ -22,27 +22,33 @@ def checked():
 
 
 def test_leave_one_gpu_out_is_within_35_percent_and_every_row_inside_its_range_as_the_docs_say(checked):
-    """Each GPU's rows (35: fitted and checks) predicted from a fit to the other GPUs' rows alone: worst within 35%
-    (fddf537's one factor a GPU: +90%), each inside its range, with its machine's host and with the host unknown; sized
-    on the other GPUs' misses alone (the range's own out-of-sample check) at least 31 of 35. README and docs/timing.md
-    give that worst."""
+    """Each GPU's rows (36: fitted and checks) predicted from a fit to the other GPUs' rows alone: in fp16 and bf16
+    (35 rows) worst within 35% (fddf537's one factor a GPU: +90%); the float32 check (the fast-diffusion tutorial's
+    baseline, TF32 matmuls) the worst, under 60%: one share per class for every dtype overprices float32. Each row
+    inside its range, with its machine's host and with the host unknown; sized on the other GPUs' misses alone (the
+    range's own out-of-sample check) at least 35 of 36. README and docs/timing.md give both worsts."""
     held = [f for f in checked if "logo_error" in f]
-    assert len(held) == len(published.ROWS) == 35
-    worst = max(held, key=lambda f: abs(f["logo_error"]))
-    assert abs(worst["logo_error"]) <= 0.35, worst
+    assert len(held) == len(published.ROWS) == 36
+    half = [f for f in held if f["row"].dtype != "float32"]
+    worst = max(half, key=lambda f: abs(f["logo_error"]))
+    assert len(half) == 35 and abs(worst["logo_error"]) <= 0.35, worst
+    fp32 = next(f for f in held if f["row"].dtype == "float32")
+    assert fp32["row"].tf32 and 0.35 < fp32["logo_error"] < 0.60 and fp32["error"] > 0.2
     assert all(f["inside"] and f["inside_unknown_host"] for f in held), [f["row"] for f in held if not f["inside"]]
     assert all(f["low_ms"] < f["logo_ms"] < f["high_ms"] for f in held)
-    assert sum(f["inside_without_its_gpu"] for f in held) >= 31
-    said = f"worst {100 * abs(worst['logo_error']):.0f}%"
+    assert sum(f["inside_without_its_gpu"] for f in held) >= 35
     for doc in ("README.md", "docs/timing.md"):
-        text = " ".join((REPO / doc).read_text().split())
-        near = [text[i:i + 400] for i in range(len(text)) if text.startswith("leave one GPU out", i)]
+        text = " ".join((REPO / doc).read_text().split()).lower()
+        near = [text[i:i + 400] for i in range(len(text)) if text.startswith("leave one gpu out", i)]
+        said = f"worst {100 * abs(worst['logo_error']):.0f}%"
         assert any(said in t for t in near), (doc, said)
+        assert f"+{100 * fp32['logo_error']:.0f}%" in text, doc
 
 
 def test_the_rows_never_fitted_that_the_gpu_bounds_are_within_20_percent(checked):
-    """The ControlNet rows are checks (predicted, never fitted): those the GPU bounds within 20%."""
-    rows = [f for f in checked if f["row"].use == "check" and f["bound"] == "gpu"]
+    """The ControlNet rows are checks (predicted, never fitted): those the GPU bounds within 20%. (The other check,
+    the float32 generation, misses by 40%: the test above.)"""
+    rows = [f for f in checked if f["row"].use == "check" and f["bound"] == "gpu" and f["row"].controlnet]
     assert len(rows) >= 8 and max(abs(f["error"]) for f in rows) <= 0.20, [(f["row"], f["error"]) for f in rows]
 
 
@@ -265,3 +271,21 @@ def test_a_dtype_without_kernel_times_says_it_takes_float16s():
         assert said in cal["published"] and said in cal["summary"]
     cal = published.published_calibration(a100, "float16", host_us=10.0)
     assert "calls at the efficiencies of" not in cal["published"] + cal["summary"]
+
+
+def test_fit_on_a_gpu_says_per_backend_what_its_time_rests_on(capsys):
+    """fit --gpu: each backend's time at its largest size with its range and what it rests on (fddf537 listed flex
+    2.2x ahead of sdpa-flash on a 4090 without saying that flex's was a bare roofline); --json the same per entry."""
+    three = ["--backend", "sdpa", "--backend", "naive", "--backend", "flex"]
+    assert main(["fit", "--gpu", "RTX-4090", "--model", "tiny-sd15", *three]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in out.split("forward time at the largest size")[1].splitlines()[1:]
+             if line.startswith("  ") and " ms at " in line}
+    assert lines["sdpa"].endswith("; rests on attention: carried kernels; the rest: fitted rows")
+    assert lines["naive"].endswith("; rests on attention: carried kernels; the rest: fitted rows")
+    assert lines["flex"].endswith("; rests on attention: roofline; the rest: fitted rows")
+    assert all(" to " in line for line in lines.values())  # the range
+    assert main(["fit", "--gpu", "RTX-4090", "--model", "tiny-sd15", *three, "--json"]) == 0
+    entries = {b["backend"]: b for b in json.loads(capsys.readouterr().out)["backends"]}
+    assert entries["flex"]["time_basis"].startswith("attention: roofline")
+    assert entries["sdpa"]["time_basis"].startswith("attention: carried kernels")

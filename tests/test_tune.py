@@ -76,6 +76,13 @@ def test_a_map_tuned_for_another_model_or_size_warns_in_one_line_naming_both(tmp
         assert err == [f"attnprof run: warning: processor map {path} was made for tiny-sd15 at 128x128; this is "
                        f"{asked}: its blocks' choices were timed on other shapes (attnprof tune --model {model} "
                        "--size WxH for these)"]
+    # profiler.tune's map of a user's pipeline names its classes: at its own size no warning, at another one
+    path.write_text(json.dumps({"model": "StableDiffusionPipeline UNet2DConditionModel", "width": 128, "height": 128,
+                                "blocks": {}, "default": {"backend": "sdpa"}}))
+    for size, warned in ((SIZE, False), ("64x64", True)):
+        _sweep_from_args(build_parser().parse_args(["run", "--model", "tiny-sd15", "--size", size, "--backend",
+                                                    str(path), "--device", "cpu"]))
+        assert bool(capsys.readouterr().err) is warned, size
 
 
 @pytest.mark.parametrize("doc, says", [

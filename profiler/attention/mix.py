@@ -49,12 +49,14 @@ def read(path) -> dict:
 
 def elsewhere(doc: dict, path, model: str, sizes) -> str | None:
     """One warning line where a map tuned for one model and size (the model, width and height attnprof tune wrote in
-    it) is asked to run another model or size, naming both; None where it is the same, or the map does not say."""
+    it) is asked to run another model or size, naming both; None where it is the same, or the map does not say. A
+    map profiler.tune made of a user's pipeline names its classes ('StableDiffusionPipeline UNet2DConditionModel'),
+    not a model of the registry: its size alone is compared."""
     made, size = doc.get("model"), (doc.get("width"), doc.get("height"))
     if not isinstance(made, str) or not all(isinstance(v, int) for v in size):
         return None
     other = [f"{w}x{h}" for w, h in sizes if (w, h) != size]
-    if made == model and not other:
+    if (made == model or " " in made) and not other:
         return None
     asked = ", ".join(other or [f"{w}x{h}" for w, h in sizes])
     return (f"warning: processor map {path} was made for {made} at {size[0]}x{size[1]}; this is {model} at {asked}: "

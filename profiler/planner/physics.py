@@ -81,14 +81,14 @@ class Stream:
     kernels: tuple = ()  # each call's core: its kernel's name, or "unfused"
 
 
-def stream(w: dict, backend: str, options: dict, dtype: str, gpu: dict, kernels: dict) -> Stream:
+def stream(w: dict, backend: str, options: dict, dtype: str, gpu: dict, kernels: dict, tf32: bool = False) -> Stream:
     """The walk's ops and attention cores in the forward's order on the GPU; kernels: each fused kernel's fitted
-    coefficients there (planner/kernels.gpu_kernels)."""
+    coefficients there (planner/kernels.gpu_kernels); tf32: float32 matmuls at the TF32 rate (gpus.peak_flops)."""
     from .host import core_ops
     from .roofline import Device, call_features
 
     dtype = w.get("dtype", dtype)  # what the model computes in: an upcast VAE's float32 at float32's rates
-    peaks = np.array([gpus.peak_flops(gpu, dtype, k) for k in OP_CLASSES])
+    peaks = np.array([gpus.peak_flops(gpu, dtype, k, tf32) for k in OP_CLASSES])
     device = Device(float(peaks[1]), gpu["bytes_per_s"], gpu=True)
     parts, at, start, names = [], [*w["at"], len(w["rest"])], 0, []
 

@@ -12,7 +12,9 @@ the images under classifier-free guidance), or a whole generation's seconds. The
   fp16, 50 steps, the pipelines' defaults (SD 1.5 512x512 guidance 7.5, SDXL 1024x1024 guidance 5), its it/s column.
 - diffusers' fast-diffusion tutorial: diffusers docs, tutorials/fast_diffusion.md (= huggingface/diffusion-fast): SDXL
   1024x1024, 30 steps, one image, an A100 80GB 400 W, torch nightly 2.3: bfloat16 with the vanilla attention processor
-  (naive) 4.63 s, with SDPA 3.31 s, whole generations (the text encoders, the steps and the decode, in bfloat16).
+  (naive) 4.63 s, with SDPA 3.31 s, whole generations (the text encoders, the steps and the decode, in bfloat16); and
+  its float32 baseline (vanilla attention) 7.36 s, a check: its benchmark (huggingface/diffusion-fast run_benchmark.py)
+  sets torch.set_float32_matmul_precision("high"), so its float32 matmuls ran at TF32 (Row.tf32).
 
 Each step is planner/physics.py's forward: every kernel at its architecture's achieved share of the GPU's peaks
 (convolution, matmul, memory-bound ops, the fused attention kernels' factor over their kernel fit), the host's
@@ -48,7 +50,7 @@ SOURCES = {DIFFUSERS_DOC: "diffusers docs, optimization/torch2.0.mdx (huggingfac
                           "fp16, torch 2.0 without compile, SDPA; steps a second",
            FAL: "fal-ai/stable-diffusion-benchmarks README (at 0490f695): A100 80G SXM, torch 2.1, fp16; steps a second",
            FAST: "diffusers docs, tutorials/fast_diffusion.md (huggingface/diffusion-fast): SDXL, 30 steps, A100 80GB "
-                 "400 W, torch 2.3 nightly, bfloat16; seconds a generation"}
+                 "400 W, torch 2.3 nightly, bfloat16 (float32: matmuls at TF32); seconds a generation"}
 LAMBDA, MU, HOST_PRIOR = 0.1, 0.1, 0.01  # prior weights: an architecture toward its line, a line toward assumed
 HOST_US = 15.0  # the host prior's centre, us an op (weak: every machine's host rows pin their own)
 
@@ -68,6 +70,7 @@ class Row:
     dtype: str = "float16"
     steps: int = 0  # a whole generation's steps (value its seconds); 0: value is steps a second
     controlnet: bool = False
+    tf32: bool = False  # float32 matmuls at TF32 (the source sets torch.set_float32_matmul_precision("high"))
 
     @property
     def what(self) -> str:
@@ -100,6 +103,7 @@ ROWS = tuple(_one(g, n, v[i]) for g, v in _RATES.items() for i, n in enumerate((
           if v[3 + i]) + (
     Row(FAST, _FAST, "sdxl", 1024, 1, 5.0, "naive", "A100-80GB", 4.63, "fit", "bfloat16", 30),
     Row(FAST, _FAST, "sdxl", 1024, 1, 5.0, "sdpa", "A100-80GB", 3.31, "fit", "bfloat16", 30),
+    Row(FAST, _FAST, "sdxl", 1024, 1, 5.0, "naive", "A100-80GB", 7.36, "check", "float32", 30, tf32=True),
 )
 
 
@@ -114,20 +118,20 @@ def _streams(row: Row) -> list[tuple]:
     kern = gpu_kernels(gpu, row.dtype)["kernels"]
     p = PIPELINES[row.pipeline]
     batch, steps = 2 * row.images if row.guidance > 1 else row.images, row.steps or 1
-    out = [(stream(walk(p["unet"], row.size, row.size, batch, row.dtype), row.backend, {}, row.dtype, gpu, kern),
-            steps)]
+    out = [(stream(walk(p["unet"], row.size, row.size, batch, row.dtype), row.backend, {}, row.dtype, gpu, kern,
+                   row.tf32), steps)]
     if row.controlnet:
         out.append((stream(walk(p["controlnet"], row.size, row.size, batch, row.dtype), row.backend, {}, row.dtype,
-                           gpu, kern), steps))
+                           gpu, kern, row.tf32), steps))
     if row.steps:  # a whole generation: its text encoders and its decode too
         from .pipeline import text_ops
 
         for name in p["text"]:
             ops = text_ops(name, row.dtype, row.images)
             w = {"rows": [], "calls": [], "rest": ops, "at": []}
-            out.append((stream(w, row.backend, {}, row.dtype, gpu, kern), 2 if row.guidance > 1 else 1))
+            out.append((stream(w, row.backend, {}, row.dtype, gpu, kern, row.tf32), 2 if row.guidance > 1 else 1))
         out.append((stream(_decode_walk(p["vae"], row.size, row.images, row.dtype), row.backend, {}, row.dtype, gpu,
-                           kern), 1))
+                           kern, row.tf32), 1))
     return out
 
 
