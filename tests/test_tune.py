@@ -157,6 +157,31 @@ def test_tune_with_out_a_file_fails_before_any_timing(tmp_path, monkeypatch, und
     assert (tmp_path / "afile").read_text() == ""
 
 
+def test_a_map_tuned_for_another_model_warns_once_where_profiler_apply_puts_it(tmp_path, tiny_sd15):
+    """Issue 64 (4): a map whose blocks' head dims are another model's (SD 1.5's 40, on tiny-sd15's 4 and 8) or that
+    lists blocks the model lacks warns in one line naming the first; tiny-sd15's own head dims, nothing."""
+    import warnings
+
+    import profiler
+
+    block = "down_blocks.0.attentions.0.transformer_blocks.0.attn1"
+    mine = tiny_sd15.get_submodule(block)
+    for blocks, says in (({block: {"backend": "naive", "head_dim": 40}}, f"({block}: head dim 40 there, "
+                                                                           f"{mine.inner_dim // mine.heads} here)"),
+                         ({"down_blocks.9.attn1": {"backend": "naive"}}, "(down_blocks.9.attn1: not in this model)"),
+                         ({block: {"backend": "naive", "head_dim": mine.inner_dim // mine.heads}}, None)):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            profiler.apply(tiny_sd15, _map(tmp_path, blocks, {"backend": "sdpa"}))
+        profiler.apply(tiny_sd15, None)
+        said = [str(w.message) for w in seen if "processor map" in str(w.message)]
+        if says is None:
+            assert said == []
+            continue
+        assert len(said) == 1 and says in said[0] and said[0].startswith("processor map m.json: 1 of its 1 blocks "
+                                                                          "are not this model's"), said
+
+
 def test_a_bad_map_applied_changes_nothing_and_tune_asks_for_what_it_lacks(tmp_path, tiny_sd15):
     import profiler
 

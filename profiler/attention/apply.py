@@ -28,6 +28,22 @@ def map_options(processor_map) -> dict:
     return backends.check_options(mix.NAME, {"file": doc.get("file") or "map", "map": text})
 
 
+def elsewhere(options: dict, modules: dict) -> str | None:
+    """One line where a map was tuned for another model than the one it is put on: blocks it lists that the model
+    lacks, or whose head dim (tune writes it per block) is not the module's (a map of tiny-sd15 on SD 1.5: the same
+    blocks, head dims 4 and 8 against 40 to 160); None where every listed block is the model's own shape."""
+    blocks = mix.parsed(options["map"])["blocks"]
+    off = [b for b, (_, _, dim) in blocks.items()
+           if b not in modules or (dim and dim != modules[b].inner_dim // modules[b].heads)]
+    if not off:
+        return None
+    b = off[0]
+    why = "not in this model" if b not in modules else \
+        f"head dim {blocks[b][2]} there, {modules[b].inner_dim // modules[b].heads} here"
+    return (f"processor map {options['file']}: {len(off)} of its {len(blocks)} blocks are not this model's ({b}: "
+            f"{why}): it was tuned for another model, its choices timed on other shapes (profiler.tune this one)")
+
+
 def denoiser(target) -> torch.nn.Module:
     """The model a map is for: the target if it is a module (pipe.unet), else a pipeline's U-Net."""
     if isinstance(target, torch.nn.Module):
@@ -69,6 +85,11 @@ def apply(target, processor_map) -> None:
             delattr(model, OWN)
         return
     made = processors(processor_map, model)  # every one made before any is set: a bad map changes nothing
+    line = elsewhere(map_options(processor_map), modules)
+    if line:
+        import warnings
+
+        warnings.warn(line, stacklevel=2)
     if own is None:
         setattr(model, OWN, {block: m.processor for block, m in modules.items()})
     for block, module in modules.items():
