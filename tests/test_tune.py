@@ -76,6 +76,14 @@ def test_a_map_tuned_for_another_model_or_size_warns_in_one_line_naming_both(tmp
         assert err == [f"attnprof run: warning: processor map {path} was made for tiny-sd15 at 128x128; this is "
                        f"{asked}: its blocks' choices were timed on other shapes (attnprof tune --model {model} "
                        "--size WxH for these)"]
+    # a sweep config: the same line for each of its models the map was not made for, naming the config
+    from profiler.execute.grid import loads
+
+    sweep = loads(f"models: [sd15, tiny-sd15]\nsizes: [\"{SIZE}\"]\nbackends: [{path}]\ndevice: cpu\n", "s.yaml")
+    assert sweep.backends[0][0] == "tuned"
+    assert capsys.readouterr().err.splitlines() == [
+        f"attnprof sweep: s.yaml: warning: processor map {path} was made for tiny-sd15 at 128x128; this is sd15 at "
+        f"{SIZE}: its blocks' choices were timed on other shapes (attnprof tune --model sd15 --size WxH for these)"]
     # profiler.tune's map of a user's pipeline names its classes: at its own size no warning, at another one
     path.write_text(json.dumps({"model": "StableDiffusionPipeline UNet2DConditionModel", "width": 128, "height": 128,
                                 "blocks": {}, "default": {"backend": "sdpa"}}))
