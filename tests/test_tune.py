@@ -188,6 +188,17 @@ def test_a_map_tuned_for_another_model_warns_once_where_profiler_apply_puts_it(t
             continue
         assert len(said) == 1 and says in said[0] and said[0].startswith("processor map m.json: 1 of its 1 blocks "
                                                                           "are not this model's"), said
+    # record --backend and profiler.profile(backend=...): the session that swaps the map in says the same
+    from profiler.record.session import Session
+
+    path = _map(tmp_path, {block: {"backend": "naive", "head_dim": 40}}, {"backend": "sdpa"})
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        Session(tiny_sd15, backend=str(path))
+    assert [str(w.message) for w in seen if "processor map" in str(w.message)] == [
+        f"processor map m.json: 1 of its 1 blocks are not this model's ({block}: head dim 40 there, "
+        f"{mine.inner_dim // mine.heads} here): it was tuned for another model, its choices timed on other shapes "
+        "(profiler.tune this one)"]
 
 
 def test_a_bad_map_applied_changes_nothing_and_tune_asks_for_what_it_lacks(tmp_path, tiny_sd15):

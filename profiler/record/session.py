@@ -47,13 +47,15 @@ import itertools
 import json
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from ..attention import backends
+from ..attention import backends, mix
+from ..attention.apply import elsewhere
 from .. import devices
 from ..measure.probes import CallTimer, ProjectionClock, summarize, traced
 from ..measure.trace import call_samples, events
@@ -188,6 +190,11 @@ class Session:
         self.uid = itertools.count()
         self.recorders: dict[str, Recorder] = {}
         self.modules = {name: attention_modules(m) for name, m in self.found.items()}  # each component's, by path
+        denoiser = self.modules.get("unet") or self.modules.get("model")
+        if backend and mix.is_map(backend) and denoiser:  # a map tuned for another model: one line
+            line = elsewhere(options, denoiser)
+            if line:
+                warnings.warn(line, stacklevel=2)
         self.unrecorded: dict[str, str] = {}  # component: its attention modules that no hook records, counted
         self.forwards: list[dict] = []
         self.notes: list[str] = []
