@@ -5,6 +5,7 @@ used or passed over with its kind named."""
 import contextlib
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -132,10 +133,12 @@ def test_the_time_model_leaves_out_what_it_cannot_fit_on_and_says_so(every_kind)
     replay, tune = kinds["replay"], kinds["tune"]
     passed = sorted([f"{replay}: replay: not forwards of a model timed whole",
                      f"{tune}: tune: not forwards of a model timed whole"])
-    assert f"left out 2 runs ({'; '.join(passed)})" in " ".join(planned.split())
+    said = " ".join(planned.split())  # the footer wrapped at the terminal's width
+    # each named (a run far off the others may be left out too: calibration.outlier, how far depends on the machine)
+    assert re.search(r"left out \d runs \(", said) and all(p in said for p in passed), said
     from profiler.bench import time_model_error
 
-    assert f"left out 2 runs ({passed[0]}" in time_model_error(root)  # a recorded generation is calibration data
+    assert all(p in time_model_error(root) for p in passed)  # a recorded generation is calibration data
     from profiler.execute.grid import Sweep
     from profiler.measure.limits import device_limits
     from profiler.planner.calibration import predict_cells
