@@ -66,8 +66,9 @@ class Shares:
 
 @dataclass(frozen=True)
 class Stream:
-    """A forward's kernels in order: roofline ms (at 100% of the class's peak or the bandwidth), kind (an OP_CLASSES
-    index, or CORE_FUSED / CORE_UNFUSED), a core's ms at its kernel fit (sm90's, carried), a core's FLOPs' ms at the
+    """A forward's kernels in order: roofline ms (at 100% of the class's peak or the bandwidth; a core's item: the
+    roofline of its call's own ops where the call is priced whole, else 0), kind (an OP_CLASSES index, or CORE_FUSED /
+    CORE_UNFUSED), a core's ms at its kernel fit (sm90's, carried), a core's FLOPs' ms at the
     peak, the host's ops for each, the attention call each belongs to (-1: none)."""
 
     roof: np.ndarray
@@ -92,11 +93,12 @@ def stream(w: dict, backend: str, options: dict, dtype: str, gpu: dict, kernels:
     device = Device(float(peaks[1]), gpu["bytes_per_s"], gpu=True)
     parts, at, start, names = [], [*w["at"], len(w["rest"])], 0, []
 
+    def roof_of(o: np.ndarray) -> np.ndarray:
+        return np.maximum(o[:, 0] / peaks[o[:, 3].astype(int)], o[:, 1] / device.bandwidth) * 1e3
+
     def ops(o: np.ndarray, call: int):
-        cls = o[:, 3].astype(int)
-        roof = np.maximum(o[:, 0] / peaks[cls], o[:, 1] / device.bandwidth) * 1e3
-        zero = np.zeros(len(o))
-        parts.append((roof, cls, zero, zero, np.ones(len(o)), np.full(len(o), call), np.ones(len(o))))
+        zero, one = np.zeros(len(o)), np.ones(len(o))
+        parts.append((roof_of(o), o[:, 3].astype(int), zero, zero, one, np.full(len(o), call), one))
 
     for i, (row, own) in enumerate(zip(w["rows"], w["calls"])):
         ops(w["rest"][start:at[i]], -1)
@@ -107,14 +109,15 @@ def stream(w: dict, backend: str, options: dict, dtype: str, gpu: dict, kernels:
         fit = kernel if kernel in kernels or names[-1] != "unfused" else "naive"
         f = call_features(row, backend, options, dtype, 0.0, device)
         c = fused_coefficients(kernels, fit, gpu)
-        ms, launches = f["core_self"] * c["core_self"] + f["core_cross"] * c["core_cross"], n
+        ms, launches, own_roof = f["core_self"] * c["core_self"] + f["core_cross"] * c["core_cross"], n, 0.0
         if measured(kernels, fit):  # the call whole at its kernel fit here: its own ops, its minimum, its pages
-            roof = np.maximum(own[:, 0] / peaks[own[:, 3].astype(int)], own[:, 1] / device.bandwidth) * 1e3
-            ms += c["projections"] * float(roof.sum()) + c["overhead"] + f["fixed_ms"]
+            own_roof = float(roof_of(own).sum()) if len(own) else 0.0
+            ms += c["projections"] * own_roof + c["overhead"] + f["fixed_ms"]
             n, launches = n + len(own), 0
         else:
             ops(own, i)
-        core = (0.0, CORE_UNFUSED if names[-1] == "unfused" else CORE_FUSED, ms, row["flops"] / device.flops * 1e3)
+        core = (own_roof, CORE_UNFUSED if names[-1] == "unfused" else CORE_FUSED, ms,
+                row["flops"] / device.flops * 1e3)
         parts.append(tuple(np.array([v]) for v in (*core, n, i, launches)))
     ops(w["rest"][start:], -1)
     cols = [np.concatenate([p[j] for p in parts]) for j in range(7)]
@@ -209,7 +212,8 @@ def floor_ms(s: Stream, w: dict, backend: str, options: dict, dtype: str, gpu: d
     cores = np.array([max(r["flops"] / gpus.peak_flops(gpu, dtype), bytes_moved(backend, r, dtype, **options)
                           / gpu["bytes_per_s"]) * 1e3 for r in w["rows"]])
     floor = s.roof.copy()
-    floor[s.kind.astype(int) >= CORE_FUSED] = cores
+    core = s.kind.astype(int) >= CORE_FUSED
+    floor[core] = cores + s.roof[core]  # a call priced whole: its own ops' roofline with its core's
     return floor
 
 
