@@ -55,17 +55,17 @@ def terminal_width(default: int = 120) -> int:
         return default
 
 
-def wrapped(lines: list[str], width: int | None = None) -> list[str]:
-    """Each line wrapped at the terminal's width (terminal_width), its continuation indented past its own indent: a
-    footer of sources read on one screen."""
+def wrapped(lines: list[str], width: int | None = None, hang: int | None = None) -> list[str]:
+    """Each line wrapped at the terminal's width (terminal_width), its continuation indented past its own indent (or
+    hang columns: 'name: value' lines, each continuation under its value): a footer read on one screen."""
     import textwrap
 
     width = width or terminal_width()
     out = []
     for line in lines:
-        indent = " " * (len(line) - len(line.lstrip()))
-        out += textwrap.wrap(line, width, initial_indent="", subsequent_indent=indent + "    ",
-                             break_on_hyphens=False, break_long_words=False) or [line]
+        indent = " " * hang if hang is not None else " " * (len(line) - len(line.lstrip())) + "    "
+        out += textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False,
+                             break_long_words=False) or [line]
     return out
 
 

@@ -194,12 +194,8 @@ def format_plan(p: dict) -> str:
 
 def facts_lines(facts: list[tuple[str, str]]) -> list[str]:
     """'name: value' lines, the values aligned past the longest name and wrapped at the terminal's width
-    (fmt.terminal_width), each continuation under its value."""
-    import textwrap
+    (fmt.wrapped), each continuation under its value."""
+    from ..fmt import terminal_width, wrapped
 
-    from ..fmt import terminal_width
-
-    width, columns = max(len(k) for k, _ in facts) + 2, terminal_width()  # the longest name, its colon and a space
-    return [line for k, v in facts for line in textwrap.wrap(
-        f"{k + ':':{width}s}{v}", max(columns, width + 40), subsequent_indent=" " * width, break_on_hyphens=False,
-        break_long_words=False) or [f"{k}:"]]
+    width = max(len(k) for k, _ in facts) + 2  # the longest name, its colon and a space
+    return wrapped([f"{k + ':':{width}s}{v}" for k, v in facts], max(terminal_width(), width + 40), hang=width)
