@@ -258,12 +258,14 @@ def cmd_gpus(args) -> int:
             ("tf32", "tf32"), ("power", "power"), ("source", "source")]
     print(table(rows, cols))
     print("\n(dense throughput, no sparsity; profiler/gpus.py. --budget NAME and --gpu NAME read this table)")
-    from .planner.published import SOURCES, sources_of
+    from .planner.published import ROWS, SOURCES, host_range, model, sources_of
 
     found = [{"name": n, **sources_of(gpus.get(n))} for n in gpus.names()]
     print("\nwhere each GPU's time comes from (plan --gpu: planner/published.py and physics.py):")
     print(table(found, [("name", "name"), ("attention kernels", "kernels"), ("rest of a forward", "rest")]))
-    print(f"the host: {sources_of(gpus.get('H100'))['host']}")
+    own = ", ".join(dict.fromkeys(r.gpu for r in ROWS if r.use == "fit"))
+    print(f"the host: a GPU with a published machine takes that machine's ({own}); any other, "
+          f"{host_range(None, model())[3]}")
     for name, ref in [*gpus.REFERENCES.items(), *SOURCES.items()]:
         print(f"  {name}: {ref}")
     return 0

@@ -289,3 +289,19 @@ def test_fit_on_a_gpu_says_per_backend_what_its_time_rests_on(capsys):
     entries = {b["backend"]: b for b in json.loads(capsys.readouterr().out)["backends"]}
     assert entries["flex"]["time_basis"].startswith("attention: roofline")
     assert entries["sdpa"]["time_basis"].startswith("attention: carried kernels")
+
+
+def test_attnprof_gpus_says_where_each_gpus_time_and_host_come_from(capsys):
+    """attnprof gpus: the table with its TF32 rate and board power, each GPU's attention kernels and rest, and one
+    host line: the GPUs with a published machine named, every other one at the published machines' range (the
+    fastest to the slowest fitted host), not one GPU's host standing for all."""
+    assert main(["gpus"]) == 0
+    out = capsys.readouterr().out
+    assert "tf32" in out.splitlines()[0] and "power" in out.splitlines()[0] and "156" in out and "700 W" in out
+    m = published.model()
+    line = next(x for x in out.splitlines() if x.startswith("the host: "))
+    lo, hi = min(m["hosts"].values()), max(m["hosts"].values())
+    assert line.startswith("the host: a GPU with a published machine takes that machine's (A100-40GB, V100-32GB, T4, "
+                           "RTX-3090, RTX-4090, A100-80GB); any other, a published machine's host: "
+                           f"{lo:.1f} to {hi:.1f} us an op")
+    assert "H100-SXM" in out and "fitted on the H200 run's kernel times" in out

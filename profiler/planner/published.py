@@ -354,12 +354,12 @@ def _miss(predicted_ms: float, published_ms: float) -> float:
     return max(predicted_ms / published_ms, published_ms / predicted_ms) - 1
 
 
-def host_range(gpu: dict, fitted: dict) -> tuple[float, float, float, str]:
+def host_range(gpu: dict | None, fitted: dict) -> tuple[float, float, float, str]:
     """(the host's us an op, its low and high, where it comes from): the GPU's published machine's where its rows fit
-    one (within the fit's worst miss), else the published machines' middle (geometric) with the fastest and the
-    slowest as its range."""
+    one (within the fit's worst miss), else (or with no GPU) the published machines' middle (geometric) with the
+    fastest and the slowest as its range."""
     hosts, u = fitted["hosts"], 1 + fitted.get("u_fit", 0.0)
-    mine = {r.machine for r in ROWS if r.gpu == gpu["name"] and r.use == "fit"}
+    mine = {r.machine for r in ROWS if gpu and r.gpu == gpu["name"] and r.use == "fit"}
     if mine:
         m = sorted(mine)[0]
         return hosts[m], hosts[m] / u, hosts[m] * u, (f"{m}'s host, {hosts[m]:.1f} us an op (fitted to its rows; "
