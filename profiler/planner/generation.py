@@ -81,7 +81,7 @@ def predict_generation(spec: GenerationSpec, limits: dict, calibration: dict | N
     p, step_batch = spec.parts, spec.batch * (2 if spec.cfg else 1)
     frames = spec.frames or p.get("frames")
     unet_settings = (("frames", frames),) if frames else ()
-    parts = [_text_part(name, spec, limits, calibration) for name in p["text"]]
+    parts = [_text_part(name, spec, limits, calibration, gpu) for name in p["text"]]
     unet = _forward_part("denoise", p["unet"], spec, step_batch, unet_settings, limits, calibration, gpu, device)
     parts.append(unet)
     if spec.controlnet:
@@ -152,7 +152,7 @@ def _seconds(out: dict) -> dict:
                       for e in ("", "_low", "_high")}}
 
 
-def _text_part(name: str, spec: GenerationSpec, limits: dict, calibration: dict | None) -> dict:
+def _text_part(name: str, spec: GenerationSpec, limits: dict, calibration: dict | None, gpu: dict | None) -> dict:
     """A text encoder, once per prompt (and once more for the negative prompt under guidance): its ops at the rest's
     calibration (its attention is CLIP's own, counted among its ops); on a GPU of the table op by op with its host
     (planner/physics.py), on a GPU box its host apart."""
@@ -170,11 +170,9 @@ def _text_part(name: str, spec: GenerationSpec, limits: dict, calibration: dict 
     t = {"time_kind": "calibrated" if fit else "floor", "time_error_pct": None}
     w = {"rows": [], "calls": [], "rest": ops, "at": []}
     if (calibration or {}).get("physics"):
-        from .. import gpus
         from .physics import price
 
-        t = price({"blocks": [], "dtype": spec.dtype}, w, spec.backend, spec.options,
-                  gpus.named_in(calibration["gpu"]), calibration)
+        t = price({"blocks": [], "dtype": spec.dtype}, w, spec.backend, spec.options, gpu, calibration)
     elif (calibration or {}).get("host"):
         t = timing.host_times(calibration["host"], [], each, fit, w, dev, spec.backend, spec.options, spec.dtype)
     if "bound" in t:

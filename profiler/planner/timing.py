@@ -174,14 +174,14 @@ def predict(p: dict, backend: str, options: dict, limits: dict, calibration: dic
     if [r["block"] for r in p["blocks"]] != w["blocks"]:
         raise RuntimeError("the walk's attention calls differ from the plan's")  # the same forward: a bug if so
     cal = calibration or {}
+    said = {"peak_flops_per_s": dev.flops, "peak_bytes_per_s": dev.bandwidth,
+            "key": limits.get("device_limits", {}).get("key")}  # the limits the time was priced on
     if cal.get("physics"):  # a GPU of the table: op by op, its host overlapped (planner/physics.py)
         from .physics import price
 
         times = {**price(p, w, backend, options, gpu, cal), "time_backend": backends.label(backend, options),
                  "time_source": cal["published"], "time_calibrated": True, "time_published": True,
-                 **time_kind(True, cal), "time_limits": {"peak_flops_per_s": dev.flops,
-                                                         "peak_bytes_per_s": dev.bandwidth,
-                                                         "key": limits.get("device_limits", {}).get("key")}}
+                 **time_kind(True, cal), "time_limits": said}
         p["totals"].update(times)
         return times
     fitted = cal.get("backends", {}).get(group_key(backend, options, dtype)) or \
@@ -208,8 +208,7 @@ def predict(p: dict, backend: str, options: dict, limits: dict, calibration: dic
              passed_text(cal.get("passed_over")),
              "time_calibrated": calibrated, "time_published": bool(published),
              **time_kind(fitted, cal, calibrated),
-             "time_limits": {"peak_flops_per_s": dev.flops, "peak_bytes_per_s": dev.bandwidth,
-                             "key": limits.get("device_limits", {}).get("key")}, "rest_ops": len(w["rest"]),
+             "time_limits": said, "rest_ops": len(w["rest"]),
              **host_times(cal.get("host"), p["blocks"], rest, rest_fit, w, dev, backend, options, dtype)}
     p["totals"].update(times)
     return times
