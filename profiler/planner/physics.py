@@ -39,7 +39,6 @@ from .forward import OP_CLASSES
 CEILING = 0.9  # no class of kernel above 90% of the peak compute or bandwidth
 SHARES = ("convolution", "matmul", "memory", "attention", "unfused")
 CORE_FUSED, CORE_UNFUSED = len(OP_CLASSES), len(OP_CLASSES) + 1  # item kinds beside the op classes
-UNFUSED_KERNELS = ("naive", "math")  # call_kernel's names of a core that writes its score tables
 
 
 @dataclass(frozen=True)
@@ -103,9 +102,10 @@ def stream(w: dict, backend: str, options: dict, dtype: str, gpu: dict, kernels:
     for i, (row, own) in enumerate(zip(w["rows"], w["calls"])):
         ops(w["rest"][start:at[i]], -1)
         start = at[i]
-        kernel = backends.call_kernel(backend, _with_sdpa_kernel(row, backend, dtype, gpu), gpu["arch"])
+        row = _with_sdpa_kernel(row, backend, dtype, gpu)  # the kernel PyTorch picks there: fused, or math's tables
+        kernel = backends.call_kernel(backend, row, gpu["arch"])
         n = core_ops(backend, options, row, dtype)
-        names.append("unfused" if unfused(backend, kernel, row, dtype, options) else kernel)
+        names.append("unfused" if unfused(backend, row, dtype, options) else kernel)
         fit = kernel if kernel in kernels or names[-1] != "unfused" else "naive"
         f = call_features(row, backend, options, dtype, 0.0, device)
         c = fused_coefficients(kernels, fit, gpu)
@@ -135,11 +135,12 @@ def _with_sdpa_kernel(row: dict, backend: str, dtype: str, gpu: dict) -> dict:
     return {**row, "sdpa_kernel": devices.sdpa_rule(dtype, row["head_dim"], row["tokens_k"], target)}
 
 
-def unfused(backend: str, kernel: str, row: dict, dtype: str, options: dict) -> bool:
-    """Whether a call's core writes its score tables (naive, sliced, the chunked backends, SDPA's math kernel)."""
+def unfused(backend: str, row: dict, dtype: str, options: dict) -> bool:
+    """Whether a call's core writes its score tables (naive, sliced, the chunked backends, SDPA's math kernel: the
+    backend's memory model, memory.writes_tables, with the SDPA kernel the row says PyTorch picks)."""
     from .memory import writes_tables
 
-    return kernel in UNFUSED_KERNELS or writes_tables(backend, row, dtype, **options)
+    return writes_tables(backend, row, dtype, **options)
 
 
 def measured(kernels: dict, kernel: str) -> bool:
