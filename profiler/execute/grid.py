@@ -223,8 +223,9 @@ def _maps_elsewhere(names: list, models_: tuple, sizes: tuple, where: str) -> No
 
     for name in names:
         if isinstance(name, str) and mix.is_map(name) and name != mix.NAME:
+            doc = mix.read(name)
             for model in models_:
-                line = mix.elsewhere(mix.read(name), name, model, sizes)
+                line = mix.elsewhere(doc, name, model, sizes)
                 if line:
                     print(f"attnprof sweep: {where}: {line}", file=sys.stderr, flush=True)
 
