@@ -300,10 +300,14 @@ def test_a_cache_bandwidth_below_the_memorys_is_refused_in_one_line(tmp_path, mo
     # a cache entry that holds such a figure: device_limits says so and hands on no cache bandwidth
     monkeypatch.setenv("ATTNPROF_CACHE", str(tmp_path))
     got = limits.device_limits("cpu", ["float32"])
-    assert got["device_launch_us"] > 0 and got["device_limits"]["refused"] == []
     path = tmp_path / "device-limits.json"
     (key, stored), = json.loads(path.read_text()).items()
-    assert stored["replayed"] and stored["launch_us"] == got["device_launch_us"]
+    assert stored["replayed"] and stored["launch_us"] == got["device_launch_us"] > 0
+    # what this (shared, maybe busy) CPU measured decides its own verdict; the verdicts below are set by hand
+    assert got["device_limits"]["refused"] == limits.refused_lines(stored)
+    path.write_text(json.dumps({key: {**stored, "cache_bytes_per_s": stored["bytes_per_s"] * 3}}))
+    fast = limits.device_limits("cpu", ["float32"])
+    assert fast["device_limits"]["refused"] == [] and Device.of(fast, "float32").cache_bandwidth is not None
     path.write_text(json.dumps({key: {**stored, "cache_bytes_per_s": stored["bytes_per_s"] / 3}}))
     again = limits.device_limits("cpu", ["float32"])
     assert len(again["device_limits"]["refused"]) == 1 and Device.of(again, "float32").cache_bandwidth is None
