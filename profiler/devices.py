@@ -99,7 +99,7 @@ _KEPT: bool | None = None
 def keep_memory() -> bool:
     """Tell glibc's malloc, once per process, to map no allocation anew (M_MMAP_MAX 0) and to give no freed memory
     back to the kernel (M_TRIM_THRESHOLD at its most); False where the C library is not glibc. Called by every
-    process of ours that times cells on the CPU (a sweep's worker, run_cell, replay, make bench), never in a user's
+    process of ours that times cells on the CPU (a sweep's worker, replay, make bench), never in a user's
     own process (profile, record): measure the user's generation as it runs without us. Kept, every cell is timed in
     the one steady state a long-lived process reaches after its warm-up forwards, as on a GPU; left as it is, a
     cell's time depended on the cells before it in its worker, and a user's generation is not a heap warming up:

@@ -308,11 +308,9 @@ def test_processor_in_a_tiny_unet_matches_another_implementation(tiny_sd15, name
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
 
 
-def test_the_names_a_user_imports_come_from_profiler_and_old_paths_warn_for_one_release(tmp_path):
+def test_the_names_a_user_imports_come_from_profiler(tmp_path):
     """`from profiler import Backend, register, make_processor, profile, plan, fit` in a fresh process: the real
-    objects, no warning, no torch imported by `import profiler`. A plugin written to the last release's docs
-    (`from profiler.backends import Backend, register`, before the move to profiler/attention/) still registers its
-    backend, which `attnprof plan` then plans, with one FutureWarning naming the new path."""
+    objects, no warning, no torch imported by `import profiler`."""
     import os
     import subprocess
     import sys
@@ -331,18 +329,3 @@ def test_the_names_a_user_imports_come_from_profiler_and_old_paths_warn_for_one_
     done = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, env=env,
                           timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "32", done.stderr[-2000:]
-    (tmp_path / "oldplugin.py").write_text(
-        "from profiler.backends import Backend, register\n"
-        "from diffusers.models.attention_processor import AttnProcessor2_0\n"
-        "register(Backend('oldpath', 'fused exact', 'a plugin of the last release', factory=AttnProcessor2_0, "
-        "memory_like='sdpa'))\n")
-    done = subprocess.run([sys.executable, "-m", "profiler", "plan", "--model", "tiny-sd15", "--size", "64x64",
-                           "--backend", "oldpath", "--json"], capture_output=True, text=True, timeout=300,
-                          env={**env, "ATTNPROF_PLUGINS": "oldplugin"})
-    assert done.returncode == 0, done.stderr[-2000:]
-    (planned,) = json.loads(done.stdout)
-    assert planned["backend"] == "oldpath" and len(planned["blocks"]) == 32
-    warned = [line for line in done.stderr.splitlines() if "FutureWarning" in line]
-    assert warned == [f"{tmp_path / 'oldplugin.py'}:1: FutureWarning: profiler.backends is now "
-                      "profiler.attention.backends (from profiler import Backend); the old path goes in the next "
-                      "release"]

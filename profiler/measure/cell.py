@@ -367,8 +367,3 @@ def run_set(specs: list[CellSpec], cache: ModelCache, repeats: int, warmup: int,
         cell.update(dev.identity(), torch_threads=torch.get_num_threads(), wall_s=(time.time() - started) / len(out))
     return out
 
-
-def run_cell(spec: CellSpec, cache: ModelCache, repeats: int, warmup: int, extra: dict | None = None,
-             trace_dir: Path | None = None) -> tuple[dict, list[dict]]:
-    """run_set of one cell."""
-    return run_set([spec], cache, repeats, warmup, {spec.cell_id: extra or {}}, trace_dir)[0]
