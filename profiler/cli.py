@@ -37,6 +37,23 @@ class _Parser(argparse.ArgumentParser):
 
 
 MODEL_HELP = "registry name (attnprof models), diffusers folder, hub id or single-file checkpoint (.safetensors)"
+GPU_ARCH_HELP = ("on cuda, the GPU whose SDPA kernel choice to follow, as a compute capability (sm80, sm89, sm90, "
+                 "sm100, ...; default: this machine's GPU, else sm90, an H100 / H200)")
+FLAGS = {  # the flags several commands share, each defined once; _flag(p, NAME, ...) adds them as they are here
+    "--results": dict(default="results", help="results folder (default results)"),
+    "--device": dict(default="auto", help="auto | cpu | cuda | cuda:N (default auto)"),
+    "--quiet": dict(action="store_true", help="no progress on stderr"),
+    "--option": dict(action="append", metavar="KEY=VALUE", help="backend option, e.g. slice_size=4"),
+    "--json": dict(action="store_true", help="print JSON"),
+    "--address": dict(help="the job server (default: $ATTNPROF_JOBS_ADDRESS or http://127.0.0.1:8265)"),
+    "--host": dict(default="127.0.0.1", help="address to listen on (default 127.0.0.1)"),
+    "--gpu-arch": dict(metavar="SM", help=GPU_ARCH_HELP),
+}
+
+
+def _flag(p, *names: str) -> None:
+    for name in names:
+        p.add_argument(name, **FLAGS[name])
 
 
 def _add_pickle_arg(p):
@@ -137,7 +154,9 @@ def cmd_plan(args) -> int:
     plans = [plan(args.model, w, h, batch, dtype, backend=args.backend, backend_options=options,
                   memory_budget=budget, device=args.device, gpu_arch=args.gpu_arch, settings=settings)
              for w, h in sizes]
-    _plan_time(args, plans, dtype)
+    from .planner import predict
+
+    predict.plans(plans, args.backend, dtype, args.device, args.gpu, args.results, args.host_us_per_op)
     if args.json:
         json.dump(plans, sys.stdout, indent=1)
         print()
@@ -150,8 +169,8 @@ def cmd_plan(args) -> int:
 
 def _plan_generation(args) -> int:
     """plan --pipeline: a whole generation's predicted time (planner/generation.py), per size."""
-    from .planner import calibration
-    from .planner.generation import GenerationSpec, format_generation, predict_generation
+    from .planner import predict
+    from .planner.generation import GenerationSpec, format_generation
 
     if args.memory_budget:
         raise InputError("--memory-budget is for --model: a whole generation's memory is attnprof fit --pipeline's")
@@ -167,81 +186,13 @@ def _plan_generation(args) -> int:
         from . import gpus
 
         gpus.limits(gpus.get(args.gpu), dtype)  # a GPU we know, with this dtype: before any work
-    where = calibration.target(args.device, dtype, args.gpu, args.results, kept=False, host_us=args.host_us_per_op)
-    if where is None:
-        raise InputError("no GPU here to predict for: give --gpu NAME (attnprof gpus), or --device cpu "
-                         "[--results DIR] for this machine's CPU")
-    found = [predict_generation(s, *where, args.device) for s in specs]
+    found = predict.generations(specs, dtype, args.device, args.gpu, args.results, args.host_us_per_op)
     if args.json:
         json.dump(found, sys.stdout, indent=1, default=str)
         print()
     else:
         print("\n\n".join(format_generation(g) for g in found))
     return 0
-
-
-def _plan_time(args, plans: list[dict], dtype: str) -> None:
-    """Each plan's predicted times (planner/timing.py) for --backend (sdpa where none is given): on --gpu's published
-    figures, or on this machine's device, calibrated on the runs under --results made on it."""
-    from . import gpus
-    from .planner import calibration, timing
-
-    where = calibration.target(args.device, dtype, args.gpu, args.results, kept=True, host_us=args.host_us_per_op)
-    if where is None:
-        return
-    limits, calibration, gpu = where
-    for p in plans:
-        timing.predict(p, args.backend or "sdpa", p["backend_options"], limits, calibration, gpu, args.device)
-        if gpu:
-            p["totals"]["gpu_figures"] = gpus.describe(gpu, dtype)
-
-
-def _fit_time(args, result: dict, dtype: str, batch: int) -> str:
-    """Each backend's predicted forward time at its largest size, added to the fit's entries; the lines to print."""
-    from .planner import calibration, timing
-
-    where = calibration.target(args.device, dtype, args.gpu, args.results, kept=True, host_us=args.host_us_per_op)
-    if where is None:
-        return ""
-    from .planner.fit import distinct
-
-    lines, entries = [], {b["backend"]: b for b in result.get("backends", [])}
-    for b in result.get("backends", []) if args.all else distinct(result.get("backends", [])):
-        if b.get("largest"):
-            p = timing.walked_plan(args.model, *b["largest"], batch, dtype, _settings(args, args.model))
-            t = timing.predict(p, b["backend"], {}, *where, args.device)
-            for name in [b["backend"], *b.get("also", [])]:
-                entries[name]["predicted_forward_time_ms"] = t["predicted_forward_time_ms"]
-                if t.get("time_basis"):
-                    entries[name]["time_basis"] = t["time_basis"]
-            span = f" ({t['predicted_forward_low_ms']:,.1f} to {t['predicted_forward_high_ms']:,.1f})" \
-                if "predicted_forward_low_ms" in t else ""
-            lines.append(f"  {b['backend']:14s} {t['predicted_forward_time_ms']:12,.1f} ms at "
-                         f"{p['width']}x{p['height']}{span}" + (f"; rests on {t['time_basis']}"
-                                                              if t.get("time_basis") else ""))
-    return "\n".join(["", f"forward time at the largest size ({t['time_source']}):", *lines]) if lines else ""
-
-
-def _step_time(args, result: dict, dtype: str, batch: int) -> str:
-    """A whole generation's predicted time per denoising step at its largest size: the U-Net's forward (with its
-    ControlNet where given) at the step's batch (twice the images under classifier-free guidance)."""
-    from .planner import calibration, timing
-    from .planner.pipeline import PIPELINES, pipeline_name
-    from .unet.workload import check_settings
-
-    where = calibration.target(args.device, dtype, args.gpu, args.results, kept=False, host_us=args.host_us_per_op)
-    if where is None or not result.get("largest"):
-        return ""
-    unet = PIPELINES[pipeline_name(args.pipeline)]["unet"]
-    settings = check_settings(unet, {"controlnet": _pipeline_controlnet(args), "ip_adapter_tokens":
-                                     args.ip_adapter_tokens or 0, "tome": args.tome or 0.0})
-    p = timing.walked_plan(unet, *result["largest"], batch * (2 if args.cfg else 1), dtype, settings)
-    t = timing.predict(p, result["backend"], {}, *where, args.device)
-    result["predicted_step_time_ms"] = t["predicted_forward_time_ms"]
-    if t.get("time_basis"):
-        result["time_basis"] = t["time_basis"]
-    return (f"\ntime per denoising step at {p['width']}x{p['height']}: {t['predicted_forward_time_ms']:,.1f} ms "
-            f"({t['time_source']})" + (f"; it rests on {t['time_basis']}" if t.get("time_basis") else ""))
 
 
 def cmd_gpus(args) -> int:
@@ -308,7 +259,11 @@ def cmd_fit(args) -> int:
         models.resolve(args.model)
         result = fit(args.model, budget, args.backend, dtype, batch, aspect, args.buckets, args.device, say=say,
                      gpu_arch=args.gpu_arch, settings=_settings(args, args.model))
-        text = format_fit(result, args.all) + _fit_time(args, result, dtype, batch)
+        from .planner import predict
+
+        text = format_fit(result, args.all) + predict.fit_lines(
+            result, args.model, _settings(args, args.model), args.all, dtype, batch, args.device, args.gpu,
+            args.results, args.host_us_per_op)
     result["budget_given"] = size_text(args.budget)
     text += f"\nbudget: {result['budget_given']}"
     if args.json:
@@ -336,7 +291,12 @@ def _fit_pipelines(args, budget: int, dtype: str, batch: int, aspect, say) -> tu
                             ip_adapter_tokens=args.ip_adapter_tokens or 0, tome=args.tome or 0.0, aspect=aspect,
                             buckets=args.buckets, device=args.device, gpu_arch=args.gpu_arch)
         results.append(fit_pipeline(spec, say))
-    texts = [format_pipeline(r) + _step_time(args, r, dtype, batch) for r in results]
+    from .planner import predict
+
+    settings = {"controlnet": _pipeline_controlnet(args), "ip_adapter_tokens": args.ip_adapter_tokens or 0,
+                "tome": args.tome or 0.0}
+    texts = [format_pipeline(r) + predict.step_line(r, args.pipeline, settings, args.cfg, dtype, batch, args.device,
+                                                    args.gpu, args.results, args.host_us_per_op) for r in results]
     if len(results) == 1:
         return results[0], texts[0]
     size = lambda s: f"{s[0]}x{s[1]}" if s else "none"  # noqa: E731
@@ -801,9 +761,6 @@ def _host_us(text: str):
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of microseconds or `here`") from None
 
 
-GPU_ARCH_HELP = ("on cuda, the GPU whose SDPA kernel choice to follow, as a compute capability (sm80, sm89, sm90, "
-                 "sm100, ...; default: this machine's GPU, else sm90, an H100 / H200)")
-
 
 def build_parser() -> argparse.ArgumentParser:
     """attnprof's parser: one _add_<command> per subcommand, in the order --help lists them."""
@@ -828,11 +785,11 @@ def _add_plan(sub) -> None:
                                                   "encoders run twice the batch (default 7.5)")
     p.add_argument("--backend", help="the backend whose per-call peak memory, forward peak and time to give "
                                      "(attnprof backends; default sdpa)")
-    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="backend option, e.g. slice_size=4")
+    _flag(p, "--option")
     p.add_argument("--memory-budget", metavar="SIZE", help="say whether the forward fits, e.g. 24GiB or 4090")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                    help="the device whose attention kernels the forward is traced with (default cuda)")
-    p.add_argument("--gpu-arch", metavar="SM", help=GPU_ARCH_HELP)
+    _flag(p, "--gpu-arch")
     p.add_argument("--json", action="store_true", help="print a JSON array, one object per size")
     _add_time_args(p)
     _add_settings_args(p)
@@ -877,9 +834,7 @@ def _add_fit(sub) -> None:
     p.add_argument("--buckets", action="store_true", help="judge SDXL's aspect buckets (832x1216, 1024x1024, ...) "
                                                            "instead of searching")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="device whose kernels (default cuda)")
-    p.add_argument("--gpu-arch", metavar="SM", help=GPU_ARCH_HELP)
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _flag(p, "--gpu-arch", "--json", "--quiet")
     _add_time_args(p)
     _add_settings_args(p)
     p.set_defaults(func=cmd_fit)
@@ -892,7 +847,7 @@ def _add_models(sub) -> None:
 
 def _add_backends(sub) -> None:
     p = sub.add_parser("backends", help="list the attention backends and whether each is available here")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    _flag(p, "--device")
     p.add_argument("--dtype", help="dtype to check support for (default float32 on the CPU, float16 on CUDA)")
     p.add_argument("--model", help="probe at this model's head dims (default: 40, 64, 80 and 160)")
     p.set_defaults(func=cmd_backends)
@@ -904,8 +859,7 @@ def _add_run(sub) -> None:
                        epilog=EXIT_CODES)
     _add_shape_args(p)
     p.add_argument("--backend", action="append", help="backend, repeatable (default sdpa; see attnprof backends)")
-    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="backend option, e.g. slice_size=4")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    _flag(p, "--option", "--device")
     p.add_argument("--repeats", type=int, default=3, help="timed forwards per cell (default 3)")
     p.add_argument("--warmup", type=int, default=1, help="warm-up forwards per cell (default 1)")
     p.add_argument("--memory-budget",
@@ -957,14 +911,13 @@ def _add_replay(sub) -> None:
     p.add_argument("--dtype", help="with --model: float16 | bfloat16 | float32 (default float32 on the CPU, "
                                    "float16 on CUDA)")
     p.add_argument("--backend", action="append", help="backend, repeatable (default: the run's, or sdpa)")
-    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="backend option, e.g. slice_size=4")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    _flag(p, "--option", "--device")
     p.add_argument("--repeats", type=int, default=5, help="timed calls per shape, at least (default 5; more, up to "
                                                           "5x, until the IQR is within 10%% of the median)")
     p.add_argument("--warmup", type=int, default=1, help="warm-up calls per shape (default 1)")
     p.add_argument("--results", default="results", help="where RUN is (default results)")
     p.add_argument("--out", default="results", help="results folder for the replay's run (default results)")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _flag(p, "--quiet")
     p.set_defaults(func=cmd_replay)
 
 
@@ -988,8 +941,7 @@ def _add_tune(sub) -> None:
     p.add_argument("--backend", action="append", help="a backend to time, repeatable (default: every registered one "
                                                       "that runs here, but flex, which compiles per shape, and "
                                                       "diffusers' aliases of ours)")
-    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="backend option, e.g. slice_size=4")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    _flag(p, "--option", "--device")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per shape and round, at least (default 3; "
                                                           "more until the IQR is within 10%% of the median)")
     p.add_argument("--warmup", type=int, default=1, help="warm-up calls per shape and round (default 1)")
@@ -998,7 +950,7 @@ def _add_tune(sub) -> None:
                                                                "interleaved (default 6; at least 3, what the noise "
                                                                "rule judges)")
     p.add_argument("--out", default="results", help="results folder for the run and its map (default results)")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _flag(p, "--quiet")
     p.set_defaults(func=cmd_tune)
 
 
@@ -1018,7 +970,7 @@ def _add_record(sub) -> None:
     p.add_argument("--out", default="results", help="results folder for the run (default results)")
     p.add_argument("--trace", action="store_true", help="also a Chrome / Perfetto trace of each generation, each "
                                                         "attention call a range named by its block and shape")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _flag(p, "--quiet")
     p.add_argument("--nvtx", action="store_true", help=NVTX_HELP + ", in the script's process")
     p.add_argument("--resume", metavar="RUN", help="finish an interrupted record run (under --out): its script, with "
                                                    "its arguments, for each backend it has no cell of")
@@ -1030,14 +982,14 @@ def _add_record(sub) -> None:
 
 def _add_runs(sub) -> None:
     p = sub.add_parser("runs", help="list the runs under the results folder")
-    p.add_argument("--results", default="results", help="results folder (default results)")
+    _flag(p, "--results")
     p.set_defaults(func=cmd_runs)
 
 
 def _add_show(sub) -> None:
     p = sub.add_parser("show", help="print a run's summary")
     p.add_argument("run", nargs="?", default="latest", help="run id, a unique prefix, 'latest' or a folder")
-    p.add_argument("--results", default="results", help="results folder (default results)")
+    _flag(p, "--results")
     p.add_argument("--wide", action="store_true", help="every column, whatever the terminal's width (default: fit "
                                                        "$COLUMNS, or 120)")
     p.add_argument("--legend", action="store_true", help="also what each column of the cells' table is")
@@ -1050,11 +1002,11 @@ def _add_serve(sub) -> None:
                        "authentication on; it keeps running after the dashboard stops, so jobs survive a restart), "
                        "or use the cluster at --address, and serve the dashboard. Binds to 127.0.0.1 unless --host "
                        "says otherwise: anyone who reaches these ports and holds the token can run code here.")
-    p.add_argument("--results", default="results", help="results folder (default results)")
+    _flag(p, "--results")
     p.add_argument("--address", help="use the Ray cluster whose job server is at ADDRESS (http://HOST:8265, or "
                                      "HOST:PORT) instead of starting a head here")
     p.add_argument("--port", type=int, default=8501, help="the dashboard's port (default 8501)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    _flag(p, "--host")
     p.add_argument("--ray-port", type=int, default=6379, help="the Ray head's port (default 6379)")
     p.add_argument("--jobs-port", type=int, default=8265, help="Ray's job server / dashboard port (default 8265)")
     p.set_defaults(func=cmd_serve)
@@ -1065,7 +1017,7 @@ def _add_submit(sub) -> None:
                        description="Validate a sweep config as attnprof sweep would, then queue it as a Ray Job "
                                    "that runs it with --ray on the cluster.")
     p.add_argument("config", help="a YAML file, e.g. configs/sweeps/default.yaml")
-    p.add_argument("--address", help="the job server (default: $ATTNPROF_JOBS_ADDRESS or http://127.0.0.1:8265)")
+    _flag(p, "--address")
     p.add_argument("--results", help="where the run lands, a folder on the machine the job runs on (default: the "
                                      "config's out:, else the folder attnprof serve shows)")
     p.add_argument("--resume", action="store_true", help="continue the latest run of this config there")
@@ -1075,7 +1027,7 @@ def _add_submit(sub) -> None:
 def _add_jobs(sub) -> None:
     p = sub.add_parser("jobs", help="list the queued profiles with status, cells done / total and run; stop one",
                        description="The attnprof jobs of the cluster (Ray Jobs), newest first.")
-    p.add_argument("--address", help="the job server (default: $ATTNPROF_JOBS_ADDRESS or http://127.0.0.1:8265)")
+    _flag(p, "--address")
     p.add_argument("--stop", metavar="ID", help="stop this job (its finished cells stay stored, the run resumable)")
     p.add_argument("--logs", metavar="ID", help="print this job's log")
     p.set_defaults(func=cmd_jobs)
@@ -1096,7 +1048,7 @@ def _add_diff(sub) -> None:
                                    "it silently), else 0; 2 on bad input.")
     p.add_argument("run_a", metavar="RUN_A", help="the baseline: run id, unique prefix, 'latest' or a folder")
     p.add_argument("run_b", metavar="RUN_B", help="the run judged against it")
-    p.add_argument("--results", default="results", help="results folder (default results)")
+    _flag(p, "--results")
     p.add_argument("--threshold", type=float, default=THRESHOLD,
                    help=f"smallest relative change that counts ({THRESHOLD})")
     p.add_argument("--json", action="store_true", help="print JSON: summary, matched, only_a, only_b")
@@ -1109,15 +1061,15 @@ def _add_report(sub) -> None:
     p.add_argument("--out", "--html", dest="html", metavar="FILE",
                    help="where to write the report (--html: the same; default: beside the runs, "
                         "RESULTS/report-<run id>.html)")
-    p.add_argument("--results", default="results", help="results folder (default results)")
+    _flag(p, "--results")
     p.set_defaults(func=cmd_report)
 
 
 def _add_dashboard(sub) -> None:
     p = sub.add_parser("dashboard", help="serve the Streamlit dashboard over the runs under the results folder")
-    p.add_argument("--results", default="results", help="results folder (default results)")
+    _flag(p, "--results")
     p.add_argument("--port", type=int, default=8501, help="port (default 8501)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    _flag(p, "--host")
     p.set_defaults(func=cmd_dashboard)
 
 

@@ -333,6 +333,29 @@ def test_the_readmes_from_python_section_runs_as_written(tmp_path, monkeypatch):
     assert list(scope["f"].backends["backend"]) == ["naive", "sdpa"] and scope["p"].totals["predicted_forward_peak_bytes"]
 
 
+def test_plan_and_fit_from_python_predict_the_times_the_commands_print(capsys):
+    """plan(gpu=) and fit(gpu=) give the times attnprof plan --gpu and fit --gpu print (one front door,
+    planner/predict.py), SDXL at 1024x1024 on an A100; without a GPU to predict for, none."""
+    import json
+
+    from profiler import cli, fit, plan
+
+    p = plan("sdxl-base", "1024x1024", batch=2, backend="sdpa", gpu="A100-80GB")
+    assert cli.main(["plan", "--model", "sdxl-base", "--size", "1024x1024", "--batch", "2", "--backend", "sdpa",
+                     "--gpu", "A100-80GB", "--json"]) == 0
+    (want,) = json.loads(capsys.readouterr().out)
+    for key in ("predicted_forward_time_ms", "predicted_forward_low_ms", "predicted_forward_high_ms", "bound"):
+        assert p.totals[key] == want["totals"][key]
+    assert 50 < p.totals["predicted_forward_time_ms"] < 1000
+    assert "predicted_forward_time_ms" not in plan("sdxl-base", "1024x1024", backend="sdpa").totals
+    f = fit("sd15", "A100-40GB", backends=["naive", "sdpa"], gpu="A100-40GB")
+    assert cli.main(["fit", "--model", "sd15", "--budget", "A100-40GB", "--backend", "naive", "--backend", "sdpa",
+                     "--gpu", "A100-40GB", "--all", "--json"]) == 0
+    want = {b["backend"]: b["predicted_forward_time_ms"] for b in json.loads(capsys.readouterr().out)["backends"]}
+    assert dict(zip(f.backends["backend"], f.backends["predicted_forward_time_ms"])) == want
+    assert want["naive"] < want["sdpa"]  # naive's largest image is the smaller
+
+
 def test_a_trace_names_each_attention_call_by_its_component_block_and_shape(tmp_path):
     """trace=True: a Chrome / Perfetto trace of the generation stored in the run, listed in its cell; each attention
     call a range named by its component, block and shape, as many ranges as calls."""
