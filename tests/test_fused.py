@@ -250,6 +250,35 @@ def test_gpu_check_knows_the_new_kernels_and_says_why_they_do_not_run_here(tmp_p
         assert all("CUDA" in w for w in why), why
 
 
+def test_a_backends_own_kernels_and_attention_op_are_on_its_record_alone(monkeypatch):
+    """A backend registered with kernels= and attention_op= (a plugin's, which no table names): a trace credits its
+    GPU kernel to the call, make gpu-check counts it as the backend's own, and a compiled cell finds its calls by its
+    op; unregistered, its kernel is no attention kernel. SDPA's op is every SDPA backend's, naive has none."""
+    from diffusers.models.attention_processor import AttnProcessor
+
+    from profiler.attention import backends
+    from profiler.gpu_check import checks
+    from profiler.measure.trace import attention_op, attribute
+    from tests.test_devices import CALLS, Ev
+
+    mine = backends.Backend("mine", backends.EXACT, "a plugin's kernel", factory=AttnProcessor, model="fused",
+                            kernels=r"my_attn_fwd", attention_op=r"^mylib::attn")
+    block = next(iter(CALLS))
+    events = [Ev(block, 0, 10), Ev("cudaLaunchKernel", 2, 3, corr=7),
+              Ev("void my_attn_fwd<64>(float*)", 20, 30, device="cuda", linked=7)]
+    assert attribute(events, CALLS)[0][CALLS[block]]["gpu_kernels"] == []
+    monkeypatch.setitem(backends.BACKENDS, "mine", mine)
+    kernels = attribute(events, CALLS)[0][CALLS[block]]["gpu_kernels"]
+    assert kernels == ["my_attn_fwd"] and checks.own_gpu_kernels("mine", kernels)
+    assert not checks.own_gpu_kernels("flex", kernels)
+    assert attention_op("mine").pattern == "^mylib::attn" and attention_op("naive") is None
+    assert attention_op("xformers").search("xformers_flash::flash_fwd") and attention_op("flash-attn-3").search(
+        "flash_attn_3::fwd")
+    sdpa = attention_op("sdpa-flash")
+    assert sdpa.search("aten::_scaled_dot_product_flash_attention") and not sdpa.search(
+        "aten::scaled_dot_product_attention") and attention_op("sdpa") == sdpa
+
+
 @pytest.mark.slow
 def test_flex_compiles_in_the_compile_pass_and_never_in_a_timed_forward(monkeypatch):
     """Dynamo's count of compiled graphs after the compile pass is its count at the end of the cell."""

@@ -65,6 +65,8 @@ class Backend:
     compiles: bool = False  # compiles its kernel on first use of a shape (its cell then runs a compile pass)
     added_kv: bool = False  # it stands in for a SimpleCrossAttn block's added-KV attention (processor.for_module)
     needs: Needs = Needs()
+    kernels: str = ""  # a regex of its own GPU kernels' names, where they are neither SDPA's nor a chunked matmul's
+    attention_op: str = ""  # a regex of the one op that is its whole attention in a trace (SDPA's: uses_sdpa)
 
 
 def _made_by(module: str, name: str, *args) -> Callable:
@@ -197,25 +199,29 @@ BACKENDS: MutableMapping[str, Backend] = _Registry((
     Backend("xformers", EXACT, "xformers memory_efficient_attention via diffusers XFormersAttnProcessor",
             factory=_made_by(_DIFFUSERS, "XFormersAttnProcessor"), model="fused",
             needs=Needs("xformers", "pip install xformers", cuda=True, max_batch_heads=XFORMERS_MAX_BATCH_HEADS,
-                        batch_heads_source=" (facebookresearch/xformers#845: its CUDA grid's y dimension)")),
+                        batch_heads_source=" (facebookresearch/xformers#845: its CUDA grid's y dimension)"),
+            attention_op=r"^xformers(_flash)?::"),
     Backend("flash-attn", EXACT, "flash_attn_func of the flash-attn package (CUDA, fp16/bf16, head_dim <= 256)",
             factory=_made_by(_FUSED, "FlashAttnProcessor"), model="fused", frees_qkv=True,
-            needs=Needs("flash_attn", "pip install flash-attn", **_HALF_CUDA, max_head_dim=256, head_dim_multiple=8)),
+            needs=Needs("flash_attn", "pip install flash-attn", **_HALF_CUDA, max_head_dim=256, head_dim_multiple=8),
+            attention_op=r"^flash_attn(_3)?::"),
     Backend("flash-attn-3", EXACT, "flash_attn_func of FlashAttention 3 (flash_attn_interface; Hopper sm90, "
             "fp16/bf16, head_dim <= 256 and a multiple of 8)",
             factory=_made_by(_FUSED, "FlashAttnProcessor", "flash_attn_interface", "flash-attn-3"),
             model="fused", frees_qkv=True,
             needs=Needs("flash_attn_interface", "build flash-attn's hopper/ (FlashAttention 3)", **_HALF_CUDA,
                         max_head_dim=256, head_dim_multiple=8, gpus="runs on Hopper (sm90) only",
-                        arch_ok=lambda arch: arch[0] == 9)),
+                        arch_ok=lambda arch: arch[0] == 9),
+            kernels=r"cutlass::device_kernel<flash::", attention_op=r"^flash_attn(_3)?::"),
     Backend("flex", EXACT, "FlexAttention compiled once per process and shape (torch.compile), an all-full block "
             "mask; the compile time kept apart (compile_s)", factory=_made_by(_FUSED, "FlexProcessor"), model="flex",
-            frees_qkv=True, compiles=True),
+            frees_qkv=True, compiles=True, kernels=r"triton_tem_fused"),
     Backend("sage", APPROXIMATE, "sageattn of SageAttention: int8 QK, fp16 PV (CUDA sm80+, fp16/bf16, head_dim "
             "<= 128)", factory=_made_by(_FUSED, "SageProcessor"), model="sage", frees_qkv=True,
             needs=Needs("sageattention", "pip install sageattention", **_HALF_CUDA,
                         max_head_dim=SAGE_MAX_HEAD_DIM, source=" (thu-ml/SageAttention#119)",
-                        gpus="needs an sm80 or newer GPU", arch_ok=lambda arch: arch >= (8, 0))),
+                        gpus="needs an sm80 or newer GPU", arch_ok=lambda arch: arch >= (8, 0)),
+            kernels=r"(?<!::)qk_int8?_sv_f"),
 ))
 
 
@@ -266,6 +272,21 @@ def _record(name: str) -> Backend | None:
     """The backend's record (a processor map's: TUNED), or None for a name that is not registered (a plugin's, stored
     in a run)."""
     return TUNED if mix.is_map(name) else BACKENDS[name] if name in BACKENDS else None
+
+
+def own_kernels() -> dict[str, str]:
+    """Each registered backend's own GPU kernels (its record's `kernels`), by name; diffusers' dispatcher's backends
+    run kernels named here (kernel_of) and are not listed, so that nothing imports diffusers for it."""
+    return {b.name: b.kernels for b in BACKENDS._own.values() if b.kernels}
+
+
+def attention_op(name: str) -> str:
+    """The regex of the one op that is the backend's whole attention in a trace: SDPA's concrete kernels for a
+    backend that calls SDPA, else its record's `attention_op`; '' where there is none (naive's is several ops)."""
+    b = _record(name)
+    if b is None:
+        return ""
+    return r"^aten::_scaled_dot_product_(?!attention$)" if b.uses_sdpa else b.attention_op
 
 
 def by_family(names) -> list[tuple[str, list[str]]]:

@@ -29,15 +29,15 @@ from ..fmt import human_bytes
 from ..measure.rows import TOLERANCE
 from .verdicts import Context, Skip, Verdict, evidence, num, ok_cells, ratio_rows, records, said, span, what
 
-# the SDPA kernels forced one per cell, and the kernel each must run
-FORCED = {"sdpa-flash": "flash", "sdpa-efficient": "efficient", "sdpa-cudnn": "cudnn", "sdpa-math": "math"}
+# the SDPA kernels forced one per cell, and the kernel each must run (each record's sdpa_kernel)
+FORCED = {n: backends.BACKENDS[n].sdpa_kernel for n in ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math")}
 CORE_BACKENDS = ("naive", "sdpa", "sdpa-cudnn", "sdpa-efficient")  # the audit's N1-N12 rest on these
 REST_FORCED = ("sdpa-flash", "sdpa-math")
 CPU_CORE_BACKENDS = ("naive", "sdpa", "sdpa-flash", "sdpa-math")  # those a CPU runs (the dry run)
 CHUNKED = ("sliced", "split", "subquad")
 OPTIONAL = ("xformers", "flash-attn")  # in the rest run where installed; unavailable rows of these are no failure
-# the backends of the last checks, each its own (they compile, or need an extension): the kernel names they own
-NEW_BACKENDS = {"flex": "flex", "sage": "sage", "diffusers:_flash_3": "flash-attn-3"}
+# the backends of the last checks, each its own (they compile, or need an extension), each owning its GPU kernels
+NEW_BACKENDS = ("flex", "sage", "diffusers:_flash_3")
 PEAK_TOLERANCE = 0.05  # measured forward or call peak against the planner's / the memory model's prediction
 WORKSPACES_MAX = 2**30  # what the allocator may hold beyond the model and its forward: the libraries' workspaces
 
@@ -360,11 +360,13 @@ def cuda1_is_measured_on_cuda1(ctx: Context) -> Verdict:
 def own_gpu_kernels(backend: str, gpu_kernels) -> bool:
     """Whether a call's GPU kernels (its block row's gpu_kernels: CUDA-device events only, never the CPU-side
     ranges that carry a kernel's name, such as Inductor's around each Triton launch) include the backend's own
-    (trace.BACKEND_KERNELS); another backend's kernel never counts."""
-    from ..measure.trace import BACKEND_KERNELS
+    (its record's `kernels`, or for a dispatcher backend the record of the kernel it runs: backends.kernel_of);
+    another backend's kernel never counts."""
+    import re
 
+    own = re.compile(backends.own_kernels()[backends.kernel_of(backend)])
     names = gpu_kernels if isinstance(gpu_kernels, list) else str(gpu_kernels or "").split(",")
-    return any(BACKEND_KERNELS[NEW_BACKENDS[backend]].search(k) for k in names if k)
+    return any(own.search(k) for k in names if k)
 
 
 def new_backend_reason(name: str, device: str) -> str:

@@ -11,7 +11,7 @@ traced into the graph, and its pass counter would make Dynamo recompile every fo
   cache (warm). Dynamo's in-memory caches are emptied before and after each cell, so every cell traces afresh and
   its graph breaks (Dynamo's counters) are its own;
 - forward times: warm-up and timed forwards as for eager (probes: the device's clock, the allocator's peak);
-- per call: the attention op of the backend (trace.ATTENTION_OPS: SDPA's kernel, xformers', flash-attn's), which
+- per call: the attention op of the backend (its record's attention_op: SDPA's kernel, xformers', flash-attn's), which
   Inductor calls as it is, found in `repeats` traced forwards: the n-th op is the n-th call (a U-Net's attention
   calls run one after the other on the data path), checked against each call's shapes. Its time is the op's own
   (the GPU kernels it launched on CUDA), without the projections that eager per-call times hold; its memory is the

@@ -27,16 +27,20 @@ import torch
 from ..attention.processor import CORE_RANGE
 
 _CPU, _CUDA = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
-# the GPU kernels of the backends beside SDPA's, by backend: FlexAttention compiled (a Triton template kernel: in
-# an attention call nothing else is compiled), SageAttention's CUDA kernels (qk_int_sv_f16_attn_kernel, ...; not its
-# CPU-side op sageattention::qk_int8_sv_...), FlashAttention 3 (cutlass::device_kernel<flash::FlashAttnFwdSm90<...>>)
-BACKEND_KERNELS = {"flex": re.compile(r"triton_tem_fused"), "sage": re.compile(r"(?<!::)qk_int8?_sv_f"),
-                   "flash-attn-3": re.compile(r"cutlass::device_kernel<flash::")}
 # the attention ops worth naming: SDPA's concrete kernels (not the dispatcher), matmuls of chunked code, extensions,
-# a compiled region (on the CPU, FlexAttention's kernel), and the GPU kernels above
-_KERNEL_OPS = re.compile(r"scaled_dot_product_(?!attention$)|baddbmm|^aten::bmm$|^aten::einsum$|xformers|flash_attn"
-                         r"|flash_fwd|fmha|cudnn|cutlass.*[Aa]ttention|^Torch-Compiled Region"
-                         + "".join(f"|{k.pattern}" for k in BACKEND_KERNELS.values()))
+# a compiled region (on the CPU, FlexAttention's kernel), and the GPU kernels of the backends beside SDPA's (each
+# backend's record: attention/backends.own_kernels)
+_KERNEL_OPS = (r"scaled_dot_product_(?!attention$)|baddbmm|^aten::bmm$|^aten::einsum$|xformers|flash_attn"
+               r"|flash_fwd|fmha|cudnn|cutlass.*[Aa]ttention|^Torch-Compiled Region")
+
+
+def kernel_ops() -> re.Pattern:
+    """The names of a call's attention ops and kernels (_KERNEL_OPS, with the registered backends' own kernels)."""
+    from ..attention import backends
+
+    return re.compile(_KERNEL_OPS + "".join(f"|{k}" for k in backends.own_kernels().values()))
+
+
 # the CPU ops that are a call's attention core (module docstring); a projection's ops never are
 CORE_OPS = re.compile(r"^aten::(scaled_dot_product_attention|_scaled_dot_product\w*|baddbmm|bmm|_?softmax|einsum)$"
                       r"|^xformers|^flash_attn|^sageattention|^Torch-Compiled Region|^" + re.escape(CORE_RANGE) + "$")
@@ -79,6 +83,7 @@ class Timeline:
 
     def __init__(self, evs, skip=(), memory=_CPU):
         launched_at, ops, gpu, mem, core, linear = {}, [], [], [], [], []
+        self._kernel_ops = kernel_ops()
         for e in evs:
             if e.device_type() == _CPU and e.linked_correlation_id() == 0:
                 launched_at[e.correlation_id()] = e.start_ns()
@@ -94,7 +99,7 @@ class Timeline:
                 gpu.append((launched_at[e.linked_correlation_id()], name, (e.end_ns() - e.start_ns()) / 1e6,
                             e.start_ns(), e.end_ns()))
             elif dtype == _CPU:
-                if _KERNEL_OPS.search(name):
+                if self._kernel_ops.search(name):
                     ops.append((e.start_ns(), re.sub(r": \d+/\d+$", "", name)))  # a compiled region without its id
                 if CORE_OPS.search(name):
                     core.append((e.start_ns(), e.end_ns()))
@@ -122,7 +127,7 @@ class Timeline:
         peak = peak_bytes(self._between(self._mem_at, self.mem, start, end))
         cpu_names = [name for _, name in self._between(self._ops_at, self.ops, start, end)]
         launched = self._between(self._gpu_at, self.gpu, start, end)
-        attention = [name for _, name, *_ in launched if _KERNEL_OPS.search(name) or sdpa_kernel([name])]
+        attention = [name for _, name, *_ in launched if self._kernel_ops.search(name) or sdpa_kernel([name])]
         names = list(dict.fromkeys(cpu_names + [short(n) for n in attention]))
         out = {"peak_mem_bytes": peak, "kernel": ",".join(names),
                "gpu_kernels": list(dict.fromkeys(short(n) for n in attention)),
@@ -203,19 +208,14 @@ def forward_kernels(evs, name: str) -> list[dict]:
 
 # The op a compiled graph keeps as it is (an extern call of Inductor's), so that its events in the trace are the
 # calls: SDPA's concrete kernels (not the dispatcher aten::scaled_dot_product_attention), xformers' and flash-attn's
-# custom ops. The others' attention is several ops (naive: baddbmm, softmax, bmm) that Inductor fuses with what is
-# around them.
-ATTENTION_OPS = {"sdpa": re.compile(r"^aten::_scaled_dot_product_(?!attention$)"),
-                 "xformers": re.compile(r"^xformers(_flash)?::"), "flash-attn": re.compile(r"^flash_attn(_3)?::")}
-
-
+# custom ops (each backend's record: attention/backends.attention_op). The others' attention is several ops (naive:
+# baddbmm, softmax, bmm) that Inductor fuses with what is around them.
 def attention_op(backend: str) -> re.Pattern | None:
-    """The pattern of the op that is the backend's whole attention (ATTENTION_OPS), or None where there is none."""
+    """The pattern of the op that is the backend's whole attention, or None where there is none."""
     from ..attention import backends
 
-    if backends.uses_sdpa(backend):
-        return ATTENTION_OPS["sdpa"]
-    return ATTENTION_OPS.get("flash-attn" if backend.startswith("flash-attn") else backend)
+    pattern = backends.attention_op(backend)
+    return re.compile(pattern) if pattern else None
 
 
 def op_calls(evs, pattern: re.Pattern, memory=_CPU) -> list[dict]:
