@@ -105,7 +105,7 @@ def load_times(model: str, batch: int, dtype: str, gpu: str) -> pd.DataFrame:
     from profiler.attention import backends
     from profiler.planner.calibration import by_size
 
-    names = [n for n in backends.names() if not n.startswith("diffusers:")]
+    names = [n for n in backends.names() if not backends.dispatched(n)]
     return pd.DataFrame(by_size(model, [(s, s) for s in TIME_SIZES], names, dtype, batch, gpu))
 
 

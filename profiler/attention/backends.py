@@ -67,6 +67,7 @@ class Backend:
     needs: Needs = Needs()
     kernels: str = ""  # a regex of its own GPU kernels' names, where they are neither SDPA's nor a chunked matmul's
     attention_op: str = ""  # a regex of the one op that is its whole attention in a trace (SDPA's: uses_sdpa)
+    dispatcher: bool = False  # it runs through diffusers' attention dispatcher (diffusers:<name>)
 
 
 def _made_by(module: str, name: str, *args) -> Callable:
@@ -79,6 +80,7 @@ def _made_by(module: str, name: str, *args) -> Callable:
 
 
 _DIFFUSERS = "diffusers.models.attention_processor"
+DISPATCHER = "diffusers:"  # the names of diffusers' dispatcher's backends: diffusers:<its name>
 _OURS, _FUSED = "profiler.attention.processor", "profiler.attention.fused"
 SAGE_MAX_HEAD_DIM = 128  # thu-ml/SageAttention#119: head_dim 160 (SD 1.5's inner blocks) is rejected
 XFORMERS_MAX_BATCH_HEADS = 65535  # xformers#845: batch x heads above it fails to launch (AnimateDiff's temporal calls
@@ -126,9 +128,9 @@ def _dispatcher_backend(name: str) -> Backend:
     """The record of diffusers:<name>: its processor runs the dispatcher (which frees q, k and v before to_out); its
     model is that of the kernel it runs where that is one of ours, else a fused kernel's (sage's for sage's)."""
     how = _DISPATCHER_KERNELS.get(name, {"model": "sage" if "sage" in name else "fused"})
-    return Backend(f"diffusers:{name}", dispatcher_family(name),
+    return Backend(f"{DISPATCHER}{name}", dispatcher_family(name),
                    f"diffusers' attention dispatcher, backend {name!r}",
-                   factory=_made_by(_FUSED, "DispatchProcessor", name), frees_qkv=True, **how)
+                   factory=_made_by(_FUSED, "DispatchProcessor", name), frees_qkv=True, dispatcher=True, **how)
 
 
 _DISPATCHER_KERNELS = {  # the dispatcher's backends that run a kernel we model (the others: a fused kernel's model)
@@ -157,7 +159,7 @@ class _Registry(MutableMapping):
         return {**self._own, **self._dispatcher}
 
     def _where(self, name) -> dict:
-        return self._all() if isinstance(name, str) and name.startswith("diffusers:") else self._own
+        return self._all() if isinstance(name, str) and name.startswith(DISPATCHER) else self._own
 
     def __getitem__(self, name):
         return self._where(name)[name]
@@ -356,10 +358,16 @@ _DISPATCHER_OURS = (("native_flash", "sdpa-flash"), ("native_efficient", "sdpa-e
 def kernel_of(name: str) -> str:
     """The backend whose kernel a diffusers dispatcher backend runs (diffusers:_native_flash: sdpa-flash,
     diffusers:flash_varlen_hub: flash-attn), else the name itself: what fit shows one row for."""
-    if not name.startswith("diffusers:"):
+    if not name.startswith(DISPATCHER):
         return name
     key = name.split(":", 1)[1].lstrip("_")
     return next((ours for prefix, ours in _DISPATCHER_OURS if key.startswith(prefix) and ours in BACKENDS), name)
+
+
+def dispatched(name: str) -> bool:
+    """Whether the backend runs through diffusers' attention dispatcher (a diffusers:<name> record)."""
+    b = _record(name)
+    return bool(b and b.dispatcher)
 
 
 def uses_sdpa(name: str) -> bool:
@@ -404,8 +412,8 @@ def check_backend_name(name: str) -> None:
             mix.read(name)
         return
     if name not in BACKENDS:
-        dispatcher = name.startswith("diffusers:")
-        same_kind = [n for n in BACKENDS if n.startswith("diffusers:") == dispatcher]
+        dispatcher = name.startswith(DISPATCHER)
+        same_kind = [n for n in BACKENDS if n.startswith(DISPATCHER) == dispatcher]
         raise InputError(f"unknown backend {name!r}: use one of {', '.join(same_kind)}" + ("" if dispatcher else
                          ", or diffusers:NAME for a backend of diffusers' dispatcher (attnprof backends lists them)"))
 
@@ -499,7 +507,7 @@ def _cuda_arch(device: torch.device) -> tuple[int, int]:
 def _static_reason(name: str, device: torch.device, dtype: str, head_dims: tuple[int, ...]) -> str:
     """Why the backend cannot run here, said from what it needs (its record's needs; a dispatcher backend:
     diffusers' own requirement check), or '' where only running it can tell."""
-    if name.startswith("diffusers:"):
+    if name.startswith(DISPATCHER):
         return dispatcher_reason(name.removeprefix("diffusers:"), device)
     needs = BACKENDS[name].needs
     if needs.package and importlib.util.find_spec(needs.package) is None:

@@ -287,7 +287,7 @@ def distinct(entries: list[dict]) -> list[dict]:
             rows[key] = {**b, "also": []}
     for row in rows.values():  # our own name first where a dispatcher alias came before it
         names = [row["backend"], *row["also"]]
-        own = next((n for n in names if not n.startswith("diffusers:")), names[0])
+        own = next((n for n in names if not backends.dispatched(n)), names[0])
         row["backend"], row["also"] = own, [n for n in names if n != own]
     return list(rows.values())
 

@@ -263,7 +263,7 @@ def how_traced(name: str, device: str, dtype: str) -> str | None:
         return "sdpa" if cuda else "processor"  # PyTorch's choice, per call
     if b.sdpa_kernel in _CUDA_KERNELS:
         return b.sdpa_kernel if cuda else "processor" if b.sdpa_kernel == "flash" else None
-    if b.needs.package or name.startswith("diffusers:") and not b.uses_sdpa:
+    if b.needs.package or b.dispatcher and not b.uses_sdpa:
         return "memory model" if cuda else None  # an extension's kernel, or one of diffusers' dispatcher's
     return "processor"
 
@@ -285,7 +285,7 @@ def method_text(how: str) -> str:
 def _dispatcher(name: str):
     """The processor that _FusedOp runs around a CUDA kernel: diffusers' dispatcher for a diffusers:<name> backend
     (its SDPA call is the one replaced), else AttnProcessor2_0's (None)."""
-    return backends.make_processor(name) if name.startswith("diffusers:") else None
+    return backends.make_processor(name) if backends.dispatched(name) else None
 
 
 def _temb(proc, temb) -> dict:

@@ -65,7 +65,7 @@ def candidates(names: list[str] | None, options: dict, device: str, dtype: str,
         answers = [backends.availability(name, device, dtype, (d,)) for d in head_dims]
         if any(ok for ok, _ in answers):
             keys.append(key_of(name, opts))
-        elif names or not name.startswith("diffusers:"):
+        elif names or not backends.dispatched(name):
             left[backends.label(name, opts)] = answers[0][1]
     if not keys:
         raise InputError(f"no backend to tune runs on {device} in {dtype}: "
