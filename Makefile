@@ -30,9 +30,10 @@ bytecode: setup
 test: bytecode
 	$(PY) -m pytest -q -n 2
 
-## make test-fast: the inner loop, the suite without its end-to-end modules (tests/conftest.py E2E_MODULES)
+## make test-fast: the inner loop, the suite without its end-to-end and longest modules (tests/conftest.py E2E_MODULES,
+## WHOLE_ONLY)
 test-fast: bytecode
-	$(PY) -m pytest -q -n 2 -m 'not slow and not gpu and not e2e'
+	$(PY) -m pytest -q -n 2 -m 'not slow and not gpu and not e2e and not whole'
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow

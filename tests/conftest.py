@@ -68,9 +68,18 @@ E2E_MODULES = {"test_service_e2e", "test_ray", "test_dashboard_e2e", "test_runs_
                "test_dashboard_app", "test_pipeline", "test_record", "test_every_kind", "test_tune_e2e"}
 
 
+# The in-process modules whose measured runs and full-size traces take the longest: make test runs them, make
+# test-fast (the inner loop, under 4 minutes here) not
+WHOLE_ONLY = {"test_run", "test_family", "test_kernel_time", "test_kernels", "test_generation", "test_reference",
+              "test_measure", "test_checkpoint"}
+
+
 def pytest_itemcollected(item):
-    if item.module.__name__.rsplit(".", 1)[-1] in E2E_MODULES:
+    name = item.module.__name__.rsplit(".", 1)[-1]
+    if name in E2E_MODULES:
         item.add_marker(pytest.mark.e2e)
+    if name in WHOLE_ONLY:
+        item.add_marker(pytest.mark.whole)
 
 
 # The modules whose tests start Ray (a local Ray, attnprof serve's heads): their teardowns run `ray stop`, which ends
