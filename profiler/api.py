@@ -56,7 +56,8 @@ def plan(model: str, size: str = "512x512", batch: int = 1, dtype: str = "float1
          results: str | None = None, host_us_per_op: float | None = None) -> Plan:
     """attnprof plan --model MODEL --size SIZE [--backend B ...] [--gpu NAME] in Python: no weights, no GPU. With
     gpu (a name of attnprof gpus), or results (this machine's stored runs), the predicted times too, in totals and
-    each block's row (planner/predict.py, as the command prints them)."""
+    each block's row (planner/predict.py, as the command prints them): backend's, or sdpa's where backend is None
+    (as attnprof plan takes it), which then has no peak of its own."""
     from .planner import plan as run, predict
 
     width, height = parse_size(size)

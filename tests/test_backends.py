@@ -329,3 +329,18 @@ def test_the_names_a_user_imports_come_from_profiler(tmp_path):
     done = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, env=env,
                           timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "32", done.stderr[-2000:]
+
+
+def test_the_kernel_each_backend_runs_is_read_from_its_record():
+    """The kernel the GPU time model prices a call by (call_kernel): a forced SDPA kernel, PyTorch's choice for the
+    call, a library's own (flash-attn's FlashAttention-2 is PyTorch's flash kernel, FA3 its own: each record's
+    runs_kernel), xformers' by arch and head dim, else the backend itself; a dispatcher backend as the kernel it
+    runs. SD 1.5's head dims 40 and 160, SDXL's 64."""
+    from profiler.attention.backends import call_kernel
+
+    row = {"head_dim": 64, "sdpa_kernel": "efficient"}
+    assert [call_kernel(n, row, "sm90") for n in ("flash-attn", "flash-attn-3", "diffusers:flash", "sdpa-cudnn",
+                                                  "sdpa", "naive", "subquad")] == \
+        ["flash", "fa3", "flash", "cudnn", "efficient", "naive", "subquad"]
+    assert call_kernel("xformers", {"head_dim": 160}, "sm80") == "flash"
+    assert call_kernel("xformers", {"head_dim": 40}, "sm75") == "efficient"

@@ -271,6 +271,7 @@ def test_a_backends_own_kernels_and_attention_op_are_on_its_record_alone(monkeyp
     kernels = attribute(events, CALLS)[0][CALLS[block]]["gpu_kernels"]
     assert kernels == ["my_attn_fwd"] and checks.own_gpu_kernels("mine", kernels)
     assert not checks.own_gpu_kernels("flex", kernels)
+    assert not checks.own_gpu_kernels("sdpa", kernels + ["pytorch_flash::flash_fwd_kernel"])  # SDPA's are no one's own
     assert attention_op("mine").pattern == "^mylib::attn" and attention_op("naive") is None
     assert attention_op("xformers").search("xformers_flash::flash_fwd") and attention_op("flash-attn-3").search(
         "flash_attn_3::fwd")

@@ -68,6 +68,7 @@ class Backend:
     kernels: str = ""  # a regex of its own GPU kernels' names, where they are neither SDPA's nor a chunked matmul's
     attention_op: str = ""  # a regex of the one op that is its whole attention in a trace (SDPA's: uses_sdpa)
     dispatcher: bool = False  # it runs through diffusers' attention dispatcher (diffusers:<name>)
+    runs_kernel: str = ""  # the kernel its library runs, as the GPU time model names kernels (planner/kernels.py)
 
 
 def _made_by(module: str, name: str, *args) -> Callable:
@@ -206,7 +207,7 @@ BACKENDS: MutableMapping[str, Backend] = _Registry((
     Backend("flash-attn", EXACT, "flash_attn_func of the flash-attn package (CUDA, fp16/bf16, head_dim <= 256)",
             factory=_made_by(_FUSED, "FlashAttnProcessor"), model="fused", frees_qkv=True,
             needs=Needs("flash_attn", "pip install flash-attn", **_HALF_CUDA, max_head_dim=256, head_dim_multiple=8),
-            attention_op=r"^flash_attn(_3)?::"),
+            attention_op=r"^flash_attn(_3)?::", runs_kernel="flash"),
     Backend("flash-attn-3", EXACT, "flash_attn_func of FlashAttention 3 (flash_attn_interface; Hopper sm90, "
             "fp16/bf16, head_dim <= 256 and a multiple of 8)",
             factory=_made_by(_FUSED, "FlashAttnProcessor", "flash_attn_interface", "flash-attn-3"),
@@ -214,7 +215,7 @@ BACKENDS: MutableMapping[str, Backend] = _Registry((
             needs=Needs("flash_attn_interface", "build flash-attn's hopper/ (FlashAttention 3)", **_HALF_CUDA,
                         max_head_dim=256, head_dim_multiple=8, gpus="runs on Hopper (sm90) only",
                         arch_ok=lambda arch: arch[0] == 9),
-            kernels=r"cutlass::device_kernel<flash::", attention_op=r"^flash_attn(_3)?::"),
+            kernels=r"cutlass::device_kernel<flash::", attention_op=r"^flash_attn(_3)?::", runs_kernel="fa3"),
     Backend("flex", EXACT, "FlexAttention compiled once per process and shape (torch.compile), an all-full block "
             "mask; the compile time kept apart (compile_s)", factory=_made_by(_FUSED, "FlexProcessor"), model="flex",
             frees_qkv=True, compiles=True, kernels=r"triton_tem_fused"),
@@ -382,14 +383,11 @@ def picks_sdpa_kernel(name: str) -> bool:
     return bool(b and b.picks_sdpa_kernel)
 
 
-LIBRARY_KERNEL = {"flash-attn": "flash", "flash-attn-3": "fa3"}
-
-
 def call_kernel(name: str, row: dict, arch: str | None = None) -> str:
     """The kernel that runs a call's attention (what the GPU time model fits, planner/kernels.py): the SDPA kernel the
     backend (or the one of ours a dispatcher backend runs: kernel_of) forces, or the one PyTorch chose for the call
-    (row["sdpa_kernel"]); the kernel a fused library runs (LIBRARY_KERNEL: flash-attn's FlashAttention-2 is PyTorch's
-    flash one; xformers dispatches to FlashAttention-2 first where it runs, from sm80 in half precision up to head
+    (row["sdpa_kernel"]); the kernel a fused library runs (its record's runs_kernel: flash-attn's FlashAttention-2
+    is PyTorch's flash one; xformers dispatches to FlashAttention-2 first where it runs, from sm80 in half precision up to head
     dim 256, else to its cutlass kernel, PyTorch's memory-efficient one); else the backend's own ops (naive's
     baddbmm, softmax and bmm; the chunked backends'). arch: the GPU's (sm90), where known."""
     own = kernel_of(name)
@@ -402,7 +400,7 @@ def call_kernel(name: str, row: dict, arch: str | None = None) -> str:
     if own == "xformers":
         flash = arch and int(arch.removeprefix("sm")) >= 80 and row.get("head_dim", 0) <= 256
         return "flash" if flash else "efficient"
-    return LIBRARY_KERNEL.get(own, own)
+    return b.runs_kernel if b is not None and b.runs_kernel else own
 
 
 def check_backend_name(name: str) -> None:

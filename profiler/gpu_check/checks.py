@@ -364,9 +364,11 @@ def own_gpu_kernels(backend: str, gpu_kernels) -> bool:
     another backend's kernel never counts."""
     import re
 
-    own = re.compile(backends.own_kernels()[backends.kernel_of(backend)])
+    pattern = backends.own_kernels().get(backends.kernel_of(backend))
+    if not pattern:  # a backend with no kernels of its own (SDPA's, a matmul's) owns none
+        return False
     names = gpu_kernels if isinstance(gpu_kernels, list) else str(gpu_kernels or "").split(",")
-    return any(own.search(k) for k in names if k)
+    return any(re.search(pattern, k) for k in names if k)
 
 
 def new_backend_reason(name: str, device: str) -> str:
