@@ -24,19 +24,22 @@ def checked():
 def test_leave_one_gpu_out_is_within_35_percent_and_every_row_inside_its_range_as_the_docs_say(checked):
     """Each GPU's rows (36: fitted and checks) predicted from a fit to the other GPUs' rows alone: in fp16 and bf16
     (35 rows) worst within 35% (fddf537's one factor a GPU: +90%); the float32 check (the fast-diffusion tutorial's
-    baseline, TF32 matmuls) the worst, under 60%: one share per class for every dtype overprices float32. Each row
-    inside its range, with its machine's host and with the host unknown; sized on the other GPUs' misses alone (the
-    range's own out-of-sample check) at least 35 of 36. README and docs/timing.md give both worsts."""
+    baseline, TF32 matmuls) the worst, under 40% (+59% before a class kept its achieved rate in float32: the next
+    test). Each row inside its range, with its machine's host and with the host unknown; sized on the other GPUs'
+    misses alone (the range's own out-of-sample check) 32 of 36, the four outside the A100 40GB's, by under 5 points.
+    README and docs/timing.md give both worsts."""
     held = [f for f in checked if "logo_error" in f]
     assert len(held) == len(published.ROWS) == 36
     half = [f for f in held if f["row"].dtype != "float32"]
     worst = max(half, key=lambda f: abs(f["logo_error"]))
     assert len(half) == 35 and abs(worst["logo_error"]) <= 0.35, worst
     fp32 = next(f for f in held if f["row"].dtype == "float32")
-    assert fp32["row"].tf32 and 0.35 < fp32["logo_error"] < 0.60 and fp32["error"] > 0.2
+    assert fp32["row"].tf32 and 0.35 < fp32["logo_error"] < 0.40 and 0.2 < fp32["error"] < 0.3
     assert all(f["inside"] and f["inside_unknown_host"] for f in held), [f["row"] for f in held if not f["inside"]]
     assert all(f["low_ms"] < f["logo_ms"] < f["high_ms"] for f in held)
-    assert sum(f["inside_without_its_gpu"] for f in held) >= 35
+    outside = [f for f in held if not f["inside_without_its_gpu"]]
+    assert len(outside) <= 4 and {f["row"].gpu for f in outside} <= {"A100-40GB"}, [f["row"] for f in outside]
+    assert all(abs(f["logo_error"]) < 0.30 for f in outside)
     for doc in ("README.md", "docs/timing.md"):
         text = " ".join((REPO / doc).read_text().split()).lower()
         near = [text[i:i + 400] for i in range(len(text)) if text.startswith("leave one gpu out", i)]
@@ -47,7 +50,7 @@ def test_leave_one_gpu_out_is_within_35_percent_and_every_row_inside_its_range_a
 
 def test_the_rows_never_fitted_that_the_gpu_bounds_are_within_20_percent(checked):
     """The ControlNet rows are checks (predicted, never fitted): those the GPU bounds within 20%. (The other check,
-    the float32 generation, misses by 40%: the test above.)"""
+    the float32 generation, misses by 26%: the test above.)"""
     rows = [f for f in checked if f["row"].use == "check" and f["bound"] == "gpu" and f["row"].controlnet]
     assert len(rows) >= 8 and max(abs(f["error"]) for f in rows) <= 0.20, [(f["row"], f["error"]) for f in rows]
 
@@ -177,6 +180,30 @@ def test_float32_convolutions_take_the_tf32_rate_and_matmuls_do_not():
     assert gpus.peak_flops(a100, "float32", "convolution") == pytest.approx(156e12 * clock)
     assert gpus.peak_flops(a100, "float32", "matmul") == pytest.approx(19.5e12 * clock)
     assert gpus.peak_flops(v100, "float32", "convolution") == gpus.peak_flops(v100, "float32", "matmul")
+
+
+def test_float32_keeps_a_class_under_the_ceiling_at_its_achieved_rate_and_slows_one_at_it_by_the_whole_ratio(checked):
+    """Shares are fitted in half precision: a convolution at sm80's 33% keeps its FLOP/s at TF32 (half the rate: its
+    share 66%), a matmul at the 90% ceiling takes twice as long, memory-bound ops their doubled bytes. So the
+    fast-diffusion tutorial's float32 SDXL over its bfloat16 (both naive, A100 80GB; it ran 1.59x) is predicted within
+    12%, fitted and with its GPU left out; one share per class for every dtype read 1.95x (+23%)."""
+    assert physics.relieved(1 / 0.33, 2.0) == pytest.approx(1 / 0.66)
+    assert physics.relieved(1 / 0.6, 2.0) == pytest.approx(1 / physics.CEILING)  # up to the ceiling, not past it
+    assert physics.relieved(1 / physics.CEILING, 2.0) == pytest.approx(1 / physics.CEILING)
+    assert physics.relieved(1 / 0.95, 2.0) == pytest.approx(1 / 0.95) and physics.relieved(3.0, 1.0) == 3.0
+    a100 = gpus.get("A100-80GB")
+    w = {"rows": [], "calls": [], "at": [], "rest": np.array([[1e12, 1e6, 0, 0], [1e12, 1e6, 0, 1], [0, 1e9, 0, 2]])}
+    ms = {d: physics.kernel_ms(physics.stream(w, "naive", {}, d, a100, {}, tf32=True), physics.Shares(0.33, 0.9, 0.8))
+          for d in ("bfloat16", "float32")}
+    assert ms["float32"][0] == pytest.approx(ms["bfloat16"][0])  # the convolution: its achieved rate kept
+    assert ms["float32"][1] == pytest.approx(2 * ms["bfloat16"][1], rel=1e-3)  # the matmul at the ceiling: 2x
+    assert ms["float32"][2] == pytest.approx(ms["bfloat16"][2])  # the norm: bytes as given, no relief
+    fast = [f for f in checked if f["row"].source == published.FAST and f["row"].backend == "naive"]
+    bf16, fp32 = sorted(fast, key=lambda f: f["row"].dtype)
+    ran = fp32["row"].published_ms / bf16["row"].published_ms
+    assert 1.5 < ran < 1.7
+    for key in ("predicted_ms", "logo_ms"):
+        assert fp32[key] / bf16[key] == pytest.approx(ran, rel=0.12), key
 
 
 def test_a_gpu_takes_its_published_machines_host_else_the_published_range_unless_told(capsys, monkeypatch, tmp_path):

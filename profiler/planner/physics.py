@@ -17,6 +17,15 @@ row by 52% with its GPU left out, against 30% as it is). A core is never under i
 every share is at most CEILING: no kernel runs at its datasheet's peak. On the architecture of the kernel times
 (sm90) an attention call is priced whole by its kernel's fit (its projections, its minimum: measured).
 
+The shares are fitted in half precision. A compute class's share under CEILING says its kernels are held back by
+work that is not the tensor cores' (a convolution's layout passes, its tiles' loads), which a dtype of lower peak does
+not slow: so in float32 (convolutions at TF32, half FP16's rate; matmuls at FP32, or TF32 where set) a convolution or
+matmul keeps its achieved FLOP/s up to CEILING of the dtype's own peak (`relieved`: its share times half precision's
+peak over the dtype's, at most CEILING), and one already at CEILING slows by the whole ratio. Memory-bound ops are
+priced by their bytes, which float32 doubles: no relief. Assumed, and checked on the one published float32 row (the
+fast-diffusion tutorial's SDXL on an A100: float32 over bfloat16 1.75x fitted, 1.68x with its GPU left out, against
+the 1.59x it ran; one share per class whatever the dtype read 1.95x), never fitted.
+
 The host dispatches op after op (us per op, planner/host.py; an attention core's ops as the backend's processor runs
 them: host.core_ops), and the GPU runs each kernel once the host issued it and the kernel before it ended: a two-stage
 pipeline, whose time is the last kernel's end,
@@ -79,6 +88,7 @@ class Stream:
     launches: np.ndarray  # the kernel minimums each item takes (0 for a call priced whole by its kernel fit)
     calls: int
     kernels: tuple = ()  # each call's core: its kernel's name, or "unfused"
+    relief: np.ndarray | None = None  # per op class, half precision's rate over the dtype's (relieved; None: 1)
 
 
 def stream(w: dict, backend: str, options: dict, dtype: str, gpu: dict, kernels: dict, tf32: bool = False) -> Stream:
@@ -89,6 +99,8 @@ def stream(w: dict, backend: str, options: dict, dtype: str, gpu: dict, kernels:
 
     dtype = w.get("dtype", dtype)  # what the model computes in: an upcast VAE's float32 at float32's rates
     peaks = np.array([gpus.peak_flops(gpu, dtype, k, tf32) for k in OP_CLASSES])
+    relief = np.array([max(1.0, gpus.peak_flops(gpu, _half(gpu), k) / p) if k in ("convolution", "matmul") else 1.0
+                       for k, p in zip(OP_CLASSES, peaks)])
     device = Device(float(peaks[1]), gpu["bytes_per_s"], gpu=True)
     parts, at, start, names = [], [*w["at"], len(w["rest"])], 0, []
 
@@ -121,7 +133,12 @@ def stream(w: dict, backend: str, options: dict, dtype: str, gpu: dict, kernels:
         parts.append(tuple(np.array([v]) for v in (*core, n, i, launches)))
     ops(w["rest"][start:], -1)
     cols = [np.concatenate([p[j] for p in parts]) for j in range(7)]
-    return Stream(*cols[:5], cols[5].astype(int), cols[6], len(w["rows"]), tuple(names))
+    return Stream(*cols[:5], cols[5].astype(int), cols[6], len(w["rows"]), tuple(names), relief)
+
+
+def _half(gpu: dict) -> str:
+    """The half-precision dtype the shares were fitted in (float16, or bfloat16 where the table has no float16)."""
+    return "float16" if gpu["tflops"]["float16"] else "bfloat16"
 
 
 def _with_sdpa_kernel(row: dict, backend: str, dtype: str, gpu: dict) -> dict:
@@ -176,10 +193,18 @@ def basis(s: Stream, kernels: dict, gpu: dict, data_arch: str) -> str:
     return BASES[min((one(k) for k in set(s.kernels)), default=2)]
 
 
+def relieved(coefficient, relief):
+    """A class's time over its roofline (1 / its share) at a dtype whose rate is `relief` times lower than the half
+    precision it was fitted in: the share rises toward CEILING by that factor, never falls (module docstring)."""
+    return np.minimum(coefficient, np.maximum(1 / CEILING, np.asarray(coefficient) / relief))
+
+
 def kernel_ms(s: Stream, shares: Shares) -> np.ndarray:
     """Each item's GPU time (module docstring); a core never under its FLOPs at CEILING of the peak."""
     coef = shares.coefficients()
     per_class = np.array([coef[k] for k in OP_CLASSES])
+    if s.relief is not None:
+        per_class = relieved(per_class, s.relief)
     kind = s.kind.astype(int)
     ops = s.roof * per_class[np.minimum(kind, len(OP_CLASSES) - 1)]
     factor = np.where(kind == CORE_FUSED, shares.attention, shares.unfused)
