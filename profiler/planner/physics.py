@@ -87,8 +87,8 @@ class Stream:
     call: np.ndarray
     launches: np.ndarray  # the kernel minimums each item takes (0 for a call priced whole by its kernel fit)
     calls: int
-    kernels: tuple = ()  # each call's core: its kernel's name, or "unfused"
-    relief: np.ndarray | None = None  # per op class, half precision's rate over the dtype's (relieved; None: 1)
+    kernels: tuple  # each call's core: its kernel's name, or "unfused"
+    relief: np.ndarray  # per op class, half precision's peak over the dtype's (relieved; 1 in half precision)
 
 
 def stream(w: dict, backend: str, options: dict, dtype: str, gpu: dict, kernels: dict, tf32: bool = False) -> Stream:
@@ -202,9 +202,7 @@ def relieved(coefficient, relief):
 def kernel_ms(s: Stream, shares: Shares) -> np.ndarray:
     """Each item's GPU time (module docstring); a core never under its FLOPs at CEILING of the peak."""
     coef = shares.coefficients()
-    per_class = np.array([coef[k] for k in OP_CLASSES])
-    if s.relief is not None:
-        per_class = relieved(per_class, s.relief)
+    per_class = relieved(np.array([coef[k] for k in OP_CLASSES]), s.relief)
     kind = s.kind.astype(int)
     ops = s.roof * per_class[np.minimum(kind, len(OP_CLASSES) - 1)]
     factor = np.where(kind == CORE_FUSED, shares.attention, shares.unfused)
