@@ -20,12 +20,13 @@ import platform
 import re
 import resource
 import socket
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from .spec import InputError
+from .spec import InputError, parse_batch, parse_dtype, parse_size
 
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
@@ -636,6 +637,21 @@ def default_dtype(device: str) -> str:
     """The dtype a cell runs in where none is given: float32 on the CPU (it has no fast float16 path), float16 on
     CUDA ('auto' is resolved first)."""
     return "float32" if _on_cpu(device) else "float16"
+
+
+def given_dtype(dtype: str | None, device: str, say: bool = False) -> str:
+    """--dtype, or without it the device's default (float32 on the CPU, float16 on CUDA); with say, float16 on the
+    CPU is said (once: here) to be emulated."""
+    dtype = parse_dtype(dtype) if dtype else default_dtype(device)
+    note = dtype_note(device, [dtype]) if say else None
+    if note:
+        print(f"attnprof: {note}", file=sys.stderr, flush=True)
+    return dtype
+
+
+def given_shape(size, batch, dtype, device: str, say: bool = False) -> tuple:
+    """--size (repeatable; default 512x512), --batch and --dtype as a command takes them: (sizes, batch, dtype)."""
+    return [parse_size(s) for s in (size or ["512x512"])], parse_batch(batch), given_dtype(dtype, device, say)
 
 
 def dtype_note(device: str, dtypes) -> str | None:

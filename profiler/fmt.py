@@ -1,6 +1,8 @@
 """Formatting for people: byte sizes, counts and plain-text tables. Only for display; stored values stay raw."""
 from __future__ import annotations
 
+import sys
+
 
 def human_bytes(n) -> str:
     if n is None or n != n:
@@ -96,3 +98,15 @@ def generations_text(steps: list[int], seconds: list[float]) -> str:
     how = f"of {steps[0]} steps" if len(set(steps)) == 1 else f"({min(steps)} to {max(steps)} steps)" \
         if len(steps) > 4 else f"({', '.join(map(str, steps[:-1]))} and {steps[-1]} steps)"
     return f"{len(seconds)} generations {how}, {times}"
+
+
+def progress(command: str, quiet: bool):
+    """A command's progress: each line on stderr after `attnprof COMMAND:`; nothing where quiet."""
+    if quiet:
+        return lambda line: None
+    return lambda line: print(f"attnprof {command}: {line}", file=sys.stderr, flush=True)
+
+
+def typed() -> str:
+    """The command line as the user typed it (attnprof ARGS), stored with what it made."""
+    return " ".join(["attnprof"] + sys.argv[1:])

@@ -144,6 +144,20 @@ def parse_size(text: str) -> tuple[int, int]:
     return width, height
 
 
+def parse_options(pairs) -> dict:
+    """--option KEY=VALUE (repeatable) as a dict: each value JSON where it reads as JSON, else the text."""
+    out = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise InputError(f"backend option {pair!r} is not KEY=VALUE: e.g. --option slice_size=4")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
 def parse_batch(value) -> int:
     try:
         batch = int(value)

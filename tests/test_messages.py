@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from profiler.cli import build_parser, resume_command
+from profiler.cli import build_parser
+from profiler.execute.commands import resume_command
 from profiler.store import Run, list_runs
 
 REPO = Path(__file__).resolve().parent.parent

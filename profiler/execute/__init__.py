@@ -2,6 +2,8 @@
 import signal
 import threading
 
+NO_CELL_OK = 1  # run, sweep, profile: the run holds no cell that ended ok
+
 
 class ExecutorError(RuntimeError):
     """A subprocess of the executor failed where no cell row can say so (the availability probe or the device

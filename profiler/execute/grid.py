@@ -201,8 +201,8 @@ def _grid(doc: dict, where: str, inherit: dict | None = None) -> dict:
         entries = [{n: o or {}} for n, o in given.items()] if isinstance(given, dict) and given else \
             _as_list(doc, "backends", where)
         kw["backends"] = tuple(_backend_entry(b, where) for b in entries)
-        _maps_elsewhere([b if isinstance(b, str) else next(iter(b)) for b in entries], kw["models"],
-                        kw.get("sizes") or (inherit or {}).get("sizes") or Sweep.sizes, where)
+        maps_elsewhere([b if isinstance(b, str) else next(iter(b)) for b in entries], kw["models"],
+                       kw.get("sizes") or (inherit or {}).get("sizes") or Sweep.sizes, f"attnprof sweep: {where}")
     axes = dict((inherit or {}).get("model_settings", ()))
     for name in SETTINGS:
         if name in doc:
@@ -214,9 +214,9 @@ def _grid(doc: dict, where: str, inherit: dict | None = None) -> dict:
     return kw
 
 
-def _maps_elsewhere(names: list, models_: tuple, sizes: tuple, where: str) -> None:
-    """A processor map file among a grid's backends that was tuned for another of its models or sizes: one warning
-    line on stderr each (mix.elsewhere), as attnprof run gives; the sweep runs on."""
+def maps_elsewhere(names: list, models_: tuple, sizes: tuple, said: str) -> None:
+    """A processor map file among a grid's (or attnprof run's) backends that was tuned for another of its models or
+    sizes: one warning line on stderr each (mix.elsewhere), after said; the sweep runs on."""
     import sys
 
     from ..attention import mix
@@ -227,7 +227,7 @@ def _maps_elsewhere(names: list, models_: tuple, sizes: tuple, where: str) -> No
             for model in models_:
                 line = mix.elsewhere(doc, name, model, sizes)
                 if line:
-                    print(f"attnprof sweep: {where}: {line}", file=sys.stderr, flush=True)
+                    print(f"{said}: {line}", file=sys.stderr, flush=True)
 
 
 def _run_keys(doc: dict, where: str) -> dict:

@@ -253,3 +253,44 @@ def cell_of(spec: CellSpec, blocks: list[dict], peaks: dict, started: float) -> 
             "noisy": any(b["noisy"] for b in blocks), "shapes": len({shape_of(b) for b in blocks}),
             "time_source": "cupti" if dev.kernel_clock else "host clock",  # each shape's kernels, or its host time
             **peaks, **dev.identity(), "torch_threads": torch.get_num_threads(), "wall_s": time.time() - started}
+
+
+def replay_command(run, model, size, batch, dtype, backend, option, device, repeats, warmup, results, out,
+                   quiet):
+    """attnprof replay: a run's ok cells (RUN, under results; its backends) or a plan (model, size; sdpa), replayed
+    with each --backend where given; the replay's run."""
+    import json
+    from pathlib import Path
+
+    from ..fmt import progress, typed
+    from ..spec import InputError, parse_options
+    from ..store import find_run
+    from ..unet import models
+
+    if (run is None) == (model is None):
+        raise InputError("replay takes a run (RUN) or a plan (--model M --size WxH), one of the two")
+    if repeats < 1 or warmup < 0:
+        raise InputError("--repeats must be 1 or more and --warmup 0 or more")
+    device = devices.resolve(devices.parse(device, "--device"))
+    options = parse_options(option)
+    if run is not None:
+        if size or batch or dtype:
+            raise InputError("--size, --batch and --dtype go with --model: a run's cells give them")
+        found = find_run(results, run)
+        if not found.kind.named:
+            raise InputError(f"run {found.id} is a {found.kind.name} run ({found.kind.what}): its models are not "
+                             "named configs to rebuild; replay a run of attnprof run or sweep, or --model and --size")
+        targets = targets_of_run(*found.read())
+        if not targets:
+            raise InputError(f"run {found.id} has no ok cell to replay: give another run, or --model and --size")
+        ok = found.cells().query("status == 'ok'")
+        chosen = [(b, json.loads(o)) for b, o in dict.fromkeys(zip(ok["backend"], ok["backend_options"]))]
+        source = f"run {found.id}"
+    else:
+        models.resolve(model)
+        targets = targets_of_plan(model, *devices.given_shape(size, batch or "1", dtype, device, say=True))
+        chosen, source = [("sdpa", {})], f"a plan of {model}"
+    if backend:
+        chosen = [(name, backends.check_options(name, options)) for name in backend]
+    return replay(targets, [(n, backends.check_options(n, o)) for n, o in chosen], device, repeats, warmup,
+                  Path(out), typed(), source, progress("replay", quiet))

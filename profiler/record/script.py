@@ -48,6 +48,45 @@ def interpreted(script: str | None, args: list[str]) -> tuple[str | None, list[s
     return args[0], args[1:]
 
 
+def record_command(script: str | None, args: list[str], backend: list[str] | None, out: str, trace: bool,
+                   quiet: bool, resume: str | None) -> int:
+    """attnprof record: the script recorded (or an interrupted record run finished), the run's summary printed; the
+    script's exit status."""
+    from ..fmt import progress, terminal_width
+    from ..report.show import format_run, left_backends, resume_record
+    from ..store import Run
+
+    if resume and script:
+        raise InputError("--resume finishes a run with its own script and arguments: give no script after it")
+    if not resume and not script:
+        raise InputError("record needs the script to run: attnprof record -- generate.py --steps 30")
+    script, rest = interpreted(script, args)
+    say = None if quiet else progress("record", quiet)
+    if say:
+        _options_after(rest, say)
+    code, path = record(script, rest, backend or [], Path(out), trace, say, resume)
+    if path is None:
+        return code
+    run = Run.open(path)
+    print(format_run(run, terminal_width()))
+    if code == 130 and left_backends(run.manifest(), run.cells()):
+        print(f"attnprof record: interrupted: the cells recorded so far are kept; finish it with: "
+              f"{resume_record(run)}", file=sys.stderr)
+    elif code == 130:
+        print("attnprof record: interrupted after every backend's cells were stored: the run is whole",
+              file=sys.stderr)
+    return code
+
+
+def _options_after(args: list[str], say) -> None:
+    """A word after the script that is one of record's own options goes to the script, as the convention says;
+    said once, since the user may have meant it for record."""
+    own = [a for a in args if a.split("=")[0] in ("--out", "--backend", "--trace", "--quiet", "--resume")]
+    if own:
+        say(f"{', '.join(own)} after the script go{'es' if len(own) == 1 else ''} to the script, not to record: "
+            "put record's options before the script (attnprof record --out DIR -- SCRIPT.py ARGS)")
+
+
 def _same_file(a: str, b: str) -> bool:
     try:
         return os.path.samefile(a, b)

@@ -420,3 +420,27 @@ def _diff_row(r: dict) -> dict:
             "peak B": human_bytes(r["peak_b_bytes"]) if ran else "-",
             "peak": f"{r['peak_ratio']:.3f}x" if ran and r["peak_ratio"] == r["peak_ratio"] else "-",
             "verdict": r["verdict"], "note": note}
+
+
+def diff_command(run_a: str, run_b: str, results: str, threshold: float, json: bool) -> int:
+    """attnprof diff: run B against run A, printed (or as JSON); the exit status says what was found."""
+    import sys
+    from json import dump
+
+    from ..spec import InputError
+    from ..store import find_run
+
+    if not 0 <= threshold < 1:
+        raise InputError(f"--threshold {threshold} is not a fraction: use e.g. 0.05 for 5%")
+    a, b = find_run(results, run_a), find_run(results, run_b)
+    manifests, same = (a.manifest(), b.manifest()), a.path.resolve() == b.path.resolve()
+    result = compare(a.cells(), b.cells(), threshold, manifests, same)
+    s = summary(result)
+    if json:
+        dump({"a": a.id, "b": b.id, "threshold": threshold, "summary": s,
+              **{k: v.to_dict("records") if hasattr(v, "to_dict") else v for k, v in result.items()}},
+             sys.stdout, indent=1, default=str)
+        print()
+    else:
+        print(format_diff(a.id, b.id, result, threshold, manifests, same))
+    return exit_status(s)

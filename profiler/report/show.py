@@ -493,3 +493,50 @@ def format_replay(run: Run) -> str:
               f"stored: {run.path}  (attnprof show {run.id} --results {run.path.parent}; the dashboard and attnprof "
               "diff read it)"]
     return "\n".join(lines)
+
+
+def runs_command(results: str) -> int:
+    """attnprof runs: the runs under the results folder."""
+    print(format_runs(Path(results)))
+    return 0
+
+
+def show_command(run: str, results: str, wide: bool, legend: bool) -> int:
+    """attnprof show: a run's summary, fitted to the terminal unless wide."""
+    from ..fmt import terminal_width
+    from ..store import find_run
+
+    print(format_run(find_run(results, run), None if wide else terminal_width(), legend))
+    return 0
+
+
+def report_command(runs: list[str], html: str | None, results: str) -> int:
+    """attnprof report. The HTML file is the view's (dashboards/report.py: the dashboard's charts and tables): it is
+    written by `python -m dashboards.report` in a process of its own, so that the core never imports its view."""
+    import subprocess
+    import sys
+
+    from ..spec import InputError
+    from ..store import find_run
+
+    found = [find_run(results, name) for name in runs]
+    paths = [str(r.path) for r in found]
+    html = html or str(report_path([r.path for r in found]))
+    done = subprocess.run([sys.executable, "-m", "dashboards.report", "--html", html, *paths],
+                          capture_output=True, text=True)
+    if done.returncode == 2:  # an unreadable run, a file that cannot be written: its one line
+        raise InputError((done.stderr.strip().splitlines() or ["the report failed"])[-1])
+    if done.returncode:
+        sys.stderr.write(done.stderr)
+        return done.returncode
+    out = Path(done.stdout.strip().splitlines()[-1]).resolve()
+    print(f"attnprof report: wrote {out} ({out.stat().st_size / 2**20:.1f} MiB, {len(paths)} run(s)); it opens in a "
+          "browser with no server and no network")
+    return 0
+
+
+def report_path(runs: list[Path]) -> Path:
+    """Where `attnprof report` writes without --out: beside the runs, in the first one's results folder, named by
+    them (report-<id>.html; report-<first id>-and-<n>-more.html for several)."""
+    more = f"-and-{len(runs) - 1}-more" if len(runs) > 1 else ""
+    return runs[0].parent / f"report-{runs[0].name}{more}.html"

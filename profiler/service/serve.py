@@ -129,3 +129,58 @@ def dashboard(results: str, port: int, host: str, env: dict | None = None) -> No
                                "--server.port", str(port), "--server.headless", "true",
                                "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer",
                                "--", "--results", str(Path(results).resolve())], {**os.environ, **(env or {})})
+
+
+def dashboard_command(results: str, port: int, host: str) -> None:
+    """attnprof dashboard: the Streamlit dashboard over the results folder (this process becomes it)."""
+    from ..store import results_folder
+
+    results_folder(results)
+    print(f"attnprof dashboard: http://{host}:{port}  (results: {Path(results).resolve()}; Ctrl-C "
+          "stops it)", flush=True)
+    dashboard(results, port, host)
+
+
+def serve_command(results: str, address: str | None, port: int, host: str, ray_port: int, jobs_port: int) -> None:
+    """attnprof serve: a Ray head (or address's cluster) and the dashboard with its Queue page."""
+    from ..store import results_folder
+
+    results_folder(results)
+    serve(results, address, port, host, ray_port, jobs_port)
+
+
+def submit_command(config: str, address: str | None, results: str | None, resume: bool) -> int:
+    """attnprof submit: a sweep config queued as a Ray Job; its id printed."""
+    from . import jobs
+
+    path = Path(config)
+    if not path.is_file():
+        raise InputError(f"sweep config {path} does not exist: see configs/sweeps/ for examples")
+    sid, results = jobs.submit(path.read_text(), str(path), results, address, resume=resume)
+    print(sid)
+    print(f"queued at {jobs.address(address)}; its run lands in {results} (on the machine the job runs on): "
+          f"attnprof jobs (progress), attnprof jobs --logs {sid}, attnprof jobs --stop {sid}", file=sys.stderr)
+    return 0
+
+
+def jobs_command(address: str | None, stop: str | None, logs: str | None) -> int:
+    """attnprof jobs: the cluster's attnprof jobs, newest first; or stop one, or print one's log."""
+    from ..fmt import table
+    from . import jobs
+
+    if stop:
+        jobs.stop(stop, address)
+        print(f"stopping {stop}: its finished cells stay stored; attnprof submit CONFIG --resume (or attnprof "
+              "sweep CONFIG --resume --out RESULTS) finishes the run")
+        return 0
+    if logs:
+        print(jobs.logs(logs, address), end="")
+        return 0
+    rows = jobs.jobs(address)
+    if not rows:
+        print(f"no attnprof jobs at {jobs.address(address)}: queue one with attnprof submit CONFIG")
+        return 0
+    for r in rows:
+        r["cells"] = f"{r['cells_done']}/{r['cells_total']}" if r["cells_total"] is not None else "-"
+    print(table(rows, [(c, c) for c in ("job", "status", "submitted", "source", "cells", "folder")]))
+    return 0

@@ -107,6 +107,31 @@ def tune_model(model: str, width: int, height: int, batch: int = 1, dtype: str =
     return _finish(found, timed, "U-Net forward", out, command, say)
 
 
+def tune_command(model, size, batch, dtype, budget, backend, option, device, repeats, warmup, rounds, proof_rounds,
+                 out, quiet) -> int:
+    """attnprof tune: the command line's values checked before any work, then tune_model; the map printed."""
+    from ..fmt import progress, typed
+    from ..spec import parse_bytes, parse_options
+    from ..unet import models
+
+    device = devices.resolve(devices.parse(device, "--device"))
+    models.resolve(model)
+    if size and len(size) > 1:
+        raise InputError("tune takes one --size: a map is for the shapes of one forward")
+    sizes, batch, dtype = devices.given_shape(size, batch, dtype, device, say=True)
+    budget = parse_bytes(budget, "--budget") if budget else None
+    for key, value, least in (("repeats", repeats, 1), ("warmup", warmup, 0), ("rounds", rounds, 2)):
+        if value < least:
+            raise InputError(f"--{key} {value} is too small: use {least} or more")
+    check_proof_rounds(proof_rounds)
+    for name in backend or []:
+        if name.endswith(".json"):
+            raise InputError(f"--backend {name}: tune times backends by name; run a map with attnprof run --backend")
+    print(tune_model(model, *sizes[0], batch, dtype, device, budget, backend, parse_options(option), repeats, warmup,
+                     rounds, proof_rounds, out, typed(), progress("tune", quiet)))
+    return 0
+
+
 def tune(target, *args, budget=None, backends: list[str] | None = None, options: dict | None = None,
          repeats: int = 3, warmup: int = 1, rounds: int = search.ROUNDS,
          proof_rounds: int = PIPELINE_PROOF_ROUNDS, out: str | Path | None = "results", say=None,
