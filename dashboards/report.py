@@ -89,7 +89,7 @@ def _maps(charts: _Charts, ok: pd.DataFrame, blocks: pd.DataFrame, runs: list[Ru
 
 def _memory_note(title: str, cells: pd.DataFrame) -> str:
     """In place of a memory chart with nothing to draw: its title and why it is empty."""
-    return f"<h3>{html.escape(title)}</h3><p>{html.escape(T.no_peaks_reason(cells))}.</p>"
+    return f"<h3>{html.escape(title)}</h3><p>{html.escape(T.no_peaks_reason(cells))}</p>"
 
 
 def _charts_and_sections(cells: pd.DataFrame, blocks: pd.DataFrame, runs: list[Run],

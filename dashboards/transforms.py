@@ -312,8 +312,8 @@ def no_peaks_reason(cells: pd.DataFrame) -> str:
     if (cells.get("kind") == "record").all() and (cells["device"] == "cpu").all():
         return ("No peak memory to draw: these are generations recorded on the CPU, where no call has a peak of its "
                 "own (only a CUDA allocator counts one without changing the run; attnprof run --device cpu measures "
-                "a model's calls' peaks in a probe pass of its own)")
-    return "No peak memory to draw: no call of these cells has a measured peak (a compiled cell's are fused away)"
+                "a model's calls' peaks in a probe pass of its own).")
+    return "No peak memory to draw: no call of these cells has a measured peak (a compiled cell's are fused away)."
 
 
 # ---- the Compare page
