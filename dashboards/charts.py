@@ -81,7 +81,7 @@ def call_bars(x: str, title: str, unit: str, calls: int) -> dict:
         "tooltip": call_tooltip(unit)}}
 
 
-# ---- the Generation page: recorded generations (transforms.component_table, step_table, costliest_blocks)
+# ---- the Generation page: recorded generations (generations.component_table, step_table, costliest_blocks)
 
 def component_time(legend: str, rows: int) -> dict:
     """Per component of each recorded generation (a bar per `label`, side by side), its forwards' time pale and its

@@ -12,6 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboards import charts as C
+from dashboards import generations as G
 from dashboards import transforms as T
 
 
@@ -45,7 +46,7 @@ def load_run(path: str, stamp: tuple) -> tuple[pd.DataFrame, pd.DataFrame, str]:
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def load_calls(path: str, cell_id: str, stamp: tuple) -> pd.DataFrame:
-    return T.load_calls(Path(path), cell_id)
+    return G.load_calls(Path(path), cell_id)
 
 
 @st.cache_data(show_spinner="Writing the report...", max_entries=4)

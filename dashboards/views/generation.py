@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboards import charts as C
+from dashboards import generations as G
 from dashboards import transforms as T
 from dashboards import widgets as W
 from profiler.report.compare import ATTENTION_SPLIT
@@ -16,8 +17,8 @@ from profiler.report.compare import ATTENTION_SPLIT
 def sidebar(cells: pd.DataFrame) -> tuple[dict, dict]:
     """The recorded generation to draw and one to draw beside it ('none'), where the chosen runs hold any; for the
     URL and for draw alike."""
-    mine = T.recorded(cells)
-    labels = dict(zip(mine["run_id"] + "/" + mine["cell_id"], [T.generation_label(c)
+    mine = G.recorded(cells)
+    labels = dict(zip(mine["run_id"] + "/" + mine["cell_id"], [G.generation_label(c)
                                                                for c in mine.to_dict("records")]))
     if not labels:
         return {}, {}
@@ -45,10 +46,10 @@ def generations_ui(cells: pd.DataFrame, chosen: list[str], root: Path) -> None:
     """The chosen generations' lines, per component and the sections below (generation_sections), their notes."""
     rows = [cells[(cells["run_id"] + "/" + cells["cell_id"]) == key].iloc[0].to_dict() for key in chosen]
     for cell in rows:
-        st.markdown(f"**{T.generation_label(cell)}**: {T.generation_line(cell)}")
-    calls = {T.generation_label(c): W.load_calls(str(root / c["run_id"]), c["cell_id"], W.stamp(root / c["run_id"]))
+        st.markdown(f"**{G.generation_label(cell)}**: {G.generation_line(cell)}")
+    calls = {G.generation_label(c): W.load_calls(str(root / c["run_id"]), c["cell_id"], W.stamp(root / c["run_id"]))
              for c in rows}
-    comps = [T.component_table(c) for c in rows]
+    comps = [G.component_table(c) for c in rows]
     st.subheader("Per component: its forwards' time and attention's share of it")
     st.caption("Pale: the component's forwards in the generation; solid: their attention calls (the attention "
                "processor's whole call, q/k/v and output projections included; attention core and attention "
@@ -58,27 +59,27 @@ def generations_ui(cells: pd.DataFrame, chosen: list[str], root: Path) -> None:
     W.chart(both, C.component_time(legend, len(both)))
     W.table(both.drop(columns=["label", "variant"]), "components")
     if len(rows) == 2:
-        st.caption(f"Side by side: {T.generation_label(rows[1])} (b) against {T.generation_label(rows[0])} (a).")
-        W.table(T.components_side_by_side(*comps), "components-side-by-side")
+        st.caption(f"Side by side: {G.generation_label(rows[1])} (b) against {G.generation_label(rows[0])} (a).")
+        W.table(G.components_side_by_side(*comps), "components-side-by-side")
     generation_sections(rows, calls)
     for cell in rows:
         if cell.get("notes"):
-            st.caption(f"Notes, {T.generation_label(cell)}: {cell['notes']}")
+            st.caption(f"Notes, {G.generation_label(cell)}: {cell['notes']}")
 
 
 def generation_sections(rows: list[dict], calls: dict[str, pd.DataFrame]) -> None:
     """The Generation page's per-step, per-generation and costliest-block sections."""
-    steps = pd.concat([T.step_table(c, label) for label, c in calls.items()], ignore_index=True)
+    steps = pd.concat([G.step_table(c, label) for label, c in calls.items()], ignore_index=True)
     st.subheader("Per step: each denoising step's attention time")
     if not W.empty("" if len(steps) else "No call of these generations ran in a denoising step."):
         steps, legend = T.labelled(steps, ("component", "generation", "cell"))
         W.chart(steps, C.step_times(legend))
     st.subheader("Per generation: each pipeline call's attention, by component")
-    W.table(pd.concat([T.generations_table(calls[T.generation_label(c)], c) for c in rows], ignore_index=True),
+    W.table(pd.concat([G.generations_table(calls[G.generation_label(c)], c) for c in rows], ignore_index=True),
             "generations")
     (first, first_calls), *others = calls.items()
-    top = T.costliest_blocks(first_calls, first)
-    top = pd.concat([top, *(T.costliest_blocks(c, label, among=set(top.get("block", ()))) for label, c in others)],
+    top = G.costliest_blocks(first_calls, first)
+    top = pd.concat([top, *(G.costliest_blocks(c, label, among=set(top.get("block", ()))) for label, c in others)],
                     ignore_index=True)
     st.subheader("The costliest blocks: all their calls summed" + (f" (those of {first})" if others else ""))
     if len(top):
