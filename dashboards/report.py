@@ -166,9 +166,7 @@ def _maps_section(cells: pd.DataFrame, blocks: pd.DataFrame) -> str:
 def render(paths: list[Path]) -> str:
     runs = [Run.open(p) for p in paths]
     loaded = [T.load_run(r.path) for r in runs]
-    join = lambda parts: pd.concat([p for p in parts if len(p)], ignore_index=True) if any(len(p) for p in parts) \
-        else pd.DataFrame()  # noqa: E731
-    cells, blocks = join([c for c, _ in loaded]), join([b for _, b in loaded])
+    cells, blocks = T.joined(c for c, _ in loaded), T.joined(b for _, b in loaded)
     env = T.run_envs(paths).set_index("run_id").T.reset_index(names="").fillna("")
     meta = pd.DataFrame([{"run": r.id, "created": r.manifest().get("created_at"),
                           "ended": r.manifest().get("ended_at"), "command": r.manifest().get("command")}

@@ -27,6 +27,12 @@ def load_run(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     return cells, blocks.drop(columns=["time_samples_ms"], errors="ignore")
 
 
+def joined(parts) -> pd.DataFrame:
+    """The frames among parts that have rows, as one (several runs' cells or blocks); an empty frame where none has."""
+    parts = [p for p in parts if len(p)]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
 def family_order(df: pd.DataFrame) -> pd.Series:
     """Each row's place by its backend's family (backends.FAMILIES, then 'other'), for a sort that groups them."""
     return df["family"].map({f: i for i, f in enumerate((*backends.FAMILIES, "other"))})

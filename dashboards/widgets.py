@@ -107,11 +107,9 @@ def load_generation_times(pipeline: str, width: int, height: int, steps: int, dt
 
 
 def load_selected(root: Path, run_ids: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """The chosen runs' cells and blocks, each joined, and a line for each run that could not be read."""
     tables = [load_run(str(root / r), stamp(root / r)) for r in run_ids]
-    cells = [c for c, _, _ in tables if len(c)]
-    blocks = [b for _, b, _ in tables if len(b)]
-    join = lambda parts: pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()  # noqa: E731
-    return join(cells), join(blocks), [w for _, _, w in tables if w]
+    return T.joined(c for c, _, _ in tables), T.joined(b for _, b, _ in tables), [w for _, _, w in tables if w]
 
 
 

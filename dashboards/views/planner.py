@@ -14,21 +14,16 @@ from dashboards import widgets as W
 
 def sidebar(root: Path) -> tuple[dict, dict]:
     """The model, size, batch, dtype and budget to plan for, on the page itself; for the URL and for draw."""
-    values = planner_ui()
-    return (dict(zip(("plan_model", "plan_size", "plan_batch", "plan_dtype", "budget"), values)),
-            dict(zip(("model", "size", "batch", "dtype", "budget"), values)))
-
-
-def planner_ui() -> tuple:
     from profiler.unet.models import known_models
 
     a, b, c, d, e = st.columns(5)
-    model = W.choice_ui("Model", list(known_models()), "plan_model", "sd15", where=a)
-    size = W.text_ui("Size (WxH pixels)", "plan_size", "512x512", where=b)
-    batch = W.text_ui("Batch", "plan_batch", "1", where=c)
-    dtype = W.choice_ui("Dtype", ["float16", "bfloat16", "float32"], "plan_dtype", "float16", where=d)
-    budget = W.text_ui("Memory budget (or a GPU: 4090, L4, H100)", "budget", "24GiB", where=e)
-    return model, size, batch, dtype, budget
+    values = (W.choice_ui("Model", list(known_models()), "plan_model", "sd15", where=a),
+              W.text_ui("Size (WxH pixels)", "plan_size", "512x512", where=b),
+              W.text_ui("Batch", "plan_batch", "1", where=c),
+              W.choice_ui("Dtype", ["float16", "bfloat16", "float32"], "plan_dtype", "float16", where=d),
+              W.text_ui("Memory budget (or a GPU: 4090, L4, H100)", "budget", "24GiB", where=e))
+    return (dict(zip(("plan_model", "plan_size", "plan_batch", "plan_dtype", "budget"), values)),
+            dict(zip(("model", "size", "batch", "dtype", "budget"), values)))
 
 
 def guidance(batch: int) -> str:
