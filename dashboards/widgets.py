@@ -112,7 +112,6 @@ def load_selected(root: Path, run_ids: list[str]) -> tuple[pd.DataFrame, pd.Data
     return T.joined(c for c, _, _ in tables), T.joined(b for _, b, _ in tables), [w for _, _, w in tables if w]
 
 
-
 # ---- widgets: each returns plain values and starts from the URL's query parameter on a session's first run
 
 NOT_HERE = "_not_here"  # what the link named that is not here, by widget key (link_warnings says it once)

@@ -9,7 +9,6 @@ from dashboards import transforms as T
 from dashboards import widgets as W
 
 
-
 def sidebar(cells: pd.DataFrame) -> tuple[dict, dict]:
     """What the cells are side by side by (the backend, the run, an environment field that differs between the
     runs), the baseline, the budget of the best backend; for the URL, and with the runs' environments for draw."""

@@ -13,7 +13,6 @@ from dashboards import widgets as W
 from profiler.report.compare import ATTENTION_SPLIT
 
 
-
 def sidebar(cells: pd.DataFrame) -> tuple[dict, dict]:
     """The recorded generation to draw and one to draw beside it ('none'), where the chosen runs hold any; for the
     URL and for draw alike."""

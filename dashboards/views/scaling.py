@@ -9,7 +9,6 @@ from dashboards import transforms as T
 from dashboards import widgets as W
 
 
-
 def sidebar(cells: pd.DataFrame) -> tuple[dict, dict]:
     """None of its own: the runs and the filters are every page's."""
     return {}, {}
