@@ -1,4 +1,4 @@
-"""Vega-Lite specs of the charts that the dashboard (app.py) and the HTML report (report.py) share: data in, spec
+"""Vega-Lite specs of the charts that the dashboard (views/) and the HTML report (report.py) share: data in, spec
 out (the dashboard passes the data beside the spec, the report embeds it).
 
 Two rules hold for every spec here (tests/test_charts.py checks each function on real runs): every tooltip entry is
@@ -81,7 +81,7 @@ def call_bars(x: str, title: str, unit: str, calls: int) -> dict:
         "tooltip": call_tooltip(unit)}}
 
 
-# ---- the Generation page: recorded generations (transforms.component_table, step_table, costliest_blocks)
+# ---- the Generation page: recorded generations (generations.component_table, step_table, costliest_blocks)
 
 def component_time(legend: str, rows: int) -> dict:
     """Per component of each recorded generation (a bar per `label`, side by side), its forwards' time pale and its
@@ -346,8 +346,8 @@ def coloured(spec: dict, data: pd.DataFrame, by: str | None = None, title: str =
     """The spec with every nominal colour of a field in data given a scale of its own (colours), a backend's series
     of the most common variant (transforms.labelled) in its own colour; and where the colour is `label` and the
     variants differ, each point or line mark not already shaped or dashed shaped (points) or dashed (lines) by the
-    variant, the second dimension (run, model, setting). Applied where the data and the spec meet: the app's
-    chart() and with_data()."""
+    variant, the second dimension (run, model, setting). Applied where the data and the spec meet:
+    widgets.chart() and with_data()."""
     spec = dict(spec)
     enc = dict(spec.get("encoding") or {})
     c = enc.get("color")

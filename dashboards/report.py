@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from dashboards import charts as C
+from dashboards import generations as G
 from dashboards import transforms as T
 from profiler.env import cache_dir
 from profiler.report.compare import ATTENTION_SPLIT, ATTENTION_TIME
@@ -89,7 +90,7 @@ def _maps(charts: _Charts, ok: pd.DataFrame, blocks: pd.DataFrame, runs: list[Ru
 
 def _memory_note(title: str, cells: pd.DataFrame) -> str:
     """In place of a memory chart with nothing to draw: its title and why it is empty."""
-    return f"<h3>{html.escape(title)}</h3><p>{html.escape(T.no_peaks_reason(cells))}.</p>"
+    return f"<h3>{html.escape(title)}</h3><p>{html.escape(T.no_peaks_reason(cells))}</p>"
 
 
 def _charts_and_sections(cells: pd.DataFrame, blocks: pd.DataFrame, runs: list[Run],
@@ -125,12 +126,12 @@ def _generations(charts: _Charts, cells: pd.DataFrame, runs: list[Run]) -> str:
     blocks."""
     out = []
     paths = {r.id: r.path for r in runs}
-    for cell in T.recorded(cells).to_dict("records"):
-        label = T.generation_label(cell)
-        calls = T.load_calls(paths[cell["run_id"]], cell["cell_id"])
-        steps = T.step_table(calls, label)
-        out.append(f"<h3>{html.escape(label)}</h3><p>{html.escape(T.generation_line(cell))}</p>"
-                   f"<h4>Per component</h4>{_table(T.display(T.component_table(cell).drop(columns=['cell'])))}")
+    for cell in G.recorded(cells).to_dict("records"):
+        label = G.generation_label(cell)
+        calls = G.load_calls(paths[cell["run_id"]], cell["cell_id"])
+        steps = G.step_table(calls, label)
+        out.append(f"<h3>{html.escape(label)}</h3><p>{html.escape(G.generation_line(cell))}</p>"
+                   f"<h4>Per component</h4>{_table(T.display(G.component_table(cell).drop(columns=['cell'])))}")
         if not len(calls):
             out.append("<p>No attention call of this generation was recorded (its components' calls say why: "
                        "compiled, or a kind of module attnprof has no hook for); its forwards' times stand.</p>")
@@ -139,9 +140,9 @@ def _generations(charts: _Charts, cells: pd.DataFrame, runs: list[Run]) -> str:
             steps, legend = T.labelled(steps, ("component", "generation"))
             out.append(charts.add("Per step: each denoising step's attention time",
                                   {**C.step_times(legend), "width": C.PANEL_WIDTH * 2}, steps, level=4))
-        out.append(f"<h4>Per generation</h4>{_table(T.display(T.generations_table(calls, cell).drop(columns=['cell'])))}"
+        out.append(f"<h4>Per generation</h4>{_table(T.display(G.generations_table(calls, cell).drop(columns=['cell'])))}"
                    f"<h4>The costliest blocks (all their calls summed)</h4>"
-                   f"{_table(T.display(T.costliest_blocks(calls, label).drop(columns=['cell'])))}")
+                   f"{_table(T.display(G.costliest_blocks(calls, label).drop(columns=['cell'])))}")
         if cell.get("notes"):
             out.append(f"<p>Notes: {html.escape(cell['notes'])}</p>")
     return "".join(out)
@@ -165,9 +166,7 @@ def _maps_section(cells: pd.DataFrame, blocks: pd.DataFrame) -> str:
 def render(paths: list[Path]) -> str:
     runs = [Run.open(p) for p in paths]
     loaded = [T.load_run(r.path) for r in runs]
-    join = lambda parts: pd.concat([p for p in parts if len(p)], ignore_index=True) if any(len(p) for p in parts) \
-        else pd.DataFrame()  # noqa: E731
-    cells, blocks = join([c for c, _ in loaded]), join([b for _, b in loaded])
+    cells, blocks = T.joined(c for c, _ in loaded), T.joined(b for _, b in loaded)
     env = T.run_envs(paths).set_index("run_id").T.reset_index(names="").fillna("")
     meta = pd.DataFrame([{"run": r.id, "created": r.manifest().get("created_at"),
                           "ended": r.manifest().get("ended_at"), "command": r.manifest().get("command")}

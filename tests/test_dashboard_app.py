@@ -440,7 +440,7 @@ def test_a_link_naming_a_run_in_an_empty_results_folder_says_so(tmp_path, monkey
 def test_the_planners_caption_says_what_the_batch_is(tmp_path, monkeypatch):
     """The page's caption at batch 1; the other batches through guidance(), which the caption calls (a page at a new
     batch screens every size and backend anew: about 10 s of CPU each)."""
-    from dashboards.app import guidance
+    from dashboards.views.planner import guidance
 
     at = _app(tmp_path, monkeypatch, page="Planner", plan_model="tiny-sd15", plan_size="64x64", plan_batch="1")
     assert at.caption[0].value.startswith(

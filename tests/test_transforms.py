@@ -6,6 +6,7 @@ import shutil
 import pandas as pd
 import pytest
 
+from dashboards import generations as G
 from dashboards import transforms as T
 from profiler.attention import backends
 from profiler.report.frame import normalised
@@ -384,7 +385,7 @@ def _recorded(record_results, name: str) -> tuple[dict, pd.DataFrame, pd.DataFra
     """(the cell, its blocks, its calls) of one of the record runs."""
     cells, blocks = T.load_run(record_results["root"] / record_results[name])
     cell = cells.iloc[0].to_dict()
-    return cell, blocks, T.load_calls(record_results["root"] / record_results[name], cell["cell_id"])
+    return cell, blocks, G.load_calls(record_results["root"] / record_results[name], cell["cell_id"])
 
 
 def test_the_runs_index_names_a_recorded_runs_model_backend_and_kind(record_results):
@@ -402,36 +403,36 @@ def test_a_recorded_generation_per_component_step_and_generation(record_results)
 
     cell, _, calls = _recorded(record_results, "loaded")
     said = generations_text([3, 3], list(cell["generation_times_s"]))
-    assert T.generation_line(cell).startswith(f"StableDiffusionPipeline, loaded (AttnProcessor2_0 x34): {said} at "
+    assert G.generation_line(cell).startswith(f"StableDiffusionPipeline, loaded (AttnProcessor2_0 x34): {said} at "
                                               "64x64, batch 2, DDIMScheduler")
     other = {**cell, "generation_steps": [3, 2]}  # fmt's words, never '2 generations, 3 steps' for 3 and 2
-    assert "2 generations (3 and 2 steps), " in T.generation_line(other)
-    comps = T.component_table(cell).set_index("component")
+    assert "2 generations (3 and 2 steps), " in G.generation_line(other)
+    comps = G.component_table(cell).set_index("component")
     assert comps["forwards"].to_dict() == {"vae": 2, "text_encoder": 4, "unet": 6}
     assert comps["attention_calls"].to_dict() == {"vae": 2, "text_encoder": 8, "unet": 192}
     unet = comps.loc["unet"]
     assert unet["attention_ms"] == pytest.approx(calls[calls["component"] == "unet"]["time_ms"].sum())
     assert unet["attention_of_component_pct"] == pytest.approx(100 * unet["attention_ms"] / unet["time_ms"])
     assert unet["time_share_pct"] == pytest.approx(100 * unet["time_ms"] / (cell["generation_s"] * 1e3))
-    steps = T.step_table(calls, "a")
+    steps = G.step_table(calls, "a")
     assert steps[["generation", "step"]].values.tolist() == [[g, s] for g in (0, 1) for s in range(3)]
     assert set(steps["component"]) == {"unet"} and set(steps["calls"]) == {32}
     assert steps["attention_ms"].sum() == pytest.approx(unet["attention_ms"])
-    per = T.generations_table(calls, cell)
+    per = G.generations_table(calls, cell)
     assert per["generation"].tolist() == [0, 1] and per["steps"].tolist() == [3, 3] and per["calls"].tolist() == \
         [101, 101]
     assert (per["text_encoder_attention_ms"] > 0).all() and per["attention_ms"].sum() == pytest.approx(
         calls["time_ms"].sum())
-    top = T.costliest_blocks(calls, "a", top=5)
+    top = G.costliest_blocks(calls, "a", top=5)
     assert len(top) == 5 and top["total_ms"].is_monotonic_decreasing and set(top["calls"]) <= {6, 8, 2}
     assert top["share_of_attention_pct"].iloc[0] == pytest.approx(100 * top["total_ms"].iloc[0] /
                                                                   calls["time_ms"].sum())
 
 
 def test_two_recorded_generations_side_by_side(record_results):
-    a = T.component_table(_recorded(record_results, "loaded")[0])
-    b = T.component_table(_recorded(record_results, "sliced")[0])
-    both = T.components_side_by_side(a, b).set_index("component")
+    a = G.component_table(_recorded(record_results, "loaded")[0])
+    b = G.component_table(_recorded(record_results, "sliced")[0])
+    both = G.components_side_by_side(a, b).set_index("component")
     assert list(both.index) == ["vae", "text_encoder", "unet"]
     assert both.loc["unet", "time_ratio"] == pytest.approx(b.set_index("component").loc["unet", "time_ms"] /
                                                            a.set_index("component").loc["unet", "time_ms"])
@@ -445,7 +446,7 @@ def test_a_component_whose_attention_is_not_recorded_says_so_never_zero():
                         {"component": "safety_checker", "class": "Checker", "forwards": 1, "time_ms": 5.0,
                          "attention_calls": 0, "attention_ms": 0.0, "not_recorded": ""}])
     cell = {"generation_s": 1.0, "components": comps, "backend_label": "loaded", "size": "64x64", "run_id": "r"}
-    table = T.component_table(cell).set_index("component")
+    table = G.component_table(cell).set_index("component")
     assert table.loc["unet", "attention_calls"] == "not recorded (Attention x32)"
     assert math.isnan(table.loc["unet", "attention_ms"]) and math.isnan(table.loc["unet", "attention_share_pct"])
     assert table.loc["safety_checker", "attention_calls"] == 0 and table.loc["safety_checker", "attention_ms"] == 0
@@ -495,13 +496,13 @@ def test_a_recorded_generations_attention_is_told_as_its_core_and_its_projection
     from dashboards.report import render
 
     cell, _, calls = _recorded(record_results, "loaded")
-    comps = T.component_table(cell).set_index("component")
+    comps = G.component_table(cell).set_index("component")
     for name in ("unet", "text_encoder", "vae"):
         core, proj = comps.loc[name, "attention_core_ms"], comps.loc[name, "attention_projections_ms"]
         assert core > 0 and proj > 0 and core + proj == pytest.approx(comps.loc[name, "attention_ms"])
-    per = T.generations_table(calls, cell)
+    per = G.generations_table(calls, cell)
     assert (per["core_ms"] + per["projections_ms"]).tolist() == pytest.approx(per["attention_ms"].tolist())
-    top = T.costliest_blocks(calls, "a", top=5)
+    top = G.costliest_blocks(calls, "a", top=5)
     assert (top["core_ms"] + top["projections_ms"]).tolist() == pytest.approx(top["total_ms"].tolist())
     assert top["projections_ms"].gt(0).all() and (top["projections_ms"] < top["total_ms"]).all()
     cells = T.load_run(record_results["root"] / record_results["loaded"])[0]
@@ -515,11 +516,11 @@ def test_a_recorded_generations_attention_is_told_as_its_core_and_its_projection
     assert old[["attention core", "attention projections"]].values.tolist() == [["-", "-"]]
     unsplit = json.dumps([{k: v for k, v in r.items() if k not in ("attention_core_ms", "attention_proj_ms")}
                           for r in json.loads(cell["components"])])
-    before = T.display(T.component_table({**cell, "components": unsplit})).set_index("component")
+    before = T.display(G.component_table({**cell, "components": unsplit})).set_index("component")
     assert before.loc["unet", "attention core"] == before.loc["unet", "attention projections"] == "-"
     assert before.loc["unet", "attention"] != "-"
     gone = calls.drop(columns=["attn_kernel_ms", "proj_kernel_ms"])
-    assert T.display(T.costliest_blocks(gone, "a"))[["core", "projections"]].eq("-").all().all()
+    assert T.display(G.costliest_blocks(gone, "a"))[["core", "projections"]].eq("-").all().all()
     html = render([record_results["root"] / record_results["loaded"]])
     assert "<th>attention core</th>" in html and "<th>attention projections</th>" in html
     assert "<th>core</th>" in html and "<th>projections</th>" in html and "q/k/v and output projections" in html
