@@ -9,7 +9,7 @@ import importlib
 __version__ = "0.1.0"
 __all__ = ["profile", "plan", "fit", "tune", "apply", "processors", "Profile", "Plan", "Fit", "Tuned", "Backend",
            "register", "make_processor"]
-_HOMES = {"profile": "record.session", "Profile": "record.session", "plan": "api", "fit": "api", "Plan": "api",
+_HOMES = {"profile": "record.session", "Profile": "record.cells", "plan": "api", "fit": "api", "Plan": "api",
           "Fit": "api", "tune": "tuning.tuner", "Tuned": "tuning.tuner", "apply": "attention.apply",
           "processors": "attention.apply", "Backend": "attention.backends", "register": "attention.backends",
           "make_processor": "attention.backends"}

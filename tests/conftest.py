@@ -351,7 +351,7 @@ def _record_runs(folder: Path) -> dict:
     import importlib.util
 
     from profiler import profile
-    from profiler.record.session import merged, store_cell
+    from profiler.record.cells import merged, store_cell
     from profiler.store import Run, now
 
     spec = importlib.util.spec_from_file_location("generate", Path(__file__).parent.parent / "docs" / "examples" /

@@ -240,13 +240,13 @@ def test_gpu_check_knows_the_new_kernels_and_says_why_they_do_not_run_here(tmp_p
     assert not gpu_check.own_gpu_kernels("sage", "sageattention::qk_int8_sv_f16_accum_f16_attn")  # its CPU op
     assert not gpu_check.own_gpu_kernels("sage", "pytorch_flash::flash_fwd_kernel")  # never another's
     assert not gpu_check.own_gpu_kernels("diffusers:_flash_3", "flash_fwd_kernel")
-    from profiler.gpu_check import checks, runner
+    from profiler.gpu_check import checks, steps
 
     last = [c for c in gpu_check.STEPS if c.group == "last"]
-    assert [c.fn.backend for c in last] == list(checks.NEW_BACKENDS)
+    assert [c.backend for c in last] == list(checks.NEW_BACKENDS)
     if not torch.cuda.is_available():
         ctx = checks.Context(device="cuda", out=tmp_path, runs=tmp_path / "runs")
-        why = [runner.precondition(c, ctx, set()) for c in last]
+        why = [steps.precondition(c, ctx, set()) for c in last]
         assert all("CUDA" in w for w in why), why
 
 

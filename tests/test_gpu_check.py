@@ -16,6 +16,7 @@ import torch
 
 from profiler import devices, gpu_check
 from profiler.gpu_check import checks, plan, runner, timing_judges
+from profiler.gpu_check.report import FILES, add_record
 from profiler.gpu_check.verdicts import Context
 from tests.procs import alive as _alive, start_marked
 from tests.test_devices import FakeNvml
@@ -117,7 +118,7 @@ def test_the_dry_run_leaves_five_files_whose_tables_hold_every_figure_of_the_rep
     assert run["wall_s"] <= run["budget_s"] + 5
     assert out.startswith(f"## Plan: {len(plan.STEPS)} steps in order of value"), out[:300]
     folder = Path(run["out"])
-    assert sorted(p.name for p in folder.iterdir() if p.is_file()) == sorted(runner.FILES)
+    assert sorted(p.name for p in folder.iterdir() if p.is_file()) == sorted(FILES)
     report = (folder / "report.md").read_text()
     assert report.count("\n**") == 1 and "PASS" in report
     tables = {"cells": _table(folder / "cells.csv"), "blocks": _table(folder / "blocks.csv")}
@@ -238,7 +239,7 @@ def test_a_run_adds_a_row_to_the_record_table_and_keeps_the_others(tmp_path):
     record.write_text((REPO / "docs" / "gpu-validation.md").read_text())
     before = [ln for ln in record.read_text().splitlines() if ln.startswith("| 20")]
     report = tmp_path / "results" / "gpu-check-1" / "report.md"
-    runner.add_record(record, {"device_name": "NVIDIA H200"}, "17 PASS, 0 FAIL, 2 SKIP", report)
+    add_record(record, {"device_name": "NVIDIA H200"}, "17 PASS, 0 FAIL, 2 SKIP", report)
     after = [ln for ln in record.read_text().splitlines() if ln.startswith("| 20")]
     assert after[:-1] == before and len(before) >= 4
     assert after[-1].endswith("| NVIDIA H200 | 17 PASS, 0 FAIL, 2 SKIP: [report](results/gpu-check-1/report.md) |")

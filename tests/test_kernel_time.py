@@ -246,10 +246,10 @@ def test_the_machine_state_verdicts():
 def test_a_kept_kernel_trace_reads_again_as_the_calls_it_timed(kernel_run, tmp_path):
     """trace "kernels" keeps each cell's first profiled trace (trace.save: gzipped, names interned); read again
     (trace.load) its calls' kernels are the cell's first samples; make gpu-check copies one a model to the top of
-    --out (runner.Out.keep_traces), the sdpa cell's where there is one, else the first."""
+    --out (report.Out.keep_traces), the sdpa cell's where there is one, else the first."""
     import shutil
 
-    from profiler.gpu_check import runner
+    from profiler.gpu_check import report
     from profiler.measure import trace
 
     run, _ = kernel_run
@@ -266,7 +266,7 @@ def test_a_kept_kernel_trace_reads_again_as_the_calls_it_timed(kernel_run, tmp_p
     shutil.copytree(run.path, runs / run.path.name)
     copied = Run.open(runs / run.path.name)
     copied.update_manifest(command="gpu-check core run")
-    out = runner.Out(tmp_path / "gc", runs)
+    out = report.Out(tmp_path / "gc", runs)
     assert out.keep_traces("core run") == ["trace-tiny-sd15.json.gz"]
     first = cells.sort_values("backend", key=lambda b: b != "sdpa", kind="stable")["cell_id"].iloc[0]
     assert (tmp_path / "gc" / "trace-tiny-sd15.json.gz").read_bytes() == \

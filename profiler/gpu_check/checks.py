@@ -12,14 +12,13 @@ them):
   backend that compiles); each runs in a child process of its own. Where it measures cells, it records them as a run,
   so that its figures are in cells.csv too.
 
-tests/test_gpu.py runs the model checks as tests (`pytest -m gpu`); runner.py runs every step within a budget."""
+tests/test_gpu.py runs the model checks as tests (`pytest -m gpu`); steps.py runs every step within a budget."""
 from __future__ import annotations
 
 import itertools
 import time
 from dataclasses import replace
 
-import pandas as pd
 import torch
 
 from ..attention import backends
@@ -154,8 +153,6 @@ def call_peaks_match_their_memory_models(backends_):
         return Verdict(f"{len(big)} calls of {', '.join(sorted(set(big['backend'])))}, measured / predicted "
                        f"{span(ratios)} (largest {human_bytes(big['peak_mem_bytes'].max())})", rows, failed)
 
-    judge.__name__ = "call_peaks_match_their_memory_models"
-    judge.needs_cuda = True
     return judge
 
 
@@ -180,9 +177,6 @@ def nvml_covers_the_allocator(cells, blocks, device) -> Verdict:
                    "allocator (the CUDA context, kernel images)", rows, failed)
 
 
-nvml_covers_the_allocator.needs_cuda = True
-
-
 def allocator_holds_only_the_model_and_its_forward(cells, blocks, device) -> Verdict:
     """Measure the backend, not the harness: each ok cell's highest allocated memory is its model, its inputs and its
     forward's peak, plus only the workspaces the libraries keep in the allocator (cuBLAS, cuDNN): under 1 GiB. An
@@ -199,9 +193,6 @@ def allocator_holds_only_the_model_and_its_forward(cells, blocks, device) -> Ver
             failed.append(f"{what(r)}: {human_bytes(extra)} beyond the model and its forward")
     return Verdict(f"{len(ok)} cells: the allocator held {human_bytes(min(extras))}..{human_bytes(max(extras))} "
                    "beyond the model, its inputs and its forward (the libraries' workspaces)", rows, failed)
-
-
-allocator_holds_only_the_model_and_its_forward.needs_cuda = True
 
 
 # ---- model checks: each a function of the Context, run in a child process of its own
@@ -410,6 +401,4 @@ def new_backend_check(name: str):
                        f"{', compile ' + num(c.get('compile_s')) + ' s' if backends.compiles(name) else ''})",
                        rows, failed)
 
-    check.__name__ = f"{name.replace('diffusers:_', '').replace('-', '_')}_runs_with_its_own_kernels"
-    check.backend = name
     return check

@@ -273,6 +273,3 @@ def short_generation_matches_its_prediction(ctx) -> Verdict:
     predicted = predicted_generation(ctx.device)
     pipeline, size, steps = GENERATION
     return generation_verdict(measure_generation(ctx.device, pipeline, size, steps, "float16"), predicted)
-
-
-device_limits_are_rates.needs_cuda = True  # its bounds are a GPU's: a CPU dry run SKIPs it (tests judge it on the CPU)

@@ -294,5 +294,3 @@ def bound_is_labelled(cells, blocks, device) -> Verdict:
 JUDGES = [attention_is_its_calls_kernels, kernel_times_are_steady, chosen_and_forced_agree, kernels_rank_the_backends,
           graphs_agree_with_cupti, events_match_the_wall_clock, hooks_change_no_kernel,
           call_kernels_agree_across_passes, machine_held_still, bound_is_labelled]
-for _judge in JUDGES:
-    _judge.needs_cuda = True

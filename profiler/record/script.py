@@ -445,9 +445,9 @@ def child(argv: list[str]) -> int:
 
 
 def _store(run, profiles: list, backend: str | None, partial: bool) -> None:
-    """The script's generations as cells of the run (session.cells_of: a cell per pipeline, size and batch), partial
+    """The script's generations as cells of the run (cells.cells_of: a cell per pipeline, size and batch), partial
     where the script was stopped; its notes in the manifest."""
-    from .session import UNSIZED, cells_of, store_cell
+    from .cells import UNSIZED, cells_of, store_cell
 
     if not profiles:
         return

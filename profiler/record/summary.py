@@ -1,5 +1,5 @@
 """A profiled generation's figures per component (components_of) and print(prof): the generation told per
-component and block (record/session.py's Profile)."""
+component and block (record/cells.py's Profile)."""
 from __future__ import annotations
 
 import pandas as pd
