@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from profiler.attention import backends
-from profiler.fmt import human_bytes, human_count
+from profiler.fmt import human_bytes, human_count, human_ms
 from profiler.report.show import UNREADABLE, runs_index as load_index  # noqa: F401 (the Runs page's table)
 from profiler.spec import GiB, MiB
 from profiler.store import DONE_STATUSES, Run  # noqa: F401 (DONE_STATUSES: the app's status columns)
@@ -500,12 +500,6 @@ def sweep_yaml(models: list[str], sizes: str, batch: str, dtypes: list[str], cho
 
 
 # ---- units for people
-
-def human_ms(ms) -> str:
-    if ms is None or ms != ms:
-        return "-"
-    return f"{ms:.3f} ms" if ms < 1 else f"{ms:.2f} ms" if ms < 100 else f"{ms:,.0f} ms"
-
 
 def mem_unit(max_bytes) -> tuple[str, int]:
     """The axis unit for memory: GiB from 1 GiB up, else MiB."""

@@ -15,9 +15,28 @@ def human_bytes(n) -> str:
     return f"{n:.1f} TiB"
 
 
-def ms_text(value) -> str:
-    """A time in milliseconds as a person reads it in a table: '12.3 ms'; '-' where it is unknown (None, NaN)."""
-    return f"{value:.1f} ms" if value is not None and value == value else "-"
+def ms_text(value, digits: int = 1) -> str:
+    """A time in milliseconds as a person reads it in a table: '12.3 ms' (digits after the point); '-' where it is
+    unknown (None, NaN)."""
+    return f"{value:.{digits}f} ms" if value is not None and value == value else "-"
+
+
+def human_ms(ms, small: int = 3) -> str:
+    """A time in milliseconds by its size: '0.123 ms' under 1 (small digits), '12.34 ms' under 100, else '1,234 ms';
+    '-' where it is unknown (None, NaN)."""
+    if ms is None or ms != ms:
+        return "-"
+    return f"{ms:.{small}f} ms" if ms < 1 else f"{ms:.2f} ms" if ms < 100 else f"{ms:,.0f} ms"
+
+
+def long_ms(ms) -> str:
+    """A time that may run to seconds (a generation's parts): '1,234.5 ms' under 10 s, else '12.34 s'; '-' for None."""
+    return "-" if ms is None else f"{ms:,.1f} ms" if ms < 1e4 else f"{ms / 1e3:,.2f} s"
+
+
+def duration(s: float) -> str:
+    """Seconds of wall time: '95 s' under two minutes, else '3 min 5 s'."""
+    return f"{s:.0f} s" if s < 120 else f"{int(s // 60)} min {s % 60:.0f} s"
 
 
 def human_count(n) -> str:

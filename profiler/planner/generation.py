@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..fmt import table, wrapped
+from ..fmt import long_ms, table, wrapped
 from ..spec import InputError
 from . import timing
 from .calibration import LOADED_AS, images, named, public_config, published_calibration, record_backend
@@ -227,7 +227,7 @@ def format_generation(g: dict) -> str:
     cols = [(c, c) for c in ("part", "model", "runs", "each", "total", "likely", "attention", "share")] + \
         ([("GPU each", "GPU"), ("host each", "host"), ("bound", "bound")] if gpu else [])
     top = [{"block": b["block"], "kind": b["kind"], "tokens": f"{b['tokens_q']} x {b['tokens_k']}",
-            "each step": _ms(b["each_ms"]), "all steps": _ms(b["total_ms"])} for b in g["largest_blocks"]]
+            "each step": long_ms(b["each_ms"]), "all steps": long_ms(b["total_ms"])} for b in g["largest_blocks"]]
     sources = [f"  {x['part']} ({x['model']}): {x['source']}" for x in g["parts"]]
     sources += [f"  host: {g['host']}"] if gpu else []
     sources += [f"  {PUBLISHED}: {g['published']}"] if g.get("published") else []
@@ -260,19 +260,15 @@ def _total_lines(g: dict, gpu: bool) -> list[str]:
     return wrapped(lines)
 
 
-def _ms(v) -> str:
-    return "-" if v is None else f"{v:,.1f} ms" if v < 1e4 else f"{v / 1e3:,.2f} s"
-
-
 def _part_row(x: dict, g: dict, gpu: bool) -> dict:
     """A part's row: its forwards, each one's time and all of them, as far as its evidence goes (a roofline floor
     'at least', none where its calibration's error is over timing.MAX_ERROR_PCT)."""
     wrong, floor = timing.too_wrong(x), "at least " if x.get("time_kind") == "floor" else ""
-    ms = lambda v: "-" if wrong else floor + _ms(v) if v is not None else "-"  # noqa: E731
+    ms = lambda v: "-" if wrong else floor + long_ms(v) if v is not None else "-"  # noqa: E731
     return {"part": x["part"], "model": x["model"], "runs": f"{x['forwards']} x batch {x['batch']}",
             "each": ms(x["each_ms"]), "total": ms(x["total_ms"]), "attention": ms(x["attention_ms"]),
             "likely": "-" if wrong or x.get("total_low_ms") is None or x.get("total_high_ms") is None else
-            f"{_ms(x['total_low_ms'])} to {_ms(x['total_high_ms'])}",
+            f"{long_ms(x['total_low_ms'])} to {long_ms(x['total_high_ms'])}",
             "share": f"{100 * x['total_ms'] / g['total_ms']:.1f}%" if g["total_ms"] and not wrong else "-",
             **({"GPU": ms(x.get("gpu_ms")), "host": ms(x.get("host_ms")), "bound": x.get("bound", "-")} if gpu
                else {})}

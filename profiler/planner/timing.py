@@ -46,6 +46,7 @@ import json
 import numpy as np
 
 from ..attention import backends
+from ..fmt import duration
 from ..spec import InputError, parse_dtype
 from .forward import OP_CLASSES, walk
 from .roofline import CALL_FEATURES, REST_FEATURES, Device, call_features, nnls, roof_ms  # noqa: F401 (the model's)
@@ -289,6 +290,11 @@ def wrong_text(t: dict) -> str:
     return f"its calibration's leave-one-out error {t['time_error_pct']:.0f}% is over {MAX_ERROR_PCT:.0f}%"
 
 
+def over_text(pct: float) -> str:
+    """The same, in a clause: 'leave-one-out error is 993%, over 50%'."""
+    return f"leave-one-out error is {pct:.0f}%, over {MAX_ERROR_PCT:.0f}%"
+
+
 def format_times(t: dict) -> list[tuple[str, str]]:
     """The plan's time lines (facts) from its totals, as far as their evidence goes (said_time): a roofline floor
     'at least', a calibrated time with its expected error, none where that error is over MAX_ERROR_PCT."""
@@ -371,7 +377,7 @@ def _total_text(kept: dict[str, dict], forwards_per_cell: int, overhead: dict | 
     how = "at least" if floors else "about"
     if overhead:
         total = predicted_wall_s(kept, forwards_per_cell, overhead)
-        text = (f"{how} {_duration(total)} in all, {note}: {each}, and {overhead['cell_s']:.1f} s a cell and "
+        text = (f"{how} {duration(total)} in all, {note}: {each}, and {overhead['cell_s']:.1f} s a cell and "
                 f"{overhead['run_s']:.1f} s a run beyond them (model builds, references, probes, workers: the median "
                 f"of {overhead['cells']} cells in {overhead['runs']} finished runs of this device)")
     else:
@@ -387,7 +393,7 @@ def _wild_text(wild: dict[str, dict]) -> str:
     for v in wild.values():
         by.setdefault(v["time_source"].split(": ")[0], []).append(v["time_error_pct"])
     return "; ".join(f"no time for {who} ({len(errs)} cell{'s' if len(errs) > 1 else ''}): its calibration's "
-                     f"leave-one-out error is {max(errs):.0f}%, over {MAX_ERROR_PCT:.0f}%" for who, errs in by.items())
+                     f"{over_text(max(errs))}" for who, errs in by.items())
 
 
 def grouped_sources(sources) -> str:
@@ -417,12 +423,8 @@ def format_wall(manifest: dict) -> str | None:
     wall = (datetime.fromisoformat(manifest["ended_at"]) - datetime.fromisoformat(manifest["created_at"])
             ).total_seconds()
     if manifest.get("predicted_wall_floor"):
-        return f"the whole run took {_duration(wall)}, predicted at least {_duration(p)} ({wall / p:.2f}x that floor)"
-    return f"the whole run took {_duration(wall)}, predicted {_duration(p)} ({wall / p:.2f}x)"
-
-
-def _duration(s: float) -> str:
-    return f"{s:.0f} s" if s < 120 else f"{int(s // 60)} min {s % 60:.0f} s"
+        return f"the whole run took {duration(wall)}, predicted at least {duration(p)} ({wall / p:.2f}x that floor)"
+    return f"the whole run took {duration(wall)}, predicted {duration(p)} ({wall / p:.2f}x)"
 
 
 def attach(cell: dict, blocks: list[dict], extra: dict) -> dict:
@@ -471,8 +473,8 @@ def _versus(r: dict) -> str:
     kind, error = r.get("time_kind"), r.get("time_error_pct")
     error = None if error != error else error  # NaN: a cell with no calibrated time
     if too_wrong({"time_kind": kind, "time_error_pct": error}):
-        return (f"no prediction (its calibration's leave-one-out error {error:.0f}% is over {MAX_ERROR_PCT:.0f}%); "
-                f"measured attention {r['attention_time_ms']:.4g}, forward {r['forward_time_ms']:.4g}")
+        return (f"no prediction ({wrong_text({'time_error_pct': error})}); measured attention "
+                f"{r['attention_time_ms']:.4g}, forward {r['forward_time_ms']:.4g}")
     floor = kind == "floor"
     out = []
     for what in ("attention", "forward"):

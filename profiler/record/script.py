@@ -340,7 +340,7 @@ class _Watch:
         calibration's expected error is over timing.MAX_ERROR_PCT (said so). A prediction never stops the script."""
         from ..planner import calibration
         from ..planner.generation import pipeline_spec, predict_generation
-        from ..planner.timing import MAX_ERROR_PCT, too_wrong
+        from ..planner.timing import over_text, too_wrong
 
         try:
             spec = pipeline_spec(pipe, args, kwargs, self.backend)
@@ -355,8 +355,8 @@ class _Watch:
         unet = _denoise(g)
         what = f"{spec.pipeline}, {spec.width}x{spec.height}, {spec.steps} steps, {spec.backend}"
         if too_wrong(unet):
-            self._say(f"no prediction for this generation ({what}): the calibration's leave-one-out error is "
-                      f"{unet['time_error_pct']:.0f}%, over {MAX_ERROR_PCT:.0f}% ({_short(unet['source'])})")
+            self._say(f"no prediction for this generation ({what}): the calibration's "
+                      f"{over_text(unet['time_error_pct'])} ({_short(unet['source'])})")
             return None
         self._say(f"{_eta_text(g)} for this generation ({what}; the U-Net's time from: {_short(unet['source'])})")
         return g

@@ -39,7 +39,7 @@ import statistics
 
 import pandas as pd
 
-from ..fmt import human_bytes, table
+from ..fmt import human_bytes, ms_text, table
 from .frame import CLOCKS
 
 KEY = ["model", "settings", "width", "height", "batch", "dtype", "backend", "backend_options"]
@@ -398,10 +398,6 @@ def _settings(r: dict) -> str:
     return f" ({settings_label(r['settings'])})" if settings_label(r["settings"]) else ""
 
 
-def _time(ms) -> str:
-    return f"{ms:.2f} ms" if ms is not None and ms == ms else "-"
-
-
 def _diff_row(r: dict) -> dict:
     from ..attention.backends import label
     from ..spec import settings_label
@@ -413,8 +409,8 @@ def _diff_row(r: dict) -> dict:
             "compile": r["compile_a"] if r["compile_a"] == r["compile_b"] else f"{r['compile_a']} / {r['compile_b']}",
             "size": f"{r['width']}x{r['height']}", "batch": r["batch"],
             "dtype": r["dtype"], "backend": label(r["backend"], r["backend_options"]),
-            "time A": _time(r["time_a_ms"]) if ran else r["status_a"],
-            "time B": _time(r["time_b_ms"]) if ran else r["status_b"],
+            "time A": ms_text(r["time_a_ms"], 2) if ran else r["status_a"],
+            "time B": ms_text(r["time_b_ms"], 2) if ran else r["status_b"],
             "time": f"{r['time_ratio']:.3f}x" if ran and r["time_ratio"] == r["time_ratio"] else "-",
             "peak A": human_bytes(r["peak_a_bytes"]) if ran else "-",
             "peak B": human_bytes(r["peak_b_bytes"]) if ran else "-",

@@ -7,18 +7,18 @@ which size it ran; the largest call; and the cells whose figures are doubtful (e
 noisy timings), with the cells that did not run at all."""
 from __future__ import annotations
 
+from functools import partial
+
 import pandas as pd
 
-from ..fmt import human_bytes
+from ..fmt import human_bytes, human_ms
 from .compare import IMPROVEMENT, REGRESSION, SAME
 from .frame import NO_SETTINGS
 
+_ms = partial(human_ms, small=2)  # a finding's time: '0.40 ms', '12.34 ms', '1,234 ms'
+
 SHAPE = ["model", "settings", "settings_label", "dtype", "batch", "width", "height"]  # settings_label: settings' words
 STOPPED = ("oom", "skipped")
-
-
-def _ms(ms: float) -> str:
-    return f"{ms:,.0f} ms" if ms >= 100 else f"{ms:.2f} ms"
 
 
 def _varying(cells: pd.DataFrame) -> list[str]:
