@@ -240,8 +240,9 @@ def test_the_published_cudnn_figure_the_h200_fit_was_not_fitted_to():
         assert abs(tflops / published - 1) < 0.10, (tokens, tflops)
     # the carry, against the papers' own figures written here (not the code's table): FA2 at 321 of the H100's 989.5
     # TFLOP/s (FA3 paper) and at 50% of the A100's 312 (FA2 paper, head dim 64): the A100's flash coefficient is
-    # 0.6488x the fit's, and at the paper's shape it predicts 110.6 TFLOP/s, the fit's 227 on the H100 (71% of the
-    # paper's 321: PyTorch's flash kernel on SD's shapes) carried as the same 71% of the A100's 156
+    # 0.6488x the fit's, and at the paper's shape it predicts 108.3 TFLOP/s, the fit's 223 on the H100 (69% of the
+    # paper's 321: PyTorch's flash kernel on SD's shapes) carried as the same 69% of the A100's 156 (227 and 110.6
+    # while a fake tensor's metadata queries counted as ops of the calls' own, shifting the fit's overhead)
     a100_fit = kernels.gpu_kernels(a100, "float16")["kernels"]["flash"]["coefficients"]["core_self"]
     assert a100_fit / fit["flash"]["coefficients"]["core_self"] == pytest.approx(0.6488, abs=5e-4)
     n = 4 * 32 * 4096 ** 2  # batch 4 x 32 heads x 4k x 4k scores
@@ -252,6 +253,6 @@ def test_the_published_cudnn_figure_the_h200_fit_was_not_fitted_to():
         f = timing.call_features(row, "sdpa-flash", {}, "float16", 0.0, timing.Device(gpu["tflops"]["float16"] * 1e12,
                                                                                        gpu["bytes_per_s"]))
         tflops[gpu["name"]] = row["flops"] / (c * f["core_self"]) / 1e9
-    assert tflops["H100-SXM"] == pytest.approx(227.5, rel=0.01)
-    assert tflops["A100-40GB"] == pytest.approx(110.6, rel=0.01)
+    assert tflops["H100-SXM"] == pytest.approx(222.9, rel=0.01)
+    assert tflops["A100-40GB"] == pytest.approx(108.3, rel=0.01)
     assert tflops["A100-40GB"] / 156 == pytest.approx(tflops["H100-SXM"] / 321, rel=0.01)

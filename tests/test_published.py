@@ -22,19 +22,18 @@ def checked():
 
 
 def test_leave_one_gpu_out_is_within_35_percent_and_every_row_inside_its_range_as_the_docs_say(checked):
-    """Each GPU's rows (36: fitted and checks) predicted from a fit to the other GPUs' rows alone: in fp16 and bf16
-    (35 rows) worst within 35% (fddf537's one factor a GPU: +90%); the float32 check (the fast-diffusion tutorial's
-    baseline, TF32 matmuls) the worst, under 40% (+59% before a class kept its achieved rate in float32: the next
-    test). Each row inside its range, with its machine's host and with the host unknown; sized on the other GPUs'
-    misses alone (the range's own out-of-sample check) 32 of 36, the four outside the A100 40GB's, each within 30%.
-    README and docs/timing.md give both worsts."""
+    """Each GPU's rows (36: fitted and checks) predicted from a fit to the other GPUs' rows alone: worst within 35%
+    (fddf537's one factor a GPU: +90%; +37% before a fake tensor's metadata queries stopped counting as ops: the
+    float32 row); the float32 check (the fast-diffusion tutorial's baseline, TF32 matmuls) within 25%. Each row
+    inside its range, with its machine's host and with the host unknown; sized on the other GPUs' misses alone (the
+    range's own out-of-sample check) 32 of 36, the four outside the A100 40GB's, each within 30%. README and
+    docs/timing.md give both."""
     held = [f for f in checked if "logo_error" in f]
     assert len(held) == len(published.ROWS) == 36
-    half = [f for f in held if f["row"].dtype != "float32"]
-    worst = max(half, key=lambda f: abs(f["logo_error"]))
-    assert len(half) == 35 and abs(worst["logo_error"]) <= 0.35, worst
+    worst = max(held, key=lambda f: abs(f["logo_error"]))
+    assert abs(worst["logo_error"]) <= 0.35, worst
     fp32 = next(f for f in held if f["row"].dtype == "float32")
-    assert fp32["row"].tf32 and 0.35 < fp32["logo_error"] < 0.40 and 0.2 < fp32["error"] < 0.3
+    assert fp32["row"].tf32 and 0.1 < fp32["logo_error"] < 0.25 and 0.1 < fp32["error"] < 0.25
     assert all(f["inside"] and f["inside_unknown_host"] for f in held), [f["row"] for f in held if not f["inside"]]
     assert all(f["low_ms"] < f["logo_ms"] < f["high_ms"] for f in held)
     outside = [f for f in held if not f["inside_without_its_gpu"]]
@@ -49,10 +48,10 @@ def test_leave_one_gpu_out_is_within_35_percent_and_every_row_inside_its_range_a
 
 
 def test_the_rows_never_fitted_that_the_gpu_bounds_are_within_20_percent(checked):
-    """The ControlNet rows are checks (predicted, never fitted): those the GPU bounds within 20%. (The other check,
-    the float32 generation, misses by 26%: the test above.)"""
-    rows = [f for f in checked if f["row"].use == "check" and f["bound"] == "gpu" and f["row"].controlnet]
-    assert len(rows) >= 8 and max(abs(f["error"]) for f in rows) <= 0.20, [(f["row"], f["error"]) for f in rows]
+    """The ControlNet rows and the float32 generation are checks (predicted, never fitted): those the GPU bounds
+    within 20% (the float32 generation at +26% before a fake tensor's metadata queries stopped counting as ops)."""
+    rows = [f for f in checked if f["row"].use == "check" and f["bound"] == "gpu"]
+    assert len(rows) >= 9 and any(f["row"].dtype == "float32" for f in rows) and max(abs(f["error"]) for f in rows) <= 0.20, [(f["row"], f["error"]) for f in rows]
 
 
 def test_no_fitted_share_is_above_the_ceiling_and_an_impossible_row_is_missed_not_fitted():
@@ -71,6 +70,21 @@ def test_no_fitted_share_is_above_the_ceiling_and_an_impossible_row_is_missed_no
     sm89 = f["archs"]["sm89"]
     assert max(sm89["convolution"], sm89["matmul"], sm89["memory"]) <= physics.CEILING + 1e-9
     assert published.predicted(fast, f)["error"] > 0.5  # at the ceiling, still well over the impossible figure
+
+
+def test_fals_rows_are_whole_generations_of_50_steps_its_it_s_column_50_over_their_median_seconds():
+    """fal's README prints each pipeline call's median seconds and an it/s column that is 50 over them (its
+    benchmark times the whole call: text encoders, 50 steps, the decode): its rows are those whole generations, their
+    parts priced (read as a rate of steps alone, the figure put its text encoders and its decode in the steps)."""
+    from profiler.planner.pipeline import PIPELINES
+
+    printed = {("sd15", "sdpa"): 31.44, ("sd15", "xformers"): 28.43, ("sdxl", "sdpa"): 8.43, ("sdxl", "xformers"): 8.74}
+    rows = [r for r in published.ROWS if r.source == published.FAL]
+    assert {(r.pipeline, r.backend) for r in rows} == set(printed)
+    for r in rows:
+        assert r.steps == 50 and 50 / r.value == pytest.approx(printed[r.pipeline, r.backend], abs=0.01), r
+        parts = published._streams(r)
+        assert len(parts) == 2 + len(PIPELINES[r.pipeline]["text"]) and parts[0][1] == 50
 
 
 def test_naive_moves_24_bytes_a_score_under_upcast_softmax_and_20_under_upcast_attention():
@@ -121,7 +135,7 @@ def test_a_host_bound_generation_has_its_range_too(capsys):
     unet = next(p for p in g["parts"] if p["part"] == "denoise")
     assert unet["bound"] == "host"
     assert g["total_low_s"] < g["total_s"] < g["total_high_s"]
-    assert unet["total_high_s"] / unet["total_low_s"] > 1.5  # the hosts run 10 to 21 us an op
+    assert unet["total_high_s"] / unet["total_low_s"] > 1.5  # the hosts run 13 to 63 us an op
 
 
 def test_a_forward_overlaps_host_and_gpu_op_by_op_not_the_longer_of_the_two():
@@ -218,7 +232,9 @@ def test_a_gpu_takes_its_published_machines_host_else_the_published_range_unless
     assert us == m["hosts"]["the torch 2.0 benchmark's cloud machine"] and lo < us < hi
     assert said.startswith("the torch 2.0 benchmark's cloud machine's host")
     us, lo, hi, said = published.host_range(gpus.get("H100"), m)
-    assert lo == min(m["hosts"].values()) and hi == max(m["hosts"].values()) and lo < us < hi
+    u = 1 + m["u_fit"]  # the fastest and the slowest published machine, each within the fit's worst miss
+    assert lo == pytest.approx(min(m["hosts"].values()) / u) and hi == pytest.approx(max(m["hosts"].values()) * u)
+    assert lo < us < hi
     assert said.startswith(f"a published machine's host: {lo:.1f} to {hi:.1f} us an op")
     t = _plan_json(capsys, ["plan", "--model", "sd15", "--gpu", "H100", "--backend", "sdpa"])["totals"]
     assert t["host_source"] == said
@@ -321,13 +337,13 @@ def test_fit_on_a_gpu_says_per_backend_what_its_time_rests_on(capsys):
 def test_attnprof_gpus_says_where_each_gpus_time_and_host_come_from(capsys):
     """attnprof gpus: the table with its TF32 rate and board power, each GPU's attention kernels and rest, and one
     host line: the GPUs with a published machine named, every other one at the published machines' range (the
-    fastest to the slowest fitted host), not one GPU's host standing for all."""
+    fastest to the slowest fitted host, each within the fit's worst miss), not one GPU's host standing for all."""
     assert main(["gpus"]) == 0
     out = capsys.readouterr().out
     assert "tf32" in out.splitlines()[0] and "power" in out.splitlines()[0] and "156" in out and "700 W" in out
     m = published.model()
     line = next(x for x in out.splitlines() if x.startswith("the host: "))
-    lo, hi = min(m["hosts"].values()), max(m["hosts"].values())
+    lo, hi = published.host_range(None, m)[1:3]
     assert line.startswith("the host: a GPU with a published machine takes that machine's (A100-40GB, V100-32GB, T4, "
                            "RTX-3090, RTX-4090, A100-80GB); any other, a published machine's host: "
                            f"{lo:.1f} to {hi:.1f} us an op")

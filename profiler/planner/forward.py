@@ -186,7 +186,7 @@ class _FusedOp(TorchFunctionMode):
 
 
 _NO_TRAFFIC = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "zeros", "ones", "full",
-               "arange", "scalar_tensor", "lift_fresh", "detach"}
+               "arange", "scalar_tensor", "lift_fresh", "detach", "_unsafe_view"}  # _unsafe_view: a view, unmarked
 
 
 OP_CLASSES = ("convolution", "matmul", "norm", "other")  # the time model's classes of ops (planner/timing.py)
@@ -223,8 +223,9 @@ class OpCount(TorchDispatchMode):
         if self.paused:
             return out
         returns, name = func._schema.returns, func.overloadpacket.__name__
-        if name in _NO_TRAFFIC or any(r.alias_info is not None and not r.alias_info.is_write for r in returns):
-            return out  # a view or an allocation: no traffic
+        if name in _NO_TRAFFIC or any(r.alias_info is not None and not r.alias_info.is_write for r in returns) or \
+                not any(isinstance(t, torch.Tensor) for t in tree_leaves(out)):
+            return out  # a view, an allocation, or a query of metadata (a fake tensor's .device: prim.device): no kernel
         tensors = lambda x: [t for t in tree_leaves(x) if isinstance(t, torch.Tensor)]  # noqa: E731
         nbytes = lambda t: t.numel() * t.element_size()  # noqa: E731
         moved = sum(nbytes(t) for t in tensors((args, kwargs)) + tensors(out))

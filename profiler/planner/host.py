@@ -22,7 +22,7 @@ import time
 
 HOST_FORWARDS = 20
 HOST_FILE = "host.json"
-HOST_VERSION = 2  # what an op is (forward_ops): a figure cached under another count is measured again
+HOST_VERSION = 3  # what an op is (forward_ops): a figure cached under another count is measured again
 HOST_MAX_AGE_S = 24 * 3600  # this machine's cached figure is measured again after a day (its load moves it)
 GIVEN = "given (--host-us-per-op)"
 HERE = "here"  # --host-us-per-op here: this machine's own host

@@ -216,7 +216,7 @@ def stored_rows(results: Path, arch: str | None = None, key: str | None = None) 
 
 
 FITS_FILE = "kernel-fits.json"
-MODEL_VERSION = 5  # the cache's key changes with the model's features (bump it where the features change)
+MODEL_VERSION = 6  # the cache's key changes with the model's features (bump it where the features change)
 
 
 def model_key() -> list:
