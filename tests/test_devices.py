@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from profiler import devices
+from profiler.attention import kernel_choice
 from profiler.unet import models
 from profiler.measure.probes import NvmlSampler
 from profiler.measure.trace import Event as Ev, attribute, sdpa_kernel
@@ -328,24 +329,24 @@ def test_the_planner_follows_pytorchs_sdpa_priority_for_the_gpu_it_plans_for():
     mem-efficient; Ampere and Ada: flash; Turing: mem-efficient (no flash before sm80); the deprioritizing variable
     and an older cuDNN put flash first. The rule itself (sdpa_rule): on a GPU box whose process holds a CUDA context,
     sdpa_choice would ask that GPU instead."""
-    h100 = devices.GpuTarget("H100", (9, 0), 91501, 13, False)
-    assert [devices.sdpa_rule("float16", d, 77, h100) for d in (40, 64, 80, 160)] == \
+    h100 = kernel_choice.GpuTarget("H100", (9, 0), 91501, 13, False)
+    assert [kernel_choice.sdpa_rule("float16", d, 77, h100) for d in (40, 64, 80, 160)] == \
         ["cudnn", "cudnn", "cudnn", "cudnn"]
-    assert devices.sdpa_rule("float32", 40, 77, h100) == "efficient"
-    assert devices.sdpa_rule("float16", 160, 77, devices.GpuTarget("H100", (9, 0), 92300, 13, False)) \
+    assert kernel_choice.sdpa_rule("float32", 40, 77, h100) == "efficient"
+    assert kernel_choice.sdpa_rule("float16", 160, 77, kernel_choice.GpuTarget("H100", (9, 0), 92300, 13, False)) \
         == "cudnn"
-    assert devices.sdpa_can_use("cudnn", "float16", 160, 77, devices.GpuTarget("A100", (8, 0), 92300, 13, False)) \
+    assert kernel_choice.sdpa_can_use("cudnn", "float16", 160, 77, kernel_choice.GpuTarget("A100", (8, 0), 92300, 13, False)) \
         is False  # beyond 128 only on sm90 / sm10x
-    assert devices.sdpa_can_use("cudnn", "float16", 160, 77, devices.GpuTarget("H100", (9, 0), 90900, 13, False)) \
+    assert kernel_choice.sdpa_can_use("cudnn", "float16", 160, 77, kernel_choice.GpuTarget("H100", (9, 0), 90900, 13, False)) \
         is False  # and only from cuDNN 9.10
-    assert devices.sdpa_rule("float16", 40, 77, devices.GpuTarget("H100", (9, 0), 91400, 13, False)) \
+    assert kernel_choice.sdpa_rule("float16", 40, 77, kernel_choice.GpuTarget("H100", (9, 0), 91400, 13, False)) \
         == "flash"
     for arch, want in (("sm80", "flash"), ("8.9", "flash"), ("sm_75", "efficient"), ("sm120", "flash")):
-        assert devices.sdpa_choice("float16", 40, 77, "cuda", devices.gpu_target(arch)) == want, arch
+        assert kernel_choice.sdpa_choice("float16", 40, 77, "cuda", kernel_choice.gpu_target(arch)) == want, arch
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", "1")
-        assert devices.sdpa_rule("float16", 40, 77, h100) == "flash"
-    assert devices.sdpa_choice("float16", 40, 77, "cpu") == "flash"  # asked of PyTorch
+        assert kernel_choice.sdpa_rule("float16", 40, 77, h100) == "flash"
+    assert kernel_choice.sdpa_choice("float16", 40, 77, "cpu") == "flash"  # asked of PyTorch
 
 
 def test_the_plan_of_sdpa_on_cuda_names_each_calls_kernel_and_the_gpu(capsys):
@@ -368,13 +369,13 @@ def test_where_a_cuda_context_exists_pytorch_is_asked_and_the_rule_kept_beside(m
     from profiler.spec import CellSpec
 
     asked = lambda dtype, head_dim, tokens_k, device: "flash" if head_dim == 160 else "cudnn"  # noqa: E731
-    monkeypatch.setattr(devices, "asked_sdpa_choice", asked)
+    monkeypatch.setattr(kernel_choice, "asked_sdpa_choice", asked)
     monkeypatch.setattr(devices, "primary_context_active", lambda index=0: True)
-    h200 = devices.GpuTarget("NVIDIA H200", (9, 0), 91501, 13, False)
+    h200 = kernel_choice.GpuTarget("NVIDIA H200", (9, 0), 91501, 13, False)
     asked_for = []
-    monkeypatch.setattr(devices, "gpu_target", lambda arch=None, index=0: asked_for.append(index) or h200)
-    assert devices.sdpa_choice("float16", 160, 77, "cuda", h200) == "flash"  # asked
-    assert devices.sdpa_choice("float16", 160, 77, "cuda", devices.GpuTarget("x", (9, 0), None, 13, True)) == "cudnn"
+    monkeypatch.setattr(kernel_choice, "gpu_target", lambda arch=None, index=0: asked_for.append(index) or h200)
+    assert kernel_choice.sdpa_choice("float16", 160, 77, "cuda", h200) == "flash"  # asked
+    assert kernel_choice.sdpa_choice("float16", 160, 77, "cuda", kernel_choice.GpuTarget("x", (9, 0), None, 13, True)) == "cudnn"
     blocks = [{"head_dim": 40, "tokens_k": 4096}, {"head_dim": 160, "tokens_k": 64}]
     cell = sdpa_choices(CellSpec("sd15", 512, 512, 1, "float16", "sdpa", "cuda"), blocks)
     assert [(b["sdpa_kernel_asked"], b["sdpa_kernel_rule"]) for b in blocks] == [("cudnn", "cudnn"),
@@ -391,6 +392,7 @@ _HEAP = """
 import ctypes, sys
 import torch
 from profiler import devices
+from profiler.attention import kernel_choice
 
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from profiler import devices, gpu_check
+from profiler.attention import kernel_choice
 from profiler.gpu_check import checks, plan, runner, timing_judges
 from profiler.gpu_check.report import FILES, add_record
 from profiler.gpu_check.verdicts import Context
@@ -289,12 +290,12 @@ def test_a_sweeps_parent_asks_the_driver_not_is_initialized(monkeypatch):
     GPU; where it does (a worker), PyTorch is asked."""
     asked = []
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(devices, "asked_sdpa_choice", lambda *a: asked.append(a) or "flash")
-    h200 = devices.GpuTarget("NVIDIA H200", (9, 0), 91501, 13, False)
+    monkeypatch.setattr(kernel_choice, "asked_sdpa_choice", lambda *a: asked.append(a) or "flash")
+    h200 = kernel_choice.GpuTarget("NVIDIA H200", (9, 0), 91501, 13, False)
     monkeypatch.setattr(devices, "primary_context_active", lambda index=0: False)
-    assert devices.sdpa_choice("float16", 40, 77, "cuda", h200) == "cudnn" and not asked
+    assert kernel_choice.sdpa_choice("float16", 40, 77, "cuda", h200) == "cudnn" and not asked
     monkeypatch.setattr(devices, "primary_context_active", lambda index=0: True)
-    assert devices.sdpa_choice("float16", 40, 77, "cuda", h200) == "flash" and len(asked) == 1
+    assert kernel_choice.sdpa_choice("float16", 40, 77, "cuda", h200) == "flash" and len(asked) == 1
 
 
 def test_the_core_runs_preflight_asks_nothing_of_a_gpu(monkeypatch):
@@ -305,8 +306,8 @@ def test_the_core_runs_preflight_asks_nothing_of_a_gpu(monkeypatch):
     from profiler.execute.sweep import predict
 
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    h200 = devices.GpuTarget("NVIDIA H200", (9, 0), 91501, 13, False)  # this GPU's, read from its properties
-    monkeypatch.setattr(devices, "gpu_target", lambda arch=None, index=0: h200)
+    h200 = kernel_choice.GpuTarget("NVIDIA H200", (9, 0), 91501, 13, False)  # this GPU's, read from its properties
+    monkeypatch.setattr(kernel_choice, "gpu_target", lambda arch=None, index=0: h200)
     cells = [c for c in checks.core_run(Context(device="cuda")).cells("cuda") if c.model == "sd15"]
     predicted, dims, _ = predict(cells)
     assert dims == {"sd15": (40, 80, 160)} and all(p["predicted_forward_peak_bytes"] for p in predicted.values())

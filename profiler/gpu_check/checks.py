@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import torch
 
-from ..attention import backends
+from ..attention import backends, kernel_choice
 from .. import devices
 from ..unet import models
 from ..fmt import human_bytes
@@ -130,7 +130,7 @@ def sdpa_runs_the_kernel_pytorch_answers(cells, blocks, device) -> Verdict:
                           f"answers {r.get('sdpa_kernel_asked')}")
         if r.get("sdpa_kernel_rule") and r["sdpa_kernel_rule"] != r.get("sdpa_kernel_asked"):
             rule[f"head_dim {r['head_dim']}"] = f"rule {r['sdpa_kernel_rule']}, torch {r.get('sdpa_kernel_asked')}"
-    where = devices.gpu_target(index=torch.device(device).index or 0).describe() if device.startswith("cuda") \
+    where = kernel_choice.gpu_target(index=torch.device(device).index or 0).describe() if device.startswith("cuda") \
         else "the CPU"
     differs = ("; the no-GPU rule differs at " + ", ".join(f"{k} ({v})" for k, v in rule.items())) if rule else \
         ("; the no-GPU rule names the same" if device.startswith("cuda") else "")

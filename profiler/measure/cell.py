@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ..attention import backends
+from ..attention import backends, kernel_choice
 from .. import devices
 from ..unet import models
 from ..unet.models import facts_of
@@ -306,12 +306,12 @@ def sdpa_choices(spec: CellSpec, blocks: list[dict]) -> dict:
     if not backends.picks_sdpa_kernel(spec.backend):
         return {}
     dev, differs = torch.device(spec.device), {}
-    target = devices.gpu_target(index=dev.index or 0) if dev.type == "cuda" else None  # the cell's own GPU
+    target = kernel_choice.gpu_target(index=dev.index or 0) if dev.type == "cuda" else None  # the cell's own GPU
     for b in blocks:
-        b["sdpa_kernel_asked"] = devices.asked_sdpa_choice(spec.dtype, b["head_dim"], b["tokens_k"], dev)
+        b["sdpa_kernel_asked"] = kernel_choice.asked_sdpa_choice(spec.dtype, b["head_dim"], b["tokens_k"], dev)
         if target is None:
             continue
-        b["sdpa_kernel_rule"] = devices.sdpa_rule(spec.dtype, b["head_dim"], b["tokens_k"], target)
+        b["sdpa_kernel_rule"] = kernel_choice.sdpa_rule(spec.dtype, b["head_dim"], b["tokens_k"], target)
         if b["sdpa_kernel_asked"] != b["sdpa_kernel_rule"]:
             differs[f"head_dim {b['head_dim']} tokens_k {b['tokens_k']}"] = \
                 f"torch {b['sdpa_kernel_asked']}, rule {b['sdpa_kernel_rule']}"

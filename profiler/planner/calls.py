@@ -46,10 +46,10 @@ def plan(model: str, width: int, height: int, batch: int = 1, dtype: str = "floa
             params = models.param_counts(module)
         blocks = [{k: v for k, v in row.items() if k != "pass_index"} for row in rec.rows]
         return {**p, "blocks": blocks, "totals": totals(blocks, params)}
-    from .. import devices
+    from ..attention import kernel_choice
     from .forward import LEFT_OUT, fake_model, method_text, trace
 
-    gpu = devices.gpu_target(gpu_arch) if device == "cuda" else None
+    gpu = kernel_choice.gpu_target(gpu_arch) if device == "cuda" else None
     traced = trace(model, width, height, batch, dtype, device, [backend], {backend: options}, gpu=gpu, ops=True,
                    settings=tuple(settings))
     if backend not in traced["backends"]:

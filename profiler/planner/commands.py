@@ -6,6 +6,7 @@ import sys
 from json import dump
 
 from .. import devices, gpus
+from ..attention import kernel_choice
 from ..attention import backends as registry
 from ..attention.backends import check_options
 from ..fmt import progress, table
@@ -26,7 +27,7 @@ def _gpu_arch(gpu_arch, device: str, backend) -> None:
         if device != "cuda" or not backend:
             raise InputError("--gpu-arch names the GPU whose kernels to follow: it goes with --backend and "
                              "--device cuda")
-        devices.gpu_target(gpu_arch)
+        kernel_choice.gpu_target(gpu_arch)
 
 
 def _pipeline_controlnet(given: dict) -> bool:

@@ -18,8 +18,7 @@ import json
 
 import numpy as np
 
-from ..attention import backends
-from .. import devices
+from ..attention import backends, kernel_choice
 from ..unet import kinds, models
 from ..fmt import human_bytes, table
 from ..spec import InputError, parse_dtype
@@ -125,7 +124,7 @@ def fit_many(model: str, budgets: list[int], names: list[str] | None = None, dty
         backends.check_backend_name(n)
     compute = Workload(model, settings).dtype(dtype)  # what the model computes in (an upcast VAE: float32)
     runs = [n for n in names if how_traced(n, device, compute) is not None]
-    gpu = devices.gpu_target(gpu_arch) if device == "cuda" else None
+    gpu = kernel_choice.gpu_target(gpu_arch) if device == "cuda" else None
     exact = _Exact(model, batch, dtype, device, runs, say, gpu, settings)
     base = {"model": model, "kind": Workload(model, settings).kind.name, "dtype": dtype, "batch": batch,
             "device": device, "aspect": f"{aspect[0]}:{aspect[1]}",
@@ -217,7 +216,7 @@ def most_frames(model: str, budget: int, size: tuple[int, int], names: list[str]
     names = names or backends.names()
     limit = (source.config.get("motion_adapter") or {}).get("motion_max_seq_length") or \
         source.config.get("motion_max_seq_length") or MAX_FRAMES
-    gpu = devices.gpu_target(gpu_arch) if device == "cuda" else None
+    gpu = kernel_choice.gpu_target(gpu_arch) if device == "cuda" else None
     compute = Workload(model, settings).dtype(dtype)
     runs = [n for n in names if how_traced(n, device, compute) is not None]
     traces: dict[int, dict] = {}

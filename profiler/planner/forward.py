@@ -49,8 +49,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
-from ..attention import backends, mix
-from .. import devices
+from ..attention import backends, kernel_choice, mix
 from ..unet import models
 from . import cpu_conv, memory
 from ..attention.processor import for_module
@@ -153,7 +152,7 @@ class _FusedOp(TorchFunctionMode):
     """diffusers' AttnProcessor2_0 as it runs on CUDA: its scaled_dot_product_attention call goes to the aten op of
     the kernel (whose fake implementation gives its outputs), since on the CPU's fake tensors PyTorch's kernel
     choice would pick a CPU kernel. kernel 'sdpa': per call, the kernel PyTorch picks on the GPU target
-    (devices.sdpa_choice). Everything else (projections, layouts, what stays alive until the output projection) is
+    (kernel_choice.sdpa_choice). Everything else (projections, layouts, what stays alive until the output projection) is
     the processor's own."""
 
     def __init__(self, kernel: str, dtype: str, gpu, inner=None):
@@ -174,7 +173,7 @@ class _FusedOp(TorchFunctionMode):
                    for i, n in enumerate(("query", "key", "value")))
         mask, scale, ops = kwargs.get("attn_mask"), kwargs.get("scale"), torch.ops.aten
         kernel = self.kernel if self.kernel != "sdpa" else \
-            devices.sdpa_choice(self.dtype, q.shape[-1], k.shape[-2], "cuda", self.gpu)
+            kernel_choice.sdpa_choice(self.dtype, q.shape[-1], k.shape[-2], "cuda", self.gpu)
         if kernel == "math":
             with sdpa_kernel(SDPBackend.MATH):
                 return func(*args, **kwargs)
@@ -366,7 +365,7 @@ class _Trace:
         key = (row["head_dim"], row["tokens_k"])
         if key not in self.kernels:
             with _disable_current_modes():  # the CPU's choice is asked of PyTorch on real tensors
-                self.kernels[key] = devices.sdpa_choice(self.dtype, *key, self.device, self.gpu)
+                self.kernels[key] = kernel_choice.sdpa_choice(self.dtype, *key, self.device, self.gpu)
         return self.kernels[key]
 
 
@@ -432,7 +431,7 @@ def _remember_walk(shape: tuple, tr: _Trace) -> None:
 
 def trace(model: str, width: int, height: int, batch: int = 1, dtype: str = "float16", device: str = "cuda",
           names: list[str] | None = None, options: dict[str, dict] | None = None, moments: bool = False,
-          gpu: devices.GpuTarget | None = None, settings: tuple = (), ops: bool = False) -> dict:
+          gpu: kernel_choice.GpuTarget | None = None, settings: tuple = (), ops: bool = False) -> dict:
     """_trace's figures for every backend asked; a processor map (attention/mix.py) among them is traced as its
     backends are (in the same forward where they take the same options, else in one of its own) and its figures
     are mixed_peak's of its blocks' backends, "how" saying so."""
@@ -496,9 +495,9 @@ def mixed_peak(traced: dict, choice: dict[str, str]) -> dict:
 
 def _trace(model: str, width: int, height: int, batch: int = 1, dtype: str = "float16", device: str = "cuda",
            names: list[str] | None = None, options: dict[str, dict] | None = None, moments: bool = False,
-           gpu: devices.GpuTarget | None = None, settings: tuple = (), ops: bool = False) -> dict:
+           gpu: kernel_choice.GpuTarget | None = None, settings: tuple = (), ops: bool = False) -> dict:
     """The forward's peak memory under each backend, on `device` ('cuda' or 'cpu'; for CUDA, the kernels that the
-    GPU target `gpu` runs: default devices.gpu_target()), of the model with its settings (spec.SETTINGS).
+    GPU target `gpu` runs: default kernel_choice.gpu_target()), of the model with its settings (spec.SETTINGS).
     Returns {"rows": the attention calls (recorder rows, each with traced_peak_bytes per backend and sdpa_kernel:
     what SDPA runs for it), "weights_bytes", "inputs_bytes", "outside_peak_bytes", "backends": {name:
     {"transient_peak_bytes", "predicted_forward_peak_bytes", "how"}}}; a backend that cannot run on the device is
@@ -510,7 +509,7 @@ def _trace(model: str, width: int, height: int, batch: int = 1, dtype: str = "fl
     w, module = fake_model(model, parse_dtype(dtype), settings)
     dtype = w.dtype(parse_dtype(dtype))  # what the model computes in (an upcast VAE: float32)
     how = {n: how_traced(n, device, dtype) for n in names}
-    gpu = (gpu or devices.gpu_target()) if device == "cuda" else None
+    gpu = (gpu or kernel_choice.gpu_target()) if device == "cuda" else None
     with fake_mode(), torch.no_grad(), w.applied(module):
         processors = {n: (None if h.startswith("memory model") else
                           _FusedOp(h, dtype, gpu, _dispatcher(n)) if h in ("flash", "efficient", "cudnn", "sdpa") else

@@ -142,14 +142,14 @@ def _half(gpu: dict) -> str:
 
 
 def _with_sdpa_kernel(row: dict, backend: str, dtype: str, gpu: dict) -> dict:
-    """The call with the SDPA kernel PyTorch's rule picks on the GPU's architecture (devices.sdpa_rule), where the
+    """The call with the SDPA kernel PyTorch's rule picks on the GPU's architecture (kernel_choice.sdpa_rule), where the
     backend lets PyTorch pick and the row does not say."""
-    from .. import devices
+    from ..attention import kernel_choice
 
     if row.get("sdpa_kernel") or not backends.uses_sdpa(backend):
         return row
-    target = devices.gpu_target(gpu["arch"])
-    return {**row, "sdpa_kernel": devices.sdpa_rule(dtype, row["head_dim"], row["tokens_k"], target)}
+    target = kernel_choice.gpu_target(gpu["arch"])
+    return {**row, "sdpa_kernel": kernel_choice.sdpa_rule(dtype, row["head_dim"], row["tokens_k"], target)}
 
 
 def unfused(backend: str, row: dict, dtype: str, options: dict) -> bool:

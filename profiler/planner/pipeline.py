@@ -313,9 +313,9 @@ def _meta_workload(model: str, dtype: str, settings: tuple):
 
 
 def _gpu(device: str, gpu_arch: str | None):
-    from .. import devices
+    from ..attention import kernel_choice
 
-    return devices.gpu_target(gpu_arch) if device == "cuda" else None
+    return kernel_choice.gpu_target(gpu_arch) if device == "cuda" else None
 
 
 def format_pipeline(f: dict) -> str:

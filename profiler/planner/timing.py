@@ -151,14 +151,14 @@ def passed_text(passed: dict | None) -> str:
 
 def _sdpa_kernels(blocks: list[dict], backend: str, dtype: str, device: str, gpu: dict | None) -> None:
     """The SDPA kernel of each call where the plan has none (a meta-device plan): bytes_moved differs for math."""
-    from .. import devices
+    from ..attention import kernel_choice
 
     if not backends.uses_sdpa(backend) or all(r.get("sdpa_kernel") for r in blocks):
         return
-    target = devices.gpu_target(gpu["arch"]) if gpu else None
+    target = kernel_choice.gpu_target(gpu["arch"]) if gpu else None
     where = "cuda" if gpu else device
     for r in blocks:
-        r.setdefault("sdpa_kernel", devices.sdpa_choice(dtype, r["head_dim"], r["tokens_k"], where, target))
+        r.setdefault("sdpa_kernel", kernel_choice.sdpa_choice(dtype, r["head_dim"], r["tokens_k"], where, target))
 
 
 def predict(p: dict, backend: str, options: dict, limits: dict, calibration: dict | None = None,
