@@ -222,10 +222,10 @@ class OpCount(TorchDispatchMode):
         if self.paused:
             return out
         returns, name = func._schema.returns, func.overloadpacket.__name__
-        if name in _NO_TRAFFIC or any(r.alias_info is not None and not r.alias_info.is_write for r in returns) or \
-                not any(isinstance(t, torch.Tensor) for t in tree_leaves(out)):
-            return out  # a view, an allocation, or a query of metadata (a fake tensor's .device: prim.device): no kernel
         tensors = lambda x: [t for t in tree_leaves(x) if isinstance(t, torch.Tensor)]  # noqa: E731
+        if name in _NO_TRAFFIC or any(r.alias_info is not None and not r.alias_info.is_write for r in returns) or \
+                not tensors(out):
+            return out  # a view, an allocation, or a metadata query (a fake tensor's .device: prim.device): no kernel
         nbytes = lambda t: t.numel() * t.element_size()  # noqa: E731
         moved = sum(nbytes(t) for t in tensors((args, kwargs)) + tensors(out))
         written = any(r.alias_info is not None for r in returns)  # an in-place op or out=: no new tensor

@@ -23,7 +23,7 @@ not slow: so in float32 (convolutions at TF32, half FP16's rate; matmuls at FP32
 matmul keeps its achieved FLOP/s up to CEILING of the dtype's own peak (`relieved`: its share times half precision's
 peak over the dtype's, at most CEILING), and one already at CEILING slows by the whole ratio. Memory-bound ops are
 priced by their bytes, which float32 doubles: no relief. Assumed, and checked on the one published float32 row (the
-fast-diffusion tutorial's SDXL on an A100: float32 over bfloat16 1.75x fitted, 1.68x with its GPU left out, against
+fast-diffusion tutorial's SDXL on an A100: float32 over bfloat16 1.65x fitted, 1.53x with its GPU left out, against
 the 1.59x it ran; one share per class whatever the dtype read 1.95x), never fitted.
 
 The host dispatches op after op (us per op, planner/host.py; an attention core's ops as the backend's processor runs
