@@ -30,7 +30,7 @@ def test_a_generation_on_a_gpu_of_the_table_is_its_parts_each_named_with_its_sou
     every part from the published figures and the kernel times of GPUs, said so; --json the same figures. Without
     guidance: the U-Net at batch 1, text once, fewer kernels."""
     args = ["plan", "--pipeline", "sd15", "--size", "512x512", "--steps", "20", "--gpu", "A100", "--host-us-per-op",
-            "25"]
+            "60"]  # a cloud machine's host per dispatched kernel (the published ones: 27 to 63 us)
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "20 x batch 2" in out and "2 x batch 1" in out and "predicted total:" in out
@@ -55,7 +55,7 @@ def test_a_generation_on_a_gpu_of_the_table_is_its_parts_each_named_with_its_sou
     h = gpus.get("A100")
     p = timing.walked_plan("sd15", 512, 512, 2, "float16")
     t = timing.predict(p, "sdpa", {}, gpus.limits(h, "float16"),
-                       calibration.published_calibration(h, "float16", host_us=25.0), h)
+                       calibration.published_calibration(h, "float16", host_us=60.0), h)
     assert u["each_ms"] == pytest.approx(t["predicted_forward_time_ms"])
     assert u["host_ms"] == pytest.approx(t["predicted_host_time_ms"]) and u["bound"] == "host"
     assert main([*args, "--guidance", "1", "--json"]) == 0
