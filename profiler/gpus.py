@@ -103,7 +103,12 @@ def limits(gpu: dict, dtype: str) -> dict:
 def peak_flops(gpu: dict, dtype: str, what: str = "matmul", tf32: bool = False) -> float:
     """FLOP/s of the op class at the clock the board holds (sustained): a float32 convolution at the TF32 rate where
     the GPU has one (cuDNN's default), a float32 matmul too where tf32 (torch.set_float32_matmul_precision("high")
-    or torch.backends.cuda.matmul.allow_tf32: off by default), everything else at the dtype's rate."""
+    or torch.backends.cuda.matmul.allow_tf32: off by default), a float32 fused attention kernel's GEMMs ("attention")
+    at a third of the TF32 rate where the GPU has one (PyTorch's and xformers' memory-efficient kernels run float32
+    as 3xTF32 on sm80 and newer, CUTLASS's OpMultiplyAddFastF32, whatever allow_tf32 says), everything else at the
+    dtype's rate."""
+    if what == "attention" and dtype == "float32" and gpu["tf32_tflops"]:
+        return gpu["tf32_tflops"] / 3 * 1e12 * sustained(gpu)[0]
     tf32 = dtype == "float32" and (what == "convolution" or tf32) and gpu["tf32_tflops"]
     tflops = gpu["tf32_tflops"] if tf32 else gpu["tflops"][dtype]
     return tflops * 1e12 * sustained(gpu)[0]

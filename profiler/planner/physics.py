@@ -102,6 +102,7 @@ def stream(w: dict, backend: str, options: dict, dtype: str, gpu: dict, kernels:
     relief = np.array([max(1.0, gpus.peak_flops(gpu, _half(gpu), k) / p) if k in ("convolution", "matmul") else 1.0
                        for k, p in zip(OP_CLASSES, peaks)])
     device = Device(float(peaks[1]), gpu["bytes_per_s"], gpu=True)
+    fused = Device(gpus.peak_flops(gpu, dtype, "attention"), gpu["bytes_per_s"], gpu=True)
     parts, at, start, names = [], [*w["at"], len(w["rest"])], 0, []
 
     def roof_of(o: np.ndarray) -> np.ndarray:
@@ -119,7 +120,8 @@ def stream(w: dict, backend: str, options: dict, dtype: str, gpu: dict, kernels:
         n = core_ops(backend, options, row, dtype)
         names.append("unfused" if unfused(backend, row, dtype, options) else kernel)
         fit = kernel if kernel in kernels or names[-1] != "unfused" else "naive"
-        f = call_features(row, backend, options, dtype, 0.0, device)
+        on = device if names[-1] == "unfused" else fused  # a fused core's GEMMs at its own rate (gpus.peak_flops)
+        f = call_features(row, backend, options, dtype, 0.0, on)
         c = fused_coefficients(kernels, fit, gpu)
         ms, launches, own_roof = f["core_self"] * c["core_self"] + f["core_cross"] * c["core_cross"], n, 0.0
         if measured(kernels, fit):  # the call whole at its kernel fit here: its own ops, its minimum, its pages
@@ -129,7 +131,7 @@ def stream(w: dict, backend: str, options: dict, dtype: str, gpu: dict, kernels:
         else:
             ops(own, i)
         core = (own_roof, CORE_UNFUSED if names[-1] == "unfused" else CORE_FUSED, ms,
-                row["flops"] / device.flops * 1e3)
+                row["flops"] / on.flops * 1e3)
         parts.append(tuple(np.array([v]) for v in (*core, n, i, launches)))
     ops(w["rest"][start:], -1)
     cols = [np.concatenate([p[j] for p in parts]) for j in range(7)]

@@ -52,12 +52,16 @@ import numpy as np
 from .physics import CEILING, Shares, kernel_ms, overlap, stream
 
 DIFFUSERS_DOC, FAL, FAST = "diffusers' torch 2.0 benchmark", "fal's benchmark", "diffusers' fast-diffusion tutorial"
+GUIDE = "diffusers' speed-up guide"
 SOURCES = {DIFFUSERS_DOC: "diffusers docs, optimization/torch2.0.mdx (huggingface/diffusers at 07dc8feb): SD 1.5, "
                           "fp16, torch 2.0 without compile, SDPA; steps a second",
            FAL: "fal-ai/stable-diffusion-benchmarks README (at 0490f695): A100 80G SXM, torch 2.1, fp16, 50 steps; "
                 "median seconds a generation",
            FAST: "diffusers docs, tutorials/fast_diffusion.md (huggingface/diffusion-fast): SDXL, 30 steps, A100 80GB "
-                 "400 W, torch 2.3 nightly, bfloat16 (float32: matmuls at TF32); seconds a generation"}
+                 "400 W, torch 2.3 nightly, bfloat16 (float32: matmuls at TF32); seconds a generation",
+           GUIDE: "diffusers docs v0.30, optimization/fp16.md: SD 1.5 512x512, 50 DDIM steps, one image, \"a NVIDIA "
+                  "A100\" (taken as the 40 GB card), SDPA; fp16, and float32 with and without TF32 matmuls; seconds "
+                  "a generation"}
 LAMBDA, MU, HOST_PRIOR = 0.1, 0.1, 0.01  # prior weights: an architecture toward its line, a line toward assumed
 HOST_US = 35.0  # the host prior's centre, us an op, about the published machines' middle (weak: each machine's rows
 # pin its own)
@@ -83,7 +87,8 @@ class Row:
     @property
     def what(self) -> str:
         name = "SDXL" if self.pipeline == "sdxl" else "SD 1.5" + (" + ControlNet" if self.controlnet else "")
-        return f"{name} {self.size}, {self.backend}" + ("" if self.dtype == "float16" else f", {self.dtype}")
+        return (f"{name} {self.size}, {self.backend}" + ("" if self.dtype == "float16" else f", {self.dtype}")
+                + (" tf32" if self.tf32 else ""))
 
     @property
     def published_ms(self) -> float:
@@ -92,6 +97,7 @@ class Row:
 
 _CLOUD, _DESK, _FAL, _FAST = ("the torch 2.0 benchmark's cloud machine", "the torch 2.0 benchmark's desktop",
                               "fal's machine", "the fast-diffusion tutorial's machine")
+_GUIDE = "the speed-up guide's machine"
 _MACHINE = {"A100-40GB": _CLOUD, "V100-32GB": _CLOUD, "T4": _CLOUD, "RTX-3090": _DESK, "RTX-4090": _DESK}
 
 
@@ -112,6 +118,9 @@ ROWS = tuple(_one(g, n, v[i]) for g, v in _RATES.items() for i, n in enumerate((
     Row(FAST, _FAST, "sdxl", 1024, 1, 5.0, "naive", "A100-80GB", 4.63, "fit", "bfloat16", 30),
     Row(FAST, _FAST, "sdxl", 1024, 1, 5.0, "sdpa", "A100-80GB", 3.31, "fit", "bfloat16", 30),
     Row(FAST, _FAST, "sdxl", 1024, 1, 5.0, "naive", "A100-80GB", 7.36, "check", "float32", 30, tf32=True),
+    Row(GUIDE, _GUIDE, "sd15", 512, 1, 7.5, "sdpa", "A100-40GB", 3.51, "fit", "float16", 50),
+    Row(GUIDE, _GUIDE, "sd15", 512, 1, 7.5, "sdpa", "A100-40GB", 5.27, "check", "float32", 50),
+    Row(GUIDE, _GUIDE, "sd15", 512, 1, 7.5, "sdpa", "A100-40GB", 4.14, "check", "float32", 50, tf32=True),
 )
 
 
@@ -363,15 +372,17 @@ def _miss(predicted_ms: float, published_ms: float) -> float:
 
 
 def host_range(gpu: dict | None, fitted: dict) -> tuple[float, float, float, str]:
-    """(the host's us an op, its low and high, where it comes from): the GPU's published machine's where its rows fit
-    one (within the fit's worst miss), else (or with no GPU) the published machines' middle (geometric) with the
-    fastest and the slowest, each within the fit's worst miss, as its range."""
+    """(the host's us an op, its low and high, where it comes from): the GPU's published machines' where its rows fit
+    some (their middle, geometric, with the fastest and the slowest, each within the fit's worst miss), else (or with
+    no GPU) every published machine's so."""
     hosts, u = fitted["hosts"], 1 + fitted.get("u_fit", 0.0)
-    mine = {r.machine for r in ROWS if gpu and r.gpu == gpu["name"] and r.use == "fit"}
+    mine = sorted({r.machine for r in ROWS if gpu and r.gpu == gpu["name"] and r.use == "fit"})
     if mine:
-        m = sorted(mine)[0]
-        return hosts[m], hosts[m] / u, hosts[m] * u, (f"{m}'s host, {hosts[m]:.1f} us an op (fitted to its rows; "
-                                                      f"{hosts[m] / u:.1f} to {hosts[m] * u:.1f})")
+        us = [hosts[m] for m in mine]
+        mid = float(np.exp(np.mean(np.log(us))))
+        return mid, min(us) / u, max(us) * u, (
+            f"{' and '.join(mine)}'s host, {' and '.join(f'{x:.1f}' for x in us)} us an op (fitted to its rows; "
+            f"{min(us) / u:.1f} to {max(us) * u:.1f})")
     lo, hi = min(hosts.values()) / u, max(hosts.values()) * u  # the fastest and the slowest, each within the fit's miss
     mid = float(np.exp(np.mean(np.log(list(hosts.values())))))
     each = ", ".join(f"{m} {us:.1f}" for m, us in sorted(hosts.items(), key=lambda kv: kv[1]))
@@ -379,9 +390,13 @@ def host_range(gpu: dict | None, fitted: dict) -> tuple[float, float, float, str
                          "--host-us-per-op US for yours, --host-us-per-op here for this machine's")
 
 
-def uncertainty(gpu: dict, fitted: dict) -> tuple[float, str]:
+def uncertainty(gpu: dict, fitted: dict, dtype: str = "float16") -> tuple[float, str]:
     """(how far the GPU's kernels may be from their prediction, as a share, why): the fit's worst miss of its own
-    rows where its own rows fitted its shares, else the worst miss of leave one GPU out."""
+    rows where its own rows fitted its shares, else (or in float32, whose kernels are half precision's carried: no
+    row is fitted in it) the worst miss of leave one GPU out."""
+    if dtype == "float32":
+        return fitted["u_carried"], (f"+-{fitted['u_carried']:.0%}: float32's kernels carried from half precision's "
+                                     "(no float32 row fitted), as far as a GPU predicted without its own rows misses")
     if shares_for(gpu, fitted)[2]:
         return fitted["u_fit"], f"+-{fitted['u_fit']:.0%}: the fit's worst miss of its own rows"
     return fitted["u_carried"], (f"+-{fitted['u_carried']:.0%}: the worst miss of a GPU predicted without its own rows "
@@ -403,7 +418,7 @@ def published_calibration(gpu: dict, dtype: str, results=None, host_us: float | 
 
     fitted = model()
     shares, how, own = shares_for(gpu, fitted)
-    u, u_how = uncertainty(gpu, fitted)
+    u, u_how = uncertainty(gpu, fitted, dtype)
     rest_basis = ("fitted rows" if own else "another card's fitted rows" if gpu["arch"] in fitted["archs"] else
                   "measured kernels (its convolutions carried)" if gpu["arch"] == kernels.DATA_ARCH else "carried shares")
     if host_us is None:
