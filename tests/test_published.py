@@ -219,6 +219,11 @@ def test_a_fused_float32_core_runs_at_a_third_of_tf32_on_ampere_and_later_whatev
     core = {(d, t): physics.stream(w, "sdpa", {}, d, a100, gpu_kernels(a100, d)["kernels"], tf32=t).core[0]
             for d, t in (("float16", False), ("float32", False), ("float32", True))}
     assert core["float32", True] == core["float32", False]
+    s = physics.stream(w, "sdpa", {}, "float32", a100, gpu_kernels(a100, "float32")["kernels"])
+    floor = physics.floor_ms(s, {**w, "dtype": "float32"}, "sdpa", {}, "float32", a100)[-1]
+    assert floor == pytest.approx(row["flops"] / gpus.peak_flops(a100, "float32", "attention") * 1e3, rel=1e-6)
+    m = published.model()  # no float32 row is fitted: a float32 plan's kernels within leave one GPU out's miss
+    assert published.uncertainty(a100, m, "float32")[0] == m["u_carried"] > published.uncertainty(a100, m)[0]
     assert core["float32", False] / core["float16", False] == pytest.approx(312 / (156 / 3), rel=1e-6)
     guide = [f for f in checked if f["row"].source == published.GUIDE and f["row"].dtype == "float32"]
     assert len(guide) == 2 and {f["row"].tf32 for f in guide} == {False, True}

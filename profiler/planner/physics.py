@@ -235,10 +235,11 @@ def floor_ms(s: Stream, w: dict, backend: str, options: dict, dtype: str, gpu: d
     from .memory import bytes_moved
 
     dtype = w.get("dtype", dtype)
-    cores = np.array([max(r["flops"] / gpus.peak_flops(gpu, dtype), bytes_moved(backend, r, dtype, **options)
-                          / gpu["bytes_per_s"]) * 1e3 for r in w["rows"]])
-    floor = s.roof.copy()
     core = s.kind.astype(int) >= CORE_FUSED
+    peak = [gpus.peak_flops(gpu, dtype, "attention" if k == CORE_FUSED else "matmul") for k in s.kind[core]]
+    cores = np.array([max(r["flops"] / p, bytes_moved(backend, r, dtype, **options) / gpu["bytes_per_s"]) * 1e3
+                      for r, p in zip(w["rows"], peak)])
+    floor = s.roof.copy()
     floor[core] = cores + s.roof[core]  # a call priced whole: its own ops' roofline with its core's
     return floor
 
